@@ -1,0 +1,341 @@
+package crdt
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Encoding (format version 1). Integers are minimal uvarints unless noted;
+// signed integers are zigzag varints; strings and byte slices are a uvarint
+// length followed by the bytes; a timestamp is varint WallMs, uvarint
+// Logical, uvarint Node.
+//
+//	task     := version(=1) id flags [spec] nUpdates update* nTerminals terminal*
+//	flags    := byte; bit 0 set when a spec follows; other bits zero
+//	spec     := queue varint(priority) payload varint(notBeforeMs)
+//	            nDeps dep* maxClaims timestamp(createdAt)
+//	update   := claim seq timestamp(at) progress(8 bytes, IEEE-754 big endian) message data
+//	terminal := timestamp(at) kind(byte) claim nErrors error* result
+//	error    := code description nArgs arg*
+//
+// Updates appear sorted by (claim, seq) and terminals by (at, kind, claim),
+// each key once. Decode rejects anything else (unsorted or repeated keys,
+// non-minimal varints, unknown flags, trailing bytes), so a byte string that
+// decodes is the one canonical encoding of its state.
+const encodingVersion = 1
+
+// ErrCorrupt is returned by Decode for bytes that are not a canonical
+// encoding of a task.
+var ErrCorrupt = errors.New("crdt: corrupt task encoding")
+
+// Encode returns the canonical encoding of t. t must be in canonical form
+// (see Task); states from Join, Decode and Normalize are.
+func (t *Task) Encode() []byte { return t.AppendEncode(nil) }
+
+// AppendEncode appends the canonical encoding of t to dst.
+func (t *Task) AppendEncode(dst []byte) []byte {
+	dst = append(dst, encodingVersion)
+	dst = binary.AppendUvarint(dst, t.ID)
+	if t.Spec == nil {
+		dst = append(dst, 0)
+	} else {
+		dst = append(dst, 1)
+		dst = appendSpec(dst, t.Spec)
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(t.Updates)))
+	for i := range t.Updates {
+		dst = appendUpdate(dst, &t.Updates[i])
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(t.Terminals)))
+	for i := range t.Terminals {
+		dst = appendTerminal(dst, &t.Terminals[i])
+	}
+	return dst
+}
+
+// Digest is the xxhash of an encoding. Equal states have equal digests.
+func Digest(encoding []byte) uint64 { return xxhash.Sum64(encoding) }
+
+// Digest returns the digest of t's canonical encoding.
+func (t *Task) Digest() uint64 { return Digest(t.Encode()) }
+
+func appendBytes(dst, b []byte) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(b)))
+	return append(dst, b...)
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+func appendTimestamp(dst []byte, t Timestamp) []byte {
+	dst = binary.AppendVarint(dst, t.WallMs)
+	dst = binary.AppendUvarint(dst, uint64(t.Logical))
+	return binary.AppendUvarint(dst, uint64(t.Node))
+}
+
+func appendSpec(dst []byte, s *Spec) []byte {
+	dst = appendString(dst, s.Queue)
+	dst = binary.AppendVarint(dst, int64(s.Priority))
+	dst = appendBytes(dst, s.Payload)
+	dst = binary.AppendVarint(dst, s.NotBeforeMs)
+	dst = binary.AppendUvarint(dst, uint64(len(s.DependsOn)))
+	for _, d := range s.DependsOn {
+		dst = binary.AppendUvarint(dst, d)
+	}
+	dst = binary.AppendUvarint(dst, uint64(s.MaxClaims))
+	return appendTimestamp(dst, s.CreatedAt)
+}
+
+func appendUpdate(dst []byte, u *Update) []byte {
+	dst = binary.AppendUvarint(dst, u.Claim)
+	dst = binary.AppendUvarint(dst, u.Seq)
+	dst = appendTimestamp(dst, u.At)
+	dst = binary.BigEndian.AppendUint64(dst, math.Float64bits(u.Progress))
+	dst = appendString(dst, u.Message)
+	return appendBytes(dst, u.Data)
+}
+
+func appendTerminal(dst []byte, t *Terminal) []byte {
+	dst = appendTimestamp(dst, t.At)
+	dst = append(dst, byte(t.Kind))
+	dst = binary.AppendUvarint(dst, t.Claim)
+	dst = binary.AppendUvarint(dst, uint64(len(t.Errors)))
+	for i := range t.Errors {
+		e := &t.Errors[i]
+		dst = appendString(dst, e.Code)
+		dst = appendString(dst, e.Description)
+		dst = binary.AppendUvarint(dst, uint64(len(e.Args)))
+		for _, a := range e.Args {
+			dst = appendString(dst, a)
+		}
+	}
+	return appendBytes(dst, t.Result)
+}
+
+// Decode parses a canonical task encoding. It never panics; on malformed
+// input it returns an error wrapping ErrCorrupt. The returned Task does not
+// share memory with b.
+func Decode(b []byte) (*Task, error) {
+	r := reader{buf: b}
+	t := r.task()
+	if r.err == nil && r.off != len(r.buf) {
+		r.fail("%d trailing bytes", len(r.buf)-r.off)
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return t, nil
+}
+
+// reader decodes with sticky errors: after the first failure every read
+// returns a zero value and the error stays.
+type reader struct {
+	buf []byte
+	off int
+	err error
+}
+
+func (r *reader) fail(format string, args ...any) {
+	if r.err == nil {
+		r.err = fmt.Errorf("%w at byte %d: %s", ErrCorrupt, r.off, fmt.Sprintf(format, args...))
+	}
+}
+
+func (r *reader) byte() byte {
+	if r.err != nil {
+		return 0
+	}
+	if r.off >= len(r.buf) {
+		r.fail("unexpected end")
+		return 0
+	}
+	c := r.buf[r.off]
+	r.off++
+	return c
+}
+
+func (r *reader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.buf[r.off:])
+	if n <= 0 {
+		r.fail("bad uvarint")
+		return 0
+	}
+	if n != uvarintLen(v) {
+		r.fail("non-minimal uvarint")
+		return 0
+	}
+	r.off += n
+	return v
+}
+
+func (r *reader) varint() int64 {
+	u := r.uvarint()
+	x := int64(u >> 1)
+	if u&1 != 0 {
+		x = ^x
+	}
+	return x
+}
+
+func (r *reader) uint32() uint32 {
+	v := r.uvarint()
+	if v > math.MaxUint32 {
+		r.fail("value %d overflows uint32", v)
+		return 0
+	}
+	return uint32(v)
+}
+
+// count reads a length or element count and checks that at least
+// minBytesEach*n bytes remain, so a corrupt count cannot make Decode
+// allocate more than the input's size.
+func (r *reader) count(minBytesEach int) int {
+	n := r.uvarint()
+	if r.err != nil {
+		return 0
+	}
+	if rem := uint64(len(r.buf) - r.off); n > rem || n*uint64(minBytesEach) > rem {
+		r.fail("count %d exceeds remaining %d bytes", n, rem)
+		return 0
+	}
+	return int(n)
+}
+
+func (r *reader) bytes() []byte {
+	n := r.count(1)
+	if r.err != nil || n == 0 {
+		return nil
+	}
+	b := make([]byte, n)
+	copy(b, r.buf[r.off:])
+	r.off += n
+	return b
+}
+
+func (r *reader) string() string {
+	n := r.count(1)
+	if r.err != nil {
+		return ""
+	}
+	s := string(r.buf[r.off : r.off+n])
+	r.off += n
+	return s
+}
+
+func (r *reader) timestamp() Timestamp {
+	return Timestamp{WallMs: r.varint(), Logical: r.uint32(), Node: r.uint32()}
+}
+
+func (r *reader) task() *Task {
+	if v := r.byte(); r.err == nil && v != encodingVersion {
+		r.fail("unknown format version %d", v)
+	}
+	t := &Task{ID: r.uvarint()}
+	switch flags := r.byte(); {
+	case r.err != nil:
+	case flags == 1:
+		t.Spec = r.spec()
+	case flags != 0:
+		r.fail("unknown flags %#x", flags)
+	}
+	if n := r.count(13); n > 0 {
+		t.Updates = make([]Update, n)
+		for i := range t.Updates {
+			r.update(&t.Updates[i])
+			if i > 0 && r.err == nil && compareUpdateKey(&t.Updates[i-1], &t.Updates[i]) >= 0 {
+				r.fail("updates not sorted by (claim, seq) or repeated")
+			}
+		}
+	}
+	if n := r.count(7); n > 0 {
+		t.Terminals = make([]Terminal, n)
+		for i := range t.Terminals {
+			r.terminal(&t.Terminals[i])
+			if i > 0 && r.err == nil && compareTerminalKey(&t.Terminals[i-1], &t.Terminals[i]) >= 0 {
+				r.fail("terminals not sorted by (at, kind, claim) or repeated")
+			}
+		}
+	}
+	return t
+}
+
+func (r *reader) spec() *Spec {
+	s := &Spec{Queue: r.string()}
+	p := r.varint()
+	if p < math.MinInt32 || p > math.MaxInt32 {
+		r.fail("priority %d overflows int32", p)
+	}
+	s.Priority = int32(p)
+	s.Payload = r.bytes()
+	s.NotBeforeMs = r.varint()
+	if n := r.count(1); n > 0 {
+		s.DependsOn = make([]uint64, n)
+		for i := range s.DependsOn {
+			s.DependsOn[i] = r.uvarint()
+		}
+	}
+	s.MaxClaims = r.uint32()
+	s.CreatedAt = r.timestamp()
+	return s
+}
+
+func (r *reader) update(u *Update) {
+	u.Claim = r.uvarint()
+	u.Seq = r.uvarint()
+	u.At = r.timestamp()
+	if r.err == nil && len(r.buf)-r.off < 8 {
+		r.fail("unexpected end in progress")
+	}
+	if r.err != nil {
+		return
+	}
+	u.Progress = math.Float64frombits(binary.BigEndian.Uint64(r.buf[r.off:]))
+	r.off += 8
+	if !(u.Progress >= 0 && u.Progress <= 1) { // also rejects NaN
+		r.fail("progress %v outside [0, 1]", u.Progress)
+	}
+	u.Message = r.string()
+	u.Data = r.bytes()
+}
+
+func (r *reader) terminal(t *Terminal) {
+	t.At = r.timestamp()
+	t.Kind = TerminalKind(r.byte())
+	if r.err == nil && !t.Kind.valid() {
+		r.fail("unknown terminal kind %d", t.Kind)
+	}
+	t.Claim = r.uvarint()
+	if n := r.count(3); n > 0 {
+		t.Errors = make([]TaskError, n)
+		for i := range t.Errors {
+			e := &t.Errors[i]
+			e.Code = r.string()
+			e.Description = r.string()
+			if m := r.count(1); m > 0 {
+				e.Args = make([]string, m)
+				for j := range e.Args {
+					e.Args[j] = r.string()
+				}
+			}
+		}
+	}
+	t.Result = r.bytes()
+}
+
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}

@@ -1,0 +1,199 @@
+package crdt
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Spec is the immutable part of a task, written once at enqueue.
+type Spec struct {
+	Queue       string   // 1-128 bytes of [A-Za-z0-9._:-]
+	Priority    int32    // higher is claimed first
+	Payload     []byte   // opaque; size limited by Limits
+	NotBeforeMs int64    // Unix ms before which the task is not claimable; 0 = none
+	DependsOn   []uint64 // ids that must be COMPLETED first; no duplicates
+	MaxClaims   uint32   // claims ended by expiry before the task is aborted; 0 = unlimited
+	CreatedAt   Timestamp
+}
+
+// Update is one progress report of a worker, keyed by (Claim, Seq).
+type Update struct {
+	Claim    uint64    // claim id (Raft index of the claim entry)
+	Seq      uint64    // per-claim sequence number chosen by the worker
+	At       Timestamp // HLC of the update
+	Progress float64   // 0..1
+	Message  string
+	Data     []byte
+}
+
+// TerminalKind says how a task ended. The numeric order is the tie-break
+// between terminal events with equal timestamps.
+type TerminalKind uint8
+
+// Terminal kinds.
+const (
+	Completed TerminalKind = 1
+	Aborted   TerminalKind = 2
+	Cancelled TerminalKind = 3
+)
+
+func (k TerminalKind) String() string {
+	switch k {
+	case Completed:
+		return "COMPLETED"
+	case Aborted:
+		return "ABORTED"
+	case Cancelled:
+		return "CANCELLED"
+	}
+	return fmt.Sprintf("TerminalKind(%d)", uint8(k))
+}
+
+func (k TerminalKind) valid() bool { return k >= Completed && k <= Cancelled }
+
+// TaskError is one entry of an abort's error list.
+type TaskError struct {
+	Code        string
+	Description string
+	Args        []string
+}
+
+// Terminal is a terminal event: a completion, abort or cancel. Events are
+// keyed by (At, Kind, Claim); the smallest key is the visible outcome.
+type Terminal struct {
+	At     Timestamp
+	Kind   TerminalKind
+	Claim  uint64 // claim that ended the task; 0 for a cancel
+	Errors []TaskError
+	Result []byte
+}
+
+// Task is the CRDT state of one task. Updates are kept sorted by (Claim,
+// Seq) and Terminals by (At, Kind, Claim), each key at most once; Join,
+// Decode and Normalize keep that form, and Encode requires it.
+//
+// Byte slices in a Task are treated as immutable: Join's result may share
+// them with its inputs.
+type Task struct {
+	ID        uint64
+	Spec      *Spec // nil when this replica has not seen the enqueue yet
+	Updates   []Update
+	Terminals []Terminal
+}
+
+// ErrIDMismatch is returned by Join for states of different tasks.
+var ErrIDMismatch = errors.New("crdt: join of different task ids")
+
+// Join returns the least upper bound of a and b. The result is a new Task;
+// a and b are not modified. specConflict reports that a and b held
+// different specs (corruption, or an id reused with a different spec); the
+// spec with the lowest digest wins, deterministically.
+func Join(a, b *Task) (j *Task, specConflict bool, err error) {
+	if a.ID != b.ID {
+		return nil, false, fmt.Errorf("%w: %d and %d", ErrIDMismatch, a.ID, b.ID)
+	}
+	j = &Task{ID: a.ID}
+	switch {
+	case a.Spec == nil:
+		j.Spec = b.Spec
+	case b.Spec == nil:
+		j.Spec = a.Spec
+	default:
+		ea, eb := appendSpec(nil, a.Spec), appendSpec(nil, b.Spec)
+		j.Spec = a.Spec
+		if !bytes.Equal(ea, eb) {
+			specConflict = true
+			if lessByDigest(eb, ea) {
+				j.Spec = b.Spec
+			}
+		}
+	}
+	j.Updates = normalizeUpdates(slices.Concat(a.Updates, b.Updates))
+	j.Terminals = normalizeTerminals(slices.Concat(a.Terminals, b.Terminals))
+	return j, specConflict, nil
+}
+
+// lessByDigest orders two encodings by digest, then bytes (so that the order
+// is total even on a hash collision).
+func lessByDigest(x, y []byte) bool {
+	dx, dy := Digest(x), Digest(y)
+	if dx != dy {
+		return dx < dy
+	}
+	return bytes.Compare(x, y) < 0
+}
+
+// Normalize puts t into canonical form in place: sets sorted, duplicate keys
+// resolved exactly as Join resolves them. Call it after building a Task by
+// hand with more than one update or terminal event.
+func (t *Task) Normalize() {
+	t.Updates = normalizeUpdates(t.Updates)
+	t.Terminals = normalizeTerminals(t.Terminals)
+}
+
+// Terminal returns the event that decides the task's terminal state: the
+// earliest by (At, Kind, Claim). ok is false while the task is not terminal.
+func (t *Task) Terminal() (ev Terminal, ok bool) {
+	if len(t.Terminals) == 0 {
+		return Terminal{}, false
+	}
+	return t.Terminals[0], true
+}
+
+// LastUpdate returns the update with the greatest (Claim, Seq), the one whose
+// progress the task shows. ok is false when there are none.
+func (t *Task) LastUpdate() (u Update, ok bool) {
+	if len(t.Updates) == 0 {
+		return Update{}, false
+	}
+	return t.Updates[len(t.Updates)-1], true
+}
+
+func compareUpdateKey(x, y *Update) int {
+	if c := cmp.Compare(x.Claim, y.Claim); c != 0 {
+		return c
+	}
+	return cmp.Compare(x.Seq, y.Seq)
+}
+
+func compareTerminalKey(x, y *Terminal) int {
+	if c := x.At.Compare(y.At); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(x.Kind, y.Kind); c != 0 {
+		return c
+	}
+	return cmp.Compare(x.Claim, y.Claim)
+}
+
+// normalizeUpdates sorts by key and keeps one entry per key: the one with
+// the smallest encoding, so that the choice does not depend on order.
+func normalizeUpdates(us []Update) []Update {
+	if len(us) == 0 {
+		return nil
+	}
+	slices.SortFunc(us, func(x, y Update) int {
+		if c := compareUpdateKey(&x, &y); c != 0 {
+			return c
+		}
+		return bytes.Compare(appendUpdate(nil, &x), appendUpdate(nil, &y))
+	})
+	return slices.CompactFunc(us, func(x, y Update) bool { return compareUpdateKey(&x, &y) == 0 })
+}
+
+// normalizeTerminals is normalizeUpdates for terminal events.
+func normalizeTerminals(ts []Terminal) []Terminal {
+	if len(ts) == 0 {
+		return nil
+	}
+	slices.SortFunc(ts, func(x, y Terminal) int {
+		if c := compareTerminalKey(&x, &y); c != 0 {
+			return c
+		}
+		return bytes.Compare(appendTerminal(nil, &x), appendTerminal(nil, &y))
+	})
+	return slices.CompactFunc(ts, func(x, y Terminal) bool { return compareTerminalKey(&x, &y) == 0 })
+}

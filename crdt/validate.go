@@ -1,0 +1,154 @@
+package crdt
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Limits bounds the sizes of user-supplied fields. The API layer validates
+// every request with them before anything is stored.
+type Limits struct {
+	MaxPayloadBytes int // Spec.Payload, Terminal.Result and Update.Data; default 1 MiB
+	MaxDependsOn    int // entries in Spec.DependsOn; default 1024
+	MaxStringBytes  int // Update.Message, TaskError fields; default 64 KiB
+	MaxErrors       int // entries in Terminal.Errors; default 64
+	MaxArgs         int // entries in TaskError.Args; default 64
+}
+
+// DefaultLimits are the limits used when a configuration sets none.
+var DefaultLimits = Limits{
+	MaxPayloadBytes: 1 << 20,
+	MaxDependsOn:    1024,
+	MaxStringBytes:  64 << 10,
+	MaxErrors:       64,
+	MaxArgs:         64,
+}
+
+// MaxQueueLen is the longest queue name in bytes.
+const MaxQueueLen = 128
+
+// ErrInvalid is wrapped by every validation error; the concrete error is a
+// *FieldError naming the offending field.
+var ErrInvalid = errors.New("invalid argument")
+
+// ErrTooLarge is wrapped by validation errors about sizes, which the API
+// maps to RESOURCE_EXHAUSTED rather than INVALID_ARGUMENT.
+var ErrTooLarge = errors.New("too large")
+
+// FieldError is a validation failure of one named field.
+type FieldError struct {
+	Field  string // dotted path, e.g. "spec.queue"
+	Reason string
+	kind   error // ErrInvalid or ErrTooLarge
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+// Unwrap returns ErrInvalid or ErrTooLarge.
+func (e *FieldError) Unwrap() error { return e.kind }
+
+func invalid(field, format string, args ...any) error {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...), kind: ErrInvalid}
+}
+
+func tooLarge(field string, n, max int) error {
+	return &FieldError{Field: field, Reason: fmt.Sprintf("%d exceeds the limit of %d", n, max), kind: ErrTooLarge}
+}
+
+// ValidateQueue checks a queue name: 1-128 bytes of [A-Za-z0-9._:-].
+func ValidateQueue(field, q string) error {
+	if len(q) == 0 || len(q) > MaxQueueLen {
+		return invalid(field, "must be 1-%d bytes, got %d", MaxQueueLen, len(q))
+	}
+	for i := 0; i < len(q); i++ {
+		c := q[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '.' || c == '_' || c == ':' || c == '-'
+		if !ok {
+			return invalid(field, "byte %q at offset %d is not in [A-Za-z0-9._:-]", c, i)
+		}
+	}
+	return nil
+}
+
+// Validate checks a spec against lim. Field names are prefixed "spec.".
+func (s *Spec) Validate(lim Limits) error {
+	if err := ValidateQueue("spec.queue", s.Queue); err != nil {
+		return err
+	}
+	if len(s.Payload) > lim.MaxPayloadBytes {
+		return tooLarge("spec.payload", len(s.Payload), lim.MaxPayloadBytes)
+	}
+	if s.NotBeforeMs < 0 {
+		return invalid("spec.notBefore", "must not be before 1970")
+	}
+	if len(s.DependsOn) > lim.MaxDependsOn {
+		return tooLarge("spec.dependsOn", len(s.DependsOn), lim.MaxDependsOn)
+	}
+	seen := make(map[uint64]struct{}, len(s.DependsOn))
+	for i, d := range s.DependsOn {
+		if d == 0 {
+			return invalid(fmt.Sprintf("spec.dependsOn[%d]", i), "id 0 is not a task id")
+		}
+		if _, dup := seen[d]; dup {
+			return invalid(fmt.Sprintf("spec.dependsOn[%d]", i), "duplicate id %d", d)
+		}
+		seen[d] = struct{}{}
+	}
+	return nil
+}
+
+// Validate checks an update against lim.
+func (u *Update) Validate(lim Limits) error {
+	if u.Claim == 0 {
+		return invalid("claimId", "required")
+	}
+	if math.IsNaN(u.Progress) || u.Progress < 0 || u.Progress > 1 {
+		return invalid("progress", "must be in [0, 1], got %v", u.Progress)
+	}
+	if len(u.Message) > lim.MaxStringBytes {
+		return tooLarge("message", len(u.Message), lim.MaxStringBytes)
+	}
+	if len(u.Data) > lim.MaxPayloadBytes {
+		return tooLarge("data", len(u.Data), lim.MaxPayloadBytes)
+	}
+	return nil
+}
+
+// Validate checks a terminal event against lim.
+func (t *Terminal) Validate(lim Limits) error {
+	if !t.Kind.valid() {
+		return invalid("kind", "unknown terminal kind %d", t.Kind)
+	}
+	if t.Kind != Cancelled && t.Claim == 0 {
+		return invalid("claimId", "required")
+	}
+	if len(t.Result) > lim.MaxPayloadBytes {
+		return tooLarge("result", len(t.Result), lim.MaxPayloadBytes)
+	}
+	if len(t.Errors) > lim.MaxErrors {
+		return tooLarge("errors", len(t.Errors), lim.MaxErrors)
+	}
+	for i, e := range t.Errors {
+		f := fmt.Sprintf("errors[%d]", i)
+		if e.Code == "" {
+			return invalid(f+".code", "required")
+		}
+		if len(e.Code) > lim.MaxStringBytes {
+			return tooLarge(f+".code", len(e.Code), lim.MaxStringBytes)
+		}
+		if len(e.Description) > lim.MaxStringBytes {
+			return tooLarge(f+".description", len(e.Description), lim.MaxStringBytes)
+		}
+		if len(e.Args) > lim.MaxArgs {
+			return tooLarge(f+".args", len(e.Args), lim.MaxArgs)
+		}
+		for j, a := range e.Args {
+			if len(a) > lim.MaxStringBytes {
+				return tooLarge(fmt.Sprintf("%s.args[%d]", f, j), len(a), lim.MaxStringBytes)
+			}
+		}
+	}
+	return nil
+}
