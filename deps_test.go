@@ -1,0 +1,127 @@
+package norn_test
+
+// The architecture rules of docs/ARCHITECTURE.md as a test: dependencies
+// point down only (cmd -> node/client -> cluster/claims/antientropy ->
+// transport/storage -> crdt/ring), the pure cores import nothing but the
+// standard library and xxhash, and nothing imports node, jepsen or cmd.
+
+import (
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/norn-dev/norn"
+
+// allowed lists, for every top-level package directory of the module, the
+// module packages it may import. A directory missing from the table fails
+// the test, so a new package has to take its place in the layering.
+var allowed = map[string][]string{
+	"crdt":        {},
+	"ring":        {},
+	"storage":     {"crdt", "ring"},
+	"api":         {},
+	"transport":   {"api", "crdt", "ring"},
+	"claims":      {"storage", "transport", "api", "crdt", "ring"},
+	"antientropy": {"storage", "transport", "api", "crdt", "ring"},
+	"cluster":     {"storage", "transport", "api", "crdt", "ring"},
+	"client":      {"api", "transport", "crdt", "ring"},
+	"node":        {"cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring"},
+	"jepsen":      {"client", "api", "transport", "crdt", "ring"},
+	"cmd":         {"node", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring"},
+}
+
+// pureExternal is everything outside the standard library that crdt and ring
+// may import: they are deterministic cores with no I/O.
+var pureExternal = []string{"github.com/cespare/xxhash/v2"}
+
+// isStdlib reports whether an import path is in the standard library (its
+// first element has no dot).
+func isStdlib(p string) bool {
+	first, _, _ := strings.Cut(p, "/")
+	return !strings.Contains(first, ".")
+}
+
+// imports returns, per top-level directory, the import paths of its non-test
+// Go files. The files are read in-process, so `go test` reruns this test
+// whenever one of them changes.
+func imports(t *testing.T) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && p != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "data") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, p, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		layer, _, _ := strings.Cut(filepath.ToSlash(p), "/")
+		if !strings.Contains(filepath.ToSlash(p), "/") {
+			layer = ""
+		}
+		for _, imp := range f.Imports {
+			path, _ := strconv.Unquote(imp.Path.Value)
+			out[layer] = append(out[layer], path)
+		}
+		if _, ok := out[layer]; !ok {
+			out[layer] = nil
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestDependencyDirection(t *testing.T) {
+	for layer, paths := range imports(t) {
+		ok, known := allowed[layer]
+		if !known {
+			t.Errorf("directory %q is in no layer: add it to the table in deps_test.go and to docs/ARCHITECTURE.md", layer)
+			continue
+		}
+		for _, p := range paths {
+			switch {
+			case strings.HasPrefix(p, module+"/"):
+				d, _, _ := strings.Cut(strings.TrimPrefix(p, module+"/"), "/")
+				if d != layer && !slices.Contains(ok, d) {
+					t.Errorf("%s imports %s: %s may import only %v", layer, p, layer, ok)
+				}
+			case (layer == "crdt" || layer == "ring") && !isStdlib(p) && !slices.Contains(pureExternal, p):
+				t.Errorf("%s imports %s: the pure cores may use only the standard library and %v", layer, p, pureExternal)
+			}
+		}
+	}
+}
+
+// TestTableIsLayered keeps the table itself honest: no package may be
+// allowed to reach node, jepsen or cmd, and the table has no cycles.
+func TestTableIsLayered(t *testing.T) {
+	for layer, deps := range allowed {
+		for _, d := range deps {
+			if d == "node" && layer != "cmd" || d == "jepsen" || d == "cmd" {
+				t.Errorf("%s may not depend on %s", layer, d)
+			}
+			if slices.Contains(allowed[d], layer) {
+				t.Errorf("cycle: %s and %s allow each other", layer, d)
+			}
+			if _, ok := allowed[d]; !ok {
+				t.Errorf("%s allows unknown layer %s", layer, d)
+			}
+		}
+	}
+}
