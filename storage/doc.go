@@ -1,0 +1,51 @@
+// Package storage is a node's one Pebble database: the CRDT state of every
+// task it replicates, the local indexes that make claims and expiry cheap,
+// the anti-entropy segment index, and every partition's Raft log and stable
+// store.
+//
+// # Keyspace
+//
+// Every key starts with the partition as 2 bytes big-endian and a tag byte,
+// so a partition is one contiguous span (DropPartition is one range delete)
+// and each index of a partition is a contiguous sub-span.
+//
+//	p 0x01 id                       -> canonical crdt.Task encoding
+//	p 0x02 queue 0x00 ^prio' id     -> (empty)  ready index
+//	p 0x03 notBeforeMs id           -> (empty)  delayed index
+//	p 0x04 expiryMs id              -> (empty)  claimed index
+//	p 0x05 segment id               -> digest   anti-entropy segment index
+//	p 0x06 id                       -> meta: index state [+ expiryMs]
+//	p 0x10 index                    -> raft log entry   (RaftStore)
+//	p 0x11 key                      -> raft stable value (RaftStore)
+//	p 0x12 ...                      -> claim FSM state (reserved for claims/)
+//
+// Integers are big-endian and fixed width; times are Unix milliseconds
+// clamped at zero. prio' is the priority with its sign bit flipped, inverted,
+// so the ready index sorts by priority descending then id ascending. segment
+// is the top 16 bits of HashID(id) (ring.Partition uses the low bits).
+//
+// # Index states
+//
+// Each task has one local index state (meta): none (no spec yet, or
+// terminal), ready, delayed or claimed. The state is local bookkeeping: it is
+// not replicated and not part of the digest. MergeTask places a task the
+// first time its spec arrives (delayed when not_before is in the future,
+// ready otherwise) and removes it from every index when it becomes terminal;
+// the claim layer moves tasks with MarkClaimed and ReleaseClaims, and the
+// monitor with PromoteDelayed.
+//
+// # Use
+//
+//	s, err := storage.Open(storage.Config{Dir: dir})
+//	res, err := s.MergeTasks(items)         // one synced batch; then ack
+//	head, err := s.ReadyHead(p, "emails", 8)
+//	err = s.MarkClaimed(p, []storage.ClaimMark{{ID: id, ExpiryMs: exp}})
+//	due, err := s.ClaimsExpiring(p, nowMs, 100)
+//	rs := s.RaftStore(p)                    // raft.LogStore + raft.StableStore
+//
+// Every write is synced before the call returns. Read-modify-writes of one
+// task are serialized by a striped lock, so concurrent merges never lose
+// events. A stored value that does not decode yields an error wrapping
+// ErrCorrupt that names the key; nothing in this package panics on stored
+// bytes.
+package storage

@@ -1,0 +1,21 @@
+package storage
+
+import "errors"
+
+// ErrNotFound is returned when a task is not stored in the partition.
+var ErrNotFound = errors.New("storage: task not found")
+
+// ErrCorrupt is returned (wrapped) when a stored value cannot be decoded.
+// The wrapping error names the key (hex). Test for it with errors.Is.
+var ErrCorrupt = errors.New("storage: corrupt value")
+
+// ErrNotClaimable is returned by MarkClaimed for a task that is terminal or
+// whose spec this replica has not seen.
+var ErrNotClaimable = errors.New("storage: task is terminal or has no spec")
+
+// ErrStableKeyNotFound is returned, unwrapped, by RaftStore.Get and
+// RaftStore.GetUint64 for a key that was never set. Its message is exactly
+// "not found" because hashicorp/raft recognises a missing stable key by
+// comparing err.Error() with that string (as raft-boltdb's ErrKeyNotFound
+// does); never wrap it on a path that raft reads.
+var ErrStableKeyNotFound = errors.New("not found")

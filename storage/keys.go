@@ -1,0 +1,102 @@
+package storage
+
+import (
+	"encoding/binary"
+	"math"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Key tags: the byte after the 2-byte partition. See the package doc for the
+// full layout.
+const (
+	tagTask     byte = 0x01 // id -> canonical crdt.Task encoding
+	tagReady    byte = 0x02 // queue 0x00 prio id -> empty
+	tagDelayed  byte = 0x03 // notBefore id -> empty
+	tagClaimed  byte = 0x04 // expiry id -> empty
+	tagSegment  byte = 0x05 // segment id -> digest
+	tagMeta     byte = 0x06 // id -> local index state
+	tagRaftLog  byte = 0x10 // used by RaftStore
+	tagRaftKV   byte = 0x11 // used by RaftStore
+	tagClaimFSM byte = 0x12 // reserved for the claim FSM (claims/)
+)
+
+// SegmentBits is the width of the anti-entropy segment number stored in the
+// segment index: 2^16 segments per partition, which any tree of up to 65536
+// leaves can group by prefix.
+const SegmentBits = 16
+
+// HashID is the xxhash of an id's 8 big-endian bytes. ring.Partition uses its
+// low bits; Segment uses its high bits, so the two are independent.
+func HashID(id uint64) uint64 {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], id)
+	return xxhash.Sum64(b[:])
+}
+
+// Segment returns the anti-entropy segment of id: the top SegmentBits bits of
+// HashID(id).
+func Segment(id uint64) uint16 { return uint16(HashID(id) >> (64 - SegmentBits)) }
+
+func partitionPrefix(p uint16, tag byte) []byte {
+	return []byte{byte(p >> 8), byte(p), tag}
+}
+
+// partitionSpan returns [start, end) covering every key of partition p.
+// Tags are below 0xff, so (p, 0xff) bounds them all.
+func partitionSpan(p uint16) (start, end []byte) {
+	return []byte{byte(p >> 8), byte(p)}, []byte{byte(p >> 8), byte(p), 0xff}
+}
+
+// tagSpan returns [start, end) covering every key of one tag of partition p.
+func tagSpan(p uint16, tag byte) (start, end []byte) {
+	return partitionPrefix(p, tag), partitionPrefix(p, tag+1)
+}
+
+func idKey(p uint16, tag byte, id uint64) []byte {
+	return binary.BigEndian.AppendUint64(partitionPrefix(p, tag), id)
+}
+
+func taskKey(p uint16, id uint64) []byte { return idKey(p, tagTask, id) }
+func metaKey(p uint16, id uint64) []byte { return idKey(p, tagMeta, id) }
+
+// timeIDKey is the layout of the delayed and claimed indexes: a time in Unix
+// ms (clamped at zero, so that the big-endian order is the numeric order),
+// then the id.
+func timeIDKey(p uint16, tag byte, ms int64, id uint64) []byte {
+	k := binary.BigEndian.AppendUint64(partitionPrefix(p, tag), uint64(max(ms, 0)))
+	return binary.BigEndian.AppendUint64(k, id)
+}
+
+func segmentKey(p uint16, seg uint16, id uint64) []byte {
+	k := binary.BigEndian.AppendUint16(partitionPrefix(p, tagSegment), seg)
+	return binary.BigEndian.AppendUint64(k, id)
+}
+
+// readyQueuePrefix is the prefix of one queue's ready entries. Queue names
+// never contain 0x00 (crdt.ValidateQueue), so the terminator keeps queues
+// "a" and "ab" apart.
+func readyQueuePrefix(p uint16, queue string) []byte {
+	k := append(partitionPrefix(p, tagReady), queue...)
+	return append(k, 0x00)
+}
+
+// readyKey orders a queue's entries by priority descending, then id
+// ascending: the priority's sign bit is flipped (order-preserving map of
+// int32 to uint32) and the result inverted.
+func readyKey(p uint16, queue string, prio int32, id uint64) []byte {
+	k := binary.BigEndian.AppendUint32(readyQueuePrefix(p, queue), prioBits(prio))
+	return binary.BigEndian.AppendUint64(k, id)
+}
+
+func prioBits(prio int32) uint32 { return math.MaxUint32 - (uint32(prio) ^ 1<<31) }
+
+func prioFromBits(b uint32) int32 { return int32((math.MaxUint32 - b) ^ 1<<31) }
+
+// prefixEnd returns the smallest key greater than every key with prefix
+// (the prefix's last byte incremented; prefixes here never end in 0xff).
+func prefixEnd(prefix []byte) []byte {
+	end := append([]byte(nil), prefix...)
+	end[len(end)-1]++
+	return end
+}

@@ -1,0 +1,587 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/norn-dev/norn/crdt"
+)
+
+// Config configures a Store.
+type Config struct {
+	// Dir is the database directory. Required.
+	Dir string
+	// FS is the filesystem Pebble runs on; nil means the OS filesystem.
+	// Tests pass vfs.NewCrashableMem().
+	FS vfs.FS
+	// Clock decides at write time whether a new task with a not-before time
+	// goes to the delayed or the ready index. Default crdt.SystemClock.
+	Clock crdt.Clock
+	// CacheBytes is Pebble's block cache size. Default 64 MiB.
+	CacheBytes int64
+	// Logger receives Pebble's log output; nil discards informational
+	// messages and keeps errors on standard error.
+	Logger pebble.Logger
+}
+
+// Validate reports a missing or out-of-range field.
+func (c *Config) Validate() error {
+	if c.Dir == "" {
+		return errors.New("storage: Config.Dir is required")
+	}
+	if c.CacheBytes < 0 {
+		return errors.New("storage: Config.CacheBytes must not be negative")
+	}
+	return nil
+}
+
+// lockStripes is the number of per-id mutexes serializing read-modify-writes
+// of one task.
+const lockStripes = 1024
+
+// Store is one node's Pebble database: task states, their local indexes, the
+// anti-entropy segment index and (through RaftStore) every partition's Raft
+// log. It is safe for concurrent use.
+type Store struct {
+	db    *pebble.DB
+	clock crdt.Clock
+
+	stripes [lockStripes]sync.Mutex
+
+	cursorsMu sync.Mutex
+	cursors   map[cursorKey]*readyCursor
+}
+
+// Open opens (creating if needed) the store in cfg.Dir.
+func Open(cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = crdt.SystemClock{}
+	}
+	if cfg.CacheBytes == 0 {
+		cfg.CacheBytes = 64 << 20
+	}
+	cache := pebble.NewCache(cfg.CacheBytes)
+	defer cache.Unref()
+	opts := &pebble.Options{
+		FS:     cfg.FS,
+		Cache:  cache,
+		Logger: cfg.Logger,
+	}
+	if opts.Logger == nil {
+		opts.Logger = quietLogger{}
+	}
+	db, err := pebble.Open(cfg.Dir, opts)
+	if err != nil {
+		return nil, fmt.Errorf("storage: open %s: %w", cfg.Dir, err)
+	}
+	return &Store{db: db, clock: cfg.Clock, cursors: make(map[cursorKey]*readyCursor)}, nil
+}
+
+// Close closes the database. Calls after Close fail or panic as Pebble does;
+// callers stop their users first.
+func (s *Store) Close() error { return s.db.Close() }
+
+// DB returns the underlying Pebble database, for the raft store and for
+// metrics. Callers must stay within their own key tags.
+func (s *Store) DB() *pebble.DB { return s.db }
+
+// RaftStore returns the raft.LogStore and raft.StableStore of partition p.
+func (s *Store) RaftStore(p uint16) *RaftStore { return NewRaftStore(s.db, p) }
+
+// IndexState is where a task currently sits in this replica's local
+// indexes. It is local bookkeeping, not part of the replicated CRDT.
+type IndexState uint8
+
+// Index states.
+const (
+	IndexNone    IndexState = 0 // no spec yet, or terminal: in no index
+	IndexReady   IndexState = 1 // in the ready index
+	IndexDelayed IndexState = 2 // in the delayed index (not_before in the future)
+	IndexClaimed IndexState = 3 // in the claimed index (by lease expiry)
+)
+
+func (s IndexState) String() string {
+	switch s {
+	case IndexNone:
+		return "none"
+	case IndexReady:
+		return "ready"
+	case IndexDelayed:
+		return "delayed"
+	case IndexClaimed:
+		return "claimed"
+	}
+	return fmt.Sprintf("IndexState(%d)", uint8(s))
+}
+
+// meta is the value under the meta key: the index state and, when claimed,
+// the lease expiry that keys the claimed index.
+type meta struct {
+	state    IndexState
+	expiryMs int64
+}
+
+func (m meta) encode() []byte {
+	if m.state == IndexClaimed {
+		return binary.BigEndian.AppendUint64([]byte{byte(m.state)}, uint64(m.expiryMs))
+	}
+	return []byte{byte(m.state)}
+}
+
+func decodeMeta(b []byte) (meta, bool) {
+	switch {
+	case len(b) == 1 && IndexState(b[0]) <= IndexDelayed:
+		return meta{state: IndexState(b[0])}, true
+	case len(b) == 9 && IndexState(b[0]) == IndexClaimed:
+		return meta{state: IndexClaimed, expiryMs: int64(binary.BigEndian.Uint64(b[1:]))}, true
+	}
+	return meta{}, false
+}
+
+// StoredTask is a task as this replica holds it.
+type StoredTask struct {
+	Partition uint16
+	Task      *crdt.Task
+	Digest    uint64     // crdt.Digest of the stored encoding
+	Index     IndexState // local index placement
+	ExpiryMs  int64      // lease expiry when Index is IndexClaimed
+}
+
+// MergeItem is one task state to merge into partition Partition.
+type MergeItem struct {
+	Partition uint16
+	Task      *crdt.Task
+}
+
+// MergeResult reports what a merge did to one task.
+type MergeResult struct {
+	ID           uint64
+	Existed      bool   // the replica held a state for the id before
+	OldDigest    uint64 // digest before the merge; 0 when !Existed
+	NewDigest    uint64 // digest after the merge
+	SpecConflict bool   // the stored and incoming specs differed (see crdt.Join)
+}
+
+// Changed reports whether the merge changed the stored state.
+func (r MergeResult) Changed() bool { return !r.Existed || r.OldDigest != r.NewDigest }
+
+// MergeTask joins t into the state stored for t.ID in partition p and
+// writes the result, with the ready, delayed, segment and meta entries, in
+// one synced batch. See MergeTasks.
+func (s *Store) MergeTask(p uint16, t *crdt.Task) (MergeResult, error) {
+	res, err := s.MergeTasks([]MergeItem{{Partition: p, Task: t}})
+	if err != nil {
+		return MergeResult{}, err
+	}
+	return res[0], nil
+}
+
+// MergeTasks joins every item into its stored state and commits all of them
+// in one synced batch (one fsync for the whole batch, shared with concurrent
+// callers by Pebble's group commit). When it returns nil, every result is
+// durable. Results are in item order; items for the same task are joined
+// together first and report the same result.
+//
+// Per task the write is a read-modify-write under a per-id lock: concurrent
+// merges of one id never lose each other's events.
+func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
+	// Lock the stripes of every id, in order, so that batches cannot
+	// deadlock each other.
+	stripes := make([]int, 0, len(items))
+	for _, it := range items {
+		stripes = append(stripes, stripeOf(it.Task.ID))
+	}
+	slices.Sort(stripes)
+	stripes = slices.Compact(stripes)
+	for _, i := range stripes {
+		s.stripes[i].Lock()
+	}
+	unlock := func() {
+		for _, i := range stripes {
+			s.stripes[i].Unlock()
+		}
+	}
+
+	results, batch, inserted, err := s.prepareMerge(items)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	if batch == nil {
+		// Nothing changed. An earlier write of these states may be visible
+		// but not yet synced (see below), so sync the WAL before acking.
+		unlock()
+		if err := s.db.LogData(nil, pebble.Sync); err != nil {
+			return nil, fmt.Errorf("storage: sync: %w", err)
+		}
+		return results, nil
+	}
+	// Publish under the locks, then release them before waiting for the
+	// fsync, so that the next writer of the same ids pipelines behind this
+	// batch instead of waiting out its fsync. Pebble makes a batch visible
+	// before its WAL sync either way.
+	err = s.db.ApplyNoSyncWait(batch, pebble.Sync)
+	unlock()
+	if err == nil {
+		s.noteReadyInserts(inserted)
+		err = batch.SyncWait()
+	}
+	batch.Close()
+	if err != nil {
+		return nil, fmt.Errorf("storage: commit: %w", err)
+	}
+	return results, nil
+}
+
+// prepareMerge reads the stored states, joins, and builds the batch. It
+// returns a nil batch when no state changed. The caller holds the stripes.
+func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, []readyInsert, error) {
+	type key struct {
+		p  uint16
+		id uint64
+	}
+	// Join duplicates first so that each task is read and written once.
+	merged := make(map[key]*crdt.Task, len(items))
+	conflicts := make(map[key]bool)
+	order := make([]key, 0, len(items))
+	for _, it := range items {
+		k := key{it.Partition, it.Task.ID}
+		prev, ok := merged[k]
+		if !ok {
+			merged[k] = it.Task
+			order = append(order, k)
+			continue
+		}
+		j, conflict, err := crdt.Join(prev, it.Task)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		merged[k] = j
+		conflicts[k] = conflicts[k] || conflict
+	}
+
+	now := s.clock.Now().UnixMilli()
+	var batch *pebble.Batch
+	var inserted []readyInsert
+	byKey := make(map[key]MergeResult, len(order))
+	for _, k := range order {
+		in := merged[k]
+		res := MergeResult{ID: k.id, SpecConflict: conflicts[k]}
+		old, err := s.getTask(k.p, k.id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			old = nil
+		case err != nil:
+			return nil, nil, nil, err
+		}
+		out := in
+		if old != nil {
+			res.Existed, res.OldDigest = true, old.Digest
+			j, conflict, err := crdt.Join(old.Task, in)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			out = j
+			res.SpecConflict = res.SpecConflict || conflict
+		} else {
+			out = cloneNormalized(in)
+		}
+		enc := out.Encode()
+		res.NewDigest = crdt.Digest(enc)
+		byKey[k] = res
+		if !res.Changed() {
+			continue
+		}
+		if batch == nil {
+			batch = s.db.NewBatch()
+		}
+		if err := batch.Set(taskKey(k.p, k.id), enc, nil); err != nil {
+			return nil, nil, nil, err
+		}
+		var dig [8]byte
+		binary.BigEndian.PutUint64(dig[:], res.NewDigest)
+		if err := batch.Set(segmentKey(k.p, Segment(k.id), k.id), dig[:], nil); err != nil {
+			return nil, nil, nil, err
+		}
+		var oldMeta meta
+		var oldSpec *crdt.Spec
+		if old != nil {
+			oldMeta = meta{state: old.Index, expiryMs: old.ExpiryMs}
+			oldSpec = old.Task.Spec
+		}
+		newMeta := placeAfterMerge(oldMeta, oldSpec, out, now)
+		ins, err := moveIndex(batch, k.p, k.id, oldMeta, oldSpec, newMeta, out.Spec)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		inserted = append(inserted, ins...)
+	}
+	results := make([]MergeResult, len(items))
+	for i, it := range items {
+		results[i] = byKey[key{it.Partition, it.Task.ID}]
+	}
+	return results, batch, inserted, nil
+}
+
+// cloneNormalized returns t in canonical form without modifying the
+// caller's slices.
+func cloneNormalized(t *crdt.Task) *crdt.Task {
+	c := &crdt.Task{ID: t.ID, Spec: t.Spec,
+		Updates: slices.Clone(t.Updates), Terminals: slices.Clone(t.Terminals)}
+	c.Normalize()
+	return c
+}
+
+// placeAfterMerge decides the index state of a task after a merge. A
+// terminal task or one without a spec is in no index; a claimed task stays
+// claimed (only the claim layer releases it); a task already ready or
+// delayed stays so unless its spec changed (a resolved spec conflict); a
+// task seen with a spec for the first time is delayed when its not-before
+// time is after now, ready otherwise.
+func placeAfterMerge(old meta, oldSpec *crdt.Spec, t *crdt.Task, nowMs int64) meta {
+	if _, terminal := t.Terminal(); terminal || t.Spec == nil {
+		return meta{state: IndexNone}
+	}
+	if old.state == IndexClaimed {
+		return old
+	}
+	if old.state != IndexNone && sameIndexFields(oldSpec, t.Spec) {
+		return old
+	}
+	return initialPlacement(t.Spec, nowMs)
+}
+
+// sameIndexFields reports whether two specs put a task at the same index
+// keys.
+func sameIndexFields(a, b *crdt.Spec) bool {
+	return a != nil && b != nil && a.Queue == b.Queue && a.Priority == b.Priority && a.NotBeforeMs == b.NotBeforeMs
+}
+
+func initialPlacement(spec *crdt.Spec, nowMs int64) meta {
+	if spec.NotBeforeMs > nowMs {
+		return meta{state: IndexDelayed}
+	}
+	return meta{state: IndexReady}
+}
+
+// readyInsert records a ready-index key written by a batch, so the queue's
+// cursor can be lowered once the batch is visible.
+type readyInsert struct {
+	p     uint16
+	queue string
+	key   []byte
+}
+
+// moveIndex writes into b the new meta value and the index changes from
+// (old, oldSpec) to (new, newSpec). It returns the ready keys it inserted.
+func moveIndex(b *pebble.Batch, p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec) ([]readyInsert, error) {
+	oldKey, newKey := indexKey(p, id, old, oldSpec), indexKey(p, id, new, newSpec)
+	if err := b.Set(metaKey(p, id), new.encode(), nil); err != nil {
+		return nil, err
+	}
+	if bytes.Equal(oldKey, newKey) {
+		return nil, nil
+	}
+	if oldKey != nil && !bytes.Equal(oldKey, newKey) {
+		if err := b.Delete(oldKey, nil); err != nil {
+			return nil, err
+		}
+	}
+	var ins []readyInsert
+	if k := newKey; k != nil {
+		if err := b.Set(k, nil, nil); err != nil {
+			return nil, err
+		}
+		if new.state == IndexReady {
+			ins = append(ins, readyInsert{p: p, queue: newSpec.Queue, key: k})
+		}
+	}
+	return ins, nil
+}
+
+// indexKey returns the index key of a task in state m, or nil for IndexNone.
+func indexKey(p uint16, id uint64, m meta, spec *crdt.Spec) []byte {
+	switch m.state {
+	case IndexReady:
+		return readyKey(p, spec.Queue, spec.Priority, id)
+	case IndexDelayed:
+		return timeIDKey(p, tagDelayed, spec.NotBeforeMs, id)
+	case IndexClaimed:
+		return timeIDKey(p, tagClaimed, m.expiryMs, id)
+	}
+	return nil
+}
+
+func stripeOf(id uint64) int { return int((id * 0x9E3779B97F4A7C15) >> (64 - 10)) }
+
+// GetTask returns the state of id in partition p, or ErrNotFound.
+func (s *Store) GetTask(p uint16, id uint64) (*StoredTask, error) {
+	return s.getTask(p, id)
+}
+
+func (s *Store) getTask(p uint16, id uint64) (*StoredTask, error) {
+	enc, err := s.get(taskKey(p, id))
+	if err != nil {
+		return nil, err
+	}
+	st, err := decodeTask(p, taskKey(p, id), enc)
+	if err != nil {
+		return nil, err
+	}
+	if st.Task.ID != id {
+		return nil, corrupt(taskKey(p, id), "stored task has id %d", st.Task.ID)
+	}
+	mv, err := s.get(metaKey(p, id))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, corrupt(metaKey(p, id), "missing meta of a stored task")
+	case err != nil:
+		return nil, err
+	}
+	m, ok := decodeMeta(mv)
+	if !ok {
+		return nil, corrupt(metaKey(p, id), "bad meta value %x", mv)
+	}
+	st.Index, st.ExpiryMs = m.state, m.expiryMs
+	return st, nil
+}
+
+func decodeTask(p uint16, key, enc []byte) (*StoredTask, error) {
+	t, err := crdt.Decode(enc)
+	if err != nil {
+		return nil, corrupt(key, "%v", err)
+	}
+	return &StoredTask{Partition: p, Task: t, Digest: crdt.Digest(enc)}, nil
+}
+
+// get returns a copy of the value at key, or ErrNotFound.
+func (s *Store) get(key []byte) ([]byte, error) {
+	v, closer, err := s.db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storage: get %x: %w", key, err)
+	}
+	out := bytes.Clone(v)
+	if out == nil {
+		out = []byte{}
+	}
+	closer.Close()
+	return out, nil
+}
+
+func corrupt(key []byte, format string, args ...any) error {
+	return fmt.Errorf("%w: key %x: %s", ErrCorrupt, key, fmt.Sprintf(format, args...))
+}
+
+// ScanTasks returns up to limit tasks of partition p with id >= start, in id
+// order, without their index state (Index is IndexNone). next is the id to
+// pass as start for the following page; more is false on the last page.
+func (s *Store) ScanTasks(p uint16, start uint64, limit int) (tasks []*StoredTask, next uint64, more bool, err error) {
+	if limit <= 0 {
+		return nil, 0, false, fmt.Errorf("storage: ScanTasks limit %d must be positive", limit)
+	}
+	_, end := tagSpan(p, tagTask)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: taskKey(p, start), UpperBound: end})
+	if err != nil {
+		return nil, 0, false, err
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		if len(tasks) == limit {
+			return tasks, idFromKey(it.Key()), true, nil
+		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return nil, 0, false, err
+		}
+		st, err := decodeTask(p, it.Key(), v)
+		if err != nil {
+			return nil, 0, false, err
+		}
+		tasks = append(tasks, st)
+	}
+	return tasks, 0, false, it.Error()
+}
+
+func idFromKey(k []byte) uint64 { return binary.BigEndian.Uint64(k[len(k)-8:]) }
+
+// DropPartition deletes every key of partition p (tasks, indexes, Raft log
+// and claim state) with one range delete, synced. The caller must have
+// stopped everything that writes to p first.
+func (s *Store) DropPartition(p uint16) error {
+	start, end := partitionSpan(p)
+	if err := s.db.DeleteRange(start, end, pebble.Sync); err != nil {
+		return fmt.Errorf("storage: drop partition %d: %w", p, err)
+	}
+	s.cursorsMu.Lock()
+	for k := range s.cursors {
+		if k.p == p {
+			delete(s.cursors, k)
+		}
+	}
+	s.cursorsMu.Unlock()
+	return nil
+}
+
+// SegmentEntry is one (id, digest) pair of the anti-entropy segment index.
+type SegmentEntry struct {
+	ID     uint64
+	Digest uint64
+}
+
+// ScanSegments calls fn for every segment index entry of partition p with
+// segment in [lo, hi), in (segment, id) order. fn's error stops the scan and
+// is returned.
+func (s *Store) ScanSegments(p uint16, lo, hi uint32, fn func(seg uint16, e SegmentEntry) error) error {
+	start := binary.BigEndian.AppendUint16(partitionPrefix(p, tagSegment), uint16(min(lo, 1<<16-1)))
+	end := partitionPrefix(p, tagSegment+1)
+	if hi < 1<<16 {
+		end = binary.BigEndian.AppendUint16(partitionPrefix(p, tagSegment), uint16(hi))
+	}
+	if lo >= hi {
+		return nil
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: start, UpperBound: end})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		k := it.Key()
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return err
+		}
+		if len(k) != 3+2+8 || len(v) != 8 {
+			return corrupt(k, "bad segment index entry (value %x)", v)
+		}
+		seg := binary.BigEndian.Uint16(k[3:5])
+		if err := fn(seg, SegmentEntry{ID: idFromKey(k), Digest: binary.BigEndian.Uint64(v)}); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+// quietLogger drops Pebble's informational messages and keeps errors.
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any) {}
+func (quietLogger) Errorf(format string, args ...any) {
+	pebble.DefaultLogger.Errorf(format, args...)
+}
+func (quietLogger) Fatalf(format string, args ...any) {
+	pebble.DefaultLogger.Fatalf(format, args...)
+}
