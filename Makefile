@@ -1,7 +1,7 @@
 # Norn build, test and lint targets. `make test` is the test command CI runs.
 
 GO          ?= go
-STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@2025.1.1
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # Core packages run under the race detector.
 CORE_PKGS   := ./crdt/... ./ring/... ./storage/...
 BIN         := bin

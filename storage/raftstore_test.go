@@ -710,7 +710,7 @@ func TestRaftStoreWithRaft(t *testing.T) {
 		t.Errorf("CurrentTerm after reopen = %d, %v", term, err)
 	}
 
-	addr, trans = raft.NewInmemTransport(addr)
+	_, trans = raft.NewInmemTransport(addr)
 	defer trans.Close()
 	fsm = &raftStoreTestFSM{}
 	r, err = raft.NewRaft(conf, fsm, store, store, snaps, trans)
