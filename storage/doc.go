@@ -22,7 +22,7 @@
 // Integers are big-endian and fixed width; times are Unix milliseconds
 // clamped at zero. prio' is the priority with its sign bit flipped, inverted,
 // so the ready index sorts by priority descending then id ascending. segment
-// is the top 16 bits of HashID(id) (ring.Partition uses the low bits).
+// is the top 16 bits of ring.HashID(id) (ring.Partition uses the low bits).
 //
 // # Index states
 //

@@ -22,51 +22,77 @@ type DueEntry struct {
 	AtMs int64 // not-before time (delayed) or lease expiry (claimed), Unix ms
 }
 
-// cursorKey names one queue of one partition.
-type cursorKey struct {
+// queueKey names one queue of one partition.
+type queueKey struct {
 	p     uint16
 	queue string
 }
 
-// readyCursor is a lower bound below which a queue's ready index holds no
-// live key. Removing heads leaves tombstones at the front of the index that
-// a seek from the queue's first key would step over one by one until
-// compaction drops them (the LSM tombstone trap); seeking from the bound
-// skips them.
+// defaultHeadCacheLen is how many ready keys a queue's head cache is filled
+// with; it is trimmed back to this when inserts grow it past twice as many.
+const defaultHeadCacheLen = 256
+
+// readyHead caches the first keys of one queue's ready index in memory.
 //
-// Invariant: every live ready key of the queue is >= bound. Inserts lower
-// the bound after their batch is visible and bump version; a reader raises
-// the bound to the head it found only if no insert happened since it read
-// the bound (version unchanged), so a key it could not see is never skipped.
-type readyCursor struct {
+// Invariant: when valid, keys holds, in order, every live ready key of the
+// queue that is below hi (hi == nil: up to the queue's end). Writers apply
+// their changes to the cache after their batch is visible and bump version;
+// a refill from Pebble installs its result only if version did not change
+// while it read, so it never drops a key it could not see.
+//
+// The cache answers most head reads without touching Pebble, and the refill
+// seeks from hi, past the heads removed since the last refill: their
+// tombstones at the front of the queue's key range (the LSM tombstone trap)
+// are never stepped over. After a restart the first refill starts at the
+// queue's first key.
+//
+// Between a write becoming visible and its cache update, a reader may see
+// the head as it was just before the write; callers (the claim FSM)
+// validate what they pick anyway.
+type readyHead struct {
 	mu      sync.Mutex
-	bound   []byte
+	valid   bool
+	keys    [][]byte
+	hi      []byte // exclusive; nil = the queue's end
 	version uint64
 }
 
-func (s *Store) cursor(p uint16, queue string) *readyCursor {
-	k := cursorKey{p, queue}
-	s.cursorsMu.Lock()
-	defer s.cursorsMu.Unlock()
-	c, ok := s.cursors[k]
+func (s *Store) readyHead(p uint16, queue string) *readyHead {
+	k := queueKey{p, queue}
+	s.headsMu.Lock()
+	defer s.headsMu.Unlock()
+	h, ok := s.heads[k]
 	if !ok {
-		c = &readyCursor{bound: readyQueuePrefix(p, queue)}
-		s.cursors[k] = c
+		h = &readyHead{}
+		s.heads[k] = h
 	}
-	return c
+	return h
 }
 
-// noteReadyInserts lowers the cursors of queues that got new ready keys.
-// Call it after the batch that wrote them is visible.
-func (s *Store) noteReadyInserts(ins []readyInsert) {
-	for _, in := range ins {
-		c := s.cursor(in.p, in.queue)
-		c.mu.Lock()
-		if bytes.Compare(in.key, c.bound) < 0 {
-			c.bound = in.key
+// below reports whether key is in the range the cache covers.
+func (h *readyHead) below(key []byte) bool { return h.hi == nil || bytes.Compare(key, h.hi) < 0 }
+
+// noteReadyChanges applies ready-index changes to the head caches. Call it
+// after the batch that made them is visible.
+func (s *Store) noteReadyChanges(changes []readyChange) {
+	for _, c := range changes {
+		h := s.readyHead(c.p, c.queue)
+		h.mu.Lock()
+		h.version++
+		if h.valid && h.below(c.key) {
+			i, found := slices.BinarySearchFunc(h.keys, c.key, bytes.Compare)
+			switch {
+			case c.insert && !found:
+				h.keys = slices.Insert(h.keys, i, c.key)
+				if len(h.keys) > 2*s.headCacheLen {
+					h.hi = h.keys[s.headCacheLen]
+					h.keys = slices.Clip(h.keys[:s.headCacheLen])
+				}
+			case !c.insert && found:
+				h.keys = slices.Delete(h.keys, i, i+1)
+			}
 		}
-		c.version++
-		c.mu.Unlock()
+		h.mu.Unlock()
 	}
 }
 
@@ -77,42 +103,61 @@ func (s *Store) ReadyHead(p uint16, queue string, limit int) ([]ReadyEntry, erro
 	if limit <= 0 {
 		return nil, fmt.Errorf("storage: ReadyHead limit %d must be positive", limit)
 	}
-	c := s.cursor(p, queue)
-	c.mu.Lock()
-	lo, version := c.bound, c.version
-	c.mu.Unlock()
+	h := s.readyHead(p, queue)
+	h.mu.Lock()
+	if h.valid && (len(h.keys) >= limit || h.hi == nil) {
+		out := readyEntries(h.keys[:min(limit, len(h.keys))])
+		h.mu.Unlock()
+		return out, nil
+	}
+	// Refill: keep what the cache holds and read on from where it ends.
+	version := h.version
+	keys := slices.Clone(h.keys)
+	from := readyQueuePrefix(p, queue)
+	if h.valid {
+		from = h.hi
+	}
+	h.mu.Unlock()
 
-	hi := prefixEnd(readyQueuePrefix(p, queue))
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	prefix := readyQueuePrefix(p, queue)
+	end := prefixEnd(prefix)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: from, UpperBound: end})
 	if err != nil {
 		return nil, err
 	}
 	defer it.Close()
-	var out []ReadyEntry
-	var head []byte
-	for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
-		k := it.Key()
-		if head == nil {
-			head = bytes.Clone(k)
+	want := max(limit, s.headCacheLen)
+	var hi []byte
+	for ok := it.First(); ok; ok = it.Next() {
+		if len(keys) == want {
+			hi = bytes.Clone(it.Key())
+			break
 		}
-		if len(k) < 12 {
-			return nil, corrupt(k, "short ready index key")
+		if len(it.Key()) != len(prefix)+12 {
+			return nil, corrupt(it.Key(), "short ready index key")
 		}
-		prio := prioFromBits(binary.BigEndian.Uint32(k[len(k)-12:]))
-		out = append(out, ReadyEntry{ID: idFromKey(k), Priority: prio})
+		keys = append(keys, bytes.Clone(it.Key()))
 	}
 	if err := it.Error(); err != nil {
 		return nil, err
 	}
-	if head == nil {
-		head = hi // empty: no live key below the end
+	if s.testHookRefillRead != nil {
+		s.testHookRefillRead()
 	}
-	c.mu.Lock()
-	if c.version == version && bytes.Compare(head, c.bound) > 0 {
-		c.bound = head
+	h.mu.Lock()
+	if h.version == version {
+		h.valid, h.keys, h.hi = true, keys, hi
 	}
-	c.mu.Unlock()
-	return out, nil
+	h.mu.Unlock()
+	return readyEntries(keys[:min(limit, len(keys))]), nil
+}
+
+func readyEntries(keys [][]byte) []ReadyEntry {
+	out := make([]ReadyEntry, len(keys))
+	for i, k := range keys {
+		out[i] = ReadyEntry{ID: idFromKey(k), Priority: prioFromBits(binary.BigEndian.Uint32(k[len(k)-12:]))}
+	}
+	return out
 }
 
 // DelayedDue returns up to limit tasks of partition p whose not-before time
@@ -243,7 +288,7 @@ func (s *Store) transition(p uint16, ids []uint64, next func(st *StoredTask, now
 	now := s.clock.Now().UnixMilli()
 	b := s.db.NewBatch()
 	defer b.Close()
-	var inserted []readyInsert
+	var changes []readyChange
 	for _, id := range slices.Compact(slices.Sorted(slices.Values(ids))) {
 		st, err := s.getTask(p, id)
 		if err != nil {
@@ -261,7 +306,7 @@ func (s *Store) transition(p uint16, ids []uint64, next func(st *StoredTask, now
 		if err != nil {
 			return err
 		}
-		inserted = append(inserted, ins...)
+		changes = append(changes, ins...)
 	}
 	if b.Empty() {
 		return nil
@@ -270,6 +315,6 @@ func (s *Store) transition(p uint16, ids []uint64, next func(st *StoredTask, now
 		return fmt.Errorf("storage: commit: %w", err)
 	}
 	unlock()
-	s.noteReadyInserts(inserted)
+	s.noteReadyChanges(changes)
 	return nil
 }

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 
-	"github.com/cespare/xxhash/v2"
+	"github.com/norn-dev/norn/ring"
 )
 
 // Key tags: the byte after the 2-byte partition. See the package doc for the
@@ -26,17 +26,10 @@ const (
 // leaves can group by prefix.
 const SegmentBits = 16
 
-// HashID is the xxhash of an id's 8 big-endian bytes. ring.Partition uses its
-// low bits; Segment uses its high bits, so the two are independent.
-func HashID(id uint64) uint64 {
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], id)
-	return xxhash.Sum64(b[:])
-}
-
 // Segment returns the anti-entropy segment of id: the top SegmentBits bits of
-// HashID(id).
-func Segment(id uint64) uint16 { return uint16(HashID(id) >> (64 - SegmentBits)) }
+// ring.HashID(id). ring.Partition uses the low bits of the same hash, so
+// segments spread evenly within every partition.
+func Segment(id uint64) uint16 { return uint16(ring.HashID(id) >> (64 - SegmentBits)) }
 
 func partitionPrefix(p uint16, tag byte) []byte {
 	return []byte{byte(p >> 8), byte(p), tag}

@@ -55,8 +55,13 @@ type Store struct {
 
 	stripes [lockStripes]sync.Mutex
 
-	cursorsMu sync.Mutex
-	cursors   map[cursorKey]*readyCursor
+	headsMu      sync.Mutex
+	heads        map[queueKey]*readyHead
+	headCacheLen int // keys per queue head cache; tests lower it
+
+	// testHookRefillRead, when set, runs after a head-cache refill has read
+	// Pebble and before it installs the result.
+	testHookRefillRead func()
 }
 
 // Open opens (creating if needed) the store in cfg.Dir.
@@ -84,7 +89,7 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("storage: open %s: %w", cfg.Dir, err)
 	}
-	return &Store{db: db, clock: cfg.Clock, cursors: make(map[cursorKey]*readyCursor)}, nil
+	return &Store{db: db, clock: cfg.Clock, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen}, nil
 }
 
 // Close closes the database. Calls after Close fail or panic as Pebble does;
@@ -212,7 +217,7 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 		}
 	}
 
-	results, batch, inserted, err := s.prepareMerge(items)
+	results, batch, changes, err := s.prepareMerge(items)
 	if err != nil {
 		unlock()
 		return nil, err
@@ -233,7 +238,7 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 	err = s.db.ApplyNoSyncWait(batch, pebble.Sync)
 	unlock()
 	if err == nil {
-		s.noteReadyInserts(inserted)
+		s.noteReadyChanges(changes)
 		err = batch.SyncWait()
 	}
 	batch.Close()
@@ -245,7 +250,7 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 
 // prepareMerge reads the stored states, joins, and builds the batch. It
 // returns a nil batch when no state changed. The caller holds the stripes.
-func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, []readyInsert, error) {
+func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, []readyChange, error) {
 	type key struct {
 		p  uint16
 		id uint64
@@ -272,7 +277,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 
 	now := s.clock.Now().UnixMilli()
 	var batch *pebble.Batch
-	var inserted []readyInsert
+	var changes []readyChange
 	byKey := make(map[key]MergeResult, len(order))
 	for _, k := range order {
 		in := merged[k]
@@ -324,13 +329,13 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		inserted = append(inserted, ins...)
+		changes = append(changes, ins...)
 	}
 	results := make([]MergeResult, len(items))
 	for i, it := range items {
 		results[i] = byKey[key{it.Partition, it.Task.ID}]
 	}
-	return results, batch, inserted, nil
+	return results, batch, changes, nil
 }
 
 // cloneNormalized returns t in canonical form without modifying the
@@ -374,17 +379,18 @@ func initialPlacement(spec *crdt.Spec, nowMs int64) meta {
 	return meta{state: IndexReady}
 }
 
-// readyInsert records a ready-index key written by a batch, so the queue's
-// cursor can be lowered once the batch is visible.
-type readyInsert struct {
-	p     uint16
-	queue string
-	key   []byte
+// readyChange records a ready-index key written or deleted by a batch, so
+// the queue's head cache can follow once the batch is visible.
+type readyChange struct {
+	p      uint16
+	queue  string
+	key    []byte
+	insert bool // false: deleted
 }
 
 // moveIndex writes into b the new meta value and the index changes from
-// (old, oldSpec) to (new, newSpec). It returns the ready keys it inserted.
-func moveIndex(b *pebble.Batch, p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec) ([]readyInsert, error) {
+// (old, oldSpec) to (new, newSpec). It returns the ready-index changes.
+func moveIndex(b *pebble.Batch, p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec) ([]readyChange, error) {
 	oldKey, newKey := indexKey(p, id, old, oldSpec), indexKey(p, id, new, newSpec)
 	if err := b.Set(metaKey(p, id), new.encode(), nil); err != nil {
 		return nil, err
@@ -392,21 +398,24 @@ func moveIndex(b *pebble.Batch, p uint16, id uint64, old meta, oldSpec *crdt.Spe
 	if bytes.Equal(oldKey, newKey) {
 		return nil, nil
 	}
-	if oldKey != nil && !bytes.Equal(oldKey, newKey) {
+	var changes []readyChange
+	if oldKey != nil {
 		if err := b.Delete(oldKey, nil); err != nil {
 			return nil, err
 		}
+		if old.state == IndexReady {
+			changes = append(changes, readyChange{p: p, queue: oldSpec.Queue, key: oldKey})
+		}
 	}
-	var ins []readyInsert
-	if k := newKey; k != nil {
-		if err := b.Set(k, nil, nil); err != nil {
+	if newKey != nil {
+		if err := b.Set(newKey, nil, nil); err != nil {
 			return nil, err
 		}
 		if new.state == IndexReady {
-			ins = append(ins, readyInsert{p: p, queue: newSpec.Queue, key: k})
+			changes = append(changes, readyChange{p: p, queue: newSpec.Queue, key: newKey, insert: true})
 		}
 	}
-	return ins, nil
+	return changes, nil
 }
 
 // indexKey returns the index key of a task in state m, or nil for IndexNone.
@@ -525,13 +534,13 @@ func (s *Store) DropPartition(p uint16) error {
 	if err := s.db.DeleteRange(start, end, pebble.Sync); err != nil {
 		return fmt.Errorf("storage: drop partition %d: %w", p, err)
 	}
-	s.cursorsMu.Lock()
-	for k := range s.cursors {
+	s.headsMu.Lock()
+	for k := range s.heads {
 		if k.p == p {
-			delete(s.cursors, k)
+			delete(s.heads, k)
 		}
 	}
-	s.cursorsMu.Unlock()
+	s.headsMu.Unlock()
 	return nil
 }
 

@@ -244,11 +244,19 @@ func TestReadyOrderAndQueueIsolation(t *testing.T) {
 	}
 }
 
-// TestReadyCursorMatchesModel drives random inserts, claims of the head,
+// TestReadyHeadMatchesModel drives random inserts, claims of the head,
 // releases and cancels, concurrently with head reads, and checks every head
-// against a brute-force model: the cursor must never skip a live task.
-func TestReadyCursorMatchesModel(t *testing.T) {
+// against a brute-force model: the head cache must never skip a live task
+// nor keep a removed one. A tiny cache exercises refills and trimming.
+func TestReadyHeadMatchesModel(t *testing.T) {
+	for _, cacheLen := range []int{2, defaultHeadCacheLen} {
+		t.Run(fmt.Sprint("cache=", cacheLen), func(t *testing.T) { testReadyHeadModel(t, cacheLen) })
+	}
+}
+
+func testReadyHeadModel(t *testing.T, cacheLen int) {
 	s, _ := memStore(t)
+	s.headCacheLen = cacheLen
 	seed := rand.Uint64()
 	r := rand.New(rand.NewPCG(seed, 2))
 	defer func() {
@@ -272,7 +280,7 @@ func TestReadyCursorMatchesModel(t *testing.T) {
 		})
 		return ids[:min(n, len(ids))]
 	}
-	// A concurrent reader keeps moving the cursor while the writer works.
+	// A concurrent reader keeps refilling the cache while the writer works.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -306,7 +314,7 @@ func TestReadyCursorMatchesModel(t *testing.T) {
 			}
 			claimed[h[0]] = true
 			delete(ready, h[0])
-		case op < 9: // release a claimed task (its old place is behind the cursor)
+		case op < 9: // release a claimed task (its key is back among the cached heads)
 			for id := range claimed {
 				if err := s.ReleaseClaims(0, []uint64{id}); err != nil {
 					t.Fatal(err)
@@ -328,6 +336,24 @@ func TestReadyCursorMatchesModel(t *testing.T) {
 		}
 	}
 	checkIndexes(t, s, 0)
+}
+
+// TestReadyHeadRefillRace inserts a task while a head-cache refill is
+// between its Pebble read and installing the result: the refill must not
+// install a cache that misses the new task.
+func TestReadyHeadRefillRace(t *testing.T) {
+	s, _ := memStore(t)
+	mustMerge(t, s, 0, newTask(10, "q", 0))
+	s.testHookRefillRead = func() {
+		s.testHookRefillRead = nil
+		mustMerge(t, s, 0, newTask(5, "q", 9))
+	}
+	if got := headIDs(t, s, 0, "q", 5); !slices.Equal(got, []uint64{10}) {
+		t.Fatalf("racing read = %v, want what it read before the insert", got)
+	}
+	if got := headIDs(t, s, 0, "q", 5); !slices.Equal(got, []uint64{5, 10}) {
+		t.Fatalf("head after the race = %v, want [5 10]", got)
+	}
 }
 
 func TestDelayedIndexAndPromotion(t *testing.T) {
