@@ -551,20 +551,23 @@ func TestCorruptValuesGiveErrors(t *testing.T) {
 	}
 }
 
-// TestCrashKeepsAckedWrites runs Pebble on a crashable filesystem, crashes
-// it (unsynced data dropped at random) after a mix of acked writes, and
-// checks that every acked write survived and the indexes agree with the
-// tasks.
+// TestCrashKeepsAckedWrites runs Pebble on a crashable filesystem and
+// crashes it (unsynced data dropped at random) twice: right after a burst of
+// concurrent acked merges, and after acked claims with unsynced writes in
+// flight. Every acked write must survive each crash, and the indexes must
+// agree with the tasks.
 func TestCrashKeepsAckedWrites(t *testing.T) {
 	for round := range 3 {
 		t.Run(fmt.Sprint("round", round), func(t *testing.T) {
 			fs := vfs.NewCrashableMem()
 			s, _ := openTestStore(t, fs, "db")
 			r := rand.New(rand.NewPCG(uint64(round), 3))
+			crash := func() vfs.FS {
+				return fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rand.New(rand.NewPCG(r.Uint64(), 4))})
+			}
 			acked := map[uint64]uint64{} // id -> digest
-			claimed := map[uint64]int64{}
-			var wg sync.WaitGroup
 			var mu sync.Mutex
+			var wg sync.WaitGroup
 			for w := range 4 {
 				wg.Go(func() {
 					for i := range 50 {
@@ -581,6 +584,10 @@ func TestCrashKeepsAckedWrites(t *testing.T) {
 				})
 			}
 			wg.Wait()
+			afterMerges := crash()
+			checkCrashed(t, afterMerges, acked, nil)
+
+			claimed := map[uint64]int64{}
 			for id := range acked {
 				if r.IntN(4) == 0 {
 					exp := t0 + int64(r.IntN(1000))
@@ -595,30 +602,35 @@ func TestCrashKeepsAckedWrites(t *testing.T) {
 				id := uint64(90000 + i)
 				b := s.db.NewBatch()
 				_ = b.Set(taskKey(uint16(id%4), id), newTask(id, "q", 0).Encode(), nil)
+				_ = b.Set(metaKey(uint16(id%4), id), meta{}.encode(), nil)
 				_ = b.Commit(pebble.NoSync)
 				b.Close()
 			}
-			crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rand.New(rand.NewPCG(uint64(round), 4))})
-			s.Close()
-			s.db = nil
-
-			s2, _ := openTestStore(t, crashed, "db")
-			for id, dig := range acked {
-				st, err := s2.GetTask(uint16(id%4), id)
-				if err != nil {
-					t.Fatalf("acked task %d lost: %v", id, err)
-				}
-				if st.Digest != dig {
-					t.Fatalf("task %d digest %x, acked %x", id, st.Digest, dig)
-				}
-				if exp, ok := claimed[id]; ok && (st.Index != IndexClaimed || st.ExpiryMs != exp) {
-					t.Fatalf("task %d claim lost: %+v", id, st)
-				}
-			}
-			for p := range uint16(4) {
-				checkIndexes(t, s2, p)
-			}
+			checkCrashed(t, crash(), acked, claimed)
 		})
+	}
+}
+
+// checkCrashed opens a crashed filesystem and checks that every acked task
+// (and acked claim) is there and the indexes agree with the tasks.
+func checkCrashed(t *testing.T, fs vfs.FS, acked map[uint64]uint64, claimed map[uint64]int64) {
+	t.Helper()
+	s, _ := openTestStore(t, fs, "db")
+	defer func() { s.Close(); s.db = nil }()
+	for id, dig := range acked {
+		st, err := s.GetTask(uint16(id%4), id)
+		if err != nil {
+			t.Fatalf("acked task %d lost: %v", id, err)
+		}
+		if st.Digest != dig {
+			t.Fatalf("task %d digest %x, acked %x", id, st.Digest, dig)
+		}
+		if exp, ok := claimed[id]; ok && (st.Index != IndexClaimed || st.ExpiryMs != exp) {
+			t.Fatalf("task %d claim lost: %+v", id, st)
+		}
+	}
+	for p := range uint16(4) {
+		checkIndexes(t, s, p)
 	}
 }
 
