@@ -366,13 +366,7 @@ func (pl *planner) shed() {
 			if !slices.Contains(c, x) {
 				continue
 			}
-			pl.countZones(c)
-			pl.zoneCnt[pl.zone[x]]--
-			fillable := slices.ContainsFunc(room, func(d int) bool {
-				return !slices.Contains(c, d) && pl.zoneCnt[pl.zone[d]] < pl.perZone
-			})
-			pl.zoneCnt[pl.zone[x]]++
-			pl.clearZoneCnt(c)
+			fillable := pl.replaceable(c, x, room, func(int) bool { return true })
 			cands = append(cands, cand{part, pl.n - len(c), fillable, mix(pl.idHash[x], part)})
 		}
 		slices.SortFunc(cands, func(a, b cand) int {
@@ -447,14 +441,9 @@ func (pl *planner) makeRoom(backOnly bool) (made int) {
 				if !slices.Contains(c, x) {
 					continue
 				}
-				pl.countZones(c)
-				pl.zoneCnt[pl.zone[x]]--
-				fillable := slices.ContainsFunc(under, func(d int) bool {
-					return pl.load[d] < pl.lo[d] && !slices.Contains(c, d) && pl.zoneCnt[pl.zone[d]] < pl.perZone &&
-						(!backOnly || slices.Contains(pl.orig[part], d))
+				fillable := pl.replaceable(c, x, under, func(d int) bool {
+					return pl.load[d] < pl.lo[d] && (!backOnly || slices.Contains(pl.orig[part], d))
 				})
-				pl.zoneCnt[pl.zone[x]]++
-				pl.clearZoneCnt(c)
 				if fillable {
 					cands = append(cands, cand{part, pl.n - len(c), mix(pl.idHash[x], part)})
 				}
@@ -572,6 +561,19 @@ func (pl *planner) clearZoneCnt(c []int) {
 	for _, i := range c {
 		pl.zoneCnt[pl.zone[i]] = 0
 	}
+}
+
+// replaceable reports whether some node d of cands, with ok(d), could take
+// x's place in cohort c: d is not in c and c without x has room in d's zone.
+func (pl *planner) replaceable(c []int, x int, cands []int, ok func(d int) bool) bool {
+	pl.countZones(c)
+	pl.zoneCnt[pl.zone[x]]--
+	found := slices.ContainsFunc(cands, func(d int) bool {
+		return !slices.Contains(c, d) && pl.zoneCnt[pl.zone[d]] < pl.perZone && ok(d)
+	})
+	pl.zoneCnt[pl.zone[x]]++
+	pl.clearZoneCnt(c)
+	return found
 }
 
 // check panics unless the placement meets rules 1-3 of Plan. It is cheap

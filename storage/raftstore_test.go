@@ -26,21 +26,10 @@ type raftStoreUnderTest interface {
 	raft.StableStore
 }
 
-// raftTestPebbleLogger drops Pebble's informational messages.
-type raftTestPebbleLogger struct{}
-
-func (raftTestPebbleLogger) Infof(string, ...any) {}
-func (raftTestPebbleLogger) Errorf(format string, args ...any) {
-	pebble.DefaultLogger.Errorf(format, args...)
-}
-func (raftTestPebbleLogger) Fatalf(format string, args ...any) {
-	pebble.DefaultLogger.Fatalf(format, args...)
-}
-
 // openRaftTestDB opens a Pebble DB in dir on fs. The caller closes it.
 func openRaftTestDB(t testing.TB, fs vfs.FS, dir string) *pebble.DB {
 	t.Helper()
-	db, err := pebble.Open(dir, &pebble.Options{FS: fs, Logger: raftTestPebbleLogger{}})
+	db, err := pebble.Open(dir, &pebble.Options{FS: fs, Logger: quietLogger{}})
 	if err != nil {
 		t.Fatalf("pebble.Open(%q): %v", dir, err)
 	}
