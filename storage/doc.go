@@ -17,7 +17,8 @@
 //	p 0x06 id                       -> meta: index state [+ expiryMs]
 //	p 0x10 index                    -> raft log entry   (RaftStore)
 //	p 0x11 key                      -> raft stable value (RaftStore)
-//	p 0x12 ...                      -> claim FSM state (reserved for claims/)
+//	p 0x12 0x00                     -> claim FSM applied Raft index
+//	p 0x12 0x01 id                  -> claim FSM record (opaque to storage)
 //
 // Integers are big-endian and fixed width; times are Unix milliseconds
 // clamped at zero. prio' is the priority with its sign bit flipped, inverted,
@@ -30,9 +31,13 @@
 // terminal), ready, delayed or claimed. The state is local bookkeeping: it is
 // not replicated and not part of the digest. MergeTask places a task the
 // first time its spec arrives (delayed when not_before is in the future,
-// ready otherwise) and removes it from every index when it becomes terminal;
-// the claim layer moves tasks with MarkClaimed and ReleaseClaims, and the
-// monitor with PromoteDelayed.
+// ready otherwise) and takes it out of the ready and delayed indexes when it
+// becomes terminal. The claimed index belongs to the claim FSM: only
+// ApplyClaimFSM (and its wrappers MarkClaimed, ReleaseClaims) moves tasks in
+// and out of it, whether or not the task's state has reached this replica
+// (a claim recorded first leaves a meta entry without a task), so every
+// replica of a partition holds the same claimed index. The monitor promotes
+// due delayed tasks with PromoteDelayed.
 //
 // # Use
 //

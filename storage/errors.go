@@ -9,10 +9,6 @@ var ErrNotFound = errors.New("storage: task not found")
 // The wrapping error names the key (hex). Test for it with errors.Is.
 var ErrCorrupt = errors.New("storage: corrupt value")
 
-// ErrNotClaimable is returned by MarkClaimed for a task that is terminal or
-// whose spec this replica has not seen.
-var ErrNotClaimable = errors.New("storage: task is terminal or has no spec")
-
 // ErrStableKeyNotFound is returned, unwrapped, by RaftStore.Get and
 // RaftStore.GetUint64 for a key that was never set. Its message is exactly
 // "not found" because hashicorp/raft recognises a missing stable key by

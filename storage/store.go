@@ -202,20 +202,11 @@ func (s *Store) MergeTask(p uint16, t *crdt.Task) (MergeResult, error) {
 func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 	// Lock the stripes of every id, in order, so that batches cannot
 	// deadlock each other.
-	stripes := make([]int, 0, len(items))
-	for _, it := range items {
-		stripes = append(stripes, stripeOf(it.Task.ID))
+	ids := make([]uint64, len(items))
+	for i, it := range items {
+		ids[i] = it.Task.ID
 	}
-	slices.Sort(stripes)
-	stripes = slices.Compact(stripes)
-	for _, i := range stripes {
-		s.stripes[i].Lock()
-	}
-	unlock := func() {
-		for _, i := range stripes {
-			s.stripes[i].Unlock()
-		}
-	}
+	unlock := s.lockIDs(ids)
 
 	results, batch, changes, err := s.prepareMerge(items)
 	if err != nil {
@@ -323,6 +314,8 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		if old != nil {
 			oldMeta = meta{state: old.Index, expiryMs: old.ExpiryMs}
 			oldSpec = old.Task.Spec
+		} else if oldMeta, _, err = s.getMeta(k.p, k.id); err != nil {
+			return nil, nil, nil, err
 		}
 		newMeta := placeAfterMerge(oldMeta, oldSpec, out, now)
 		ins, err := moveIndex(batch, k.p, k.id, oldMeta, oldSpec, newMeta, out.Spec)
@@ -348,17 +341,18 @@ func cloneNormalized(t *crdt.Task) *crdt.Task {
 }
 
 // placeAfterMerge decides the index state of a task after a merge. A
-// terminal task or one without a spec is in no index; a claimed task stays
-// claimed (only the claim layer releases it); a task already ready or
+// claimed task stays claimed, terminal or not (the claimed index belongs to
+// the claim FSM, which releases it); a terminal task or one without a spec
+// is in no index; a task already ready or
 // delayed stays so unless its spec changed (a resolved spec conflict); a
 // task seen with a spec for the first time is delayed when its not-before
 // time is after now, ready otherwise.
 func placeAfterMerge(old meta, oldSpec *crdt.Spec, t *crdt.Task, nowMs int64) meta {
-	if _, terminal := t.Terminal(); terminal || t.Spec == nil {
-		return meta{state: IndexNone}
-	}
 	if old.state == IndexClaimed {
 		return old
+	}
+	if _, terminal := t.Terminal(); terminal || t.Spec == nil {
+		return meta{state: IndexNone}
 	}
 	if old.state != IndexNone && sameIndexFields(oldSpec, t.Spec) {
 		return old
@@ -395,6 +389,12 @@ func moveIndex(b *pebble.Batch, p uint16, id uint64, old meta, oldSpec *crdt.Spe
 	if err := b.Set(metaKey(p, id), new.encode(), nil); err != nil {
 		return nil, err
 	}
+	return moveIndexKeys(b, p, old, oldSpec, oldKey, new, newSpec, newKey)
+}
+
+// moveIndexKeys replaces oldKey by newKey in the indexes, and returns the
+// ready-index changes.
+func moveIndexKeys(b *pebble.Batch, p uint16, old meta, oldSpec *crdt.Spec, oldKey []byte, new meta, newSpec *crdt.Spec, newKey []byte) ([]readyChange, error) {
 	if bytes.Equal(oldKey, newKey) {
 		return nil, nil
 	}
@@ -450,19 +450,33 @@ func (s *Store) getTask(p uint16, id uint64) (*StoredTask, error) {
 	if st.Task.ID != id {
 		return nil, corrupt(taskKey(p, id), "stored task has id %d", st.Task.ID)
 	}
-	mv, err := s.get(metaKey(p, id))
-	switch {
-	case errors.Is(err, ErrNotFound):
-		return nil, corrupt(metaKey(p, id), "missing meta of a stored task")
-	case err != nil:
+	m, found, err := s.getMeta(p, id)
+	if err != nil {
 		return nil, err
 	}
-	m, ok := decodeMeta(mv)
-	if !ok {
-		return nil, corrupt(metaKey(p, id), "bad meta value %x", mv)
+	if !found {
+		return nil, corrupt(metaKey(p, id), "missing meta of a stored task")
 	}
 	st.Index, st.ExpiryMs = m.state, m.expiryMs
 	return st, nil
+}
+
+// getMeta returns the meta of id. A claim can be recorded (by the claim FSM)
+// before the task's state reaches this replica, so meta may exist without a
+// task; a task never exists without meta.
+func (s *Store) getMeta(p uint16, id uint64) (m meta, found bool, err error) {
+	mv, err := s.get(metaKey(p, id))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return meta{}, false, nil
+	case err != nil:
+		return meta{}, false, err
+	}
+	m, ok := decodeMeta(mv)
+	if !ok {
+		return meta{}, false, corrupt(metaKey(p, id), "bad meta value %x", mv)
+	}
+	return m, true, nil
 }
 
 func decodeTask(p uint16, key, enc []byte) (*StoredTask, error) {

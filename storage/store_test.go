@@ -407,16 +407,34 @@ func TestClaimedIndex(t *testing.T) {
 	if due, _ = s.ClaimsExpiring(0, t0+100, 10); len(due) != 1 || due[0].ID != 1 {
 		t.Fatalf("after renew, expiring = %v", due)
 	}
-	// A terminal event removes a claimed task from every index.
+	// A terminal event leaves the claim to the FSM: still claimed, and
+	// released to no index.
 	mustMerge(t, s, 0, &crdt.Task{ID: 1, Terminals: []crdt.Terminal{{At: crdt.Timestamp{WallMs: t0}, Kind: crdt.Completed, Claim: 9}}})
-	if due, _ = s.ClaimsExpiring(0, t0+1000, 10); len(due) != 1 || due[0].ID != 2 {
-		t.Fatalf("after complete, expiring = %v", due)
+	if due, _ = s.ClaimsExpiring(0, t0+1000, 10); len(due) != 2 {
+		t.Fatalf("after complete, expiring = %v, want the claim kept", due)
 	}
-	if err := s.MarkClaimed(0, []ClaimMark{{1, t0}}); !errors.Is(err, ErrNotClaimable) {
-		t.Fatalf("claim of a completed task: %v", err)
+	if err := s.ReleaseClaims(0, []uint64{1}); err != nil {
+		t.Fatal(err)
 	}
-	if err := s.MarkClaimed(0, []ClaimMark{{99, t0}}); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("claim of a missing task: %v", err)
+	if st, _ := s.GetTask(0, 1); st.Index != IndexNone {
+		t.Fatalf("released completed task is in index %v", st.Index)
+	}
+	// A claim of a task this replica has not seen is recorded (the FSM
+	// decides), and its release leaves nothing behind.
+	if err := s.MarkClaimed(0, []ClaimMark{{99, t0}}); err != nil {
+		t.Fatal(err)
+	}
+	if due, _ = s.ClaimsExpiring(0, t0, 10); len(due) != 1 || due[0].ID != 99 {
+		t.Fatalf("claim of an absent task not indexed: %v", due)
+	}
+	if _, err := s.GetTask(0, 99); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("absent task: %v", err)
+	}
+	if err := s.ReleaseClaims(0, []uint64{99}); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, _ := s.getMeta(0, 99); found {
+		t.Fatalf("meta of an absent task left after release")
 	}
 	// Release: back to ready, idempotently.
 	for range 2 {
@@ -655,7 +673,8 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 				want[string(k)] = true
 			}
 			want[string(segmentKey(p, Segment(st.Task.ID), st.Task.ID))] = true
-			if _, terminal := st.Task.Terminal(); (terminal || st.Task.Spec == nil) != (st.Index == IndexNone) {
+			_, terminal := st.Task.Terminal()
+			if unclaimable := terminal || st.Task.Spec == nil; st.Index != IndexClaimed && unclaimable != (st.Index == IndexNone) {
 				t.Fatalf("task %d: index state %v, terminal=%v spec=%v", st.Task.ID, st.Index, terminal, st.Task.Spec != nil)
 			}
 		}

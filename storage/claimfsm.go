@@ -1,0 +1,438 @@
+package storage
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/norn-dev/norn/crdt"
+)
+
+// The claim FSM's keys, under tag 0x12 of its partition:
+//
+//	p 0x12 0x00     -> applied Raft index (8 bytes)
+//	p 0x12 0x01 id  -> the FSM's record of the task (opaque to storage)
+const (
+	fsmApplied byte = 0x00
+	fsmRecord  byte = 0x01
+)
+
+func fsmAppliedKey(p uint16) []byte { return append(partitionPrefix(p, tagClaimFSM), fsmApplied) }
+
+func fsmRecordKey(p uint16, id uint64) []byte {
+	return binary.BigEndian.AppendUint64(append(partitionPrefix(p, tagClaimFSM), fsmRecord), id)
+}
+
+// ClaimMark sets a task's lease expiry in the claimed index.
+type ClaimMark struct {
+	ID       uint64
+	ExpiryMs int64
+}
+
+// FSMRecord is the claim FSM's record of one task. Storage does not
+// interpret Value; nil Value deletes the record.
+type FSMRecord struct {
+	ID    uint64
+	Value []byte
+}
+
+// IndexMove is one change the claim FSM makes to the claimed index: a claim
+// granted or renewed (Claimed, with the lease expiry), or a claim ended
+// (!Claimed: the task goes back to ready or delayed, or to no index when it
+// is terminal or not stored here).
+type IndexMove struct {
+	ID       uint64
+	Claimed  bool
+	ExpiryMs int64
+}
+
+// ClaimFSMUpdate is the effect of applying Raft entries to a partition's
+// claim FSM: committed by ApplyClaimFSM in one batch with the applied index,
+// so a replay after a crash can tell which entries are already in.
+type ClaimFSMUpdate struct {
+	AppliedIndex uint64
+	Records      []FSMRecord
+	Moves        []IndexMove // applied in order
+}
+
+// ApplyClaimFSM commits u for partition p in one batch: the FSM records, the
+// applied index, and the claimed/ready index moves. The claimed index
+// belongs to the FSM: a move is recorded whether or not the task's state has
+// reached this replica, so every replica of p holds the same claimed index.
+// sync false is right for entries that are durable in the Raft log (a crash
+// replays them); the batch is atomic either way.
+func (s *Store) ApplyClaimFSM(p uint16, u ClaimFSMUpdate, sync bool) error {
+	ids := make([]uint64, 0, len(u.Records)+len(u.Moves))
+	for _, r := range u.Records {
+		ids = append(ids, r.ID)
+	}
+	for _, m := range u.Moves {
+		ids = append(ids, m.ID)
+	}
+	unlock := s.lockIDs(ids)
+	defer unlock()
+
+	b := s.db.NewBatch()
+	defer b.Close()
+	for _, r := range u.Records {
+		var err error
+		if r.Value == nil {
+			err = b.Delete(fsmRecordKey(p, r.ID), nil)
+		} else {
+			err = b.Set(fsmRecordKey(p, r.ID), r.Value, nil)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := b.Set(fsmAppliedKey(p), binary.BigEndian.AppendUint64(nil, u.AppliedIndex), nil); err != nil {
+		return err
+	}
+	changes, err := s.moveClaims(b, p, u.Moves)
+	if err != nil {
+		return err
+	}
+	opts := pebble.NoSync
+	if sync {
+		opts = pebble.Sync
+	}
+	if err := b.Commit(opts); err != nil {
+		return fmt.Errorf("storage: commit claim FSM of partition %d: %w", p, err)
+	}
+	unlock()
+	s.noteReadyChanges(changes)
+	return nil
+}
+
+// ClaimFSMApplied returns the last Raft index applied to partition p's claim
+// FSM, 0 when none.
+func (s *Store) ClaimFSMApplied(p uint16) (uint64, error) {
+	v, err := s.get(fsmAppliedKey(p))
+	if errors.Is(err, ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if len(v) != 8 {
+		return 0, corrupt(fsmAppliedKey(p), "applied index of %d bytes", len(v))
+	}
+	return binary.BigEndian.Uint64(v), nil
+}
+
+// ClaimFSMRecord returns the FSM record of id in partition p, or
+// ErrNotFound. The caller owns the returned slice.
+func (s *Store) ClaimFSMRecord(p uint16, id uint64) ([]byte, error) {
+	return s.get(fsmRecordKey(p, id))
+}
+
+// FSMSnapshot is a consistent view of one partition's claim FSM, for Raft
+// snapshots. Close it when done.
+type FSMSnapshot struct {
+	p    uint16
+	snap *pebble.Snapshot
+}
+
+// SnapshotClaimFSM returns a consistent view of partition p's claim FSM.
+func (s *Store) SnapshotClaimFSM(p uint16) *FSMSnapshot {
+	return &FSMSnapshot{p: p, snap: s.db.NewSnapshot()}
+}
+
+// Applied returns the applied index as of the snapshot.
+func (f *FSMSnapshot) Applied() (uint64, error) {
+	v, closer, err := f.snap.Get(fsmAppliedKey(f.p))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer closer.Close()
+	if len(v) != 8 {
+		return 0, corrupt(fsmAppliedKey(f.p), "applied index of %d bytes", len(v))
+	}
+	return binary.BigEndian.Uint64(v), nil
+}
+
+// Records calls fn for every FSM record in id order. value is valid only
+// during the call.
+func (f *FSMSnapshot) Records(fn func(id uint64, value []byte) error) error {
+	prefix := append(partitionPrefix(f.p, tagClaimFSM), fsmRecord)
+	it, err := f.snap.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		if len(it.Key()) != len(prefix)+8 {
+			return corrupt(it.Key(), "bad claim FSM record key")
+		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return err
+		}
+		if err := fn(idFromKey(it.Key()), v); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+// Close releases the snapshot.
+func (f *FSMSnapshot) Close() error { return f.snap.Close() }
+
+// RestoreClaimFSM replaces partition p's claim FSM with a snapshot's: every
+// record and the applied index, and the claimed index (live lists every
+// task with a live claim; every other claimed task is released). One synced
+// batch.
+func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, live []ClaimMark) error {
+	prefix := append(partitionPrefix(p, tagClaimFSM), fsmRecord)
+	// Release what is claimed now and not in live, claim what is.
+	isLive := make(map[uint64]bool, len(live))
+	for _, l := range live {
+		isLive[l.ID] = true
+	}
+	var moves []IndexMove
+	lo, hi := tagSpan(p, tagClaimed)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		if id := idFromKey(it.Key()); !isLive[id] {
+			moves = append(moves, IndexMove{ID: id})
+		}
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return err
+	}
+	for _, l := range live {
+		moves = append(moves, IndexMove{ID: l.ID, Claimed: true, ExpiryMs: l.ExpiryMs})
+	}
+	ids := make([]uint64, 0, len(moves))
+	for _, m := range moves {
+		ids = append(ids, m.ID)
+	}
+	unlock := s.lockIDs(ids)
+	defer unlock()
+	b := s.db.NewBatch()
+	defer b.Close()
+	if err := b.DeleteRange(prefix, prefixEnd(prefix), nil); err != nil {
+		return err
+	}
+	for _, r := range records {
+		if err := b.Set(fsmRecordKey(p, r.ID), r.Value, nil); err != nil {
+			return err
+		}
+	}
+	if err := b.Set(fsmAppliedKey(p), binary.BigEndian.AppendUint64(nil, applied), nil); err != nil {
+		return err
+	}
+	changes, err := s.moveClaims(b, p, moves)
+	if err != nil {
+		return err
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return err
+	}
+	unlock()
+	s.noteReadyChanges(changes)
+	return nil
+}
+
+// MarkClaimed records claims in partition p's claimed index, in one synced
+// batch (ApplyClaimFSM without FSM records).
+func (s *Store) MarkClaimed(p uint16, marks []ClaimMark) error {
+	moves := make([]IndexMove, len(marks))
+	ids := make([]uint64, len(marks))
+	for i, m := range marks {
+		moves[i] = IndexMove{ID: m.ID, Claimed: true, ExpiryMs: m.ExpiryMs}
+		ids[i] = m.ID
+	}
+	return s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) { return s.moveClaims(b, p, moves) })
+}
+
+// ReleaseClaims ends claims in partition p's claimed index: each task goes
+// back to ready (or delayed), or to no index when terminal or not stored.
+// Tasks not claimed are left alone, so a release is idempotent.
+func (s *Store) ReleaseClaims(p uint16, ids []uint64) error {
+	moves := make([]IndexMove, len(ids))
+	for i, id := range ids {
+		moves[i] = IndexMove{ID: id}
+	}
+	return s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) { return s.moveClaims(b, p, moves) })
+}
+
+// PromoteDelayed moves up to limit delayed tasks of partition p whose
+// not-before time has passed into the ready index, and returns how many it
+// moved.
+func (s *Store) PromoteDelayed(p uint16, limit int) (int, error) {
+	now := s.clock.Now().UnixMilli()
+	due, err := s.DelayedDue(p, now, limit)
+	if err != nil || len(due) == 0 {
+		return 0, err
+	}
+	ids := make([]uint64, len(due))
+	for i, d := range due {
+		ids[i] = d.ID
+	}
+	moved := 0
+	err = s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) {
+		var changes []readyChange
+		for _, id := range ids {
+			ti, err := s.loadIndex(p, id)
+			if err != nil {
+				return nil, err
+			}
+			if ti.m.state != IndexDelayed || ti.task.Spec.NotBeforeMs > now {
+				continue // claimed or promoted meanwhile
+			}
+			ch, err := moveIndex(b, p, id, ti.m, ti.task.Spec, meta{state: IndexReady}, ti.task.Spec)
+			if err != nil {
+				return nil, err
+			}
+			changes = append(changes, ch...)
+			moved++
+		}
+		return changes, nil
+	})
+	return moved, err
+}
+
+// commitMoves locks ids, lets fill write index moves into a batch, commits
+// it synced, and updates the head caches.
+func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *pebble.Batch) ([]readyChange, error)) error {
+	unlock := s.lockIDs(ids)
+	defer unlock()
+	b := s.db.NewBatch()
+	defer b.Close()
+	changes, err := fill(b)
+	if err != nil {
+		return err
+	}
+	if b.Empty() {
+		return nil
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("storage: commit: %w", err)
+	}
+	unlock()
+	s.noteReadyChanges(changes)
+	return nil
+}
+
+// taskIndex is what moveClaims needs to know of one task: its state (nil
+// when not stored here) and meta.
+type taskIndex struct {
+	task      *crdt.Task
+	m         meta
+	metaFound bool
+}
+
+func (s *Store) loadIndex(p uint16, id uint64) (taskIndex, error) {
+	st, err := s.getTask(p, id)
+	if err == nil {
+		return taskIndex{task: st.Task, m: meta{state: st.Index, expiryMs: st.ExpiryMs}, metaFound: true}, nil
+	}
+	if !errors.Is(err, ErrNotFound) {
+		return taskIndex{}, err
+	}
+	m, found, err := s.getMeta(p, id)
+	return taskIndex{m: m, metaFound: found}, err
+}
+
+// moveClaims writes the claimed-index moves into b. Moves of one id are
+// collapsed to their net effect: the last claim's expiry, or a release if
+// the last move releases a claim (held before or granted earlier in moves).
+// The caller holds the ids' locks.
+func (s *Store) moveClaims(b *pebble.Batch, p uint16, moves []IndexMove) ([]readyChange, error) {
+	type net struct {
+		last       IndexMove
+		claimedYet bool // a claim precedes the last move
+	}
+	nets := map[uint64]*net{}
+	var order []uint64
+	for _, m := range moves {
+		n, ok := nets[m.ID]
+		if !ok {
+			n = &net{}
+			nets[m.ID] = n
+			order = append(order, m.ID)
+		} else if n.last.Claimed {
+			n.claimedYet = true
+		}
+		n.last = m
+	}
+	slices.Sort(order)
+	now := s.clock.Now().UnixMilli()
+	var changes []readyChange
+	for _, id := range order {
+		n := nets[id]
+		ti, err := s.loadIndex(p, id)
+		if err != nil {
+			return nil, err
+		}
+		var spec *crdt.Spec
+		if ti.task != nil {
+			spec = ti.task.Spec
+		}
+		var next meta
+		switch {
+		case n.last.Claimed:
+			next = meta{state: IndexClaimed, expiryMs: n.last.ExpiryMs}
+		case ti.m.state != IndexClaimed && !n.claimedYet:
+			continue // not claimed: a release is a no-op
+		case ti.task == nil:
+			// Claimed before the task reached this replica: drop the meta.
+			if err := b.Delete(metaKey(p, id), nil); err != nil {
+				return nil, err
+			}
+			if k := indexKey(p, id, ti.m, nil); k != nil {
+				if err := b.Delete(k, nil); err != nil {
+					return nil, err
+				}
+			}
+			continue
+		default:
+			next = meta{state: IndexNone}
+			if _, terminal := ti.task.Terminal(); !terminal && spec != nil {
+				next = initialPlacement(spec, now)
+			}
+		}
+		if ti.metaFound && next == ti.m {
+			continue
+		}
+		ch, err := moveIndex(b, p, id, ti.m, spec, next, spec)
+		if err != nil {
+			return nil, err
+		}
+		changes = append(changes, ch...)
+	}
+	return changes, nil
+}
+
+// lockIDs locks the stripes of ids in order and returns an idempotent
+// unlock.
+func (s *Store) lockIDs(ids []uint64) (unlock func()) {
+	stripes := make([]int, 0, len(ids))
+	for _, id := range ids {
+		stripes = append(stripes, stripeOf(id))
+	}
+	slices.Sort(stripes)
+	stripes = slices.Compact(stripes)
+	for _, i := range stripes {
+		s.stripes[i].Lock()
+	}
+	done := false
+	return func() {
+		if !done {
+			done = true
+			for _, i := range stripes {
+				s.stripes[i].Unlock()
+			}
+		}
+	}
+}
