@@ -199,4 +199,3 @@ func (s *Store) dueBefore(p uint16, tag byte, ms int64, limit int) ([]DueEntry, 
 	}
 	return out, it.Error()
 }
-
