@@ -3,7 +3,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # Core packages run under the race detector.
-CORE_PKGS   := ./crdt/... ./ring/... ./storage/...
+CORE_PKGS   := ./crdt/... ./ring/... ./storage/... ./claims/...
 BIN         := bin
 
 .PHONY: all build test test-core test-rest lint fmt bench fuzz cluster run clean
@@ -20,7 +20,7 @@ test-core:
 
 # Everything that is not a core package (the architecture test for now).
 test-rest:
-	$(GO) test -timeout 10m $$($(GO) list ./... | grep -v -e '/crdt' -e '/ring' -e '/storage')
+	$(GO) test -timeout 10m $$($(GO) list ./... | grep -v -e '/crdt' -e '/ring' -e '/storage' -e '/claims')
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -41,6 +41,8 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./crdt/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeLog$$' -fuzztime $(FUZZTIME) ./storage/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCommand$$' -fuzztime $(FUZZTIME) ./claims/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./claims/
 
 cluster run:
 	@echo "make $@: nornd does not exist yet (see README.md, 'State of the project')."; exit 1

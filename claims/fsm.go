@@ -1,0 +1,438 @@
+package claims
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Op is the kind of a claim FSM command.
+type Op uint8
+
+// Commands. Every one is validated by the FSM from the command and the
+// FSM's own records alone, so every replica applies it the same way.
+const (
+	// OpClaim grants claims on Candidates to Worker for LeaseMs, as of NowMs.
+	OpClaim Op = 1
+	// OpRenew extends the live claim Token of ID to NowMs+LeaseMs.
+	OpRenew Op = 2
+	// OpYield ends the live claim Token of ID: the task is claimable again.
+	OpYield Op = 3
+	// OpEnd records that ID became terminal (Reason: completed, aborted or
+	// cancelled) and ends its live claim, whichever it is.
+	OpEnd Op = 4
+	// OpExpire ends the live claim Token of ID if NowMs > expiry + SkewMs.
+	OpExpire Op = 5
+	// OpExtend raises the expiry of the live claims of IDs to at least
+	// MinExpiryMs (a new leader does this before it expires anything).
+	OpExtend Op = 6
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpClaim:
+		return "claim"
+	case OpRenew:
+		return "renew"
+	case OpYield:
+		return "yield"
+	case OpEnd:
+		return "end"
+	case OpExpire:
+		return "expire"
+	case OpExtend:
+		return "extend"
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// Candidate is a task the leader picked for a claim, with the spec fields
+// the FSM checks.
+type Candidate struct {
+	ID          uint64
+	NotBeforeMs int64
+	MaxClaims   uint32
+}
+
+// Command is one claim FSM command. Which fields matter depends on Op.
+type Command struct {
+	Op          Op
+	NowMs       int64 // the proposing leader's clock, Unix ms
+	Worker      string
+	LeaseMs     int64
+	Candidates  []Candidate // OpClaim
+	ID          uint64      // OpRenew, OpYield, OpEnd, OpExpire
+	Token       uint64      // OpRenew, OpYield, OpExpire; OpEnd: the claim that ended it (0 if none)
+	Reason      EndReason   // OpEnd
+	SkewMs      int64       // OpExpire
+	MinExpiryMs int64       // OpExtend
+	IDs         []uint64    // OpExtend
+}
+
+// Errors of a command, in Outcome.Err. They are values the FSM returns, not
+// failures of the FSM: the state is unchanged for that task.
+var (
+	// ErrClaimSuperseded: the claim token is not the task's live claim (it
+	// ended, expired, or a newer claim exists).
+	ErrClaimSuperseded = errors.New("claim superseded")
+	// ErrTaskTerminal: the task is completed, aborted or cancelled.
+	ErrTaskTerminal = errors.New("task is terminal")
+	// ErrAlreadyClaimed: the task has a live claim.
+	ErrAlreadyClaimed = errors.New("task already claimed")
+	// ErrNotYet: the task's not-before time is after the command's time.
+	ErrNotYet = errors.New("task not claimable before its not-before time")
+	// ErrNotExpired: an expiry proposed before expiry + skew buffer.
+	ErrNotExpired = errors.New("claim not expired yet")
+	// ErrBadCommand: a command that fails validation on its own (bad op,
+	// non-positive lease...). The leader never proposes one.
+	ErrBadCommand = errors.New("bad claim command")
+)
+
+// Outcome is the result of a command for one task.
+type Outcome struct {
+	ID    uint64
+	Err   error // nil when the command took effect
+	Claim Claim // the claim granted, renewed or ended (zero when Err != nil)
+	Dead  bool  // OpExpire: the task reached max_claims and is now aborted
+}
+
+// Change is a record the command wrote, and what it did to the claimed
+// index: Claimed with the new ExpiryMs, Released, or neither.
+type Change struct {
+	ID       uint64
+	Record   *Record
+	Claimed  bool
+	ExpiryMs int64
+	Released bool
+}
+
+// Getter returns the FSM's record of id, or nil when it has none.
+type Getter func(id uint64) (*Record, error)
+
+// Apply applies cmd, carried by the Raft entry at index, to the records it
+// names. It is deterministic: the outcome depends only on index, cmd and the
+// records get returns, never on the local clock or the local task states.
+// It returns an outcome per task and the changed records; the records from
+// get are not modified. An error is returned only when get fails.
+func Apply(index uint64, cmd *Command, get Getter) ([]Outcome, []Change, error) {
+	a := applier{index: index, cmd: cmd, get: get, recs: map[uint64]*Record{}}
+	if err := validate(cmd); err != nil {
+		return []Outcome{{ID: cmd.ID, Err: err}}, nil, nil
+	}
+	var err error
+	switch cmd.Op {
+	case OpClaim:
+		for _, c := range cmd.Candidates {
+			if err = a.claim(c); err != nil {
+				break
+			}
+		}
+	case OpRenew:
+		err = a.withLive(cmd.ID, cmd.Token, a.renew)
+	case OpYield:
+		err = a.withLive(cmd.ID, cmd.Token, a.yield)
+	case OpExpire:
+		err = a.withLive(cmd.ID, cmd.Token, a.expire)
+	case OpEnd:
+		err = a.end(cmd.ID)
+	case OpExtend:
+		for _, id := range cmd.IDs {
+			if err = a.extend(id); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return a.outcomes, a.changes(), nil
+}
+
+func validate(cmd *Command) error {
+	switch cmd.Op {
+	case OpClaim:
+		if cmd.LeaseMs <= 0 || len(cmd.Candidates) == 0 {
+			return fmt.Errorf("%w: claim needs a positive lease and candidates", ErrBadCommand)
+		}
+	case OpRenew:
+		if cmd.LeaseMs <= 0 {
+			return fmt.Errorf("%w: renew needs a positive lease", ErrBadCommand)
+		}
+	case OpEnd:
+		if !cmd.Reason.terminal() {
+			return fmt.Errorf("%w: end reason %v is not terminal", ErrBadCommand, cmd.Reason)
+		}
+	case OpExpire:
+		if cmd.SkewMs < 0 {
+			return fmt.Errorf("%w: negative skew", ErrBadCommand)
+		}
+	case OpYield, OpExtend:
+	default:
+		return fmt.Errorf("%w: unknown op %d", ErrBadCommand, cmd.Op)
+	}
+	return nil
+}
+
+// applier accumulates one command's effects; a task named twice in one
+// command sees its own earlier changes.
+type applier struct {
+	index    uint64
+	cmd      *Command
+	get      Getter
+	recs     map[uint64]*Record // copies being modified
+	order    []uint64
+	moves    map[uint64]*Change
+	outcomes []Outcome
+}
+
+// record returns a private copy of id's record, creating an empty one.
+func (a *applier) record(id uint64) (*Record, error) {
+	if r, ok := a.recs[id]; ok {
+		return r, nil
+	}
+	r, err := a.get(id)
+	if err != nil {
+		return nil, fmt.Errorf("claims: read record %d: %w", id, err)
+	}
+	c := &Record{}
+	if r != nil {
+		*c = *r
+		c.History = append([]Claim(nil), r.History...)
+	}
+	a.recs[id] = c
+	a.order = append(a.order, id)
+	return c, nil
+}
+
+func (a *applier) fail(id uint64, err error) {
+	a.outcomes = append(a.outcomes, Outcome{ID: id, Err: err})
+}
+
+func (a *applier) move(id uint64, claimed bool, expiryMs int64) {
+	if a.moves == nil {
+		a.moves = map[uint64]*Change{}
+	}
+	a.moves[id] = &Change{ID: id, Claimed: claimed, ExpiryMs: expiryMs, Released: !claimed}
+}
+
+func (a *applier) changes() []Change {
+	out := make([]Change, 0, len(a.order))
+	for _, id := range a.order {
+		c := Change{ID: id, Record: a.recs[id]}
+		if m, ok := a.moves[id]; ok {
+			c.Claimed, c.ExpiryMs, c.Released = m.Claimed, m.ExpiryMs, m.Released
+		} else if !a.changed(id) {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// changed reports whether a record was modified (records read only for a
+// failed validation are not written back).
+func (a *applier) changed(id uint64) bool {
+	for _, o := range a.outcomes {
+		if o.ID == id && o.Err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *applier) claim(c Candidate) error {
+	r, err := a.record(c.ID)
+	if err != nil {
+		return err
+	}
+	switch _, live := r.Live(); {
+	case r.Done():
+		a.fail(c.ID, ErrTaskTerminal)
+		return nil
+	case live:
+		a.fail(c.ID, ErrAlreadyClaimed)
+		return nil
+	case a.cmd.NowMs < c.NotBeforeMs:
+		a.fail(c.ID, ErrNotYet)
+		return nil
+	}
+	if r.Seq == 0 {
+		r.MaxClaims = c.MaxClaims
+	}
+	r.Seq++
+	cl := Claim{Token: a.index, Seq: r.Seq, Worker: a.cmd.Worker, StartMs: a.cmd.NowMs, ExpiryMs: a.cmd.NowMs + a.cmd.LeaseMs}
+	r.History = append(r.History, cl)
+	if len(r.History) > HistoryLimit {
+		r.History = append([]Claim(nil), r.History[len(r.History)-HistoryLimit:]...)
+	}
+	a.move(c.ID, true, cl.ExpiryMs)
+	a.outcomes = append(a.outcomes, Outcome{ID: c.ID, Claim: cl})
+	return nil
+}
+
+// withLive runs fn on the live claim of id if its token is token.
+func (a *applier) withLive(id, token uint64, fn func(r *Record, c *Claim)) error {
+	r, err := a.record(id)
+	if err != nil {
+		return err
+	}
+	c, live := r.Live()
+	switch {
+	case live && c.Token == token:
+		fn(r, c)
+	case r.Done():
+		a.fail(id, ErrTaskTerminal)
+	default:
+		a.fail(id, ErrClaimSuperseded)
+	}
+	return nil
+}
+
+func (a *applier) renew(r *Record, c *Claim) {
+	c.ExpiryMs = max(c.ExpiryMs, a.cmd.NowMs+a.cmd.LeaseMs)
+	a.move(a.cmd.ID, true, c.ExpiryMs)
+	a.outcomes = append(a.outcomes, Outcome{ID: a.cmd.ID, Claim: *c})
+}
+
+func (a *applier) yield(r *Record, c *Claim) {
+	a.endClaim(a.cmd.ID, c, EndYielded)
+}
+
+func (a *applier) expire(r *Record, c *Claim) {
+	if a.cmd.NowMs <= c.ExpiryMs+a.cmd.SkewMs {
+		a.fail(a.cmd.ID, ErrNotExpired)
+		return
+	}
+	r.Expired++
+	a.endClaim(a.cmd.ID, c, EndExpired)
+	if r.MaxClaims > 0 && r.Expired >= r.MaxClaims {
+		r.Dead = true
+		a.outcomes[len(a.outcomes)-1].Dead = true
+	}
+}
+
+func (a *applier) endClaim(id uint64, c *Claim, why EndReason) {
+	c.End, c.EndedMs = why, a.cmd.NowMs
+	a.move(id, false, 0)
+	a.outcomes = append(a.outcomes, Outcome{ID: id, Claim: *c})
+}
+
+func (a *applier) end(id uint64) error {
+	r, err := a.record(id)
+	if err != nil {
+		return err
+	}
+	if r.Terminal != EndNone {
+		a.fail(id, ErrTaskTerminal) // already recorded: idempotent
+		return nil
+	}
+	r.Terminal = a.cmd.Reason
+	if c, live := r.Live(); live {
+		a.endClaim(id, c, a.cmd.Reason)
+	} else {
+		a.outcomes = append(a.outcomes, Outcome{ID: id})
+	}
+	return nil
+}
+
+func (a *applier) extend(id uint64) error {
+	r, err := a.record(id)
+	if err != nil {
+		return err
+	}
+	c, live := r.Live()
+	if !live {
+		a.fail(id, ErrClaimSuperseded)
+		return nil
+	}
+	if c.ExpiryMs < a.cmd.MinExpiryMs {
+		c.ExpiryMs = a.cmd.MinExpiryMs
+		a.move(id, true, c.ExpiryMs)
+	}
+	a.outcomes = append(a.outcomes, Outcome{ID: id, Claim: *c})
+	return nil
+}
+
+// Encoding of a command: version, op, then the op's fields.
+const commandVersion = 1
+
+// Encode returns cmd's binary encoding (the Raft log entry's data).
+func (cmd *Command) Encode() []byte {
+	b := []byte{commandVersion, byte(cmd.Op)}
+	b = binary.AppendVarint(b, cmd.NowMs)
+	switch cmd.Op {
+	case OpClaim:
+		b = appendString(b, cmd.Worker)
+		b = binary.AppendVarint(b, cmd.LeaseMs)
+		b = binary.AppendUvarint(b, uint64(len(cmd.Candidates)))
+		for _, c := range cmd.Candidates {
+			b = binary.AppendUvarint(b, c.ID)
+			b = binary.AppendVarint(b, c.NotBeforeMs)
+			b = binary.AppendUvarint(b, uint64(c.MaxClaims))
+		}
+	case OpRenew:
+		b = binary.AppendUvarint(b, cmd.ID)
+		b = binary.AppendUvarint(b, cmd.Token)
+		b = binary.AppendVarint(b, cmd.LeaseMs)
+	case OpYield:
+		b = binary.AppendUvarint(b, cmd.ID)
+		b = binary.AppendUvarint(b, cmd.Token)
+	case OpEnd:
+		b = binary.AppendUvarint(b, cmd.ID)
+		b = binary.AppendUvarint(b, cmd.Token)
+		b = append(b, byte(cmd.Reason))
+	case OpExpire:
+		b = binary.AppendUvarint(b, cmd.ID)
+		b = binary.AppendUvarint(b, cmd.Token)
+		b = binary.AppendVarint(b, cmd.SkewMs)
+	case OpExtend:
+		b = binary.AppendVarint(b, cmd.MinExpiryMs)
+		b = binary.AppendUvarint(b, uint64(len(cmd.IDs)))
+		for _, id := range cmd.IDs {
+			b = binary.AppendUvarint(b, id)
+		}
+	}
+	return b
+}
+
+// DecodeCommand parses a command. It never panics; malformed input gives an
+// error wrapping ErrCorrupt.
+func DecodeCommand(b []byte) (*Command, error) {
+	d := decoder{buf: b}
+	if v := d.byte(); d.err == nil && v != commandVersion {
+		d.fail("command version %d", v)
+	}
+	cmd := &Command{Op: Op(d.byte()), NowMs: d.varint()}
+	switch cmd.Op {
+	case OpClaim:
+		cmd.Worker, cmd.LeaseMs = d.string(), d.varint()
+		if n := d.count(3); n > 0 {
+			cmd.Candidates = make([]Candidate, n)
+			for i := range cmd.Candidates {
+				cmd.Candidates[i] = Candidate{ID: d.uvarint(), NotBeforeMs: d.varint(), MaxClaims: d.uint32()}
+			}
+		}
+	case OpRenew:
+		cmd.ID, cmd.Token, cmd.LeaseMs = d.uvarint(), d.uvarint(), d.varint()
+	case OpYield:
+		cmd.ID, cmd.Token = d.uvarint(), d.uvarint()
+	case OpEnd:
+		cmd.ID, cmd.Token, cmd.Reason = d.uvarint(), d.uvarint(), EndReason(d.byte())
+	case OpExpire:
+		cmd.ID, cmd.Token, cmd.SkewMs = d.uvarint(), d.uvarint(), d.varint()
+	case OpExtend:
+		cmd.MinExpiryMs = d.varint()
+		if n := d.count(1); n > 0 {
+			cmd.IDs = make([]uint64, n)
+			for i := range cmd.IDs {
+				cmd.IDs[i] = d.uvarint()
+			}
+		}
+	default:
+		d.fail("unknown op %d", cmd.Op)
+	}
+	if err := d.finish(); err != nil {
+		return nil, err
+	}
+	return cmd, nil
+}

@@ -1,0 +1,308 @@
+package claims
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+)
+
+// memFSM applies commands to records in a map, as the Raft FSM does with
+// storage, round-tripping every command and record through its encoding.
+type memFSM struct {
+	recs  map[uint64][]byte
+	index uint64
+}
+
+func newMemFSM() *memFSM { return &memFSM{recs: map[uint64][]byte{}} }
+
+func (m *memFSM) get(id uint64) (*Record, error) {
+	b, ok := m.recs[id]
+	if !ok {
+		return nil, nil
+	}
+	return DecodeRecord(b)
+}
+
+func (m *memFSM) apply(t testing.TB, cmd Command) []Outcome {
+	t.Helper()
+	m.index++
+	dec, err := DecodeCommand(cmd.Encode())
+	if err != nil {
+		t.Fatalf("decode(encode(%+v)): %v", cmd, err)
+	}
+	outs, changes, err := Apply(m.index, dec, m.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range changes {
+		m.recs[c.ID] = c.Record.Encode()
+	}
+	return outs
+}
+
+func (m *memFSM) rec(t testing.TB, id uint64) *Record {
+	t.Helper()
+	r, err := m.get(id)
+	if err != nil || r == nil {
+		t.Fatalf("record %d: %v, %v", id, r, err)
+	}
+	return r
+}
+
+func claimCmd(now int64, lease int64, ids ...uint64) Command {
+	c := Command{Op: OpClaim, NowMs: now, Worker: "w", LeaseMs: lease}
+	for _, id := range ids {
+		c.Candidates = append(c.Candidates, Candidate{ID: id})
+	}
+	return c
+}
+
+func TestClaimLifecycle(t *testing.T) {
+	m := newMemFSM()
+	outs := m.apply(t, claimCmd(1000, 100, 1, 2, 1))
+	if outs[0].Err != nil || outs[1].Err != nil || !errors.Is(outs[2].Err, ErrAlreadyClaimed) {
+		t.Fatalf("claim outcomes %+v", outs)
+	}
+	tok := outs[0].Claim.Token
+	if tok != 1 || outs[0].Claim.Seq != 1 || outs[0].Claim.ExpiryMs != 1100 {
+		t.Fatalf("claim %+v: token must be the Raft index, expiry now+lease", outs[0].Claim)
+	}
+	// Renew extends, never shortens.
+	if o := m.apply(t, Command{Op: OpRenew, NowMs: 1050, ID: 1, Token: tok, LeaseMs: 100}); o[0].Err != nil || o[0].Claim.ExpiryMs != 1150 {
+		t.Fatalf("renew %+v", o)
+	}
+	if o := m.apply(t, Command{Op: OpRenew, NowMs: 1050, ID: 1, Token: tok, LeaseMs: 10}); o[0].Claim.ExpiryMs != 1150 {
+		t.Fatalf("short renew shortened the lease: %+v", o)
+	}
+	if o := m.apply(t, Command{Op: OpRenew, NowMs: 1050, ID: 1, Token: tok + 99, LeaseMs: 100}); !errors.Is(o[0].Err, ErrClaimSuperseded) {
+		t.Fatalf("renew with a wrong token: %+v", o)
+	}
+	// Expiry only after expiry + skew.
+	if o := m.apply(t, Command{Op: OpExpire, NowMs: 1200, ID: 1, Token: tok, SkewMs: 50}); !errors.Is(o[0].Err, ErrNotExpired) {
+		t.Fatalf("early expiry: %+v", o)
+	}
+	if o := m.apply(t, Command{Op: OpExpire, NowMs: 1201, ID: 1, Token: tok, SkewMs: 50}); o[0].Err != nil || o[0].Claim.End != EndExpired {
+		t.Fatalf("expiry: %+v", o)
+	}
+	// The old token is dead; a new claim gets a new, larger token and seq 2.
+	if o := m.apply(t, Command{Op: OpRenew, NowMs: 1202, ID: 1, Token: tok, LeaseMs: 100}); !errors.Is(o[0].Err, ErrClaimSuperseded) {
+		t.Fatalf("renew after expiry: %+v", o)
+	}
+	o := m.apply(t, claimCmd(1300, 100, 1))
+	if o[0].Err != nil || o[0].Claim.Token <= tok || o[0].Claim.Seq != 2 {
+		t.Fatalf("reclaim %+v", o)
+	}
+	tok2 := o[0].Claim.Token
+	// Yield ends it and the task is claimable again.
+	if o := m.apply(t, Command{Op: OpYield, NowMs: 1310, ID: 1, Token: tok2}); o[0].Claim.End != EndYielded {
+		t.Fatalf("yield %+v", o)
+	}
+	// Cancel: ends the live claim, and every later claim or renew fails.
+	o = m.apply(t, claimCmd(1400, 100, 1))
+	tok3 := o[0].Claim.Token
+	if o := m.apply(t, Command{Op: OpEnd, NowMs: 1410, ID: 1, Reason: EndCancelled}); o[0].Claim.End != EndCancelled || o[0].Claim.Token != tok3 {
+		t.Fatalf("cancel %+v", o)
+	}
+	if o := m.apply(t, Command{Op: OpRenew, NowMs: 1420, ID: 1, Token: tok3, LeaseMs: 100}); !errors.Is(o[0].Err, ErrTaskTerminal) {
+		t.Fatalf("renew after cancel: %+v", o)
+	}
+	if o := m.apply(t, claimCmd(1500, 100, 1)); !errors.Is(o[0].Err, ErrTaskTerminal) {
+		t.Fatalf("claim after cancel: %+v", o)
+	}
+	r := m.rec(t, 1)
+	var ends []EndReason
+	for _, c := range r.History {
+		ends = append(ends, c.End)
+	}
+	if want := []EndReason{EndExpired, EndYielded, EndCancelled}; !reflect.DeepEqual(ends, want) {
+		t.Fatalf("history ends %v, want %v", ends, want)
+	}
+}
+
+func TestNotBeforeAndMaxClaims(t *testing.T) {
+	m := newMemFSM()
+	c := claimCmd(1000, 10)
+	c.Candidates = []Candidate{{ID: 1, NotBeforeMs: 1001, MaxClaims: 2}}
+	if o := m.apply(t, c); !errors.Is(o[0].Err, ErrNotYet) {
+		t.Fatalf("claim before not-before: %+v", o)
+	}
+	c.NowMs = 1001
+	for i := range 2 {
+		o := m.apply(t, c)
+		if o[0].Err != nil {
+			t.Fatalf("claim %d: %+v", i, o)
+		}
+		e := m.apply(t, Command{Op: OpExpire, NowMs: c.NowMs + 100, ID: 1, Token: o[0].Claim.Token})
+		if e[0].Dead != (i == 1) {
+			t.Fatalf("expiry %d: dead=%v", i, e[0].Dead)
+		}
+		c.NowMs += 200
+	}
+	if o := m.apply(t, c); !errors.Is(o[0].Err, ErrTaskTerminal) {
+		t.Fatalf("claim of a dead task: %+v", o)
+	}
+	// Yields do not count towards max_claims.
+	c.Candidates = []Candidate{{ID: 2, MaxClaims: 1}}
+	for range 3 {
+		o := m.apply(t, c)
+		if o[0].Err != nil {
+			t.Fatalf("claim after yields: %+v", o)
+		}
+		m.apply(t, Command{Op: OpYield, NowMs: c.NowMs, ID: 2, Token: o[0].Claim.Token})
+	}
+}
+
+func TestExtendOnLeaderChange(t *testing.T) {
+	m := newMemFSM()
+	o := m.apply(t, claimCmd(1000, 10, 1, 2))
+	m.apply(t, Command{Op: OpYield, NowMs: 1001, ID: 2, Token: o[1].Claim.Token})
+	outs := m.apply(t, Command{Op: OpExtend, NowMs: 5000, MinExpiryMs: 6000, IDs: []uint64{1, 2}})
+	if outs[0].Err != nil || outs[0].Claim.ExpiryMs != 6000 || !errors.Is(outs[1].Err, ErrClaimSuperseded) {
+		t.Fatalf("extend %+v", outs)
+	}
+	if c, _ := m.rec(t, 1).Live(); c.ExpiryMs != 6000 {
+		t.Fatalf("live claim after extend: %+v", c)
+	}
+}
+
+func TestBadCommands(t *testing.T) {
+	for _, cmd := range []Command{
+		{Op: 0},
+		{Op: 99},
+		{Op: OpClaim, LeaseMs: 0, Candidates: []Candidate{{ID: 1}}},
+		{Op: OpClaim, LeaseMs: 10},
+		{Op: OpRenew, ID: 1, LeaseMs: -1},
+		{Op: OpEnd, ID: 1, Reason: EndYielded},
+		{Op: OpExpire, ID: 1, SkewMs: -1},
+	} {
+		outs, changes, err := Apply(1, &cmd, func(uint64) (*Record, error) { return nil, nil })
+		if err != nil || len(changes) != 0 || len(outs) != 1 || !errors.Is(outs[0].Err, ErrBadCommand) {
+			t.Errorf("%+v: outs=%+v changes=%v err=%v", cmd, outs, changes, err)
+		}
+	}
+}
+
+// TestRandomHistoriesKeepInvariants applies random command sequences and
+// checks after every step: at most one live claim per task, tokens strictly
+// increasing, no claim granted on a done task, and that replaying the same
+// log on a second FSM gives byte-identical records (determinism).
+func TestRandomHistoriesKeepInvariants(t *testing.T) {
+	seed := rand.Uint64()
+	r := rand.New(rand.NewPCG(seed, 9))
+	defer func() {
+		if t.Failed() {
+			t.Logf("seed %d", seed)
+		}
+	}()
+	for range 50 {
+		a, b := newMemFSM(), newMemFSM()
+		now := int64(1000)
+		lastToken := map[uint64]uint64{}
+		for range 300 {
+			now += r.Int64N(40)
+			id := r.Uint64N(5) + 1
+			tok := uint64(0)
+			if rec, _ := a.get(id); rec != nil && len(rec.History) > 0 && r.IntN(4) != 0 {
+				tok = rec.History[len(rec.History)-1].Token
+			}
+			var cmd Command
+			switch r.IntN(6) {
+			case 0, 1:
+				cmd = claimCmd(now, 1+r.Int64N(100), id, r.Uint64N(5)+1)
+				cmd.Candidates[0].MaxClaims = r.Uint32N(3)
+			case 2:
+				cmd = Command{Op: OpRenew, NowMs: now, ID: id, Token: tok, LeaseMs: 1 + r.Int64N(100)}
+			case 3:
+				cmd = Command{Op: OpYield, NowMs: now, ID: id, Token: tok}
+			case 4:
+				cmd = Command{Op: OpExpire, NowMs: now, ID: id, Token: tok, SkewMs: r.Int64N(20)}
+			case 5:
+				cmd = Command{Op: OpEnd, NowMs: now, ID: id, Reason: []EndReason{EndCompleted, EndAborted, EndCancelled}[r.IntN(3)]}
+				if r.IntN(3) != 0 {
+					cmd.Op = OpYield // terminal events are rarer
+				}
+			}
+			var before *Record
+			if cmd.Op == OpClaim {
+				before, _ = a.get(id)
+			}
+			outs := a.apply(t, cmd)
+			b.apply(t, cmd)
+			for _, o := range outs {
+				if o.Err != nil || cmd.Op != OpClaim {
+					continue
+				}
+				if o.ID == id && before != nil && before.Done() {
+					t.Fatalf("claim granted on a done task %d", id)
+				}
+				if o.Claim.Token <= lastToken[o.ID] {
+					t.Fatalf("token %d not above %d for task %d", o.Claim.Token, lastToken[o.ID], o.ID)
+				}
+				lastToken[o.ID] = o.Claim.Token
+			}
+			for tid, enc := range a.recs {
+				rec, _ := DecodeRecord(enc)
+				live := 0
+				for _, c := range rec.History {
+					if c.End == EndNone {
+						live++
+					}
+				}
+				if live > 1 || (live == 1 && rec.History[len(rec.History)-1].End != EndNone) {
+					t.Fatalf("task %d has %d live claims: %+v", tid, live, rec.History)
+				}
+				if !bytes.Equal(enc, b.recs[tid]) {
+					t.Fatalf("replicas diverged on task %d", tid)
+				}
+			}
+		}
+	}
+}
+
+func FuzzDecodeCommand(f *testing.F) {
+	for _, c := range []Command{
+		claimCmd(1000, 10, 1, 2),
+		{Op: OpRenew, NowMs: 5, ID: 1, Token: 2, LeaseMs: 3},
+		{Op: OpYield, ID: 1, Token: 2},
+		{Op: OpEnd, ID: 1, Reason: EndCancelled},
+		{Op: OpExpire, ID: 1, Token: 2, SkewMs: 100},
+		{Op: OpExtend, MinExpiryMs: 9, IDs: []uint64{1, 2, 3}},
+	} {
+		f.Add(c.Encode())
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cmd, err := DecodeCommand(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error %v does not wrap ErrCorrupt", err)
+			}
+			return
+		}
+		again, err := DecodeCommand(cmd.Encode())
+		if err != nil || !reflect.DeepEqual(cmd, again) {
+			t.Fatalf("re-decode: %+v vs %+v, %v", cmd, again, err)
+		}
+		// Applying any decodable command never panics.
+		_, _, _ = Apply(7, cmd, func(uint64) (*Record, error) { return &Record{History: []Claim{{Token: 7}}}, nil })
+	})
+}
+
+func FuzzDecodeRecord(f *testing.F) {
+	f.Add((&Record{Seq: 2, Expired: 1, MaxClaims: 3, History: []Claim{{Token: 4, Seq: 1, Worker: "w", StartMs: 1, ExpiryMs: 2, End: EndExpired, EndedMs: 3}, {Token: 9, Seq: 2}}}).Encode())
+	f.Add((&Record{Terminal: EndCancelled, Dead: true}).Encode())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeRecord(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error %v does not wrap ErrCorrupt", err)
+			}
+			return
+		}
+		again, err := DecodeRecord(r.Encode())
+		if err != nil || !reflect.DeepEqual(r, again) {
+			t.Fatalf("re-decode: %+v vs %+v, %v", r, again, err)
+		}
+	})
+}

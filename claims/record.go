@@ -1,0 +1,258 @@
+package claims
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// EndReason says how a claim ended. EndNone means it is still live.
+type EndReason uint8
+
+// End reasons. Completed, Aborted and Cancelled also mark the task terminal.
+const (
+	EndNone      EndReason = 0
+	EndCompleted EndReason = 1
+	EndAborted   EndReason = 2
+	EndExpired   EndReason = 3
+	EndYielded   EndReason = 4
+	EndCancelled EndReason = 5
+)
+
+func (r EndReason) String() string {
+	switch r {
+	case EndNone:
+		return "LIVE"
+	case EndCompleted:
+		return "COMPLETED"
+	case EndAborted:
+		return "ABORTED"
+	case EndExpired:
+		return "EXPIRED"
+	case EndYielded:
+		return "YIELDED"
+	case EndCancelled:
+		return "CANCELLED"
+	}
+	return fmt.Sprintf("EndReason(%d)", uint8(r))
+}
+
+func (r EndReason) valid() bool { return r <= EndCancelled }
+
+// terminal reports whether a task ended this way is done for good.
+func (r EndReason) terminal() bool {
+	return r == EndCompleted || r == EndAborted || r == EndCancelled
+}
+
+// Claim is one claim of a task: granted by a Raft entry whose index is the
+// claim's token (its fencing token and claim id).
+type Claim struct {
+	Token    uint64 // Raft index of the granting entry
+	Seq      uint64 // 1, 2, 3... per task, for humans
+	Worker   string
+	StartMs  int64 // leader's clock at the grant, Unix ms
+	ExpiryMs int64 // lease expiry, Unix ms on the leader's clock
+	End      EndReason
+	EndedMs  int64 // when it ended; 0 while live
+}
+
+// HistoryLimit is how many claims a record keeps; older ones are dropped
+// (Seq keeps counting).
+const HistoryLimit = 64
+
+// Record is the claim FSM's state of one task: its claim history and
+// whether it may be claimed again.
+type Record struct {
+	Seq       uint64    // claims granted so far; the last claim's Seq
+	Expired   uint32    // claims ended by expiry (max_claims counts these)
+	MaxClaims uint32    // from the task's spec at its first claim; 0 = unlimited
+	Terminal  EndReason // set once the task is completed, aborted or cancelled
+	Dead      bool      // aborted by the FSM: max_claims expiries reached
+	History   []Claim   // oldest first; at most HistoryLimit
+}
+
+// Live returns the live claim, if any: the last claim when it has not ended.
+func (r *Record) Live() (*Claim, bool) {
+	if n := len(r.History); n > 0 && r.History[n-1].End == EndNone {
+		return &r.History[n-1], true
+	}
+	return nil, false
+}
+
+// Done reports whether the task can never be claimed again.
+func (r *Record) Done() bool { return r.Terminal != EndNone || r.Dead }
+
+// ErrCorrupt is returned (wrapped) by the decoders for bytes that are not a
+// valid record or command.
+var ErrCorrupt = errors.New("claims: corrupt encoding")
+
+const recordVersion = 1
+
+// Encode returns r's binary encoding.
+func (r *Record) Encode() []byte {
+	b := []byte{recordVersion}
+	b = binary.AppendUvarint(b, r.Seq)
+	b = binary.AppendUvarint(b, uint64(r.Expired))
+	b = binary.AppendUvarint(b, uint64(r.MaxClaims))
+	b = append(b, byte(r.Terminal), boolByte(r.Dead))
+	b = binary.AppendUvarint(b, uint64(len(r.History)))
+	for _, c := range r.History {
+		b = binary.AppendUvarint(b, c.Token)
+		b = binary.AppendUvarint(b, c.Seq)
+		b = appendString(b, c.Worker)
+		b = binary.AppendVarint(b, c.StartMs)
+		b = binary.AppendVarint(b, c.ExpiryMs)
+		b = append(b, byte(c.End))
+		b = binary.AppendVarint(b, c.EndedMs)
+	}
+	return b
+}
+
+// DecodeRecord parses a record. It never panics; malformed input gives an
+// error wrapping ErrCorrupt.
+func DecodeRecord(b []byte) (*Record, error) {
+	d := decoder{buf: b}
+	if v := d.byte(); d.err == nil && v != recordVersion {
+		d.fail("record version %d", v)
+	}
+	r := &Record{Seq: d.uvarint(), Expired: d.uint32(), MaxClaims: d.uint32()}
+	r.Terminal = EndReason(d.byte())
+	r.Dead = d.bool()
+	if d.err == nil && !r.Terminal.terminal() && r.Terminal != EndNone {
+		d.fail("terminal reason %d", r.Terminal)
+	}
+	n := d.count(7) // the smallest encoded claim is 7 bytes
+	if n > HistoryLimit {
+		d.fail("history of %d claims", n)
+	}
+	if d.err == nil && n > 0 {
+		r.History = make([]Claim, n)
+		for i := range r.History {
+			c := &r.History[i]
+			c.Token, c.Seq, c.Worker = d.uvarint(), d.uvarint(), d.string()
+			c.StartMs, c.ExpiryMs = d.varint(), d.varint()
+			c.End = EndReason(d.byte())
+			c.EndedMs = d.varint()
+			if d.err == nil && !c.End.valid() {
+				d.fail("end reason %d", c.End)
+			}
+		}
+	}
+	return r, d.finish()
+}
+
+func boolByte(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// decoder reads with a sticky error.
+type decoder struct {
+	buf []byte
+	off int
+	err error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w at byte %d: %s", ErrCorrupt, d.off, fmt.Sprintf(format, args...))
+	}
+}
+
+func (d *decoder) finish() error {
+	if d.err == nil && d.off != len(d.buf) {
+		d.fail("%d trailing bytes", len(d.buf)-d.off)
+	}
+	return d.err
+}
+
+func (d *decoder) byte() byte {
+	if d.err != nil {
+		return 0
+	}
+	if d.off >= len(d.buf) {
+		d.fail("unexpected end")
+		return 0
+	}
+	c := d.buf[d.off]
+	d.off++
+	return c
+}
+
+func (d *decoder) bool() bool {
+	switch c := d.byte(); c {
+	case 0:
+		return false
+	case 1:
+		return true
+	default:
+		d.fail("bool %d", c)
+		return false
+	}
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.buf[d.off:])
+	if n <= 0 {
+		d.fail("bad uvarint")
+		return 0
+	}
+	d.off += n
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.buf[d.off:])
+	if n <= 0 {
+		d.fail("bad varint")
+		return 0
+	}
+	d.off += n
+	return v
+}
+
+func (d *decoder) uint32() uint32 {
+	v := d.uvarint()
+	if v > 1<<32-1 {
+		d.fail("%d overflows uint32", v)
+		return 0
+	}
+	return uint32(v)
+}
+
+// count reads an element count and checks that at least minBytesEach bytes
+// per element remain, so a corrupt count cannot cause a huge allocation.
+func (d *decoder) count(minBytesEach int) int {
+	n := d.uvarint()
+	if d.err != nil {
+		return 0
+	}
+	if rem := uint64(len(d.buf) - d.off); n > rem/uint64(minBytesEach) {
+		d.fail("count %d exceeds the %d bytes left", n, rem)
+		return 0
+	}
+	return int(n)
+}
+
+func (d *decoder) string() string {
+	n := d.count(1)
+	if d.err != nil {
+		return ""
+	}
+	s := string(d.buf[d.off : d.off+n])
+	d.off += n
+	return s
+}
