@@ -1,0 +1,244 @@
+package claims
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/storage"
+)
+
+// testNode is one node's store and a group of partition 3 on it, on a real
+// Pebble directory.
+type testNode struct {
+	dir   string
+	store *storage.Store
+	group *Group
+	trans *raft.InmemTransport
+}
+
+func startTestNode(t *testing.T, dir string, snapshotThreshold uint64) *testNode {
+	t.Helper()
+	st, err := storage.Open(storage.Config{Dir: dir + "/db"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := raft.NewFileSnapshotStore(dir+"/snap", 2, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, trans := raft.NewInmemTransport("n1")
+	rs := st.RaftStore(3)
+	g, err := StartGroup(GroupConfig{
+		Partition: 3, LocalID: "n1", KV: st, Log: rs, Stable: rs, Snapshots: snaps, Transport: trans,
+		Bootstrap:        true,
+		HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
+		LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
+		SnapshotThreshold: snapshotThreshold,
+		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+		RaftLogger:        hclog.NewNullLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &testNode{dir: dir, store: st, group: g, trans: trans}
+	deadline := time.Now().Add(5 * time.Second)
+	for !g.IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatal("single voter did not elect itself")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return n
+}
+
+func (n *testNode) stop(t *testing.T) {
+	t.Helper()
+	if err := n.group.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	n.trans.Close()
+	if err := n.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (n *testNode) propose(t *testing.T, cmd Command) []Outcome {
+	t.Helper()
+	outs, err := n.group.Propose(&cmd, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return outs
+}
+
+func enqueue(t *testing.T, st *storage.Store, ids ...uint64) {
+	t.Helper()
+	for _, id := range ids {
+		task := &crdt.Task{ID: id, Spec: &crdt.Spec{Queue: "q"}}
+		if _, err := st.MergeTask(3, task); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestGroupClaimsSurviveRestart claims through a real single-voter Raft
+// group on Pebble, restarts it, and checks the FSM state and the claimed
+// index are intact and the replayed log was not applied twice.
+func TestGroupClaimsSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	n := startTestNode(t, dir, 8192)
+	enqueue(t, n.store, 1, 2, 3)
+	outs := n.propose(t, claimCmd(time.Now().UnixMilli(), 60_000, 1, 2))
+	if outs[0].Err != nil || outs[1].Err != nil {
+		t.Fatalf("claim: %+v", outs)
+	}
+	tok := outs[0].Claim.Token
+	if o := n.propose(t, Command{Op: OpRenew, NowMs: time.Now().UnixMilli(), ID: 1, Token: tok, LeaseMs: 120_000}); o[0].Err != nil {
+		t.Fatalf("renew: %+v", o)
+	}
+	if o := n.propose(t, Command{Op: OpYield, NowMs: time.Now().UnixMilli(), ID: 2, Token: outs[1].Claim.Token}); o[0].Err != nil {
+		t.Fatalf("yield: %+v", o)
+	}
+	before, _ := n.store.ClaimFSMRecord(3, 1)
+	n.stop(t)
+
+	n = startTestNode(t, dir, 8192)
+	defer n.stop(t)
+	if err := n.group.Barrier(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	after, err := n.store.ClaimFSMRecord(3, 1)
+	if err != nil || string(after) != string(before) {
+		t.Fatalf("record of task 1 changed across restart (replayed twice?):\n%x\n%x", before, after)
+	}
+	head, _ := n.store.ReadyHead(3, "q", 10)
+	if fmt.Sprint(head) != fmt.Sprint([]storage.ReadyEntry{{ID: 2}, {ID: 3}}) {
+		t.Fatalf("ready after restart = %v, want 2 and 3", head)
+	}
+	// The old claim is still the live one: a second claim is refused, a
+	// renew with its token works.
+	if o := n.propose(t, claimCmd(time.Now().UnixMilli(), 1000, 1)); !errors.Is(o[0].Err, ErrAlreadyClaimed) {
+		t.Fatalf("claim of a claimed task after restart: %+v", o)
+	}
+	if o := n.propose(t, Command{Op: OpRenew, NowMs: time.Now().UnixMilli(), ID: 1, Token: tok, LeaseMs: 1000}); o[0].Err != nil {
+		t.Fatalf("renew after restart: %+v", o)
+	}
+}
+
+// TestGroupSnapshotRestore takes snapshots (a low threshold makes Raft
+// snapshot and truncate its log) and restores one into a fresh node: the
+// restored FSM equals the original.
+func TestGroupSnapshotRestore(t *testing.T) {
+	dir := t.TempDir()
+	n := startTestNode(t, dir, 16)
+	var ids []uint64
+	for i := range 40 {
+		ids = append(ids, uint64(i+1))
+	}
+	enqueue(t, n.store, ids...)
+	for _, id := range ids {
+		o := n.propose(t, claimCmd(time.Now().UnixMilli(), 60_000, id))
+		if id%2 == 0 {
+			n.propose(t, Command{Op: OpYield, NowMs: time.Now().UnixMilli(), ID: id, Token: o[0].Claim.Token})
+		}
+	}
+	if err := n.group.Raft().Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := raft.NewFileSnapshotStore(dir+"/snap", 2, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := snaps.List()
+	if err != nil || len(list) == 0 {
+		t.Fatalf("no snapshot: %v", err)
+	}
+	_, rc, err := snaps.Open(list[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := storage.Open(storage.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	enqueue(t, fresh, ids...)
+	f := &fsm{p: 3, kv: fresh, logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if err := f.Restore(rc); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		a, _ := n.store.ClaimFSMRecord(3, id)
+		b, _ := fresh.ClaimFSMRecord(3, id)
+		if string(a) != string(b) {
+			t.Fatalf("task %d: restored record differs", id)
+		}
+	}
+	wantClaimed, _ := n.store.ClaimsExpiring(3, 1<<62, 100)
+	gotClaimed, _ := fresh.ClaimsExpiring(3, 1<<62, 100)
+	if len(wantClaimed) != 20 || fmt.Sprint(gotClaimed) != fmt.Sprint(wantClaimed) {
+		t.Fatalf("claimed index after restore: %d vs %d entries", len(gotClaimed), len(wantClaimed))
+	}
+	a1, _ := n.store.ClaimFSMApplied(3)
+	a2, _ := fresh.ClaimFSMApplied(3)
+	if a2 == 0 || a2 > a1 {
+		t.Fatalf("restored applied index %d (source %d)", a2, a1)
+	}
+	n.stop(t)
+}
+
+// TestFSMSkipsReplayedEntries feeds the FSM entries it has applied already
+// (what Raft does after a restart with NoSnapshotRestoreOnStart): they must
+// get no response and change nothing, even where re-applying would.
+func TestFSMSkipsReplayedEntries(t *testing.T) {
+	st, err := storage.Open(storage.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	f := &fsm{p: 3, kv: st, logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	claim := claimCmd(1000, 100, 7)
+	expire := Command{Op: OpExpire, NowMs: 5000, ID: 7, Token: 1}
+	logs := []*raft.Log{
+		{Index: 1, Type: raft.LogCommand, Data: claim.Encode()},
+		{Index: 2, Type: raft.LogCommand, Data: expire.Encode()},
+		{Index: 3, Type: raft.LogCommand, Data: claim.Encode()},
+	}
+	res := f.ApplyBatch(logs)
+	if r := res[2].(*Result); r.Err != nil || r.Outcomes[0].Err != nil || r.Outcomes[0].Claim.Seq != 2 {
+		t.Fatalf("first application: %+v", r)
+	}
+	before, _ := st.ClaimFSMRecord(3, 7)
+	// Replaying entry 2 would expire the claim granted by entry 3.
+	for i, r := range f.ApplyBatch(logs[1:]) {
+		if r != nil {
+			t.Fatalf("replayed entry %d got response %+v", i+2, r)
+		}
+	}
+	if after, _ := st.ClaimFSMRecord(3, 7); string(after) != string(before) {
+		t.Fatal("replay changed the record")
+	}
+	// A corrupt entry fails alone; the batch's other entries apply.
+	claim8 := claimCmd(6000, 100, 8)
+	res = f.ApplyBatch([]*raft.Log{
+		{Index: 4, Type: raft.LogCommand, Data: []byte{1, 99}},
+		{Index: 5, Type: raft.LogCommand, Data: claim8.Encode()},
+	})
+	if r := res[0].(*Result); !errors.Is(r.Err, ErrCorrupt) {
+		t.Fatalf("corrupt entry: %+v", r)
+	}
+	if r := res[1].(*Result); r.Err != nil || r.Outcomes[0].Err != nil {
+		t.Fatalf("entry after a corrupt one: %+v", r)
+	}
+	if a, _ := st.ClaimFSMApplied(3); a != 5 {
+		t.Fatalf("applied = %d, want 5", a)
+	}
+}

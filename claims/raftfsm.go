@@ -1,0 +1,224 @@
+package claims
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/norn-dev/norn/storage"
+)
+
+// KV is what the Raft FSM needs of the node's store (storage.Store
+// implements it). Records are per partition.
+type KV interface {
+	// ClaimFSMRecord returns the record of id, or an error wrapping
+	// storage.ErrNotFound.
+	ClaimFSMRecord(p uint16, id uint64) ([]byte, error)
+	// ClaimFSMApplied returns the last applied Raft index, 0 when none.
+	ClaimFSMApplied(p uint16) (uint64, error)
+	// ApplyClaimFSM commits records, moves and applied index atomically.
+	ApplyClaimFSM(p uint16, u storage.ClaimFSMUpdate, sync bool) error
+	// SnapshotClaimFSM returns a consistent view of the FSM.
+	SnapshotClaimFSM(p uint16) *storage.FSMSnapshot
+	// RestoreClaimFSM replaces the FSM's state.
+	RestoreClaimFSM(p uint16, applied uint64, records []storage.FSMRecord, live []storage.ClaimMark) error
+	// Sync makes all committed writes durable.
+	Sync() error
+}
+
+// Result is the response of one applied entry: the per-task outcomes, or
+// Err when the entry could not be applied (a corrupt entry, a storage
+// failure).
+type Result struct {
+	Outcomes []Outcome
+	Err      error
+}
+
+// fsm is the raft.FSM (and raft.BatchingFSM) of one partition: it applies
+// entries with Apply and commits each batch's effect to the store in one
+// batch together with the applied index, skipping entries already applied
+// (Raft replays the log after a restart, NoSnapshotRestoreOnStart).
+type fsm struct {
+	p      uint16
+	kv     KV
+	logger *slog.Logger
+}
+
+var _ raft.BatchingFSM = (*fsm)(nil)
+
+// Apply applies one entry.
+func (f *fsm) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
+
+// ApplyBatch applies entries in order and commits their effects in one
+// batch. Entries already applied (index <= the stored applied index) get a
+// nil response.
+func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
+	out := make([]any, len(logs))
+	applied, err := f.kv.ClaimFSMApplied(f.p)
+	if err != nil {
+		// The store is unreadable: nothing can be applied safely. Raft has
+		// no way to stop here; fail every entry loudly.
+		f.logger.Error("claim FSM cannot read its applied index", "partition", f.p, "err", err)
+		for i := range out {
+			out[i] = &Result{Err: err}
+		}
+		return out
+	}
+	overlay := map[uint64]*Record{}
+	get := func(id uint64) (*Record, error) {
+		if r, ok := overlay[id]; ok {
+			return r, nil
+		}
+		b, err := f.kv.ClaimFSMRecord(f.p, id)
+		if errors.Is(err, storage.ErrNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return DecodeRecord(b)
+	}
+	var u storage.ClaimFSMUpdate
+	var order []uint64
+	var results []*Result
+	for i, l := range logs {
+		if l.Index <= applied {
+			continue
+		}
+		u.AppliedIndex = l.Index
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		res := &Result{}
+		out[i] = res
+		results = append(results, res)
+		cmd, err := DecodeCommand(l.Data)
+		if err != nil {
+			res.Err = fmt.Errorf("claims: entry %d of partition %d: %w", l.Index, f.p, err)
+			f.logger.Error("corrupt claim entry", "partition", f.p, "index", l.Index, "err", err)
+			continue
+		}
+		outcomes, changes, err := Apply(l.Index, cmd, get)
+		if err != nil {
+			res.Err = err
+			continue
+		}
+		res.Outcomes = outcomes
+		for _, c := range changes {
+			if _, seen := overlay[c.ID]; !seen {
+				order = append(order, c.ID)
+			}
+			overlay[c.ID] = c.Record
+			switch {
+			case c.Claimed:
+				u.Moves = append(u.Moves, storage.IndexMove{ID: c.ID, Claimed: true, ExpiryMs: c.ExpiryMs})
+			case c.Released:
+				u.Moves = append(u.Moves, storage.IndexMove{ID: c.ID})
+			}
+		}
+	}
+	if u.AppliedIndex == 0 {
+		return out // everything was a replay
+	}
+	for _, id := range order {
+		u.Records = append(u.Records, storage.FSMRecord{ID: id, Value: overlay[id].Encode()})
+	}
+	// Not synced: the entries are durable in the Raft log, and the applied
+	// index in the same atomic batch tells a replay where to resume.
+	if err := f.kv.ApplyClaimFSM(f.p, u, false); err != nil {
+		f.logger.Error("claim FSM commit failed", "partition", f.p, "index", u.AppliedIndex, "err", err)
+		for _, r := range results {
+			r.Outcomes, r.Err = nil, err
+		}
+	}
+	return out
+}
+
+// Snapshot syncs the store (so the log may be truncated up to here) and
+// takes a consistent view of the partition's FSM.
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	if err := f.kv.Sync(); err != nil {
+		return nil, err
+	}
+	return &fsmSnapshot{snap: f.kv.SnapshotClaimFSM(f.p)}, nil
+}
+
+// Snapshot stream format: applied index (8 bytes), then per record its id
+// (8 bytes), length (uvarint) and bytes; the stream ends at EOF.
+type fsmSnapshot struct{ snap *storage.FSMSnapshot }
+
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	w := bufio.NewWriter(sink)
+	err := func() error {
+		applied, err := s.snap.Applied()
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write(binary.BigEndian.AppendUint64(nil, applied)); err != nil {
+			return err
+		}
+		var hdr []byte
+		err = s.snap.Records(func(id uint64, v []byte) error {
+			hdr = binary.AppendUvarint(binary.BigEndian.AppendUint64(hdr[:0], id), uint64(len(v)))
+			if _, err := w.Write(hdr); err != nil {
+				return err
+			}
+			_, err := w.Write(v)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		return w.Flush()
+	}()
+	if err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+func (s *fsmSnapshot) Release() { s.snap.Close() }
+
+// Restore replaces the partition's FSM with a snapshot's.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	r := bufio.NewReader(rc)
+	var buf [8]byte
+	if _, err := io.ReadFull(r, buf[:]); err != nil {
+		return fmt.Errorf("claims: snapshot header: %w", err)
+	}
+	applied := binary.BigEndian.Uint64(buf[:])
+	var recs []storage.FSMRecord
+	var live []storage.ClaimMark
+	for {
+		if _, err := io.ReadFull(r, buf[:]); err == io.EOF {
+			break
+		} else if err != nil {
+			return fmt.Errorf("claims: snapshot record: %w", err)
+		}
+		id := binary.BigEndian.Uint64(buf[:])
+		n, err := binary.ReadUvarint(r)
+		if err != nil || n > 1<<24 {
+			return fmt.Errorf("claims: snapshot record %d length: %v", id, err)
+		}
+		v := make([]byte, n)
+		if _, err := io.ReadFull(r, v); err != nil {
+			return fmt.Errorf("claims: snapshot record %d: %w", id, err)
+		}
+		rec, err := DecodeRecord(v)
+		if err != nil {
+			return fmt.Errorf("claims: snapshot record %d: %w", id, err)
+		}
+		recs = append(recs, storage.FSMRecord{ID: id, Value: v})
+		if c, ok := rec.Live(); ok {
+			live = append(live, storage.ClaimMark{ID: id, ExpiryMs: c.ExpiryMs})
+		}
+	}
+	return f.kv.RestoreClaimFSM(f.p, applied, recs, live)
+}
