@@ -2,11 +2,14 @@
 
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# buf (protobuf lint and code generation) runs through `go run` at this
+# version; its plugins are `tool` directives in go.mod. See api/norn/v1/doc.go.
+BUF         ?= github.com/bufbuild/buf/cmd/buf@v1.73.0
 # Core packages run under the race detector.
 CORE_PKGS   := ./crdt/... ./ring/... ./storage/... ./claims/...
 BIN         := bin
 
-.PHONY: all build test test-core test-rest lint fmt bench fuzz cluster run clean
+.PHONY: all build test test-core test-rest lint fmt proto proto-check bench fuzz cluster run clean
 
 all: build
 
@@ -22,7 +25,7 @@ test-core:
 test-rest:
 	$(GO) test -timeout 10m $$($(GO) list ./... | grep -v -e '/crdt' -e '/ring' -e '/storage' -e '/claims')
 
-lint:
+lint: proto-check
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
@@ -30,6 +33,23 @@ lint:
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
+
+# Regenerate the Go code of api/ from its .proto files (commit the result).
+proto:
+	rm -f api/norn/v1/*.pb.go api/norn/v1/nornv1connect/*.connect.go
+	cd api && $(GO) run $(BUF) generate
+
+# Lint the .proto files and fail if the committed generated code is stale:
+# generate into a temporary directory and compare.
+proto-check:
+	cd api && $(GO) run $(BUF) lint
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	(cd api && $(GO) run $(BUF) generate -o "$$tmp/new") && \
+	mkdir -p "$$tmp/new" "$$tmp/old" && \
+	(cd api && find . -name '*.pb.go' -o -name '*.connect.go' | xargs -r cp --parents -t "$$tmp/old") && \
+	if ! diff -ru "$$tmp/old" "$$tmp/new"; then \
+		echo "proto-check: the generated code in api/ is stale; run 'make proto' and commit it" >&2; exit 1; \
+	fi
 
 # Benchmarks (numbers go in docs/BENCHMARKS.md). BENCH narrows them.
 BENCH ?= .
