@@ -15,6 +15,7 @@ all: build
 
 build:
 	$(GO) build ./...
+	$(GO) build -o $(BIN)/nornd ./cmd/nornd
 
 test: test-core test-rest
 
@@ -64,8 +65,13 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCommand$$' -fuzztime $(FUZZTIME) ./claims/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./claims/
 
-cluster run:
-	@echo "make $@: nornd does not exist yet (see README.md, 'State of the project')."; exit 1
+# One node for quick trials: API on 127.0.0.1:7400, data under ./data.
+run:
+	$(GO) build -o $(BIN)/nornd ./cmd/nornd
+	$(BIN)/nornd --data-dir ./data --listen 127.0.0.1:7400
+
+cluster:
+	@echo "make cluster: the multi-node cluster does not exist yet (see README.md, 'State of the project'); 'make run' starts one node."; exit 1
 
 clean:
 	rm -rf $(BIN) data

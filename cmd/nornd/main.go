@@ -1,0 +1,151 @@
+// Command nornd is a Norn node. It parses flags (and an optional JSON config
+// file), starts a node.Node and serves its API until SIGTERM or SIGINT,
+// then shuts down gracefully: it stops accepting requests, lets those in
+// flight finish, and closes the Raft groups and the store.
+//
+// Every option is listed by `nornd -h` and documented in docs/OPERATIONS.md.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/norn-dev/norn/node"
+)
+
+var version = "dev"
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "nornd:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("nornd", flag.ContinueOnError)
+	var cfg node.Config
+	config := fs.String("config", "", "JSON file of options (keys are flag names); flags given on the command line win")
+	listen := fs.String("listen", "127.0.0.1:7400", "address of the API (gRPC, Connect and JSON over HTTP/2 cleartext and HTTP/1.1)")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&cfg.DataDir, "data-dir", "./data", "directory of the node's data (created if missing)")
+	fs.StringVar(&cfg.NodeID, "node-id", "n1", "this node's id")
+	machine := fs.Uint("machine-id", 1, "sonyflake machine id base, unique per node (1-8191)")
+	fs.IntVar(&cfg.Partitions, "partitions", 64, "number of partitions P (power of two; fixed when the data dir is created)")
+	fs.DurationVar(&cfg.SkewBuffer, "skew-buffer", 2*time.Second, "extra time before an expired lease is taken back; must exceed the worst clock offset")
+	fs.DurationVar(&cfg.LeaseGrace, "lease-grace", 10*time.Second, "least lease left to every live claim when a node becomes a partition's leader")
+	fs.DurationVar(&cfg.DefaultLease, "default-lease", 30*time.Second, "lease of a claim or renew that names none")
+	fs.DurationVar(&cfg.MaxLease, "max-lease", time.Hour, "longest lease a claim or renew may ask for")
+	fs.DurationVar(&cfg.MaxWait, "max-wait", time.Minute, "longest long poll of a claim")
+	fs.IntVar(&cfg.Limits.MaxPayloadBytes, "max-payload-bytes", 1<<20, "largest payload, result or update data")
+	fs.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", 4<<20, "largest request body")
+	fs.DurationVar(&cfg.MonitorInterval, "monitor-interval", 250*time.Millisecond, "how often the leader looks for expired claims and due delayed tasks")
+	fs.DurationVar(&cfg.RaftTimeout, "raft-timeout", time.Second, "Raft heartbeat and election timeout of every partition group")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *showVersion {
+		fmt.Println(version)
+		return nil
+	}
+	if *config != "" {
+		if err := applyConfigFile(fs, *config); err != nil {
+			return err
+		}
+	}
+	if *machine == 0 || *machine > 1<<16-1 {
+		return fmt.Errorf("-machine-id: %d out of range", *machine)
+	}
+	cfg.MachineID = uint16(*machine)
+	lim := cfg.Limits.MaxPayloadBytes
+	cfg.Limits = node.DefaultLimits()
+	cfg.Limits.MaxPayloadBytes = lim
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("-log-level: %w", err)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	cfg.Logger = logger
+	cfg.Version = version
+
+	n, err := node.New(cfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		n.Close()
+		return err
+	}
+	srv := &http.Server{Handler: n.Handler(), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	if err := n.WaitReady(30 * time.Second); err != nil {
+		logger.Warn("partitions slow to elect", "err", err)
+	}
+	logger.Info("nornd serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "node_id", cfg.NodeID,
+		"partitions", cfg.Partitions, "version", version)
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case s := <-sig:
+		logger.Info("shutting down", "signal", s.String())
+	case err := <-served:
+		n.Close()
+		return fmt.Errorf("serve: %w", err)
+	}
+	n.StopWaiting() // long polls return so Shutdown can finish
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	shutdownErr := srv.Shutdown(ctx)
+	closeErr := n.Close()
+	if err := errors.Join(shutdownErr, closeErr); err != nil {
+		return err
+	}
+	logger.Info("stopped cleanly")
+	return nil
+}
+
+// applyConfigFile sets every flag named in a JSON object file that was not
+// given on the command line.
+func applyConfigFile(fs *flag.FlagSet, path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("-config: %w", err)
+	}
+	var values map[string]any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber() // 1048576 stays "1048576", not "1.048576e+06"
+	if err := dec.Decode(&values); err != nil {
+		return fmt.Errorf("-config %s: %w", path, err)
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for name, v := range values {
+		if fs.Lookup(name) == nil || name == "config" {
+			return fmt.Errorf("-config %s: unknown option %q", path, name)
+		}
+		if given[name] {
+			continue
+		}
+		if err := fs.Set(name, fmt.Sprint(v)); err != nil {
+			return fmt.Errorf("-config %s: %s: %w", path, name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,299 @@
+package node
+
+import (
+	"cmp"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"slices"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/storage"
+)
+
+// Claim request bounds.
+const (
+	maxClaimBatch = 1000
+	maxWorkerLen  = 256
+)
+
+func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.ClaimRequest]) (*connect.Response[nornv1.ClaimResponse], error) {
+	n, m := s.n, req.Msg
+	if err := crdt.ValidateQueue("queue", m.GetQueue()); err != nil {
+		return nil, apiError(err)
+	}
+	if w := m.GetWorker(); w == "" || len(w) > maxWorkerLen {
+		return nil, invalid("worker", "must be 1-%d bytes, got %d", maxWorkerLen, len(w))
+	}
+	lease, err := n.leaseArg(m.GetLease())
+	if err != nil {
+		return nil, err
+	}
+	limit := int(m.GetMax())
+	if limit == 0 {
+		limit = 1
+	}
+	if limit > maxClaimBatch {
+		return nil, invalid("max", "must be at most %d, got %d", maxClaimBatch, limit)
+	}
+	var wait time.Duration
+	if d := m.GetWait(); d != nil {
+		if err := d.CheckValid(); err != nil || d.AsDuration() < 0 {
+			return nil, invalid("wait", "must be a non-negative duration")
+		}
+		wait = min(d.AsDuration(), n.cfg.MaxWait)
+	}
+	// Answer before the caller's deadline rather than after it.
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)-100*time.Millisecond)
+	}
+	timer := time.NewTimer(max(wait, 0))
+	defer timer.Stop()
+	for {
+		woken := n.waiters.wait(m.GetQueue()) // before trying: no lost wake-up
+		got, err := n.tryClaim(m.GetQueue(), m.GetWorker(), lease, limit)
+		if err != nil || len(got) > 0 || wait <= 0 {
+			return connect.NewResponse(&nornv1.ClaimResponse{Tasks: got}), err
+		}
+		select {
+		case <-woken:
+		case <-timer.C:
+			wait = 0 // one last try
+		case <-ctx.Done():
+			return connect.NewResponse(&nornv1.ClaimResponse{}), nil
+		case <-n.draining:
+			return connect.NewResponse(&nornv1.ClaimResponse{}), nil
+		}
+	}
+}
+
+type headEntry struct {
+	p uint16
+	storage.ReadyEntry
+}
+
+// tryClaim claims up to limit ready tasks of queue: the best heads (priority,
+// then age) across the partitions this node leads, one Raft entry per
+// partition.
+func (n *Node) tryClaim(queue, worker string, lease time.Duration, limit int) ([]*nornv1.ClaimedTask, error) {
+	var heads []headEntry
+	for p, g := range n.groups {
+		if !g.IsLeader() {
+			continue
+		}
+		// Read past the limit: heads blocked by dependencies are skipped.
+		h, err := n.store.ReadyHead(uint16(p), queue, 2*limit+8)
+		if err != nil {
+			return nil, apiError(err)
+		}
+		for _, e := range h {
+			heads = append(heads, headEntry{uint16(p), e})
+		}
+	}
+	slices.SortFunc(heads, func(a, b headEntry) int {
+		return cmp.Or(cmp.Compare(b.Priority, a.Priority), cmp.Compare(a.ID, b.ID))
+	})
+	now := n.cfg.Clock.Now().UnixMilli()
+	byPart := map[uint16][]claims.Candidate{}
+	picked := 0
+	for _, h := range heads {
+		if picked == limit {
+			break
+		}
+		ts, err := n.load(h.ID)
+		if err != nil {
+			continue // index ahead of the task (claimed elsewhere, dropped)
+		}
+		if _, terminal := ts.task.Terminal(); terminal {
+			continue
+		}
+		if ts.claims != nil {
+			if _, live := ts.claims.Live(); live || ts.claims.Done() {
+				continue
+			}
+		}
+		spec := ts.task.Spec
+		if spec.NotBeforeMs > now || (len(spec.DependsOn) > 0 && !n.depsDone(spec.DependsOn)) {
+			continue
+		}
+		byPart[h.p] = append(byPart[h.p], claims.Candidate{ID: h.ID, NotBeforeMs: spec.NotBeforeMs, MaxClaims: spec.MaxClaims})
+		picked++
+	}
+	var out []*nornv1.ClaimedTask
+	for p, cands := range byPart {
+		cmd := &claims.Command{Op: claims.OpClaim, NowMs: now, Worker: worker, LeaseMs: lease.Milliseconds(), Candidates: cands}
+		outs, err := n.groups[p].Propose(cmd, proposeTimeout)
+		if err != nil {
+			if len(out) > 0 {
+				break // return what was granted; the rest stays ready
+			}
+			return nil, apiError(err)
+		}
+		for _, o := range outs {
+			if o.Err != nil {
+				continue
+			}
+			ts, err := n.load(o.ID)
+			if err != nil {
+				return nil, apiError(err)
+			}
+			out = append(out, &nornv1.ClaimedTask{Task: n.view(ts), ClaimId: o.Claim.Token,
+				Expiry: timestamppb.New(time.UnixMilli(o.Claim.ExpiryMs))})
+		}
+	}
+	slices.SortFunc(out, func(a, b *nornv1.ClaimedTask) int {
+		return cmp.Or(cmp.Compare(b.Task.Spec.Priority, a.Task.Spec.Priority), cmp.Compare(a.Task.Id, b.Task.Id))
+	})
+	return out, nil
+}
+
+// Listing bounds.
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+	maxScanPerPage  = 10_000 // tasks examined per ListTasks call
+)
+
+func (s taskService) ListTasks(_ context.Context, req *connect.Request[nornv1.ListTasksRequest]) (*connect.Response[nornv1.ListTasksResponse], error) {
+	n, m := s.n, req.Msg
+	if q := m.GetQueue(); q != "" {
+		if err := crdt.ValidateQueue("queue", q); err != nil {
+			return nil, apiError(err)
+		}
+	}
+	size := int(m.GetPageSize())
+	if size == 0 {
+		size = defaultPageSize
+	}
+	if size > maxPageSize {
+		return nil, invalid("pageSize", "must be at most %d, got %d", maxPageSize, size)
+	}
+	if _, ok := nornv1.TaskStatus_name[int32(m.GetStatus())]; !ok {
+		return nil, invalid("status", "unknown status %d", m.GetStatus())
+	}
+	p, start, err := decodePageToken(m.GetPageToken(), n.cfg.Partitions)
+	if err != nil {
+		return nil, err
+	}
+	var tasks []*nornv1.Task
+	scanned := 0
+	for ; int(p) < n.cfg.Partitions; p, start = p+1, 0 {
+		for {
+			batch, next, more, err := n.store.ScanTasks(p, start, 256)
+			if err != nil {
+				return nil, apiError(err)
+			}
+			for _, st := range batch {
+				scanned++
+				if len(tasks) == size || scanned > maxScanPerPage {
+					tok := encodePageToken(p, st.Task.ID)
+					return connect.NewResponse(&nornv1.ListTasksResponse{Tasks: tasks, NextPageToken: tok}), nil
+				}
+				if v := n.listView(st, m.GetQueue(), m.GetStatus()); v != nil {
+					tasks = append(tasks, v)
+				}
+			}
+			if !more {
+				break
+			}
+			start = next
+		}
+	}
+	return connect.NewResponse(&nornv1.ListTasksResponse{Tasks: tasks}), nil
+}
+
+// listView renders a stored task if it matches the filters.
+func (n *Node) listView(st *storage.StoredTask, queue string, status nornv1.TaskStatus) *nornv1.Task {
+	if st.Task.Spec == nil || (queue != "" && st.Task.Spec.Queue != queue) {
+		return nil
+	}
+	ts, err := n.load(st.Task.ID)
+	if err != nil {
+		return nil
+	}
+	v := n.view(ts)
+	if status != nornv1.TaskStatus_TASK_STATUS_UNSPECIFIED && v.Status != status {
+		return nil
+	}
+	return v
+}
+
+func encodePageToken(p uint16, id uint64) string {
+	b := binary.BigEndian.AppendUint16(nil, p)
+	return base64.RawURLEncoding.EncodeToString(binary.BigEndian.AppendUint64(b, id))
+}
+
+func decodePageToken(tok string, partitions int) (uint16, uint64, error) {
+	if tok == "" {
+		return 0, 0, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil || len(b) != 10 || int(binary.BigEndian.Uint16(b)) >= partitions {
+		return 0, 0, invalid("pageToken", "not a token from a previous ListTasks")
+	}
+	return binary.BigEndian.Uint16(b), binary.BigEndian.Uint64(b[2:]), nil
+}
+
+func (s taskService) CountTasks(_ context.Context, req *connect.Request[nornv1.CountTasksRequest]) (*connect.Response[nornv1.CountTasksResponse], error) {
+	n := s.n
+	if q := req.Msg.GetQueue(); q != "" {
+		if err := crdt.ValidateQueue("queue", q); err != nil {
+			return nil, apiError(err)
+		}
+	}
+	resp := &nornv1.CountTasksResponse{ByStatus: map[string]uint64{}}
+	for p := range n.cfg.Partitions {
+		counts, err := n.countPartition(uint16(p), req.Msg.GetQueue())
+		if err != nil {
+			return nil, apiError(err)
+		}
+		for k, v := range counts {
+			resp.ByStatus[k] += v
+			resp.Total += v
+		}
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// countPartition counts partition p's tasks (of queue, or all) by status
+// name. It scans the partition.
+func (n *Node) countPartition(p uint16, queue string) (map[string]uint64, error) {
+	counts := map[string]uint64{}
+	now := n.cfg.Clock.Now().UnixMilli()
+	var start uint64
+	for {
+		batch, next, more, err := n.store.ScanTasks(p, start, 1024)
+		if err != nil {
+			return nil, err
+		}
+		for _, st := range batch {
+			if st.Task.Spec == nil || (queue != "" && st.Task.Spec.Queue != queue) {
+				continue
+			}
+			ts, err := n.load(st.Task.ID)
+			if errors.Is(err, storage.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			counts[statusName(ts.status(now, n.depsDone))]++
+		}
+		if !more {
+			return counts, nil
+		}
+		start = next
+	}
+}
+
+// statusName is a status without its enum prefix ("READY").
+func statusName(s nornv1.TaskStatus) string {
+	return s.String()[len("TASK_STATUS_"):]
+}

@@ -1,0 +1,123 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/ring"
+)
+
+// Config configures a node. Zero fields take the defaults documented here
+// (and in docs/OPERATIONS.md).
+type Config struct {
+	// DataDir holds the node's Pebble database (DataDir/db) and Raft
+	// snapshots (DataDir/raft). Required.
+	DataDir string
+	// NodeID names the node in Raft groups and Status. Default "n1".
+	NodeID string
+	// MachineID is the base of this node's sonyflake machine ids: the node
+	// uses MachineID*idGenerators .. +idGenerators-1. Must be unique in the
+	// cluster. Default 1.
+	MachineID uint16
+	// Partitions is P, a power of two. Default 64.
+	Partitions int
+	// SkewBuffer is added to every lease before the monitor expires it; it
+	// must exceed the worst clock offset between nodes. Default 2 s.
+	SkewBuffer time.Duration
+	// LeaseGrace is the least lease a new partition leader leaves every live
+	// claim (etcd-style promote), so a leader change never shortens a lease.
+	// Default 10 s.
+	LeaseGrace time.Duration
+	// DefaultLease is the lease of a Claim or Renew that names none. Default
+	// 30 s. MaxLease bounds requested leases. Default 1 h.
+	DefaultLease time.Duration
+	MaxLease     time.Duration
+	// MaxWait bounds a Claim's long poll. Default 60 s.
+	MaxWait time.Duration
+	// MonitorInterval is how often the monitor looks for expired claims and
+	// due delayed tasks. Default 250 ms.
+	MonitorInterval time.Duration
+	// Limits bounds request fields. Default crdt.DefaultLimits.
+	Limits crdt.Limits
+	// MaxRequestBytes bounds a request body. Default 4 MiB.
+	MaxRequestBytes int
+	// Clock is the node's wall clock (HLC, leases, monitor). Default the
+	// system clock; tests and the jepsen harness inject their own.
+	Clock crdt.Clock
+	// RaftTimeout is the heartbeat and election timeout of every partition
+	// group. Default 1 s (tests use less).
+	RaftTimeout time.Duration
+	// Logger is the node's structured log. Default slog.Default().
+	Logger *slog.Logger
+	// RaftLogger receives hashicorp/raft's logs. Default: warnings to stderr.
+	RaftLogger hclog.Logger
+	// Version is reported by Status.
+	Version string
+}
+
+func (c *Config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.NodeID == "" {
+		c.NodeID = "n1"
+	}
+	if c.MachineID == 0 {
+		c.MachineID = 1
+	}
+	if c.Partitions == 0 {
+		c.Partitions = ring.DefaultPartitions
+	}
+	def(&c.SkewBuffer, 2*time.Second)
+	def(&c.LeaseGrace, 10*time.Second)
+	def(&c.DefaultLease, 30*time.Second)
+	def(&c.MaxLease, time.Hour)
+	def(&c.MaxWait, 60*time.Second)
+	def(&c.MonitorInterval, 250*time.Millisecond)
+	def(&c.RaftTimeout, time.Second)
+	if c.Limits == (crdt.Limits{}) {
+		c.Limits = crdt.DefaultLimits
+	}
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = 4 << 20
+	}
+	if c.Clock == nil {
+		c.Clock = crdt.SystemClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Version == "" {
+		c.Version = "dev"
+	}
+}
+
+// Validate reports the first invalid field, naming it.
+func (c *Config) Validate() error {
+	switch {
+	case c.DataDir == "":
+		return errors.New("node: data dir is required")
+	case c.MachineID >= 1<<16/idGenerators:
+		return fmt.Errorf("node: machine id %d must be below %d", c.MachineID, 1<<16/idGenerators)
+	case c.SkewBuffer < 0 || c.LeaseGrace < 0:
+		return errors.New("node: skew buffer and lease grace must not be negative")
+	case c.DefaultLease <= 0 || c.MaxLease < c.DefaultLease:
+		return fmt.Errorf("node: default lease %s must be positive and at most the max lease %s", c.DefaultLease, c.MaxLease)
+	case c.MaxRequestBytes < c.Limits.MaxPayloadBytes:
+		return fmt.Errorf("node: max request size %d is below the payload limit %d", c.MaxRequestBytes, c.Limits.MaxPayloadBytes)
+	}
+	if err := ring.ValidatePartitions(c.Partitions); err != nil {
+		return fmt.Errorf("node: partitions: %w", err)
+	}
+	return nil
+}
+
+// DefaultLimits returns the default request field limits.
+func DefaultLimits() crdt.Limits { return crdt.DefaultLimits }

@@ -1,0 +1,27 @@
+package node
+
+import (
+	"net/http"
+
+	"connectrpc.com/connect"
+
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+)
+
+// Handler returns the node's HTTP API: norn.v1.TaskService and
+// AdminService over connect (gRPC, gRPC-Web and Connect/JSON on the same
+// paths), and GET /healthz. Serve it over HTTP/2 cleartext and HTTP/1.1.
+func (n *Node) Handler() http.Handler {
+	opts := []connect.HandlerOption{
+		connect.WithReadMaxBytes(n.cfg.MaxRequestBytes),
+		// Gzip costs more than it saves on small messages (DESIGN §8).
+		connect.WithCompressMinBytes(4 << 10),
+	}
+	mux := http.NewServeMux()
+	mux.Handle(nornv1connect.NewTaskServiceHandler(taskService{n}, opts...))
+	mux.Handle(nornv1connect.NewAdminServiceHandler(adminService{n}, opts...))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	return mux
+}

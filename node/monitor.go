@@ -1,0 +1,142 @@
+package node
+
+import (
+	"time"
+
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/crdt"
+)
+
+// monitorBatch bounds the claims and delayed tasks one monitor pass handles
+// per partition.
+const monitorBatch = 256
+
+// monitor runs the leader's periodic duties until Close.
+func (n *Node) monitor() {
+	defer n.stopped.Done()
+	t := time.NewTicker(n.cfg.MonitorInterval)
+	defer t.Stop()
+	for {
+		n.monitorOnce()
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// monitorOnce does one pass over the partitions this node leads: on a
+// new leadership it first extends every live claim to at least now +
+// lease grace; then it expires claims past expiry + skew buffer and
+// promotes delayed tasks whose time has come.
+func (n *Node) monitorOnce() {
+	n.monitorMu.Lock()
+	defer n.monitorMu.Unlock()
+	extended := n.extended
+	for p, g := range n.groups {
+		if !g.IsLeader() {
+			extended[p] = false
+			continue
+		}
+		if !extended[p] {
+			if err := n.extendClaims(uint16(p)); err != nil {
+				n.cfg.Logger.Warn("extending claims on leadership failed", "partition", p, "err", err)
+				continue // no expiries before the extension is in
+			}
+			extended[p] = true
+		}
+		n.expireClaims(uint16(p))
+		if moved, err := n.store.PromoteDelayed(uint16(p), monitorBatch); err != nil {
+			n.cfg.Logger.Warn("promoting delayed tasks failed", "partition", p, "err", err)
+		} else if moved > 0 {
+			n.waiters.notifyAll()
+		}
+	}
+}
+
+// extendClaims proposes OpExtend for the partition's live claims that
+// expire before now + lease grace.
+func (n *Node) extendClaims(p uint16) error {
+	if err := n.groups[p].Barrier(proposeTimeout); err != nil {
+		return err
+	}
+	now := n.cfg.Clock.Now().UnixMilli()
+	minExpiry := now + n.cfg.LeaseGrace.Milliseconds()
+	for {
+		due, err := n.store.ClaimsExpiring(p, minExpiry-1, monitorBatch)
+		if err != nil || len(due) == 0 {
+			return err
+		}
+		cmd := &claims.Command{Op: claims.OpExtend, NowMs: now, MinExpiryMs: minExpiry}
+		for _, d := range due {
+			cmd.IDs = append(cmd.IDs, d.ID)
+		}
+		outs, err := n.groups[p].Propose(cmd, proposeTimeout)
+		if err != nil {
+			return err
+		}
+		progressed := false
+		for _, o := range outs {
+			progressed = progressed || o.Err == nil
+		}
+		if !progressed || len(due) < monitorBatch {
+			return nil
+		}
+	}
+}
+
+// expireClaims ends the partition's claims whose lease plus skew buffer has
+// passed on this leader's clock: OpEnd when the task is terminal by now,
+// OpExpire otherwise. A claim that reaches max_claims aborts its task.
+func (n *Node) expireClaims(p uint16) {
+	now := n.cfg.Clock.Now().UnixMilli()
+	skew := n.cfg.SkewBuffer.Milliseconds()
+	due, err := n.store.ClaimsExpiring(p, now-skew-1, monitorBatch)
+	if err != nil {
+		n.cfg.Logger.Warn("scanning expired claims failed", "partition", p, "err", err)
+		return
+	}
+	for _, d := range due {
+		ts, err := n.load(d.ID)
+		var rec *claims.Record
+		if err == nil {
+			rec = ts.claims
+		} else if b, err := n.store.ClaimFSMRecord(p, d.ID); err == nil {
+			rec, _ = claims.DecodeRecord(b) // claimed before the task reached us
+		}
+		if rec == nil {
+			continue
+		}
+		c, live := rec.Live()
+		if !live {
+			continue
+		}
+		if ts != nil && n.endIfTerminal(ts) {
+			continue
+		}
+		cmd := &claims.Command{Op: claims.OpExpire, NowMs: now, ID: d.ID, Token: c.Token, SkewMs: skew}
+		o, err := n.propose(d.ID, cmd)
+		if err != nil {
+			n.cfg.Logger.Warn("expiring a claim failed", "id", d.ID, "claim", c.Token, "err", err)
+			continue
+		}
+		if o.Dead && ts != nil {
+			n.abortDead(ts, rec.MaxClaims)
+		}
+		if ts != nil {
+			n.waiters.notify(ts.task.Spec.Queue)
+		}
+	}
+}
+
+// abortDead writes the ABORTED terminal event of a task whose claims
+// expired max_claims times.
+func (n *Node) abortDead(ts *taskState, limit uint32) {
+	e := maxClaimsError(limit)
+	ev := crdt.Terminal{At: n.hlc.Now(), Kind: crdt.Aborted,
+		Errors: []crdt.TaskError{{Code: e.Code, Description: e.Description, Args: e.Args}}}
+	if err := n.merge([]*crdt.Task{{ID: ts.task.ID, Terminals: []crdt.Terminal{ev}}}); err != nil {
+		n.cfg.Logger.Warn("aborting a dead task failed", "id", ts.task.ID, "err", err)
+	}
+}

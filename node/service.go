@@ -1,0 +1,474 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/storage"
+)
+
+// taskService implements norn.v1.TaskService on a node.
+type taskService struct {
+	n *Node
+}
+
+var _ nornv1connect.TaskServiceHandler = taskService{}
+
+// replication is N on a single node.
+const replication = 1
+
+// checkW validates a write quorum: 0 means the default majority.
+func checkW(w uint32) error {
+	if w > replication {
+		return invalid("w", "%d exceeds the replication factor %d", w, replication)
+	}
+	return nil
+}
+
+// proposeTimeout bounds a Raft proposal.
+const proposeTimeout = 10 * time.Second
+
+// specFromAPI validates and converts a TaskSpec.
+func (n *Node) specFromAPI(field string, s *nornv1.TaskSpec) (*crdt.Spec, error) {
+	if s == nil {
+		return nil, invalid(field, "required")
+	}
+	spec := &crdt.Spec{Queue: s.GetQueue(), Priority: s.GetPriority(), Payload: s.GetPayload(),
+		DependsOn: s.GetDependsOn(), MaxClaims: s.GetMaxClaims()}
+	if nb := s.GetNotBefore(); nb != nil {
+		if err := nb.CheckValid(); err != nil {
+			return nil, invalid(field+".notBefore", "%v", err)
+		}
+		spec.NotBeforeMs = nb.AsTime().UnixMilli()
+	}
+	if err := spec.Validate(n.cfg.Limits); err != nil {
+		var fe *crdt.FieldError
+		if errors.As(err, &fe) {
+			fe.Field = field + fe.Field[len("spec"):]
+		}
+		return nil, apiError(err)
+	}
+	if len(spec.Payload) == 0 {
+		spec.Payload = nil
+	}
+	return spec, nil
+}
+
+// sameSpec compares the user-given fields of two specs.
+func sameSpec(a, b *crdt.Spec) bool {
+	return a.Queue == b.Queue && a.Priority == b.Priority && bytes.Equal(a.Payload, b.Payload) &&
+		a.NotBeforeMs == b.NotBeforeMs && slices.Equal(a.DependsOn, b.DependsOn) && a.MaxClaims == b.MaxClaims
+}
+
+// prepareEnqueue turns a spec into a task state to merge, or reports that an
+// idempotent retry found it stored already (existing).
+func (n *Node) prepareEnqueue(field string, spec *crdt.Spec, id uint64) (t *crdt.Task, existing bool, err error) {
+	for i, d := range spec.DependsOn {
+		if _, err := n.store.GetTask(n.partition(d), d); err != nil {
+			return nil, false, invalid(fmt.Sprintf("%s.dependsOn[%d]", field, i), "task %d does not exist", d)
+		}
+	}
+	if id == 0 {
+		if id, err = n.ids.NextID(); err != nil {
+			return nil, false, connect.NewError(connect.CodeInternal, err)
+		}
+	} else if st, err := n.store.GetTask(n.partition(id), id); err == nil && st.Task.Spec != nil {
+		if !sameSpec(st.Task.Spec, spec) {
+			return nil, false, connect.NewError(connect.CodeAlreadyExists,
+				fmt.Errorf("id: task %d exists with a different spec", id))
+		}
+		return st.Task, true, nil
+	} else if err != nil && !errors.Is(err, storage.ErrNotFound) {
+		return nil, false, apiError(err)
+	}
+	spec.CreatedAt = n.hlc.Now()
+	return &crdt.Task{ID: id, Spec: spec}, false, nil
+}
+
+// merge writes task states and wakes claims waiting on their queues.
+func (n *Node) merge(tasks []*crdt.Task) error {
+	items := make([]storage.MergeItem, len(tasks))
+	for i, t := range tasks {
+		items[i] = storage.MergeItem{Partition: n.partition(t.ID), Task: t}
+	}
+	if _, err := n.store.MergeTasks(items); err != nil {
+		return apiError(err)
+	}
+	for _, t := range tasks {
+		if t.Spec != nil {
+			n.waiters.notify(t.Spec.Queue)
+		}
+	}
+	return nil
+}
+
+func (s taskService) Enqueue(_ context.Context, req *connect.Request[nornv1.EnqueueRequest]) (*connect.Response[nornv1.EnqueueResponse], error) {
+	n, m := s.n, req.Msg
+	if err := checkW(m.GetW()); err != nil {
+		return nil, err
+	}
+	spec, err := n.specFromAPI("task", m.GetTask())
+	if err != nil {
+		return nil, err
+	}
+	t, existing, err := n.prepareEnqueue("task", spec, m.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if !existing {
+		if err := n.merge([]*crdt.Task{t}); err != nil {
+			return nil, err
+		}
+	}
+	return connect.NewResponse(&nornv1.EnqueueResponse{Id: t.ID, Acks: replication}), nil
+}
+
+// maxBatch bounds EnqueueBatch.
+const maxBatch = 10_000
+
+func (s taskService) EnqueueBatch(_ context.Context, req *connect.Request[nornv1.EnqueueBatchRequest]) (*connect.Response[nornv1.EnqueueBatchResponse], error) {
+	n, m := s.n, req.Msg
+	if err := checkW(m.GetW()); err != nil {
+		return nil, err
+	}
+	if len(m.GetTasks()) == 0 || len(m.GetTasks()) > maxBatch {
+		return nil, invalid("tasks", "must hold 1-%d tasks, got %d", maxBatch, len(m.GetTasks()))
+	}
+	if len(m.GetIds()) != 0 && len(m.GetIds()) != len(m.GetTasks()) {
+		return nil, invalid("ids", "must be empty or one per task (%d), got %d", len(m.GetTasks()), len(m.GetIds()))
+	}
+	ids := make([]uint64, len(m.GetTasks()))
+	var writes []*crdt.Task
+	for i, ts := range m.GetTasks() {
+		field := fmt.Sprintf("tasks[%d]", i)
+		spec, err := n.specFromAPI(field, ts)
+		if err != nil {
+			return nil, err
+		}
+		var id uint64
+		if len(m.GetIds()) > 0 {
+			id = m.GetIds()[i]
+		}
+		t, existing, err := n.prepareEnqueue(field, spec, id)
+		if err != nil {
+			return nil, err
+		}
+		ids[i] = t.ID
+		if !existing {
+			writes = append(writes, t)
+		}
+	}
+	if len(writes) > 0 {
+		if err := n.merge(writes); err != nil {
+			return nil, err
+		}
+	}
+	return connect.NewResponse(&nornv1.EnqueueBatchResponse{Ids: ids, Acks: replication}), nil
+}
+
+func (s taskService) GetTask(_ context.Context, req *connect.Request[nornv1.GetTaskRequest]) (*connect.Response[nornv1.GetTaskResponse], error) {
+	n := s.n
+	if req.Msg.GetId() == 0 {
+		return nil, invalid("id", "required")
+	}
+	if r := req.Msg.GetR(); r > replication {
+		return nil, invalid("r", "%d exceeds the replication factor %d", r, replication)
+	}
+	ts, err := n.load(req.Msg.GetId())
+	if err != nil {
+		return nil, apiError(err)
+	}
+	return connect.NewResponse(&nornv1.GetTaskResponse{Task: n.view(ts)}), nil
+}
+
+// leaseArg validates a lease duration; nil means the default.
+func (n *Node) leaseArg(d *durationpb.Duration) (time.Duration, error) {
+	if d == nil {
+		return n.cfg.DefaultLease, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, invalid("lease", "%v", err)
+	}
+	l := d.AsDuration()
+	if l <= 0 || l > n.cfg.MaxLease {
+		return 0, invalid("lease", "must be in (0, %s], got %s", n.cfg.MaxLease, l)
+	}
+	if l < time.Millisecond {
+		return 0, invalid("lease", "must be at least 1ms, got %s", l)
+	}
+	return l, nil
+}
+
+func requireClaim(id, claimID uint64) error {
+	if id == 0 {
+		return invalid("id", "required")
+	}
+	if claimID == 0 {
+		return invalid("claimId", "required")
+	}
+	return nil
+}
+
+// propose runs one claim FSM command on id's partition and returns its
+// outcome for id.
+func (n *Node) propose(id uint64, cmd *claims.Command) (claims.Outcome, error) {
+	outs, err := n.groups[n.partition(id)].Propose(cmd, proposeTimeout)
+	if err != nil {
+		return claims.Outcome{}, apiError(err)
+	}
+	for _, o := range outs {
+		if o.ID == id {
+			return o, apiError(o.Err)
+		}
+	}
+	return claims.Outcome{}, connect.NewError(connect.CodeInternal, fmt.Errorf("no outcome for task %d", id))
+}
+
+// endIfTerminal proposes OpEnd for a task whose CRDT state is terminal but
+// whose claim FSM does not know yet; it returns whether the task is terminal.
+func (n *Node) endIfTerminal(ts *taskState) bool {
+	ev, ok := ts.task.Terminal()
+	if !ok {
+		return false
+	}
+	if ts.claims == nil || ts.claims.Terminal == claims.EndNone {
+		cmd := &claims.Command{Op: claims.OpEnd, NowMs: n.cfg.Clock.Now().UnixMilli(), ID: ts.task.ID,
+			Token: ev.Claim, Reason: endReason(ev.Kind)}
+		if _, err := n.propose(ts.task.ID, cmd); err != nil && !errors.Is(err, claims.ErrTaskTerminal) {
+			n.cfg.Logger.Warn("ending the claim of a terminal task failed", "id", ts.task.ID, "err", err)
+		}
+	}
+	return true
+}
+
+func endReason(k crdt.TerminalKind) claims.EndReason {
+	switch k {
+	case crdt.Completed:
+		return claims.EndCompleted
+	case crdt.Aborted:
+		return claims.EndAborted
+	}
+	return claims.EndCancelled
+}
+
+func (s taskService) Renew(_ context.Context, req *connect.Request[nornv1.RenewRequest]) (*connect.Response[nornv1.RenewResponse], error) {
+	n, m := s.n, req.Msg
+	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
+		return nil, err
+	}
+	lease, err := n.leaseArg(m.GetLease())
+	if err != nil {
+		return nil, err
+	}
+	ts, err := n.load(m.GetId())
+	if err != nil {
+		return nil, apiError(err)
+	}
+	if n.endIfTerminal(ts) {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
+	}
+	o, err := n.propose(m.GetId(), &claims.Command{Op: claims.OpRenew, NowMs: n.cfg.Clock.Now().UnixMilli(),
+		ID: m.GetId(), Token: m.GetClaimId(), LeaseMs: lease.Milliseconds()})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&nornv1.RenewResponse{Expiry: timestamppb.New(time.UnixMilli(o.Claim.ExpiryMs))}), nil
+}
+
+// liveClaim checks that claimID is the task's live claim.
+func liveClaim(ts *taskState, claimID uint64) error {
+	if ts.claims != nil {
+		if c, ok := ts.claims.Live(); ok && c.Token == claimID {
+			return nil
+		}
+	}
+	return connect.NewError(connect.CodeFailedPrecondition,
+		fmt.Errorf("claimId: %d is not the live claim of task %d: %w", claimID, ts.task.ID, claims.ErrClaimSuperseded))
+}
+
+func (s taskService) Update(_ context.Context, req *connect.Request[nornv1.UpdateRequest]) (*connect.Response[nornv1.UpdateResponse], error) {
+	n, m := s.n, req.Msg
+	if err := checkW(m.GetW()); err != nil {
+		return nil, err
+	}
+	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
+		return nil, err
+	}
+	if m.GetSeq() == 0 {
+		return nil, invalid("seq", "must be at least 1")
+	}
+	u := crdt.Update{Claim: m.GetClaimId(), Seq: m.GetSeq(), Progress: m.GetProgress(), Message: m.GetMessage(), Data: m.GetData()}
+	if len(u.Data) == 0 {
+		u.Data = nil
+	}
+	if err := u.Validate(n.cfg.Limits); err != nil {
+		return nil, apiError(err)
+	}
+	ts, err := n.load(m.GetId())
+	if err != nil {
+		return nil, apiError(err)
+	}
+	if _, terminal := ts.task.Terminal(); terminal {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
+	}
+	if err := liveClaim(ts, m.GetClaimId()); err != nil {
+		return nil, err
+	}
+	u.At = n.hlc.Now()
+	if err := n.merge([]*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{u}}}); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&nornv1.UpdateResponse{Acks: replication}), nil
+}
+
+// finish records a terminal event for a claimed task (complete or abort):
+// the claim must be the live one, or the one that already ended the task
+// the same way (an idempotent retry).
+func (n *Node) finish(id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, error) {
+	if err := checkW(w); err != nil {
+		return 0, err
+	}
+	if err := requireClaim(id, claimID); err != nil {
+		return 0, err
+	}
+	ev.Claim = claimID
+	if err := ev.Validate(n.cfg.Limits); err != nil {
+		return 0, apiError(err)
+	}
+	ts, err := n.load(id)
+	if err != nil {
+		return 0, apiError(err)
+	}
+	if prev, terminal := ts.task.Terminal(); terminal {
+		n.endIfTerminal(ts)
+		if prev.Kind == ev.Kind && prev.Claim == claimID {
+			return replication, nil // retry of the same call
+		}
+		return 0, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", id, prev.Kind))
+	}
+	if err := liveClaim(ts, claimID); err != nil {
+		return 0, err
+	}
+	ev.At = n.hlc.Now()
+	if err := n.merge([]*crdt.Task{{ID: id, Terminals: []crdt.Terminal{ev}}}); err != nil {
+		return 0, err
+	}
+	// End the claim in the FSM. Best effort: if this fails (or the node
+	// dies first), the monitor ends it when the lease runs out.
+	cmd := &claims.Command{Op: claims.OpEnd, NowMs: ev.At.WallMs, ID: id, Token: claimID, Reason: endReason(ev.Kind)}
+	if _, err := n.propose(id, cmd); err != nil {
+		n.cfg.Logger.Warn("ending a claim failed", "id", id, "claim", claimID, "err", err)
+	}
+	return replication, nil
+}
+
+func (s taskService) Complete(_ context.Context, req *connect.Request[nornv1.CompleteRequest]) (*connect.Response[nornv1.CompleteResponse], error) {
+	m := req.Msg
+	result := m.GetResult()
+	if len(result) == 0 {
+		result = nil
+	}
+	acks, err := s.n.finish(m.GetId(), m.GetClaimId(), m.GetW(), crdt.Terminal{Kind: crdt.Completed, Result: result})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&nornv1.CompleteResponse{Acks: acks}), nil
+}
+
+func (s taskService) Abort(_ context.Context, req *connect.Request[nornv1.AbortRequest]) (*connect.Response[nornv1.AbortResponse], error) {
+	m := req.Msg
+	ev := crdt.Terminal{Kind: crdt.Aborted}
+	for _, e := range m.GetErrors() {
+		args := e.GetArgs()
+		if len(args) == 0 {
+			args = nil
+		}
+		ev.Errors = append(ev.Errors, crdt.TaskError{Code: e.GetCode(), Description: e.GetDescription(), Args: args})
+	}
+	acks, err := s.n.finish(m.GetId(), m.GetClaimId(), m.GetW(), ev)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&nornv1.AbortResponse{Acks: acks}), nil
+}
+
+func (s taskService) Yield(_ context.Context, req *connect.Request[nornv1.YieldRequest]) (*connect.Response[nornv1.YieldResponse], error) {
+	n, m := s.n, req.Msg
+	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
+		return nil, err
+	}
+	if p := m.GetProgress(); math.IsNaN(p) || p < 0 || p > 1 {
+		return nil, invalid("progress", "must be in [0, 1], got %v", p)
+	}
+	ts, err := n.load(m.GetId())
+	if err != nil {
+		return nil, apiError(err)
+	}
+	if n.endIfTerminal(ts) {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
+	}
+	if err := liveClaim(ts, m.GetClaimId()); err != nil {
+		return nil, err
+	}
+	if p := m.GetProgress(); p > 0 {
+		seq := uint64(1)
+		for _, u := range ts.task.Updates {
+			if u.Claim == m.GetClaimId() {
+				seq = max(seq, u.Seq+1)
+			}
+		}
+		up := crdt.Update{Claim: m.GetClaimId(), Seq: seq, At: n.hlc.Now(), Progress: p}
+		if err := n.merge([]*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{up}}}); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := n.propose(m.GetId(), &claims.Command{Op: claims.OpYield, NowMs: n.cfg.Clock.Now().UnixMilli(),
+		ID: m.GetId(), Token: m.GetClaimId()}); err != nil {
+		return nil, err
+	}
+	n.waiters.notify(ts.task.Spec.Queue)
+	return connect.NewResponse(&nornv1.YieldResponse{}), nil
+}
+
+func (s taskService) Cancel(_ context.Context, req *connect.Request[nornv1.CancelRequest]) (*connect.Response[nornv1.CancelResponse], error) {
+	n, m := s.n, req.Msg
+	if err := checkW(m.GetW()); err != nil {
+		return nil, err
+	}
+	if m.GetId() == 0 {
+		return nil, invalid("id", "required")
+	}
+	ts, err := n.load(m.GetId())
+	if err != nil {
+		return nil, apiError(err)
+	}
+	if prev, terminal := ts.task.Terminal(); terminal {
+		n.endIfTerminal(ts)
+		if prev.Kind == crdt.Cancelled {
+			return connect.NewResponse(&nornv1.CancelResponse{Acks: replication}), nil
+		}
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", m.GetId(), prev.Kind))
+	}
+	ev := crdt.Terminal{At: n.hlc.Now(), Kind: crdt.Cancelled}
+	if err := n.merge([]*crdt.Task{{ID: m.GetId(), Terminals: []crdt.Terminal{ev}}}); err != nil {
+		return nil, err
+	}
+	cmd := &claims.Command{Op: claims.OpEnd, NowMs: ev.At.WallMs, ID: m.GetId(), Reason: claims.EndCancelled}
+	if _, err := n.propose(m.GetId(), cmd); err != nil && !errors.Is(err, claims.ErrTaskTerminal) {
+		n.cfg.Logger.Warn("ending the claim of a cancelled task failed", "id", m.GetId(), "err", err)
+	}
+	return connect.NewResponse(&nornv1.CancelResponse{Acks: replication}), nil
+}

@@ -1,0 +1,157 @@
+package node
+
+import (
+	"errors"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/storage"
+)
+
+// taskState is everything this node knows of a task: its CRDT state and
+// the claim FSM's record (nil when never claimed).
+type taskState struct {
+	p      uint16
+	task   *crdt.Task
+	claims *claims.Record
+}
+
+// load reads a task's CRDT state and FSM record. It returns
+// storage.ErrNotFound when the node has not seen the task's spec.
+func (n *Node) load(id uint64) (*taskState, error) {
+	p := n.partition(id)
+	st, err := n.store.GetTask(p, id)
+	if err != nil {
+		return nil, err
+	}
+	if st.Task.Spec == nil {
+		return nil, storage.ErrNotFound
+	}
+	ts := &taskState{p: p, task: st.Task}
+	b, err := n.store.ClaimFSMRecord(p, id)
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+	case err != nil:
+		return nil, err
+	default:
+		if ts.claims, err = claims.DecodeRecord(b); err != nil {
+			return nil, err
+		}
+	}
+	return ts, nil
+}
+
+// status derives a task's status at nowMs. deps reports whether all
+// dependencies are completed (nil: do not check, treat as done).
+func (ts *taskState) status(nowMs int64, depsDone func([]uint64) bool) nornv1.TaskStatus {
+	if ev, ok := ts.task.Terminal(); ok {
+		switch ev.Kind {
+		case crdt.Completed:
+			return nornv1.TaskStatus_TASK_STATUS_COMPLETED
+		case crdt.Aborted:
+			return nornv1.TaskStatus_TASK_STATUS_ABORTED
+		default:
+			return nornv1.TaskStatus_TASK_STATUS_CANCELLED
+		}
+	}
+	if ts.claims != nil {
+		if ts.claims.Dead {
+			return nornv1.TaskStatus_TASK_STATUS_ABORTED
+		}
+		if _, live := ts.claims.Live(); live {
+			return nornv1.TaskStatus_TASK_STATUS_CLAIMED
+		}
+	}
+	spec := ts.task.Spec
+	if spec.NotBeforeMs > nowMs || (depsDone != nil && len(spec.DependsOn) > 0 && !depsDone(spec.DependsOn)) {
+		return nornv1.TaskStatus_TASK_STATUS_DELAYED
+	}
+	return nornv1.TaskStatus_TASK_STATUS_READY
+}
+
+// depsDone reports whether every id is a COMPLETED task.
+func (n *Node) depsDone(ids []uint64) bool {
+	for _, id := range ids {
+		st, err := n.store.GetTask(n.partition(id), id)
+		if err != nil {
+			return false
+		}
+		if ev, ok := st.Task.Terminal(); !ok || ev.Kind != crdt.Completed {
+			return false
+		}
+	}
+	return true
+}
+
+func msTime(ms int64) *timestamppb.Timestamp {
+	if ms == 0 {
+		return nil
+	}
+	return timestamppb.New(time.UnixMilli(ms))
+}
+
+// view renders a task for the API.
+func (n *Node) view(ts *taskState) *nornv1.Task {
+	t, spec := ts.task, ts.task.Spec
+	v := &nornv1.Task{
+		Id: t.ID,
+		Spec: &nornv1.TaskSpec{
+			Queue: spec.Queue, Priority: spec.Priority, Payload: spec.Payload,
+			NotBefore: msTime(spec.NotBeforeMs), DependsOn: spec.DependsOn, MaxClaims: spec.MaxClaims,
+		},
+		Status:    ts.status(n.cfg.Clock.Now().UnixMilli(), n.depsDone),
+		CreatedAt: msTime(spec.CreatedAt.WallMs),
+	}
+	updated := spec.CreatedAt
+	for _, u := range t.Updates {
+		v.Updates = append(v.Updates, &nornv1.TaskUpdate{ClaimId: u.Claim, Seq: u.Seq, At: msTime(u.At.WallMs),
+			Progress: u.Progress, Message: u.Message, Data: u.Data})
+		if updated.Less(u.At) {
+			updated = u.At
+		}
+	}
+	if last, ok := t.LastUpdate(); ok {
+		v.Progress = last.Progress
+	}
+	if ev, ok := t.Terminal(); ok {
+		v.Result = ev.Result
+		for _, e := range ev.Errors {
+			v.Errors = append(v.Errors, &nornv1.TaskError{Code: e.Code, Description: e.Description, Args: e.Args})
+		}
+		if updated.Less(ev.At) {
+			updated = ev.At
+		}
+		if ev.Kind == crdt.Completed {
+			v.Progress = 1
+		}
+	}
+	if ts.claims != nil {
+		if ts.claims.Dead && len(v.Errors) == 0 {
+			v.Errors = append(v.Errors, maxClaimsError(ts.claims.MaxClaims))
+		}
+		for i := range ts.claims.History {
+			c := &ts.claims.History[i]
+			ci := &nornv1.ClaimInfo{ClaimId: c.Token, Seq: uint32(c.Seq), Worker: c.Worker,
+				Start: msTime(c.StartMs), Expiry: msTime(c.ExpiryMs),
+				EndReason: nornv1.ClaimEnd(c.End), EndedAt: msTime(c.EndedMs)}
+			v.Claims = append(v.Claims, ci)
+			if c.End == claims.EndNone {
+				v.CurrentClaim = ci
+			}
+			if last := max(c.StartMs, c.EndedMs); last > updated.WallMs {
+				updated = crdt.Timestamp{WallMs: last}
+			}
+		}
+	}
+	v.UpdatedAt = msTime(updated.WallMs)
+	return v
+}
+
+func maxClaimsError(limit uint32) *nornv1.TaskError {
+	return &nornv1.TaskError{Code: "max_claims_exceeded",
+		Description: "the task's claims expired max_claims times", Args: []string{itoa(uint64(limit))}}
+}
