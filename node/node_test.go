@@ -568,4 +568,3 @@ func TestCountListStatus(t *testing.T) {
 		t.Fatalf("status counts %d tasks, want 26", total)
 	}
 }
-
