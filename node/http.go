@@ -20,7 +20,12 @@ func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(nornv1connect.NewTaskServiceHandler(taskService{n}, opts...))
 	mux.Handle(nornv1connect.NewAdminServiceHandler(adminService{n}, opts...))
+	// Ready once every partition has a leader; 503 before.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if !n.Ready() {
+			http.Error(w, "partitions without a leader", http.StatusServiceUnavailable)
+			return
+		}
 		w.Write([]byte("ok\n"))
 	})
 	return mux

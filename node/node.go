@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 // node as its only voter; the code paths are the cluster's.
 type Node struct {
 	cfg    Config
+	lock   *dirLock
 	store  *storage.Store
 	hlc    *crdt.HLC
 	ids    *idGen
@@ -56,20 +56,24 @@ func New(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("node: data dir: %w", err)
 	}
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	store, err := storage.Open(storage.Config{Dir: filepath.Join(cfg.DataDir, "db"), Clock: cfg.Clock})
 	if err != nil {
-		if isLockErr(err) {
-			return nil, fmt.Errorf("%w: %s (%v)", ErrDataDirInUse, cfg.DataDir, err)
-		}
+		lock.release()
 		return nil, err
 	}
 	ids, err := newIDGen(cfg.MachineID)
 	if err != nil {
 		store.Close()
+		lock.release()
 		return nil, err
 	}
 	n := &Node{
 		cfg:   cfg,
+		lock:  lock,
 		store: store,
 		hlc:   crdt.NewHLC(cfg.Clock, uint32(cfg.MachineID)),
 		ids:   ids,
@@ -83,23 +87,12 @@ func New(cfg Config) (*Node, error) {
 	if err := n.startGroups(); err != nil {
 		n.shutdownGroups()
 		store.Close()
+		lock.release()
 		return nil, err
 	}
 	n.stopped.Add(1)
 	go n.monitor()
 	return n, nil
-}
-
-// ErrDataDirInUse is returned by New when another process holds the data dir.
-var ErrDataDirInUse = errors.New("node: data dir is in use by another nornd")
-
-// isLockErr recognizes Pebble's failure to take its LOCK file (flock), the
-// sign of another process on the same directory. Pebble has no sentinel
-// for it.
-func isLockErr(err error) bool {
-	s := err.Error()
-	return strings.Contains(s, "lock") &&
-		(strings.Contains(s, "resource temporarily unavailable") || strings.Contains(s, "held"))
 }
 
 func (n *Node) startGroups() error {
@@ -134,6 +127,17 @@ func (n *Node) startGroups() error {
 		n.trans = append(n.trans, trans)
 	}
 	return nil
+}
+
+// Ready reports whether this node leads every partition (on a single node:
+// whether every group has elected itself).
+func (n *Node) Ready() bool {
+	for _, g := range n.groups {
+		if !g.IsLeader() {
+			return false
+		}
+	}
+	return true
 }
 
 // WaitReady blocks until this node leads every partition (a single node
@@ -171,7 +175,7 @@ func (n *Node) Close() error {
 	n.waiters.closeAll()
 	n.stopped.Wait()
 	errs := n.shutdownGroups()
-	return errors.Join(errs, n.store.Close())
+	return errors.Join(errs, n.store.Close(), n.lock.release())
 }
 
 func (n *Node) shutdownGroups() error {

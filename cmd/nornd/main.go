@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/norn-dev/norn/node"
 )
 
@@ -39,6 +41,7 @@ func run(args []string) error {
 	config := fs.String("config", "", "JSON file of options (keys are flag names); flags given on the command line win")
 	listen := fs.String("listen", "127.0.0.1:7400", "address of the API (gRPC, Connect and JSON over HTTP/2 cleartext and HTTP/1.1)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	raftLogLevel := fs.String("raft-log-level", "error", "log level of the Raft library: trace, debug, info, warn or error")
 	fs.StringVar(&cfg.DataDir, "data-dir", "./data", "directory of the node's data (created if missing)")
 	fs.StringVar(&cfg.NodeID, "node-id", "n1", "this node's id")
 	machine := fs.Uint("machine-id", 1, "sonyflake machine id base, unique per node (1-8191)")
@@ -78,6 +81,11 @@ func run(args []string) error {
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg.Logger = logger
+	rl := hclog.LevelFromString(*raftLogLevel)
+	if rl == hclog.NoLevel {
+		return fmt.Errorf("-raft-log-level: unknown level %q", *raftLogLevel)
+	}
+	cfg.RaftLogger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: rl, Output: os.Stderr})
 	cfg.Version = version
 
 	n, err := node.New(cfg)
