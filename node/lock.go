@@ -1,6 +1,7 @@
 package node
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -38,3 +39,35 @@ func lockDataDir(dir string) (*dirLock, error) {
 }
 
 func (l *dirLock) release() error { return l.f.Close() }
+
+// dataDirMeta is DataDir/norn.json: what a data dir was created with and
+// must be reopened with.
+type dataDirMeta struct {
+	Partitions int `json:"partitions"`
+}
+
+// checkDataDirMeta records P in a new data dir, and refuses to open one
+// created with a different P (every task would map to another partition).
+func checkDataDirMeta(dir string, partitions int) error {
+	path := filepath.Join(dir, "norn.json")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		b, _ = json.Marshal(dataDirMeta{Partitions: partitions})
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+			return fmt.Errorf("node: %w", err)
+		}
+		return os.Rename(tmp, path)
+	}
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	var m dataDirMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("node: %s: %w", path, err)
+	}
+	if m.Partitions != partitions {
+		return fmt.Errorf("node: data dir %s was created with %d partitions; it cannot be opened with %d", dir, m.Partitions, partitions)
+	}
+	return nil
+}

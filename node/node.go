@@ -60,6 +60,10 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkDataDirMeta(cfg.DataDir, cfg.Partitions); err != nil {
+		lock.release()
+		return nil, err
+	}
 	store, err := storage.Open(storage.Config{Dir: filepath.Join(cfg.DataDir, "db"), Clock: cfg.Clock})
 	if err != nil {
 		lock.release()

@@ -406,6 +406,16 @@ func TestSecondNodeOnSameDataDirFails(t *testing.T) {
 	}
 }
 
+func TestPartitionCountIsFixedPerDataDir(t *testing.T) {
+	dir := t.TempDir()
+	h := newHarness(t, dir, nil)
+	h.close()
+	_, err := New(Config{DataDir: dir, Partitions: 16, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err == nil || !strings.Contains(err.Error(), "created with 8 partitions") {
+		t.Fatalf("reopen with another P: %v", err)
+	}
+}
+
 // TestBadInputs sends malformed and invalid requests: each gets its own
 // code naming the field, and the node keeps serving.
 func TestBadInputs(t *testing.T) {
