@@ -1,0 +1,256 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/client"
+)
+
+// enqueueAll runs n concurrent Enqueue calls, call i with payload "p<i>"
+// and the options opts(i), and returns their ids and errors.
+func enqueueAll(ctx context.Context, c *client.Client, n int, opts func(i int) []client.EnqueueOption) ([]uint64, []error) {
+	ids := make([]uint64, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			var o []client.EnqueueOption
+			if opts != nil {
+				o = opts(i)
+			}
+			ids[i], errs[i] = c.Enqueue(ctx, spec(fmt.Sprint("p", i)), o...)
+		})
+	}
+	wg.Wait()
+	return ids, errs
+}
+
+// checkOwnTasks checks that every caller got the id of its own task.
+func checkOwnTasks(t *testing.T, f *fakeServer, ids []uint64, errs []error) {
+	t.Helper()
+	seen := map[uint64]bool{}
+	for i, id := range ids {
+		if errs[i] != nil {
+			t.Fatalf("call %d: %v", i, errs[i])
+		}
+		if seen[id] {
+			t.Fatalf("id %d returned twice", id)
+		}
+		seen[id] = true
+		if got := string(f.task(id).GetSpec().GetPayload()); got != fmt.Sprint("p", i) {
+			t.Fatalf("call %d got id %d, whose payload is %q", i, id, got)
+		}
+	}
+}
+
+// TestBatchingCoalesces: concurrent enqueues share a few EnqueueBatch
+// calls, and each caller gets the id of its own task.
+func TestBatchingCoalesces(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr, client.WithEnqueueBatching(50*time.Millisecond, 1000))
+	ids, errs := enqueueAll(t.Context(), c, 200, nil)
+	checkOwnTasks(t, f, ids, errs)
+	if n := f.count("Enqueue"); n != 0 {
+		t.Errorf("%d single Enqueue calls, want 0", n)
+	}
+	if n := f.count("EnqueueBatch"); n > 3 {
+		t.Errorf("%d EnqueueBatch calls for 200 enqueues, want at most 3", n)
+	}
+}
+
+// TestBatchingMaxBatch: a batch is sent as soon as it is full; the rest
+// waits for the linger.
+func TestBatchingMaxBatch(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr, client.WithEnqueueBatching(300*time.Millisecond, 10))
+	ids, errs := enqueueAll(t.Context(), c, 25, nil)
+	checkOwnTasks(t, f, ids, errs)
+	f.mu.Lock()
+	sizes := slices.Clone(f.batches)
+	f.mu.Unlock()
+	if len(sizes) < 3 || slices.Max(sizes) > 10 {
+		t.Fatalf("batch sizes %v: want at least 3 batches of at most 10", sizes)
+	}
+}
+
+// TestBatchingKeepsIDs: callers that give an id keep it; the others get
+// server-assigned ids in the same batch.
+func TestBatchingKeepsIDs(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr, client.WithEnqueueBatching(50*time.Millisecond, 1000))
+	ids, errs := enqueueAll(t.Context(), c, 20, func(i int) []client.EnqueueOption {
+		if i%2 == 0 {
+			return []client.EnqueueOption{client.WithID(uint64(1000 + i))}
+		}
+		return nil
+	})
+	checkOwnTasks(t, f, ids, errs)
+	for i := 0; i < 20; i += 2 {
+		if ids[i] != uint64(1000+i) {
+			t.Fatalf("call %d got id %d, want its own %d", i, ids[i], 1000+i)
+		}
+	}
+}
+
+// TestBatchingRetryReusesIDs: a batch that missed its quorum is resent
+// with the ids of its WriteFailure, so no task is stored twice.
+func TestBatchingRetryReusesIDs(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr, client.WithEnqueueBatching(50*time.Millisecond, 1000))
+	var fails atomic.Int32
+	f.setFailWrite(func(string) bool { return fails.Add(1) == 1 })
+	ids, errs := enqueueAll(t.Context(), c, 30, nil)
+	checkOwnTasks(t, f, ids, errs)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.tasks) != 30 {
+		t.Fatalf("%d tasks stored, want 30", len(f.tasks))
+	}
+	if len(f.reqIDs) < 2 || len(f.reqIDs[0]) != 0 || !allNonZero(f.reqIDs[1]) {
+		t.Fatalf("request ids %v: want a first batch without ids, then the retry with ids", f.reqIDs)
+	}
+}
+
+func allNonZero(ids []uint64) bool {
+	return len(ids) > 0 && !slices.Contains(ids, 0)
+}
+
+// TestBatchingBadTaskFailsAlone: a batch rejected because of one bad task
+// is resent task by task, so only that task's caller sees the error.
+func TestBatchingBadTaskFailsAlone(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr, client.WithEnqueueBatching(50*time.Millisecond, 1000))
+	const bad = 3
+	ids := make([]uint64, 10)
+	errs := make([]error, 10)
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Go(func() {
+			s := spec(fmt.Sprint("p", i))
+			if i == bad {
+				s.Queue = ""
+			}
+			ids[i], errs[i] = c.Enqueue(t.Context(), s)
+		})
+	}
+	wg.Wait()
+	if !errors.Is(errs[bad], client.ErrInvalidArgument) || ids[bad] != 0 {
+		t.Fatalf("bad task: %d, %v; want INVALID_ARGUMENT", ids[bad], errs[bad])
+	}
+	errs[bad] = nil
+	ids = slices.Delete(ids, bad, bad+1)
+	errs = slices.Delete(errs, bad, bad+1)
+	for i, id := range ids {
+		if errs[i] != nil || f.task(id) == nil {
+			t.Fatalf("good task %d: %d, %v", i, id, errs[i])
+		}
+	}
+}
+
+// TestBatchingAllFail: a batch that keeps missing its quorum fails every
+// caller with UNAVAILABLE and the caller's own id.
+func TestBatchingAllFail(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr, client.WithEnqueueBatching(50*time.Millisecond, 1000))
+	f.setFailWrite(func(string) bool { return true })
+	ids, errs := enqueueAll(t.Context(), c, 10, nil)
+	for i := range ids {
+		if !client.IsUnavailable(errs[i]) || ids[i] == 0 {
+			t.Fatalf("call %d: %d, %v; want its id and UNAVAILABLE", i, ids[i], errs[i])
+		}
+		if got := string(f.task(ids[i]).GetSpec().GetPayload()); got != fmt.Sprint("p", i) {
+			t.Fatalf("call %d got id %d of payload %q", i, ids[i], got)
+		}
+	}
+}
+
+// TestBatchingCallerGivesUp: a caller whose context ends while it waits
+// for its batch returns at once, and is left out of the batch.
+func TestBatchingCallerGivesUp(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr, client.WithEnqueueBatching(300*time.Millisecond, 1000))
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Enqueue(ctx, spec("late"))
+	if connect.CodeOf(err) != connect.CodeDeadlineExceeded || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Enqueue: %v", err)
+	}
+	if d := time.Since(start); d > 250*time.Millisecond {
+		t.Fatalf("Enqueue returned after %v", d)
+	}
+	c.Close() // sends the open batch (nothing left in it)
+	if n := f.count("Enqueue") + f.count("EnqueueBatch"); n != 0 {
+		t.Fatalf("%d enqueue calls for a caller that gave up", n)
+	}
+}
+
+// TestBatchingClose: Close sends the open batch at once (no linger), and
+// later enqueues fail with ErrClosed.
+func TestBatchingClose(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr, client.WithEnqueueBatching(time.Minute, 1000))
+	start := time.Now()
+	done := make(chan struct{})
+	var ids []uint64
+	var errs []error
+	go func() {
+		ids, errs = enqueueAll(t.Context(), c, 5, nil)
+		close(done)
+	}()
+	time.Sleep(20 * time.Millisecond) // let the calls join the batch (not needed for correctness)
+	c.Close()
+	<-done
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v", d)
+	}
+	for i := range ids {
+		if errs[i] == nil {
+			if string(f.task(ids[i]).GetSpec().GetPayload()) != fmt.Sprint("p", i) {
+				t.Fatalf("call %d: wrong task", i)
+			}
+		} else if !errors.Is(errs[i], client.ErrClosed) {
+			t.Fatalf("call %d: %v", i, errs[i])
+		}
+	}
+	if _, err := c.Enqueue(t.Context(), spec("x")); !errors.Is(err, client.ErrClosed) {
+		t.Fatalf("Enqueue after Close: %v", err)
+	}
+}
+
+// TestBatchingQuorums: calls with different write quorums go in different
+// batches, each with its quorum.
+func TestBatchingQuorums(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr, client.WithEnqueueBatching(50*time.Millisecond, 1000), client.WithDefaultQuorum(2))
+	var ws sync.Map
+	f.setInject(func(m string, req proto.Message) error {
+		if r, ok := req.(*nornv1.EnqueueBatchRequest); ok {
+			ws.Store(r.GetW(), len(r.GetTasks()))
+		}
+		return nil
+	})
+	ids, errs := enqueueAll(t.Context(), c, 10, func(i int) []client.EnqueueOption {
+		if i < 4 {
+			return []client.EnqueueOption{client.WithQuorum(1)}
+		}
+		return nil
+	})
+	checkOwnTasks(t, f, ids, errs)
+	n1, _ := ws.Load(uint32(1))
+	n2, _ := ws.Load(uint32(2))
+	if n1 != 4 || n2 != 6 {
+		t.Fatalf("batch sizes by quorum: w=1 %v, w=2 %v; want 4 and 6", n1, n2)
+	}
+}

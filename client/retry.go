@@ -1,0 +1,155 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+// RetryPolicy says how often and how patiently a call is retried. Which
+// errors are retried depends on the call (see the package documentation):
+// in short, UNAVAILABLE and DEADLINE_EXCEEDED for idempotent calls, and
+// for the others (Claim, and Enqueue before it knows its id) only errors
+// that prove the request never reached a node.
+//
+// Attempt k (from 1) that fails waits a random time in [d/2, d) before
+// attempt k+1, where d = BaseBackoff * 2^(k-1), capped at MaxBackoff. The
+// call's context (and the client's timeout) bounds the whole series.
+type RetryPolicy struct {
+	// MaxAttempts is how many times a call is tried in all, the first
+	// attempt included. Default 5; 1 turns retries off.
+	MaxAttempts int
+
+	// BaseBackoff is the wait after the first failed attempt, before
+	// jitter. Default 50 ms.
+	BaseBackoff time.Duration
+
+	// MaxBackoff caps the wait between two attempts. Default 2 s.
+	MaxBackoff time.Duration
+}
+
+// Defaults of RetryPolicy.
+const (
+	DefaultMaxAttempts = 5
+	DefaultBaseBackoff = 50 * time.Millisecond
+	DefaultMaxBackoff  = 2 * time.Second
+)
+
+func (p RetryPolicy) withDefaults() RetryPolicy {
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = DefaultMaxAttempts
+	}
+	if p.BaseBackoff == 0 {
+		p.BaseBackoff = DefaultBaseBackoff
+	}
+	if p.MaxBackoff == 0 {
+		p.MaxBackoff = DefaultMaxBackoff
+	}
+	return p
+}
+
+func (p RetryPolicy) validate() error {
+	if p.MaxAttempts < 1 || p.BaseBackoff < 0 || p.MaxBackoff < p.BaseBackoff {
+		return fmt.Errorf("norn: bad RetryPolicy %+v: need MaxAttempts >= 1 and 0 <= BaseBackoff <= MaxBackoff", p)
+	}
+	return nil
+}
+
+// backoff returns the wait after failed attempt k (from 1), with jitter.
+func (p RetryPolicy) backoff(k int) time.Duration {
+	d := p.BaseBackoff
+	for i := 1; i < k && d < p.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, p.MaxBackoff)
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2)
+}
+
+// retryClass says which errors a call may retry.
+type retryClass int
+
+const (
+	// retryNoEffect retries only errors that prove the request never
+	// reached a node: the call is not idempotent.
+	retryNoEffect retryClass = iota
+	// retryIdempotent also retries UNAVAILABLE and DEADLINE_EXCEEDED: a
+	// repeat of the call does no harm.
+	retryIdempotent
+)
+
+// retryable reports whether err may be retried by a call of class rc.
+// The caller also stops once its context is done.
+func retryable(rc retryClass, err error) bool {
+	if noEffect(err) {
+		return true
+	}
+	if rc != retryIdempotent {
+		return false
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// noEffect reports whether err proves that the request never reached a
+// node: the connection was refused, or the name did not resolve. Such a
+// call is safe to repeat whatever it was.
+func noEffect(err error) bool {
+	if errors.Is(err, ErrClosed) {
+		return false
+	}
+	var dnsErr *net.DNSError
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr)
+}
+
+// sleep waits d or until ctx is done; it reports whether it waited d.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// do runs call until it succeeds, fails with an error that may not be
+// retried (retry decides), or the policy's attempts run out. ctx must already carry the call's
+// timeout. The error is wrapped for method.
+func (c *Client) do(ctx context.Context, method string, retry func(err error) bool, call func(ctx context.Context) error) error {
+	if c.isClosed() {
+		return wrapErr(method, ErrClosed)
+	}
+	for attempt := 1; ; attempt++ {
+		err := call(ctx)
+		if err == nil {
+			return nil
+		}
+		if attempt >= c.retry.MaxAttempts || ctx.Err() != nil || !retry(err) {
+			return wrapErr(method, err)
+		}
+		if !sleep(ctx, c.retry.backoff(attempt)) {
+			return &callError{method: method, err: err, ctxErr: context.Cause(ctx)}
+		}
+	}
+}
+
+// call is do for the common case: a call of class rc with the client's
+// timeout.
+func (c *Client) call(ctx context.Context, method string, rc retryClass, fn func(ctx context.Context) error) error {
+	ctx, cancel := c.withTimeout(ctx, 0)
+	defer cancel()
+	return c.do(ctx, method, func(err error) bool { return retryable(rc, err) }, fn)
+}

@@ -1,0 +1,431 @@
+package client
+
+import (
+	"context"
+	"iter"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+)
+
+// maxBatchTasks is the most tasks one EnqueueBatch request may hold.
+const maxBatchTasks = 10_000
+
+// EnqueueOption configures one Enqueue or EnqueueBatch call.
+type EnqueueOption func(*enqueueOptions)
+
+type enqueueOptions struct {
+	ids  []uint64
+	w    uint32
+	wSet bool
+}
+
+// WithID makes Enqueue store the task under id instead of letting the
+// server assign one: to retry an enqueue whose outcome is unknown (with the
+// id it returned along with its error), or to use an id the caller made.
+// Enqueuing an id that exists with the same spec succeeds and changes
+// nothing. For Enqueue only.
+func WithID(id uint64) EnqueueOption {
+	return func(o *enqueueOptions) { o.ids = []uint64{id} }
+}
+
+// WithIDs is WithID for EnqueueBatch: one id per spec, in order, 0 where
+// the server should assign one.
+func WithIDs(ids ...uint64) EnqueueOption {
+	return func(o *enqueueOptions) { o.ids = ids }
+}
+
+// WithQuorum sets the write quorum W of this call, overriding the
+// client's (WithDefaultQuorum). 0 means the server's default, a majority.
+func WithQuorum(w uint32) EnqueueOption {
+	return func(o *enqueueOptions) { o.w, o.wSet = w, true }
+}
+
+func (c *Client) enqueueOptions(opts []EnqueueOption) enqueueOptions {
+	o := enqueueOptions{w: c.w}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// Enqueue stores a new task and returns its id. With WithEnqueueBatching,
+// the call may share an EnqueueBatch RPC with concurrent calls.
+//
+// Retries: with an id (WithID) the call retries every UNAVAILABLE or
+// DEADLINE_EXCEEDED. Without one, it retries an UNAVAILABLE only when the
+// error's WriteFailure detail names the id the server assigned, and then
+// with that id, so a retry can never store the task twice; and errors that
+// prove the request never reached the node.
+//
+// When the call fails but the id is known (the server assigned it before
+// the write quorum failed), Enqueue returns that id with the error: the task
+// may or may not be stored, and Enqueue(ctx, spec, WithID(id)) later is
+// safe. Otherwise the id is 0.
+func (c *Client) Enqueue(ctx context.Context, spec *nornv1.TaskSpec, opts ...EnqueueOption) (uint64, error) {
+	o := c.enqueueOptions(opts)
+	if spec == nil {
+		return 0, invalidArg("enqueue", "nil task spec")
+	}
+	if len(o.ids) > 1 {
+		return 0, invalidArg("enqueue", "more than one id: WithIDs is for EnqueueBatch")
+	}
+	var id uint64
+	if len(o.ids) == 1 {
+		id = o.ids[0]
+	}
+	if c.batcher != nil {
+		return c.batcher.enqueue(ctx, spec, id, o.w)
+	}
+	return c.enqueueOne(ctx, spec, id, o.w)
+}
+
+// enqueueOne sends one Enqueue RPC, retried by the enqueue rules.
+func (c *Client) enqueueOne(ctx context.Context, spec *nornv1.TaskSpec, id uint64, w uint32) (uint64, error) {
+	ctx, cancel := c.withTimeout(ctx, 0)
+	defer cancel()
+	req := &nornv1.EnqueueRequest{Task: spec, Id: id, W: w}
+	var got uint64
+	err := c.do(ctx, "enqueue", func(err error) bool {
+		if wf, ok := WriteFailureOf(err); ok && len(wf.Ids) == 1 && wf.Ids[0] != 0 && req.Id == 0 {
+			req.Id = wf.Ids[0]
+		}
+		if req.Id != 0 {
+			return retryable(retryIdempotent, err)
+		}
+		return retryable(retryNoEffect, err)
+	}, func(ctx context.Context) error {
+		resp, err := c.tasks.Enqueue(ctx, connect.NewRequest(req))
+		if err == nil {
+			got = resp.Msg.GetId()
+		}
+		return err
+	})
+	if err != nil {
+		return req.Id, err
+	}
+	return got, nil
+}
+
+// EnqueueBatch stores up to 10,000 new tasks in one call and returns their
+// ids in order. It succeeds only when every task reached the write
+// quorum. WithIDs gives ids (0 entries: server-assigned); retries follow
+// Enqueue's rules, with the ids of the WriteFailure detail. On failure
+// with the ids known, EnqueueBatch returns them with the error (some of
+// the tasks may be stored); otherwise nil.
+//
+// EnqueueBatch never goes through the client's enqueue batching.
+func (c *Client) EnqueueBatch(ctx context.Context, specs []*nornv1.TaskSpec, opts ...EnqueueOption) ([]uint64, error) {
+	o := c.enqueueOptions(opts)
+	if len(specs) == 0 || len(specs) > maxBatchTasks {
+		return nil, invalidArg("enqueue batch", "need 1 to 10,000 tasks")
+	}
+	if len(o.ids) != 0 && len(o.ids) != len(specs) {
+		return nil, invalidArg("enqueue batch", "WithIDs needs one id per task")
+	}
+	for _, s := range specs {
+		if s == nil {
+			return nil, invalidArg("enqueue batch", "nil task spec")
+		}
+	}
+	return c.enqueueBatch(ctx, specs, o.ids, o.w)
+}
+
+// enqueueBatch sends one EnqueueBatch RPC, retried by the enqueue rules;
+// ids is nil or parallel to specs. It returns the ids known on failure
+// (nil when the server assigned none yet).
+func (c *Client) enqueueBatch(ctx context.Context, specs []*nornv1.TaskSpec, ids []uint64, w uint32) ([]uint64, error) {
+	ctx, cancel := c.withTimeout(ctx, 0)
+	defer cancel()
+	req := &nornv1.EnqueueBatchRequest{Tasks: specs, W: w}
+	if len(ids) > 0 {
+		req.Ids = append([]uint64(nil), ids...)
+	}
+	var got []uint64
+	err := c.do(ctx, "enqueue batch", func(err error) bool {
+		if wf, ok := WriteFailureOf(err); ok && consistentIDs(req.Ids, wf.Ids, len(specs)) {
+			req.Ids = wf.Ids
+		}
+		if allKnown(req.Ids, len(specs)) {
+			return retryable(retryIdempotent, err)
+		}
+		return retryable(retryNoEffect, err)
+	}, func(ctx context.Context) error {
+		resp, err := c.tasks.EnqueueBatch(ctx, connect.NewRequest(req))
+		if err == nil {
+			got = resp.Msg.GetIds()
+			if len(got) != len(specs) {
+				return connect.NewError(connect.CodeInternal, errProtocol("EnqueueBatch answered a different number of ids than tasks"))
+			}
+		}
+		return err
+	})
+	if err != nil {
+		if allKnown(req.Ids, len(specs)) {
+			return req.Ids, err
+		}
+		return nil, err
+	}
+	return got, nil
+}
+
+// consistentIDs reports whether the ids of a WriteFailure (next) may
+// replace the request's (cur): n non-zero ids that keep every id the
+// request already had.
+func consistentIDs(cur, next []uint64, n int) bool {
+	if len(next) != n {
+		return false
+	}
+	for i, id := range next {
+		if id == 0 || len(cur) > 0 && cur[i] != 0 && cur[i] != id {
+			return false
+		}
+	}
+	return true
+}
+
+// allKnown reports whether ids holds n non-zero ids.
+func allKnown(ids []uint64, n int) bool {
+	if len(ids) != n {
+		return false
+	}
+	for _, id := range ids {
+		if id == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+type errProtocol string
+
+func (e errProtocol) Error() string { return "norn: protocol error: " + string(e) }
+
+// GetTask returns the task with its full history, read from a majority of
+// its replicas. Retried (a read).
+func (c *Client) GetTask(ctx context.Context, id uint64) (*nornv1.Task, error) {
+	var t *nornv1.Task
+	err := c.call(ctx, "get task", retryIdempotent, func(ctx context.Context) error {
+		resp, err := c.tasks.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id}))
+		if err == nil {
+			t = resp.Msg.GetTask()
+		}
+		return err
+	})
+	return t, err
+}
+
+// ListTasks returns one page of tasks (see nornv1.ListTasksRequest for
+// the filters and the page token). Retried (a read). Tasks iterates over
+// every page.
+func (c *Client) ListTasks(ctx context.Context, req *nornv1.ListTasksRequest) (*nornv1.ListTasksResponse, error) {
+	var out *nornv1.ListTasksResponse
+	err := c.call(ctx, "list tasks", retryIdempotent, func(ctx context.Context) error {
+		resp, err := c.tasks.ListTasks(ctx, connect.NewRequest(req))
+		if err == nil {
+			out = resp.Msg
+		}
+		return err
+	})
+	return out, err
+}
+
+// Tasks iterates over the tasks of queue (every queue when empty) with
+// status (every status when TASK_STATUS_UNSPECIFIED), in ascending id
+// order, a page of at most 1,000 at a time. It stops after the first
+// error, which it yields with a nil task.
+func (c *Client) Tasks(ctx context.Context, queue string, status nornv1.TaskStatus) iter.Seq2[*nornv1.Task, error] {
+	return func(yield func(*nornv1.Task, error) bool) {
+		req := &nornv1.ListTasksRequest{Queue: queue, Status: status, PageSize: 1000}
+		for {
+			page, err := c.ListTasks(ctx, req)
+			if err != nil {
+				yield(nil, err)
+				return
+			}
+			for _, t := range page.GetTasks() {
+				if !yield(t, nil) {
+					return
+				}
+			}
+			if page.GetNextPageToken() == "" {
+				return
+			}
+			req.PageToken = page.GetNextPageToken()
+		}
+	}
+}
+
+// CountTasks counts the tasks of queue (every queue when empty) by
+// status. Retried (a read).
+func (c *Client) CountTasks(ctx context.Context, queue string) (*nornv1.CountTasksResponse, error) {
+	var out *nornv1.CountTasksResponse
+	err := c.call(ctx, "count tasks", retryIdempotent, func(ctx context.Context) error {
+		resp, err := c.tasks.CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{Queue: queue}))
+		if err == nil {
+			out = resp.Msg
+		}
+		return err
+	})
+	return out, err
+}
+
+// ClaimRequest says what to claim.
+type ClaimRequest struct {
+	// Queue to claim from. Required.
+	Queue string
+
+	// Worker is recorded in the claim history (for example
+	// "host-3/pid-812"). Optional.
+	Worker string
+
+	// Lease is the claim's length unless renewed, at millisecond
+	// precision. 0 means the server's default (30 s).
+	Lease time.Duration
+
+	// Max is the most tasks to claim. 0 means 1; at most 1,000.
+	Max int
+
+	// Wait is the long poll: how long the server may wait for a claimable
+	// task when there is none now. 0 answers at once. The client's timeout
+	// (WithTimeout) is added to it for the call's deadline.
+	Wait time.Duration
+}
+
+// Claim leases up to r.Max tasks of r.Queue, highest priority then oldest
+// first; after r.Wait with none claimable it returns an empty slice.
+//
+// Claim is not idempotent: a claim whose answer was lost holds its tasks
+// until their leases expire. So it is retried only when the request
+// provably never reached a node (connection refused, unknown host), never
+// on UNAVAILABLE or DEADLINE_EXCEEDED answers; the caller (Worker does)
+// tries again later.
+func (c *Client) Claim(ctx context.Context, r ClaimRequest) ([]*nornv1.ClaimedTask, error) {
+	if r.Max < 0 || r.Lease < 0 || r.Wait < 0 {
+		return nil, invalidArg("claim", "negative max, lease or wait")
+	}
+	ctx, cancel := c.withTimeout(ctx, r.Wait)
+	defer cancel()
+	req := &nornv1.ClaimRequest{Queue: r.Queue, Worker: r.Worker, Max: uint32(r.Max)}
+	if r.Lease > 0 {
+		req.Lease = durationpb.New(r.Lease)
+	}
+	if r.Wait > 0 {
+		req.Wait = durationpb.New(r.Wait)
+	}
+	var out []*nornv1.ClaimedTask
+	err := c.do(ctx, "claim", func(err error) bool { return retryable(retryNoEffect, err) }, func(ctx context.Context) error {
+		resp, err := c.tasks.Claim(ctx, connect.NewRequest(req))
+		if err == nil {
+			out = resp.Msg.GetTasks()
+		}
+		return err
+	})
+	return out, err
+}
+
+// Renew extends the lease of a live claim to lease from now (0: the
+// server's default, 30 s) and returns the new expiry on the server's
+// clock. ErrSuperseded (FAILED_PRECONDITION) means the claim has ended or
+// the task was cancelled: stop working on it. Retried (idempotent).
+func (c *Client) Renew(ctx context.Context, id, claimID uint64, lease time.Duration) (time.Time, error) {
+	if lease < 0 {
+		return time.Time{}, invalidArg("renew", "negative lease")
+	}
+	req := &nornv1.RenewRequest{Id: id, ClaimId: claimID}
+	if lease > 0 {
+		req.Lease = durationpb.New(lease)
+	}
+	var expiry time.Time
+	err := c.call(ctx, "renew", retryIdempotent, func(ctx context.Context) error {
+		resp, err := c.tasks.Renew(ctx, connect.NewRequest(req))
+		if err == nil {
+			expiry = resp.Msg.GetExpiry().AsTime()
+		}
+		return err
+	})
+	return expiry, err
+}
+
+// Update records a progress report under a live claim. req.Seq must grow
+// with every update of the claim (a Worker's Task does that for you); a
+// zero req.W takes the client's default quorum. Retried (idempotent by
+// (claim, seq)). req is not modified.
+func (c *Client) Update(ctx context.Context, req *nornv1.UpdateRequest) error {
+	if req == nil {
+		return invalidArg("update", "nil request")
+	}
+	if req.GetW() == 0 && c.w != 0 {
+		req = proto.CloneOf(req)
+		req.W = c.w
+	}
+	return c.call(ctx, "update", retryIdempotent, func(ctx context.Context) error {
+		_, err := c.tasks.Update(ctx, connect.NewRequest(req))
+		return err
+	})
+}
+
+// Complete ends the claim and the task as COMPLETED with result. A retry
+// of a complete that took effect succeeds, so it is retried. The first
+// terminal event wins: a complete racing a cancel may succeed and still
+// leave the task CANCELLED.
+func (c *Client) Complete(ctx context.Context, id, claimID uint64, result []byte) error {
+	req := &nornv1.CompleteRequest{Id: id, ClaimId: claimID, Result: result, W: c.w}
+	return c.call(ctx, "complete", retryIdempotent, func(ctx context.Context) error {
+		_, err := c.tasks.Complete(ctx, connect.NewRequest(req))
+		return err
+	})
+}
+
+// Abort ends the claim and the task as ABORTED with errs (each with a
+// non-empty code). The task is not claimed again; to give it back, Yield.
+// Retried (idempotent).
+func (c *Client) Abort(ctx context.Context, id, claimID uint64, errs ...*nornv1.TaskError) error {
+	req := &nornv1.AbortRequest{Id: id, ClaimId: claimID, Errors: errs, W: c.w}
+	return c.call(ctx, "abort", retryIdempotent, func(ctx context.Context) error {
+		_, err := c.tasks.Abort(ctx, connect.NewRequest(req))
+		return err
+	})
+}
+
+// Yield ends the claim and puts the task back to READY, with progress (0
+// to 1) as its progress. Retried on UNAVAILABLE: a retry of a yield that
+// took effect fails with ErrSuperseded, which then means the claim ended
+// one way or another.
+func (c *Client) Yield(ctx context.Context, id, claimID uint64, progress float64) error {
+	req := &nornv1.YieldRequest{Id: id, ClaimId: claimID, Progress: progress}
+	return c.call(ctx, "yield", retryIdempotent, func(ctx context.Context) error {
+		_, err := c.tasks.Yield(ctx, connect.NewRequest(req))
+		return err
+	})
+}
+
+// Cancel ends a task that has not ended yet as CANCELLED; its worker
+// learns of it on its next renew. Cancelling a cancelled task succeeds;
+// a completed or aborted one fails with ErrSuperseded. Retried
+// (idempotent).
+func (c *Client) Cancel(ctx context.Context, id uint64) error {
+	req := &nornv1.CancelRequest{Id: id, W: c.w}
+	return c.call(ctx, "cancel", retryIdempotent, func(ctx context.Context) error {
+		_, err := c.tasks.Cancel(ctx, connect.NewRequest(req))
+		return err
+	})
+}
+
+// Status returns the answering node's view of itself and its partitions
+// (AdminService.Status). Retried (a read).
+func (c *Client) Status(ctx context.Context) (*nornv1.StatusResponse, error) {
+	var out *nornv1.StatusResponse
+	err := c.call(ctx, "status", retryIdempotent, func(ctx context.Context) error {
+		resp, err := c.admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{}))
+		if err == nil {
+			out = resp.Msg
+		}
+		return err
+	})
+	return out, err
+}
