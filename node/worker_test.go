@@ -1,0 +1,124 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/client"
+)
+
+// TestWorkerLifecycle runs the client library's Worker against a real node
+// over HTTP/2: tasks that succeed complete with their result, a task whose
+// handler fails aborts with its code, a task cancelled while running has its
+// handler's context cancelled (learned through a failed renew) and stays
+// CANCELLED, and shutdown yields a task still held.
+func TestWorkerLifecycle(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	c, err := client.New(h.srv.URL, client.WithHTTPClient(h.srv.Client()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	var ids []uint64
+	for _, p := range []string{"ok-1", "ok-2", "fail", "cancel-me", "hold"} {
+		id, err := c.Enqueue(ctx, &nornv1.TaskSpec{Queue: "work", Payload: []byte(p)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	var mu sync.Mutex
+	started := map[string]chan struct{}{"cancel-me": make(chan struct{}), "hold": make(chan struct{})}
+	cancelled := make(chan error, 1)
+	w, err := client.NewWorker(c, client.WorkerConfig{
+		Queue: "work", Name: "test-worker", Concurrency: 5, Lease: 300 * time.Millisecond, Wait: time.Second,
+		Handler: func(ctx context.Context, task *client.Task) ([]byte, error) {
+			p := string(task.Payload)
+			switch {
+			case strings.HasPrefix(p, "ok"):
+				if err := task.Progress(ctx, 0.5, "half"); err != nil {
+					return nil, err
+				}
+				return []byte("result-" + p), nil
+			case p == "fail":
+				return nil, &client.TaskError{Code: "bad_payload", Description: "cannot do it"}
+			default:
+				mu.Lock()
+				close(started[p])
+				mu.Unlock()
+				<-ctx.Done()
+				if p == "cancel-me" {
+					cancelled <- context.Cause(ctx)
+				}
+				return nil, ctx.Err()
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+
+	<-started["cancel-me"]
+	if err := c.Cancel(ctx, ids[3]); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case cause := <-cancelled:
+		if !errors.Is(cause, client.ErrSuperseded) {
+			t.Fatalf("handler of a cancelled task stopped with %v, want ErrSuperseded", cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler of a cancelled task was not stopped")
+	}
+	// Wait for the quick tasks to settle, then shut the worker down while
+	// it holds "hold".
+	<-started["hold"]
+	waitStatus(t, c, ids[0], nornv1.TaskStatus_TASK_STATUS_COMPLETED)
+	waitStatus(t, c, ids[1], nornv1.TaskStatus_TASK_STATUS_COMPLETED)
+	waitStatus(t, c, ids[2], nornv1.TaskStatus_TASK_STATUS_ABORTED)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	for i, want := range map[int]string{0: "result-ok-1", 1: "result-ok-2"} {
+		task, err := c.GetTask(ctx, ids[i])
+		if err != nil || string(task.Result) != want || task.Progress != 1 || task.Claims[0].Worker != "test-worker" {
+			t.Fatalf("task %d: %v, %v", i, task, err)
+		}
+	}
+	if task, _ := c.GetTask(ctx, ids[2]); task.Errors[0].Code != "bad_payload" {
+		t.Fatalf("failed task errors: %v", task.Errors)
+	}
+	if task, _ := c.GetTask(ctx, ids[3]); task.Status != nornv1.TaskStatus_TASK_STATUS_CANCELLED {
+		t.Fatalf("cancelled task: %v", task.Status)
+	}
+	held, _ := c.GetTask(ctx, ids[4])
+	if held.Status != nornv1.TaskStatus_TASK_STATUS_READY || held.Claims[0].EndReason != nornv1.ClaimEnd_CLAIM_END_YIELDED {
+		t.Fatalf("task held at shutdown: %v", held)
+	}
+}
+
+func waitStatus(t *testing.T, c *client.Client, id uint64, want nornv1.TaskStatus) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		task, err := c.GetTask(context.Background(), id)
+		if err == nil && task.Status == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task %d: status %v (%v), want %v", id, task.GetStatus(), err, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
