@@ -121,4 +121,3 @@ func waitStatus(t *testing.T, c *client.Client, id uint64, want nornv1.TaskStatu
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-
