@@ -120,8 +120,17 @@ func (n *Node) tryClaim(queue, worker string, lease time.Duration, limit int) ([
 			}
 		}
 		spec := ts.task.Spec
-		if spec.NotBeforeMs > now || (len(spec.DependsOn) > 0 && !n.depsDone(spec.DependsOn)) {
+		if spec.NotBeforeMs > now {
 			continue
+		}
+		if len(spec.DependsOn) > 0 {
+			done, failed := n.depsState(spec.DependsOn)
+			if failed != 0 {
+				n.abortTask(ts, dependencyFailedError(failed))
+			}
+			if !done {
+				continue
+			}
 		}
 		byPart[h.p] = append(byPart[h.p], claims.Candidate{ID: h.ID, NotBeforeMs: spec.NotBeforeMs, MaxClaims: spec.MaxClaims})
 		picked++

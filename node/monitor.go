@@ -1,8 +1,10 @@
 package node
 
 import (
+	"errors"
 	"time"
 
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/crdt"
 )
@@ -133,10 +135,21 @@ func (n *Node) expireClaims(p uint16) {
 // abortDead writes the ABORTED terminal event of a task whose claims
 // expired max_claims times.
 func (n *Node) abortDead(ts *taskState, limit uint32) {
-	e := maxClaimsError(limit)
+	n.abortTask(ts, maxClaimsError(limit))
+}
+
+// abortTask writes an ABORTED terminal event with one server error (the
+// task is not claimed by anyone, or its claim just ended) and ends the
+// claim FSM's record of it.
+func (n *Node) abortTask(ts *taskState, e *nornv1.TaskError) {
 	ev := crdt.Terminal{At: n.hlc.Now(), Kind: crdt.Aborted,
 		Errors: []crdt.TaskError{{Code: e.Code, Description: e.Description, Args: e.Args}}}
 	if err := n.merge([]*crdt.Task{{ID: ts.task.ID, Terminals: []crdt.Terminal{ev}}}); err != nil {
-		n.cfg.Logger.Warn("aborting a dead task failed", "id", ts.task.ID, "err", err)
+		n.cfg.Logger.Warn("aborting a task failed", "id", ts.task.ID, "code", e.Code, "err", err)
+		return
+	}
+	cmd := &claims.Command{Op: claims.OpEnd, NowMs: ev.At.WallMs, ID: ts.task.ID, Reason: claims.EndAborted}
+	if _, err := n.propose(ts.task.ID, cmd); err != nil && !errors.Is(err, claims.ErrTaskTerminal) {
+		n.cfg.Logger.Warn("ending the claims of an aborted task failed", "id", ts.task.ID, "err", err)
 	}
 }

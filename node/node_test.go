@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -241,6 +242,24 @@ func TestDelayedAndDependencies(t *testing.T) {
 	wantCode(t, err, connect.CodeInvalidArgument)
 	if !strings.Contains(err.Error(), "task.dependsOn[0]") {
 		t.Fatalf("error does not name the field: %v", err)
+	}
+}
+
+func TestFailedDependencyAbortsDependant(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	ctx := context.Background()
+	dep := h.enqueue(&nornv1.TaskSpec{Queue: "parent"})
+	child := h.enqueue(&nornv1.TaskSpec{Queue: "child", DependsOn: []uint64{dep}})
+	if _, err := h.api.Cancel(ctx, connect.NewRequest(&nornv1.CancelRequest{Id: dep})); err != nil {
+		t.Fatal(err)
+	}
+	if c := h.claim("child", 1, time.Minute); len(c) != 0 {
+		t.Fatalf("dependant of a cancelled task claimed: %v", c)
+	}
+	got := h.get(child)
+	if got.Status != nornv1.TaskStatus_TASK_STATUS_ABORTED || got.Errors[0].Code != "dependency_failed" ||
+		got.Errors[0].Args[0] != fmt.Sprint(dep) {
+		t.Fatalf("dependant of a cancelled task: %v", got)
 	}
 }
 

@@ -366,6 +366,9 @@ func (n *Node) finish(id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, e
 	if err := n.merge([]*crdt.Task{{ID: id, Terminals: []crdt.Terminal{ev}}}); err != nil {
 		return 0, err
 	}
+	// Dependants of this task, in any queue, may be claimable (or doomed)
+	// now: wake every long poll to look again.
+	n.waiters.notifyAll()
 	// End the claim in the FSM. Best effort: if this fails (or the node
 	// dies first), the monitor ends it when the lease runs out.
 	cmd := &claims.Command{Op: claims.OpEnd, NowMs: ev.At.WallMs, ID: id, Token: claimID, Reason: endReason(ev.Kind)}

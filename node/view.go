@@ -75,16 +75,29 @@ func (ts *taskState) status(nowMs int64, depsDone func([]uint64) bool) nornv1.Ta
 
 // depsDone reports whether every id is a COMPLETED task.
 func (n *Node) depsDone(ids []uint64) bool {
+	done, _ := n.depsState(ids)
+	return done
+}
+
+// depsState reports whether every id is a COMPLETED task, and the first
+// that ended otherwise (ABORTED or CANCELLED: it never will), or 0.
+func (n *Node) depsState(ids []uint64) (done bool, failed uint64) {
+	done = true
 	for _, id := range ids {
 		st, err := n.store.GetTask(n.partition(id), id)
 		if err != nil {
-			return false
+			done = false
+			continue
 		}
-		if ev, ok := st.Task.Terminal(); !ok || ev.Kind != crdt.Completed {
-			return false
+		ev, ok := st.Task.Terminal()
+		switch {
+		case !ok:
+			done = false
+		case ev.Kind != crdt.Completed:
+			return false, id
 		}
 	}
-	return true
+	return done, 0
 }
 
 func msTime(ms int64) *timestamppb.Timestamp {
@@ -154,4 +167,9 @@ func (n *Node) view(ts *taskState) *nornv1.Task {
 func maxClaimsError(limit uint32) *nornv1.TaskError {
 	return &nornv1.TaskError{Code: "max_claims_exceeded",
 		Description: "the task's claims expired max_claims times", Args: []string{itoa(uint64(limit))}}
+}
+
+func dependencyFailedError(dep uint64) *nornv1.TaskError {
+	return &nornv1.TaskError{Code: "dependency_failed",
+		Description: "a task this one depends on was aborted or cancelled", Args: []string{itoa(dep)}}
 }
