@@ -15,6 +15,7 @@
 //	p 0x04 expiryMs id              -> (empty)  claimed index
 //	p 0x05 segment id               -> digest   anti-entropy segment index
 //	p 0x06 id                       -> meta: index state [+ expiryMs]
+//	p 0x07 terminalMs id            -> (empty)  retention index of terminal tasks
 //	p 0x10 index                    -> raft log entry   (RaftStore)
 //	p 0x11 key                      -> raft stable value (RaftStore)
 //	p 0x12 0x00                     -> claim FSM applied Raft index

@@ -141,6 +141,9 @@ func (s *Store) ReadyHead(p uint16, queue string, limit int) ([]ReadyEntry, erro
 	if err := it.Error(); err != nil {
 		return nil, err
 	}
+	// Render the answer before installing keys: once installed, writers
+	// insert into and delete from its backing array under h.mu.
+	out := readyEntries(keys[:min(limit, len(keys))])
 	if s.testHookRefillRead != nil {
 		s.testHookRefillRead()
 	}
@@ -149,7 +152,7 @@ func (s *Store) ReadyHead(p uint16, queue string, limit int) ([]ReadyEntry, erro
 		h.valid, h.keys, h.hi = true, keys, hi
 	}
 	h.mu.Unlock()
-	return readyEntries(keys[:min(limit, len(keys))]), nil
+	return out, nil
 }
 
 func readyEntries(keys [][]byte) []ReadyEntry {

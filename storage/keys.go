@@ -16,6 +16,7 @@ const (
 	tagClaimed  byte = 0x04 // expiry id -> empty
 	tagSegment  byte = 0x05 // segment id -> digest
 	tagMeta     byte = 0x06 // id -> local index state
+	tagTerminal byte = 0x07 // terminalMs id -> empty (retention)
 	tagRaftLog  byte = 0x10 // used by RaftStore
 	tagRaftKV   byte = 0x11 // used by RaftStore
 	tagClaimFSM byte = 0x12 // reserved for the claim FSM (claims/)

@@ -317,6 +317,9 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		} else if oldMeta, _, err = s.getMeta(k.p, k.id); err != nil {
 			return nil, nil, nil, err
 		}
+		if err := moveTerminalKey(batch, k.p, k.id, old, out); err != nil {
+			return nil, nil, nil, err
+		}
 		newMeta := placeAfterMerge(oldMeta, oldSpec, out, now)
 		ins, err := moveIndex(batch, k.p, k.id, oldMeta, oldSpec, newMeta, out.Spec)
 		if err != nil {
@@ -329,6 +332,86 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		results[i] = byKey[key{it.Partition, it.Task.ID}]
 	}
 	return results, batch, changes, nil
+}
+
+// terminalKey is the retention index key of a terminal task: the wall time
+// of its deciding terminal event, then its id. nil when not terminal.
+func terminalKey(p uint16, t *crdt.Task) []byte {
+	ev, ok := t.Terminal()
+	if !ok {
+		return nil
+	}
+	return timeIDKey(p, tagTerminal, ev.At.WallMs, t.ID)
+}
+
+// moveTerminalKey keeps the retention index in step with a merge (an
+// earlier terminal event arriving later moves the key).
+func moveTerminalKey(b *pebble.Batch, p uint16, id uint64, old *StoredTask, out *crdt.Task) error {
+	var oldKey []byte
+	if old != nil {
+		oldKey = terminalKey(p, old.Task)
+	}
+	newKey := terminalKey(p, out)
+	if bytes.Equal(oldKey, newKey) {
+		return nil
+	}
+	if oldKey != nil {
+		if err := b.Delete(oldKey, nil); err != nil {
+			return err
+		}
+	}
+	if newKey != nil {
+		return b.Set(newKey, nil, nil)
+	}
+	return nil
+}
+
+// TerminalBefore returns up to limit terminal tasks of partition p whose
+// deciding terminal event is at or before ms, oldest first: the candidates
+// for deletion after retention.
+func (s *Store) TerminalBefore(p uint16, ms int64, limit int) ([]DueEntry, error) {
+	return s.dueBefore(p, tagTerminal, ms, limit)
+}
+
+// DeleteTasks deletes tasks of partition p: their state, meta, index
+// entries and segment entry, in one synced batch. The claim FSM's records
+// are the FSM's to delete (through Raft). Missing ids are skipped.
+func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
+	return s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) {
+		var changes []readyChange
+		for _, id := range ids {
+			ti, err := s.loadIndex(p, id)
+			if err != nil {
+				return nil, err
+			}
+			if ti.task == nil && !ti.metaFound {
+				continue
+			}
+			var spec *crdt.Spec
+			if ti.task != nil {
+				spec = ti.task.Spec
+				for _, k := range [][]byte{taskKey(p, id), segmentKey(p, Segment(id), id), terminalKey(p, ti.task)} {
+					if k != nil {
+						if err := b.Delete(k, nil); err != nil {
+							return nil, err
+						}
+					}
+				}
+			}
+			if k := indexKey(p, id, ti.m, spec); k != nil {
+				if err := b.Delete(k, nil); err != nil {
+					return nil, err
+				}
+				if ti.m.state == IndexReady {
+					changes = append(changes, readyChange{p: p, queue: spec.Queue, key: k})
+				}
+			}
+			if err := b.Delete(metaKey(p, id), nil); err != nil {
+				return nil, err
+			}
+		}
+		return changes, nil
+	})
 }
 
 // cloneNormalized returns t in canonical form without modifying the

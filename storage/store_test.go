@@ -673,6 +673,9 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 				want[string(k)] = true
 			}
 			want[string(segmentKey(p, Segment(st.Task.ID), st.Task.ID))] = true
+			if k := terminalKey(p, st.Task); k != nil {
+				want[string(k)] = true
+			}
 			_, terminal := st.Task.Terminal()
 			if unclaimable := terminal || st.Task.Spec == nil; st.Index != IndexClaimed && unclaimable != (st.Index == IndexNone) {
 				t.Fatalf("task %d: index state %v, terminal=%v spec=%v", st.Task.ID, st.Index, terminal, st.Task.Spec != nil)
@@ -683,7 +686,7 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 		}
 		start = next
 	}
-	for _, tag := range []byte{tagReady, tagDelayed, tagClaimed, tagSegment} {
+	for _, tag := range []byte{tagReady, tagDelayed, tagClaimed, tagSegment, tagTerminal} {
 		lo, hi := tagSpan(p, tag)
 		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 		if err != nil {
@@ -701,4 +704,37 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 	if len(want) != 0 {
 		t.Fatalf("%d index entries missing", len(want))
 	}
+}
+
+func TestRetentionIndexAndDelete(t *testing.T) {
+	s, _ := memStore(t)
+	mustMerge(t, s, 0, newTask(1, "q", 0), newTask(2, "q", 0), newTask(3, "q", 0))
+	mustMerge(t, s, 0, cancelOf(1, t0+50), cancelOf(2, t0+10))
+	due, _ := s.TerminalBefore(0, t0+20, 10)
+	if len(due) != 1 || due[0] != (DueEntry{ID: 2, AtMs: t0 + 10}) {
+		t.Fatalf("terminal before t0+20 = %v", due)
+	}
+	// An earlier terminal event arriving later moves the entry.
+	mustMerge(t, s, 0, cancelOf(1, t0+5))
+	if due, _ = s.TerminalBefore(0, t0+20, 10); len(due) != 2 || due[0].ID != 1 {
+		t.Fatalf("after an earlier event arrived: %v", due)
+	}
+	if err := s.MarkClaimed(0, []ClaimMark{{3, t0}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteTasks(0, []uint64{1, 3, 99}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uint64{1, 3} {
+		if _, err := s.GetTask(0, id); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("task %d after delete: %v", id, err)
+		}
+	}
+	if due, _ = s.TerminalBefore(0, t0+100, 10); len(due) != 1 || due[0].ID != 2 {
+		t.Fatalf("retention index after delete: %v", due)
+	}
+	if c, _ := s.ClaimsExpiring(0, t0+100, 10); len(c) != 0 {
+		t.Fatalf("claimed index after delete: %v", c)
+	}
+	checkIndexes(t, s, 0)
 }
