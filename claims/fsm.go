@@ -26,6 +26,9 @@ const (
 	// OpExtend raises the expiry of the live claims of IDs to at least
 	// MinExpiryMs (a new leader does this before it expires anything).
 	OpExtend Op = 6
+	// OpForget deletes the records of IDs (tasks past retention), ending
+	// any live claim.
+	OpForget Op = 7
 )
 
 func (o Op) String() string {
@@ -42,6 +45,8 @@ func (o Op) String() string {
 		return "expire"
 	case OpExtend:
 		return "extend"
+	case OpForget:
+		return "forget"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -66,7 +71,7 @@ type Command struct {
 	Reason      EndReason   // OpEnd
 	SkewMs      int64       // OpExpire
 	MinExpiryMs int64       // OpExtend
-	IDs         []uint64    // OpExtend
+	IDs         []uint64    // OpExtend, OpForget
 }
 
 // Errors of a command, in Outcome.Err. They are values the FSM returns, not
@@ -96,8 +101,8 @@ type Outcome struct {
 	Dead  bool  // OpExpire: the task reached max_claims and is now aborted
 }
 
-// Change is a record the command wrote, and what it did to the claimed
-// index: Claimed with the new ExpiryMs, Released, or neither.
+// Change is a record the command wrote (nil: deleted), and what it did to
+// the claimed index: Claimed with the new ExpiryMs, Released, or neither.
 type Change struct {
 	ID       uint64
 	Record   *Record
@@ -141,6 +146,12 @@ func Apply(index uint64, cmd *Command, get Getter) ([]Outcome, []Change, error) 
 				break
 			}
 		}
+	case OpForget:
+		for _, id := range cmd.IDs {
+			if err = a.forget(id); err != nil {
+				break
+			}
+		}
 	}
 	if err != nil {
 		return nil, nil, err
@@ -166,7 +177,7 @@ func validate(cmd *Command) error {
 		if cmd.SkewMs < 0 {
 			return fmt.Errorf("%w: negative skew", ErrBadCommand)
 		}
-	case OpYield, OpExtend:
+	case OpYield, OpExtend, OpForget:
 	default:
 		return fmt.Errorf("%w: unknown op %d", ErrBadCommand, cmd.Op)
 	}
@@ -188,6 +199,10 @@ type applier struct {
 // record returns a private copy of id's record, creating an empty one.
 func (a *applier) record(id uint64) (*Record, error) {
 	if r, ok := a.recs[id]; ok {
+		if r == nil { // forgotten earlier in this command
+			r = &Record{}
+			a.recs[id] = r
+		}
 		return r, nil
 	}
 	r, err := a.get(id)
@@ -335,6 +350,19 @@ func (a *applier) end(id uint64) error {
 	return nil
 }
 
+func (a *applier) forget(id uint64) error {
+	r, err := a.record(id)
+	if err != nil {
+		return err
+	}
+	if _, live := r.Live(); live {
+		a.move(id, false, 0)
+	}
+	a.recs[id] = nil
+	a.outcomes = append(a.outcomes, Outcome{ID: id})
+	return nil
+}
+
 func (a *applier) extend(id uint64) error {
 	r, err := a.record(id)
 	if err != nil {
@@ -387,10 +415,9 @@ func (cmd *Command) Encode() []byte {
 		b = binary.AppendVarint(b, cmd.SkewMs)
 	case OpExtend:
 		b = binary.AppendVarint(b, cmd.MinExpiryMs)
-		b = binary.AppendUvarint(b, uint64(len(cmd.IDs)))
-		for _, id := range cmd.IDs {
-			b = binary.AppendUvarint(b, id)
-		}
+		b = appendIDs(b, cmd.IDs)
+	case OpForget:
+		b = appendIDs(b, cmd.IDs)
 	}
 	return b
 }
@@ -422,12 +449,9 @@ func DecodeCommand(b []byte) (*Command, error) {
 		cmd.ID, cmd.Token, cmd.SkewMs = d.uvarint(), d.uvarint(), d.varint()
 	case OpExtend:
 		cmd.MinExpiryMs = d.varint()
-		if n := d.count(1); n > 0 {
-			cmd.IDs = make([]uint64, n)
-			for i := range cmd.IDs {
-				cmd.IDs[i] = d.uvarint()
-			}
-		}
+		cmd.IDs = d.ids()
+	case OpForget:
+		cmd.IDs = d.ids()
 	default:
 		d.fail("unknown op %d", cmd.Op)
 	}
@@ -435,4 +459,24 @@ func DecodeCommand(b []byte) (*Command, error) {
 		return nil, err
 	}
 	return cmd, nil
+}
+
+func appendIDs(b []byte, ids []uint64) []byte {
+	b = binary.AppendUvarint(b, uint64(len(ids)))
+	for _, id := range ids {
+		b = binary.AppendUvarint(b, id)
+	}
+	return b
+}
+
+func (d *decoder) ids() []uint64 {
+	n := d.count(1)
+	if n == 0 {
+		return nil
+	}
+	ids := make([]uint64, n)
+	for i := range ids {
+		ids[i] = d.uvarint()
+	}
+	return ids
 }

@@ -37,6 +37,10 @@ func (m *memFSM) apply(t testing.TB, cmd Command) []Outcome {
 		t.Fatal(err)
 	}
 	for _, c := range changes {
+		if c.Record == nil {
+			delete(m.recs, c.ID)
+			continue
+		}
 		m.recs[c.ID] = c.Record.Encode()
 	}
 	return outs
@@ -167,6 +171,34 @@ func TestExtendOnLeaderChange(t *testing.T) {
 	}
 }
 
+func TestForget(t *testing.T) {
+	m := newMemFSM()
+	m.apply(t, claimCmd(1000, 100, 1, 2))
+	m.apply(t, Command{Op: OpEnd, NowMs: 1001, ID: 1, Reason: EndCompleted})
+	a := applierFor(t, m, Command{Op: OpForget, NowMs: 2000, IDs: []uint64{1, 2, 3, 2}})
+	for _, c := range a {
+		if c.ID == 2 && !c.Released {
+			t.Fatalf("forgetting a task with a live claim does not release it: %+v", c)
+		}
+	}
+	m.apply(t, Command{Op: OpForget, NowMs: 2000, IDs: []uint64{1, 2, 3, 2}})
+	for _, id := range []uint64{1, 2, 3} {
+		if r, _ := m.get(id); r != nil {
+			t.Fatalf("record %d after forget: %+v", id, r)
+		}
+	}
+}
+
+// applierFor returns the changes cmd would make to m, without applying.
+func applierFor(t *testing.T, m *memFSM, cmd Command) []Change {
+	t.Helper()
+	_, changes, err := Apply(m.index+1, &cmd, m.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return changes
+}
+
 func TestBadCommands(t *testing.T) {
 	for _, cmd := range []Command{
 		{Op: 0},
@@ -269,6 +301,7 @@ func FuzzDecodeCommand(f *testing.F) {
 		{Op: OpEnd, ID: 1, Reason: EndCancelled},
 		{Op: OpExpire, ID: 1, Token: 2, SkewMs: 100},
 		{Op: OpExtend, MinExpiryMs: 9, IDs: []uint64{1, 2, 3}},
+		{Op: OpForget, IDs: []uint64{4, 5}},
 	} {
 		f.Add(c.Encode())
 	}

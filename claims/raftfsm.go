@@ -126,7 +126,11 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 		return out // everything was a replay
 	}
 	for _, id := range order {
-		u.Records = append(u.Records, storage.FSMRecord{ID: id, Value: overlay[id].Encode()})
+		rec := storage.FSMRecord{ID: id} // nil Value deletes (OpForget)
+		if r := overlay[id]; r != nil {
+			rec.Value = r.Encode()
+		}
+		u.Records = append(u.Records, rec)
 	}
 	// Not synced: the entries are durable in the Raft log, and the applied
 	// index in the same atomic batch tells a replay where to resume.

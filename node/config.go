@@ -39,6 +39,9 @@ type Config struct {
 	MaxLease     time.Duration
 	// MaxWait bounds a Claim's long poll. Default 60 s.
 	MaxWait time.Duration
+	// Retention is how long a terminal task is kept after its terminal
+	// event; then the monitor deletes it. Default 7 days.
+	Retention time.Duration
 	// MonitorInterval is how often the monitor looks for expired claims and
 	// due delayed tasks. Default 250 ms.
 	MonitorInterval time.Duration
@@ -80,6 +83,7 @@ func (c *Config) setDefaults() {
 	def(&c.DefaultLease, 30*time.Second)
 	def(&c.MaxLease, time.Hour)
 	def(&c.MaxWait, 60*time.Second)
+	def(&c.Retention, 7*24*time.Hour)
 	def(&c.MonitorInterval, 250*time.Millisecond)
 	def(&c.RaftTimeout, time.Second)
 	if c.Limits == (crdt.Limits{}) {
@@ -106,6 +110,8 @@ func (c *Config) Validate() error {
 		return errors.New("node: data dir is required")
 	case c.MachineID >= 1<<16/idGenerators:
 		return fmt.Errorf("node: machine id %d must be below %d", c.MachineID, 1<<16/idGenerators)
+	case c.Retention < 0:
+		return errors.New("node: retention must not be negative")
 	case c.SkewBuffer < 0 || c.LeaseGrace < 0:
 		return errors.New("node: skew buffer and lease grace must not be negative")
 	case c.DefaultLease <= 0 || c.MaxLease < c.DefaultLease:

@@ -30,8 +30,9 @@ func (n *Node) monitor() {
 
 // monitorOnce does one pass over the partitions this node leads: on a
 // new leadership it first extends every live claim to at least now +
-// lease grace; then it expires claims past expiry + skew buffer and
-// promotes delayed tasks whose time has come.
+// lease grace; then it expires claims past expiry + skew buffer, deletes
+// terminal tasks past retention and promotes delayed tasks whose time has
+// come.
 func (n *Node) monitorOnce() {
 	n.monitorMu.Lock()
 	defer n.monitorMu.Unlock()
@@ -49,6 +50,7 @@ func (n *Node) monitorOnce() {
 			extended[p] = true
 		}
 		n.expireClaims(uint16(p))
+		n.deleteExpiredTasks(uint16(p))
 		if moved, err := n.store.PromoteDelayed(uint16(p), monitorBatch); err != nil {
 			n.cfg.Logger.Warn("promoting delayed tasks failed", "partition", p, "err", err)
 		} else if moved > 0 {
@@ -129,6 +131,31 @@ func (n *Node) expireClaims(p uint16) {
 		if ts != nil {
 			n.waiters.notify(ts.task.Spec.Queue)
 		}
+	}
+}
+
+// deleteExpiredTasks deletes the partition's terminal tasks whose terminal
+// event is older than the retention: first the claim FSM's records,
+// through Raft, then the task states.
+func (n *Node) deleteExpiredTasks(p uint16) {
+	horizon := n.cfg.Clock.Now().Add(-n.cfg.Retention).UnixMilli()
+	due, err := n.store.TerminalBefore(p, horizon, monitorBatch)
+	if err != nil || len(due) == 0 {
+		if err != nil {
+			n.cfg.Logger.Warn("scanning for expired tasks failed", "partition", p, "err", err)
+		}
+		return
+	}
+	cmd := &claims.Command{Op: claims.OpForget, NowMs: n.cfg.Clock.Now().UnixMilli()}
+	for _, d := range due {
+		cmd.IDs = append(cmd.IDs, d.ID)
+	}
+	if _, err := n.groups[p].Propose(cmd, proposeTimeout); err != nil {
+		n.cfg.Logger.Warn("forgetting expired tasks failed", "partition", p, "err", err)
+		return
+	}
+	if err := n.store.DeleteTasks(p, cmd.IDs); err != nil {
+		n.cfg.Logger.Warn("deleting expired tasks failed", "partition", p, "err", err)
 	}
 }
 

@@ -245,6 +245,35 @@ func TestDelayedAndDependencies(t *testing.T) {
 	}
 }
 
+func TestRetentionDeletesTerminalTasks(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	ctx := context.Background()
+	done := h.enqueue(&nornv1.TaskSpec{Queue: "q"})
+	c := h.claim("q", 1, time.Minute)
+	if _, err := h.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: done, ClaimId: c[0].ClaimId})); err != nil {
+		t.Fatal(err)
+	}
+	h.clock.advance(24 * time.Hour)
+	cancelled := h.enqueue(&nornv1.TaskSpec{Queue: "q"})
+	if _, err := h.api.Cancel(ctx, connect.NewRequest(&nornv1.CancelRequest{Id: cancelled})); err != nil {
+		t.Fatal(err)
+	}
+	live := h.enqueue(&nornv1.TaskSpec{Queue: "q"})
+	h.clock.advance(6*24*time.Hour + time.Minute) // the first is past 7 days, the second not
+	h.node.monitorOnce()
+	_, err := h.api.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: done}))
+	wantCode(t, err, connect.CodeNotFound)
+	if rec, err := h.node.store.ClaimFSMRecord(h.node.partition(done), done); err == nil {
+		t.Fatalf("claim record of a deleted task left: %x", rec)
+	}
+	if got := h.get(cancelled); got.Status != nornv1.TaskStatus_TASK_STATUS_CANCELLED {
+		t.Fatalf("task within retention: %v", got.Status)
+	}
+	if got := h.get(live); got.Status != nornv1.TaskStatus_TASK_STATUS_READY {
+		t.Fatalf("live task: %v", got.Status)
+	}
+}
+
 func TestFailedDependencyAbortsDependant(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil)
 	ctx := context.Background()

@@ -53,6 +53,7 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.DefaultLease, "default-lease", 30*time.Second, "lease of a claim or renew that names none")
 	fs.DurationVar(&cfg.MaxLease, "max-lease", time.Hour, "longest lease a claim or renew may ask for")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", time.Minute, "longest long poll of a claim")
+	fs.DurationVar(&cfg.Retention, "retention", 7*24*time.Hour, "how long a completed, aborted or cancelled task is kept")
 	fs.IntVar(&cfg.Limits.MaxPayloadBytes, "max-payload-bytes", 1<<20, "largest payload, result or update data")
 	fs.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", 4<<20, "largest request body")
 	fs.DurationVar(&cfg.MonitorInterval, "monitor-interval", 250*time.Millisecond, "how often the leader looks for expired claims and due delayed tasks")
