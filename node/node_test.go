@@ -43,24 +43,29 @@ func (c *fakeClock) advance(d time.Duration) {
 // harness is one node on a real data dir, served over real HTTP/2 on
 // 127.0.0.1, with a connect client.
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	dir   string
 	clock *fakeClock
 	node  *Node
 	srv   *httptest.Server
 	api   nornv1connect.TaskServiceClient
 	admin nornv1connect.AdminServiceClient
+	hc    *http.Client // HTTP/2 (h2c) client of srv
 }
 
 const testSkew = 2 * time.Second
 
-func newHarness(t *testing.T, dir string, clock *fakeClock) *harness {
+func newHarness(t testing.TB, dir string, clock *fakeClock) *harness {
 	t.Helper()
 	if clock == nil {
 		clock = &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	}
+	partitions := 8
+	if _, bench := t.(*testing.B); bench {
+		partitions = 64 // the production default
+	}
 	n, err := New(Config{
-		DataDir: dir, Partitions: 8, Clock: clock,
+		DataDir: dir, Partitions: partitions, Clock: clock,
 		SkewBuffer: testSkew, LeaseGrace: 5 * time.Second,
 		MonitorInterval: time.Hour, // tests run monitor passes themselves
 		RaftTimeout:     50 * time.Millisecond,
@@ -74,10 +79,16 @@ func newHarness(t *testing.T, dir string, clock *fakeClock) *harness {
 		t.Fatal(err)
 	}
 	srv := httptest.NewUnstartedServer(n.Handler())
-	srv.EnableHTTP2 = true
+	srv.Config.Protocols = new(http.Protocols) // as nornd serves: HTTP/1.1 and h2c
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
 	srv.Start()
 	h := &harness{t: t, dir: dir, clock: clock, node: n, srv: srv}
-	hc := srv.Client()
+	// HTTP/2 with prior knowledge (h2c), as the client library speaks it.
+	proto := new(http.Protocols)
+	proto.SetUnencryptedHTTP2(true)
+	hc := &http.Client{Transport: &http.Transport{Protocols: proto}}
+	h.hc = hc
 	h.api = nornv1connect.NewTaskServiceClient(hc, srv.URL, connect.WithGRPC())
 	h.admin = nornv1connect.NewAdminServiceClient(hc, srv.URL)
 	n.monitorOnce() // the leaderships' first pass: extend live claims

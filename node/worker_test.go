@@ -19,7 +19,7 @@ import (
 // CANCELLED, and shutdown yields a task still held.
 func TestWorkerLifecycle(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil)
-	c, err := client.New(h.srv.URL, client.WithHTTPClient(h.srv.Client()))
+	c, err := client.New(h.srv.URL, client.WithHTTPClient(h.hc))
 	if err != nil {
 		t.Fatal(err)
 	}
