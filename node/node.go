@@ -42,6 +42,7 @@ type Node struct {
 
 	stop    chan struct{}
 	stopped sync.WaitGroup
+	bg      sync.WaitGroup // background proposals; Close waits for them
 	closeMu sync.Mutex
 	closed  bool
 }
@@ -159,6 +160,16 @@ func (n *Node) WaitReady(timeout time.Duration) error {
 	return nil
 }
 
+// background runs fn on its own goroutine; Close waits for it before it
+// shuts the groups down.
+func (n *Node) background(fn func()) {
+	n.bg.Add(1)
+	go func() {
+		defer n.bg.Done()
+		fn()
+	}()
+}
+
 // StopWaiting makes long-polling claims return now (empty) and new ones
 // not wait, so that a server shutting down can drain its requests.
 func (n *Node) StopWaiting() {
@@ -178,6 +189,7 @@ func (n *Node) Close() error {
 	close(n.stop)
 	n.waiters.closeAll()
 	n.stopped.Wait()
+	n.bg.Wait()
 	errs := n.shutdownGroups()
 	return errors.Join(errs, n.store.Close(), n.lock.release())
 }

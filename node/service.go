@@ -369,12 +369,18 @@ func (n *Node) finish(id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, e
 	// Dependants of this task, in any queue, may be claimable (or doomed)
 	// now: wake every long poll to look again.
 	n.waiters.notifyAll()
-	// End the claim in the FSM. Best effort: if this fails (or the node
-	// dies first), the monitor ends it when the lease runs out.
+	// End the claim in the FSM, in the background: the outcome is decided
+	// (first terminal event wins) and durable already, and every path that
+	// could act on the claim (renew, yield, expiry, the task view) checks the
+	// terminal event first. Concurrent ends share Raft log writes. If this
+	// fails (or the node dies first), the monitor ends the claim when its
+	// lease runs out.
 	cmd := &claims.Command{Op: claims.OpEnd, NowMs: ev.At.WallMs, ID: id, Token: claimID, Reason: endReason(ev.Kind)}
-	if _, err := n.propose(id, cmd); err != nil {
-		n.cfg.Logger.Warn("ending a claim failed", "id", id, "claim", claimID, "err", err)
-	}
+	n.background(func() {
+		if _, err := n.propose(id, cmd); err != nil && !errors.Is(err, claims.ErrTaskTerminal) {
+			n.cfg.Logger.Warn("ending a claim failed", "id", id, "claim", claimID, "err", err)
+		}
+	})
 	return replication, nil
 }
 

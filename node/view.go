@@ -146,8 +146,16 @@ func (n *Node) view(ts *taskState) *nornv1.Task {
 		if ts.claims.Dead && len(v.Errors) == 0 {
 			v.Errors = append(v.Errors, maxClaimsError(ts.claims.MaxClaims))
 		}
+		ev, terminal := t.Terminal()
 		for i := range ts.claims.History {
 			c := &ts.claims.History[i]
+			if c.End == claims.EndNone && terminal {
+				// The terminal event decided; the claim FSM has not
+				// recorded the end yet (it is proposed in the background).
+				ended := *c
+				ended.End, ended.EndedMs = endReason(ev.Kind), ev.At.WallMs
+				c = &ended
+			}
 			ci := &nornv1.ClaimInfo{ClaimId: c.Token, Seq: uint32(c.Seq), Worker: c.Worker,
 				Start: msTime(c.StartMs), Expiry: msTime(c.ExpiryMs),
 				EndReason: nornv1.ClaimEnd(c.End), EndedAt: msTime(c.EndedMs)}
