@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"slices"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -79,19 +80,46 @@ type headEntry struct {
 	storage.ReadyEntry
 }
 
+// claimRounds bounds how often tryClaim picks again when candidates were
+// taken by concurrent claims meanwhile.
+const claimRounds = 3
+
 // tryClaim claims up to limit ready tasks of queue: the best heads (priority,
 // then age) across the partitions this node leads, one Raft entry per
-// partition.
+// partition, proposed concurrently.
 func (n *Node) tryClaim(queue, worker string, lease time.Duration, limit int) ([]*nornv1.ClaimedTask, error) {
+	var out []*nornv1.ClaimedTask
+	for round := 0; round < claimRounds && len(out) < limit; round++ {
+		got, contended, err := n.claimRound(queue, worker, lease, limit-len(out))
+		if err != nil && len(out) == 0 && len(got) == 0 {
+			return nil, err
+		}
+		out = append(out, got...)
+		if !contended {
+			break // nothing more to find
+		}
+	}
+	slices.SortFunc(out, func(a, b *nornv1.ClaimedTask) int {
+		return cmp.Or(cmp.Compare(b.Task.Spec.Priority, a.Task.Spec.Priority), cmp.Compare(a.Task.Id, b.Task.Id))
+	})
+	return out, nil
+}
+
+// claimRound picks up to limit candidates and proposes them. contended
+// reports that some candidates were skipped because a concurrent claim on
+// this node was proposing them, or were refused by the FSM, so another
+// round may find more.
+func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) (out []*nornv1.ClaimedTask, contended bool, err error) {
 	var heads []headEntry
 	for p, g := range n.groups {
 		if !g.IsLeader() {
 			continue
 		}
-		// Read past the limit: heads blocked by dependencies are skipped.
+		// Read past the limit: heads blocked by dependencies or being
+		// claimed concurrently are skipped.
 		h, err := n.store.ReadyHead(uint16(p), queue, 2*limit+8)
 		if err != nil {
-			return nil, apiError(err)
+			return nil, false, apiError(err)
 		}
 		for _, e := range h {
 			heads = append(heads, headEntry{uint16(p), e})
@@ -102,65 +130,117 @@ func (n *Node) tryClaim(queue, worker string, lease time.Duration, limit int) ([
 	})
 	now := n.cfg.Clock.Now().UnixMilli()
 	byPart := map[uint16][]claims.Candidate{}
-	picked := 0
+	var picked []uint64
+	defer func() { n.inflight.release(picked) }()
 	for _, h := range heads {
-		if picked == limit {
+		if len(picked) == limit {
 			break
 		}
-		ts, err := n.load(h.ID)
-		if err != nil {
-			continue // index ahead of the task (claimed elsewhere, dropped)
-		}
-		if _, terminal := ts.task.Terminal(); terminal {
+		if !n.inflight.reserve(h.ID) {
+			contended = true
 			continue
 		}
-		if ts.claims != nil {
-			if _, live := ts.claims.Live(); live || ts.claims.Done() {
-				continue
-			}
+		if c, ok := n.candidate(h.ID, now); ok {
+			byPart[h.p] = append(byPart[h.p], c)
+			picked = append(picked, h.ID)
+		} else {
+			n.inflight.release([]uint64{h.ID})
 		}
-		spec := ts.task.Spec
-		if spec.NotBeforeMs > now {
-			continue
-		}
-		if len(spec.DependsOn) > 0 {
-			done, failed := n.depsState(spec.DependsOn)
-			if failed != 0 {
-				n.abortTask(ts, dependencyFailedError(failed))
-			}
-			if !done {
-				continue
-			}
-		}
-		byPart[h.p] = append(byPart[h.p], claims.Candidate{ID: h.ID, NotBeforeMs: spec.NotBeforeMs, MaxClaims: spec.MaxClaims})
-		picked++
 	}
-	var out []*nornv1.ClaimedTask
+	type result struct {
+		outs []claims.Outcome
+		err  error
+	}
+	results := make(chan result, len(byPart))
 	for p, cands := range byPart {
 		cmd := &claims.Command{Op: claims.OpClaim, NowMs: now, Worker: worker, LeaseMs: lease.Milliseconds(), Candidates: cands}
-		outs, err := n.groups[p].Propose(cmd, proposeTimeout)
-		if err != nil {
-			if len(out) > 0 {
-				break // return what was granted; the rest stays ready
-			}
-			return nil, apiError(err)
+		go func() {
+			outs, err := n.groups[p].Propose(cmd, proposeTimeout)
+			results <- result{outs, err}
+		}()
+	}
+	for range byPart {
+		r := <-results
+		if r.err != nil {
+			err = apiError(r.err) // the rest stays ready
+			continue
 		}
-		for _, o := range outs {
+		for _, o := range r.outs {
 			if o.Err != nil {
+				contended = true
 				continue
 			}
-			ts, err := n.load(o.ID)
-			if err != nil {
-				return nil, apiError(err)
+			ts, lerr := n.load(o.ID)
+			if lerr != nil {
+				err = apiError(lerr)
+				continue
 			}
 			out = append(out, &nornv1.ClaimedTask{Task: n.view(ts), ClaimId: o.Claim.Token,
 				Expiry: timestamppb.New(time.UnixMilli(o.Claim.ExpiryMs))})
 		}
 	}
-	slices.SortFunc(out, func(a, b *nornv1.ClaimedTask) int {
-		return cmp.Or(cmp.Compare(b.Task.Spec.Priority, a.Task.Spec.Priority), cmp.Compare(a.Task.Id, b.Task.Id))
-	})
-	return out, nil
+	return out, contended, err
+}
+
+// candidate checks a ready-index head before it is proposed: not
+// terminal, no live claim, its time has come and its dependencies are
+// completed. A dependant of a failed dependency is aborted here.
+func (n *Node) candidate(id uint64, nowMs int64) (claims.Candidate, bool) {
+	ts, err := n.load(id)
+	if err != nil {
+		return claims.Candidate{}, false // index ahead of the task
+	}
+	if _, terminal := ts.task.Terminal(); terminal {
+		return claims.Candidate{}, false
+	}
+	if ts.claims != nil {
+		if _, live := ts.claims.Live(); live || ts.claims.Done() {
+			return claims.Candidate{}, false
+		}
+	}
+	spec := ts.task.Spec
+	if spec.NotBeforeMs > nowMs {
+		return claims.Candidate{}, false
+	}
+	if len(spec.DependsOn) > 0 {
+		done, failed := n.depsState(spec.DependsOn)
+		if failed != 0 {
+			n.abortTask(ts, dependencyFailedError(failed))
+		}
+		if !done {
+			return claims.Candidate{}, false
+		}
+	}
+	return claims.Candidate{ID: id, NotBeforeMs: spec.NotBeforeMs, MaxClaims: spec.MaxClaims}, true
+}
+
+// inflightSet holds the ids this node's claims are proposing right now, so
+// that concurrent claims pick different tasks instead of racing for the
+// same heads (the FSM would refuse all but one).
+type inflightSet struct {
+	mu  sync.Mutex
+	ids map[uint64]struct{}
+}
+
+func (s *inflightSet) reserve(id uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids == nil {
+		s.ids = map[uint64]struct{}{}
+	}
+	if _, busy := s.ids[id]; busy {
+		return false
+	}
+	s.ids[id] = struct{}{}
+	return true
+}
+
+func (s *inflightSet) release(ids []uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		delete(s.ids, id)
+	}
 }
 
 // Listing bounds.

@@ -32,6 +32,7 @@ type Node struct {
 	start  time.Time
 
 	waiters  queueWaiters
+	inflight inflightSet   // tasks being claimed now
 	draining chan struct{} // closed by StopWaiting
 	drainMu  sync.Once
 

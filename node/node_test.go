@@ -394,6 +394,52 @@ func TestYieldAndAbort(t *testing.T) {
 	}
 }
 
+// TestConcurrentClaimsAreExclusive drains a queue with concurrent claimers:
+// every task is granted exactly once.
+func TestConcurrentClaimsAreExclusive(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	const tasks = 300
+	specs := make([]*nornv1.TaskSpec, tasks)
+	for i := range specs {
+		specs[i] = &nornv1.TaskSpec{Queue: "q", Priority: int32(i % 4)}
+	}
+	if _, err := h.api.EnqueueBatch(context.Background(), connect.NewRequest(&nornv1.EnqueueBatchRequest{Tasks: specs})); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	granted := map[uint64]int{}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				r, err := h.api.Claim(context.Background(), connect.NewRequest(&nornv1.ClaimRequest{
+					Queue: "q", Worker: "w", Max: 7, Lease: durationpb.New(time.Minute)}))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(r.Msg.Tasks) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, c := range r.Msg.Tasks {
+					granted[c.Task.Id]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(granted) != tasks {
+		t.Fatalf("%d tasks claimed, want %d", len(granted), tasks)
+	}
+	for id, n := range granted {
+		if n != 1 {
+			t.Fatalf("task %d granted %d times", id, n)
+		}
+	}
+}
+
 func TestLongPollWakesOnEnqueue(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil)
 	got := make(chan []*nornv1.ClaimedTask, 1)
