@@ -16,6 +16,7 @@ all: build
 build:
 	$(GO) build ./...
 	$(GO) build -o $(BIN)/nornd ./cmd/nornd
+	$(GO) build -o $(BIN)/nornctl ./cmd/nornctl
 
 test: test-core test-rest
 

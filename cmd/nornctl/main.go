@@ -1,0 +1,279 @@
+// Command nornctl is the command-line client of Norn: it enqueues, reads,
+// claims and settles tasks, reports a node's status, and generates load
+// (bench). It talks to one node over the Go client library (package client),
+// so it retries what the library retries and nothing else.
+//
+//	nornctl [global flags] <command> [flags] [args]
+//
+//	nornctl enqueue emails 'hello' --priority 5      # prints the task id
+//	nornctl claim emails --max 10 --lease 1m -o json # scripts parse claimId
+//	nornctl complete <id> <claim-id> --result done
+//	nornctl get <id>                                  # the task and its history
+//	nornctl status                                    # the node and its partitions
+//	nornctl bench                                     # enqueue, then claim+complete, 50,000 tasks
+//
+// The node is --addr, else the environment variable NORN_ADDR, else
+// 127.0.0.1:7400. Output is a human-readable table unless -o json, which
+// prints the response message as protojson, one document per command (bench
+// prints its own JSON summary). Global flags may also follow the command.
+//
+// Exit status: 0 on success, 2 on a usage error (with the usage text on
+// standard error), 1 on any other error, which is printed on standard error
+// as "nornctl: <message>" (with the server's code, for example NOT_FOUND).
+//
+// Files: main.go (dispatch, global flags, errors), commands.go (one function
+// per command), args.go (parsing of flag values and positional arguments),
+// output.go (tables and JSON), bench.go (the load generator).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/norn-dev/norn/client"
+)
+
+// defaultAddr is the node address when neither --addr nor NORN_ADDR is set.
+const defaultAddr = "127.0.0.1:7400"
+
+// addrEnv names the environment variable that overrides defaultAddr.
+const addrEnv = "NORN_ADDR"
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// globals are the flags every command accepts, before or after its name.
+type globals struct {
+	addr    string        // node address, host:port or a URL
+	output  string        // "table" or "json"
+	timeout time.Duration // per call, retries included; 0: none
+}
+
+// register adds the global flags to fs, with the current values as defaults.
+func (g *globals) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.addr, "addr", g.addr, "node address, host:port or http(s)://host:port (env "+addrEnv+")")
+	fs.StringVar(&g.output, "o", g.output, "output format: table or json")
+	fs.DurationVar(&g.timeout, "timeout", g.timeout, "deadline of each call, retries included (0: none)")
+}
+
+// env is what a command runs with: its streams, the global flags and a
+// client made on first use.
+type env struct {
+	ctx    context.Context
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	g      globals
+	c      *client.Client
+}
+
+// client returns the client of the node at --addr, made on first use.
+func (e *env) client(opts ...client.Option) (*client.Client, error) {
+	if e.c != nil {
+		return e.c, nil
+	}
+	c, err := client.New(e.g.addr, append([]client.Option{client.WithTimeout(e.g.timeout)}, opts...)...)
+	if err != nil {
+		return nil, err
+	}
+	e.c = c
+	return c, nil
+}
+
+// json reports whether -o json was given.
+func (e *env) json() bool { return e.g.output == "json" }
+
+// command is one nornctl subcommand.
+type command struct {
+	name    string
+	args    string // positional arguments, for the usage line
+	summary string // one line, for `nornctl help`
+	help    string // more, for `nornctl <command> -h`; may be empty
+	run     func(e *env, cmd *command, args []string) error
+}
+
+// commands lists the subcommands in the order `nornctl help` shows them.
+// Their help texts are in commands.go and bench.go.
+var commands = []*command{
+	{name: "enqueue", args: "<queue> [payload]", summary: "store a new task and print its id", help: enqueueHelp, run: runEnqueue},
+	{name: "get", args: "<id>", summary: "show a task with its claims, updates and errors", run: runGet},
+	{name: "list", summary: "list tasks, filtered by queue and status", help: listHelp, run: runList},
+	{name: "count", summary: "count tasks by status", run: runCount},
+	{name: "claim", args: "<queue>", summary: "lease up to --max tasks of a queue", help: claimHelp, run: runClaim},
+	{name: "renew", args: "<id> <claim-id>", summary: "extend a claim's lease", run: runRenew},
+	{name: "update", args: "<id> <claim-id>", summary: "report progress under a claim", help: updateHelp, run: runUpdate},
+	{name: "complete", args: "<id> <claim-id>", summary: "end a claim and its task as COMPLETED", run: runComplete},
+	{name: "abort", args: "<id> <claim-id>", summary: "end a claim and its task as ABORTED", run: runAbort},
+	{name: "yield", args: "<id> <claim-id>", summary: "give a claimed task back (READY again)", run: runYield},
+	{name: "cancel", args: "<id>", summary: "end a task as CANCELLED", run: runCancel},
+	{name: "status", summary: "show the node and its partitions", run: runStatus},
+	{name: "bench", summary: "generate load: enqueue, then claim+complete, and report rates and latencies", help: benchHelp, run: runBench},
+}
+
+func lookup(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// usageError is a bad command line: main prints it with the usage text of
+// cmd (nil: the top level) and exits 2.
+type usageError struct {
+	cmd *command
+	msg string
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(cmd *command, format string, args ...any) error {
+	return &usageError{cmd: cmd, msg: fmt.Sprintf(format, args...)}
+}
+
+// run is main without the process: it returns the exit code.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr,
+		g: globals{addr: defaultAddr, output: "table", timeout: client.DefaultTimeout}}
+	if a := getenv(addrEnv); a != "" {
+		e.g.addr = a
+	}
+	fs := flag.NewFlagSet("nornctl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	e.g.register(fs)
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		printUsage(stdout, fs)
+		return exitOK
+	case err != nil:
+		fmt.Fprintf(stderr, "nornctl: %v\n", err)
+		printUsage(stderr, fs)
+		return exitUsage
+	case fs.NArg() == 0:
+		fmt.Fprintln(stderr, "nornctl: no command")
+		printUsage(stderr, fs)
+		return exitUsage
+	}
+	name, rest := fs.Arg(0), fs.Args()[1:]
+	if name == "help" {
+		return runHelp(e, fs, rest)
+	}
+	cmd := lookup(name)
+	if cmd == nil {
+		fmt.Fprintf(stderr, "nornctl: unknown command %q\n", name)
+		printUsage(stderr, fs)
+		return exitUsage
+	}
+	err = cmd.run(e, cmd, rest)
+	if e.c != nil {
+		if cerr := e.c.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}
+	return report(e, cmd, err)
+}
+
+// runHelp serves `nornctl help [command]`.
+func runHelp(e *env, fs *flag.FlagSet, args []string) int {
+	if len(args) == 0 {
+		printUsage(e.stdout, fs)
+		return exitOK
+	}
+	cmd := lookup(args[0])
+	if cmd == nil {
+		fmt.Fprintf(e.stderr, "nornctl: unknown command %q\n", args[0])
+		printUsage(e.stderr, fs)
+		return exitUsage
+	}
+	return report(e, cmd, cmd.run(e, cmd, []string{"-h"}))
+}
+
+// report prints err (if any) and returns the exit code for it.
+func report(e *env, cmd *command, err error) int {
+	var ue *usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK // the usage went to stdout
+	case errors.As(err, &ue):
+		fmt.Fprintf(e.stderr, "nornctl: %s: %s\n", cmd.name, ue.msg)
+		if ue.cmd != nil {
+			fmt.Fprintf(e.stderr, "usage: nornctl %s\nRun 'nornctl %s -h' for its flags.\n", usageLine(ue.cmd), ue.cmd.name)
+		}
+		return exitUsage
+	default:
+		fmt.Fprintf(e.stderr, "nornctl: %s: %s\n", cmd.name, errorMessage(err))
+		return exitError
+	}
+}
+
+// errorMessage renders an error of the client as "CODE: message", the code
+// spelled as in docs/API.md; other errors as they are.
+func errorMessage(err error) string {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return err.Error()
+	}
+	code := strings.ToUpper(ce.Code().String())
+	msg := ce.Message()
+	if msg == "" {
+		return code
+	}
+	return code + ": " + msg
+}
+
+func usageLine(cmd *command) string {
+	s := cmd.name + " [flags]"
+	if cmd.args != "" {
+		s += " " + cmd.args
+	}
+	return s
+}
+
+// printUsage prints the top-level usage: commands and global flags.
+func printUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "nornctl is the command-line client of a Norn node.\n\n")
+	fmt.Fprintf(w, "usage: nornctl [global flags] <command> [flags] [args]\n\ncommands:\n")
+	width := len("help")
+	for _, c := range commands {
+		width = max(width, len(c.name))
+	}
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, c.name, c.summary)
+	}
+	fmt.Fprintf(w, "  %-*s  %s\n", width, "help", "show this text, or a command's usage: help <command>")
+	fmt.Fprintf(w, "\nglobal flags (also accepted after the command):\n")
+	printFlags(w, fs)
+	fmt.Fprintf(w, "\nRun 'nornctl <command> -h' for a command's flags.\n")
+}
+
+// printFlags is flag.PrintDefaults to w.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}

@@ -1,0 +1,303 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+)
+
+// The binaries built for these tests: a real nornd, and nornctl itself,
+// run as subprocesses the way a user runs them.
+var norndBin, nornctlBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "nornctl-test")
+	if err != nil {
+		panic(err)
+	}
+	norndBin = filepath.Join(dir, "nornd")
+	nornctlBin = filepath.Join(dir, "nornctl")
+	for bin, pkg := range map[string]string{norndBin: "../nornd", nornctlBin: "."} {
+		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+			panic(fmt.Sprintf("go build %s: %v\n%s", pkg, err, out))
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// startNornd starts a nornd with 8 partitions on a free port of 127.0.0.1
+// in a temporary data dir, waits until /healthz answers 200, and kills it
+// (by its pid) when the test ends. It returns the node's address.
+func startNornd(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(norndBin, "-data-dir", t.TempDir(), "-listen", addr, "-partitions", "8",
+		"-raft-timeout", "100ms", "-log-level", "warn")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return addr
+			}
+		}
+		select {
+		case <-exited:
+			t.Fatalf("nornd exited before it was ready")
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nornd did not become ready: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// result is one nornctl run.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// nornctl runs the nornctl binary with args against the node at addr
+// (through NORN_ADDR; "" leaves it unset) and stdin, and returns what it
+// printed and its exit code.
+func nornctl(t *testing.T, addr, stdin string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, nornctlBin, args...)
+	cmd.Env = append(os.Environ(), addrEnv+"="+addr)
+	cmd.Stdin = strings.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := result{stdout: stdout.String(), stderr: stderr.String()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		r.code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("nornctl %s: %v", strings.Join(args, " "), err)
+	}
+	return r
+}
+
+// ok runs nornctl and fails the test unless it exits 0; it returns stdout.
+func ok(t *testing.T, addr string, args ...string) string {
+	t.Helper()
+	r := nornctl(t, addr, "", args...)
+	if r.code != 0 {
+		t.Fatalf("nornctl %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+// okJSON runs nornctl with -o json and decodes its output into m.
+func okJSON(t *testing.T, addr string, m proto.Message, args ...string) {
+	t.Helper()
+	out := ok(t, addr, append([]string{"-o", "json"}, args...)...)
+	if err := protojson.Unmarshal([]byte(out), m); err != nil {
+		t.Fatalf("nornctl %s: output is not a %T: %v\n%s", strings.Join(args, " "), m, err, out)
+	}
+}
+
+func mustContain(t *testing.T, what, got string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(got, w) {
+			t.Errorf("%s does not contain %q:\n%s", what, w, got)
+		}
+	}
+}
+
+// TestLifecycle walks one task through its life with nornctl: enqueue, get,
+// claim, update, renew, complete, get; then count, list and status.
+func TestLifecycle(t *testing.T) {
+	addr := startNornd(t)
+
+	out := ok(t, addr, "enqueue", "emails", "hello", "--priority", "5")
+	id, err := strconv.ParseUint(strings.TrimSpace(out), 10, 64)
+	if err != nil {
+		t.Fatalf("enqueue printed %q, want an id", out)
+	}
+	ids := strconv.FormatUint(id, 10)
+	mustContain(t, "get", ok(t, addr, "get", ids), "emails", "READY", `"hello"`)
+
+	var claimed nornv1.ClaimResponse
+	okJSON(t, addr, &claimed, "claim", "emails", "--worker", "test-worker", "--lease", "30s", "--max", "5")
+	if len(claimed.GetTasks()) != 1 || claimed.GetTasks()[0].GetTask().GetId() != id {
+		t.Fatalf("claim got %v, want task %d", claimed.GetTasks(), id)
+	}
+	claimID := strconv.FormatUint(claimed.GetTasks()[0].GetClaimId(), 10)
+
+	// Global flags may come before or after the command.
+	ok(t, "", "--addr", addr, "update", ids, claimID, "--seq", "1", "--progress", "0.5", "--message", "half way")
+	var renewed nornv1.RenewResponse
+	okJSON(t, addr, &renewed, "renew", ids, claimID, "--lease", "1m")
+	if time.Until(renewed.GetExpiry().AsTime()) < 50*time.Second {
+		t.Errorf("renew --lease 1m: expiry %v is less than 50s away", renewed.GetExpiry().AsTime())
+	}
+	ok(t, "", "complete", ids, claimID, "--result", "done", "--addr", addr)
+
+	get := ok(t, addr, "get", ids)
+	mustContain(t, "get after complete", get, "COMPLETED", "test-worker", "half way", `"done"`)
+	var task nornv1.GetTaskResponse
+	okJSON(t, addr, &task, "get", ids)
+	if s := task.GetTask().GetStatus(); s != nornv1.TaskStatus_TASK_STATUS_COMPLETED {
+		t.Errorf("get -o json: status %v, want COMPLETED", s)
+	}
+
+	// A second task, its payload from stdin, stays READY.
+	r := nornctl(t, addr, "from stdin", "enqueue", "emails", "--payload-file", "-")
+	if r.code != 0 {
+		t.Fatalf("enqueue --payload-file -: exit %d: %s", r.code, r.stderr)
+	}
+
+	var count nornv1.CountTasksResponse
+	okJSON(t, addr, &count, "count", "--queue", "emails")
+	if count.GetTotal() != 2 || count.GetByStatus()["COMPLETED"] != 1 || count.GetByStatus()["READY"] != 1 {
+		t.Errorf("count: %v, want 2 tasks: 1 COMPLETED, 1 READY", &count)
+	}
+	mustContain(t, "count", ok(t, addr, "count"), "COMPLETED  1", "READY      1", "TOTAL      2")
+
+	mustContain(t, "list", ok(t, addr, "list", "--queue", "emails"), ids, "COMPLETED", "READY", `"from stdin"`)
+	var list nornv1.ListTasksResponse
+	okJSON(t, addr, &list, "list", "--status", "completed", "--all")
+	if len(list.GetTasks()) != 1 || list.GetTasks()[0].GetId() != id {
+		t.Errorf("list --status completed: %v, want task %d only", list.GetTasks(), id)
+	}
+
+	st := ok(t, addr, "status")
+	mustContain(t, "status", st, "NODE:", "n1", "UPTIME:", "PARTITION", "LEADER", "Leader")
+	var status nornv1.StatusResponse
+	okJSON(t, addr, &status, "status")
+	if len(status.GetPartitions()) != 8 {
+		t.Errorf("status: %d partitions, want 8", len(status.GetPartitions()))
+	}
+}
+
+// TestErrors checks the exit codes and messages of failures: the server's
+// (exit 1, its code in the message) and the command line's (exit 2, with
+// the usage).
+func TestErrors(t *testing.T) {
+	addr := startNornd(t)
+
+	r := nornctl(t, addr, "", "cancel", "12345")
+	if r.code != 1 || !strings.HasPrefix(r.stderr, "nornctl: ") || !strings.Contains(r.stderr, "NOT_FOUND") {
+		t.Errorf("cancel of an unknown id: exit %d, stderr %q; want exit 1 and a NOT_FOUND message", r.code, r.stderr)
+	}
+	r = nornctl(t, addr, "", "complete", "12345", "7")
+	if r.code != 1 || !strings.Contains(r.stderr, "NOT_FOUND") {
+		t.Errorf("complete of an unknown id: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = nornctl(t, addr, "", "enqueue", "bad queue!")
+	if r.code != 1 || !strings.Contains(r.stderr, "INVALID_ARGUMENT") {
+		t.Errorf("enqueue to an invalid queue: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	usage := []struct {
+		name string
+		args []string
+	}{
+		{"no command", nil},
+		{"unknown command", []string{"frobnicate"}},
+		{"unknown global flag", []string{"--nope", "status"}},
+		{"missing id", []string{"get"}},
+		{"extra argument", []string{"get", "1", "2"}},
+		{"bad id", []string{"get", "x1"}},
+		{"zero id", []string{"cancel", "0"}},
+		{"unknown flag", []string{"claim", "q", "--frob"}},
+		{"bad output", []string{"-o", "yaml", "status"}},
+		{"bad status", []string{"list", "--status", "SLEEPING"}},
+		{"bad not-before", []string{"enqueue", "q", "--not-before", "tomorrow"}},
+		{"payload twice", []string{"enqueue", "q", "x", "--payload-file", "-"}},
+		{"abort without code", []string{"abort", "1", "2"}},
+		{"seq 0", []string{"update", "1", "2", "--seq", "0"}},
+		{"bad workload", []string{"bench", "--workload", "sleep"}},
+	}
+	for _, tc := range usage {
+		r := nornctl(t, addr, "", tc.args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "usage:") {
+			t.Errorf("%s (%q): exit %d, stderr %q; want exit 2 with the usage", tc.name, tc.args, r.code, r.stderr)
+		}
+	}
+
+	// Help goes to stdout and succeeds.
+	for _, args := range [][]string{{"help"}, {"-h"}, {"help", "enqueue"}, {"enqueue", "-h"}, {"bench", "--help"}} {
+		r := nornctl(t, addr, "", args...)
+		if r.code != 0 || !strings.Contains(r.stdout, "usage: nornctl") {
+			t.Errorf("nornctl %q: exit %d, stdout %q", args, r.code, r.stdout)
+		}
+	}
+	mustContain(t, "enqueue -h", nornctl(t, addr, "", "enqueue", "-h").stdout, "-priority", "-not-before", "-depends-on", "-addr")
+}
+
+// TestBench runs a small bench end to end and checks its JSON summary: every
+// task enqueued and completed, and the counts verified.
+func TestBench(t *testing.T) {
+	addr := startNornd(t)
+	out := ok(t, addr, "bench", "--count", "2000", "--concurrency", "32", "--workers", "4", "-o", "json")
+	var rep benchReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("bench -o json: %v\n%s", err, out)
+	}
+	if !rep.OK || rep.Enqueue == nil || rep.ClaimComplete == nil {
+		t.Fatalf("bench: %s", out)
+	}
+	if rep.Enqueue.Tasks != 2000 || rep.ClaimComplete.Tasks != 2000 || rep.Enqueue.Errors+rep.ClaimComplete.Errors != 0 {
+		t.Errorf("bench: enqueued %d and completed %d of 2000, %d errors", rep.Enqueue.Tasks, rep.ClaimComplete.Tasks,
+			rep.Enqueue.Errors+rep.ClaimComplete.Errors)
+	}
+	if len(rep.Checks) != 2 {
+		t.Errorf("bench: %d checks, want 2", len(rep.Checks))
+	}
+	for _, c := range rep.Checks {
+		if !c.OK || c.Got != 2000 {
+			t.Errorf("bench check %q: got %d, want 2000", c.What, c.Got)
+		}
+	}
+	lat := rep.ClaimComplete.Calls
+	if len(lat) != 2 || lat[1].Name != "complete" || lat[1].Calls != 2000 || lat[1].LatencyMs.P50 <= 0 {
+		t.Errorf("bench: claim-complete calls %+v, want claim and 2000 completes with latencies", lat)
+	}
+
+	// The table form reports the check too.
+	table := ok(t, addr, "bench", "--count", "200", "--concurrency", "8", "--workers", "2")
+	mustContain(t, "bench table", table, "enqueue", "claim+complete", "complete", "P99",
+		"COMPLETED tasks after claim-complete: 200, want 200: ok")
+}
