@@ -69,6 +69,7 @@ fuzz:
 # One node for quick trials: API on 127.0.0.1:7400, data under ./data.
 run:
 	$(GO) build -o $(BIN)/nornd ./cmd/nornd
+	$(GO) build -o $(BIN)/nornctl ./cmd/nornctl
 	$(BIN)/nornd --data-dir ./data --listen 127.0.0.1:7400
 
 cluster:
