@@ -28,7 +28,9 @@ bench is a load generator. It runs up to two phases against one queue
                   (--batch-linger, --batch-max; --batch-linger 0 sends
                   every Enqueue on its own).
   claim-complete  --workers workers each claim up to --claim-max tasks in
-                  one Claim and Complete them one after the other, until
+                  one Claim and Complete them one after the other (or with
+                  --pipeline Complete calls in flight, like a worker
+                  process running several handlers at once), until
                   --count tasks are completed or nothing is claimable for
                   --claim-wait. A worker never claims more than the tasks
                   still to do, so it leaves no task claimed behind.
@@ -55,6 +57,7 @@ type benchConfig struct {
 	Count       int           // tasks per phase
 	Concurrency int           // enqueue calls in flight
 	Workers     int           // claim-complete workers
+	Pipeline    int           // Complete calls in flight per worker
 	ClaimMax    int           // tasks per Claim
 	PayloadSize int           // bytes per task
 	Queue       string        // the queue
@@ -75,6 +78,7 @@ func runBench(e *env, cmd *command, args []string) error {
 	fs.IntVar(&cfg.Concurrency, "concurrency", 256, "enqueue calls in flight")
 	fs.IntVar(&cfg.Workers, "workers", 8, "claim-complete workers")
 	fs.IntVar(&cfg.ClaimMax, "claim-max", 16, "most tasks a worker claims at once, 1 to 1000")
+	fs.IntVar(&cfg.Pipeline, "pipeline", 1, "Complete calls a worker has in flight for the tasks of one claim (1: one after the other)")
 	fs.IntVar(&cfg.PayloadSize, "payload-size", 64, "payload bytes per task")
 	fs.StringVar(&cfg.Queue, "queue", "", "queue to use (default: a fresh bench-<time>; required for --workload claim-complete)")
 	fs.DurationVar(&cfg.BatchLinger, "batch-linger", time.Millisecond, "client enqueue coalescing: longest wait for a batch to fill (0: off)")
@@ -138,6 +142,8 @@ func (cfg *benchConfig) validate() error {
 		return fmt.Errorf("--workers %d: want at least 1", cfg.Workers)
 	case cfg.ClaimMax < 1 || cfg.ClaimMax > 1000:
 		return fmt.Errorf("--claim-max %d: want 1 to 1000", cfg.ClaimMax)
+	case cfg.Pipeline < 1:
+		return fmt.Errorf("--pipeline %d: want at least 1", cfg.Pipeline)
 	case cfg.PayloadSize < 0:
 		return fmt.Errorf("--payload-size %d: negative", cfg.PayloadSize)
 	case cfg.BatchLinger < 0:
@@ -466,17 +472,29 @@ func (b *bench) claimComplete(ctx context.Context, target int64) *phaseReport {
 					return // nothing claimable for ClaimWait
 				}
 				claimLat = append(claimLat, d)
+				// Complete the claimed tasks with up to --pipeline calls in
+				// flight (1: one after the other).
+				var mu sync.Mutex
+				var cw sync.WaitGroup
+				slots := make(chan struct{}, b.cfg.Pipeline)
 				for _, t := range tasks {
-					t0 := time.Now()
-					if err := b.c.Complete(ctx, t.GetTask().GetId(), t.GetClaimId(), nil); err != nil {
-						if ctx.Err() == nil {
-							p.fail(err)
+					slots <- struct{}{}
+					cw.Go(func() {
+						defer func() { <-slots }()
+						t0 := time.Now()
+						if err := b.c.Complete(ctx, t.GetTask().GetId(), t.GetClaimId(), nil); err != nil {
+							if ctx.Err() == nil {
+								p.fail(err)
+							}
+							return
 						}
-						continue
-					}
-					completeLat = append(completeLat, time.Since(t0))
-					completed.Add(1)
+						mu.Lock()
+						completeLat = append(completeLat, time.Since(t0))
+						mu.Unlock()
+						completed.Add(1)
+					})
 				}
+				cw.Wait()
 			}
 		})
 	}
