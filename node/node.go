@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -32,9 +33,11 @@ type Node struct {
 	start  time.Time
 
 	waiters  queueWaiters
-	inflight inflightSet   // tasks being claimed now
-	draining chan struct{} // closed by StopWaiting
-	drainMu  sync.Once
+	inflight inflightSet // tasks being claimed now
+
+	specConflicts atomic.Uint64 // merges that met two specs for one id
+	draining      chan struct{} // closed by StopWaiting
+	drainMu       sync.Once
 
 	// monitorMu serializes monitor passes; extended[p] records that the
 	// current leadership of p has extended the live claims.

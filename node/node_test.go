@@ -587,6 +587,11 @@ func TestBadInputs(t *testing.T) {
 			_, err := h.api.Update(ctx, connect.NewRequest(&nornv1.UpdateRequest{Id: id, ClaimId: c[0].ClaimId, Seq: 1, Progress: 2}))
 			return err
 		}, connect.CodeInvalidArgument, "progress"},
+		{"repeated id in a batch", func() error {
+			_, err := h.api.EnqueueBatch(ctx, connect.NewRequest(&nornv1.EnqueueBatchRequest{
+				Tasks: []*nornv1.TaskSpec{{Queue: "q"}, {Queue: "r"}}, Ids: []uint64{777, 777}}))
+			return err
+		}, connect.CodeInvalidArgument, "ids[1]"},
 		{"different spec for an id", func() error {
 			_, err := h.api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Id: id, Task: &nornv1.TaskSpec{Queue: "other"}}))
 			return err

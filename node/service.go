@@ -104,8 +104,17 @@ func (n *Node) merge(tasks []*crdt.Task) error {
 	for i, t := range tasks {
 		items[i] = storage.MergeItem{Partition: n.partition(t.ID), Task: t}
 	}
-	if _, err := n.store.MergeTasks(items); err != nil {
+	res, err := n.store.MergeTasks(items)
+	if err != nil {
 		return apiError(err)
+	}
+	for _, r := range res {
+		if r.SpecConflict {
+			// Two different specs for one id: corruption, or an id reused.
+			// Resolved deterministically (lowest digest wins); never silent.
+			n.specConflicts.Add(1)
+			n.cfg.Logger.Error("task spec conflict resolved", "id", r.ID)
+		}
 	}
 	for _, t := range tasks {
 		if t.Spec != nil {
@@ -149,6 +158,13 @@ func (s taskService) EnqueueBatch(_ context.Context, req *connect.Request[nornv1
 	}
 	if len(m.GetIds()) != 0 && len(m.GetIds()) != len(m.GetTasks()) {
 		return nil, invalid("ids", "must be empty or one per task (%d), got %d", len(m.GetTasks()), len(m.GetIds()))
+	}
+	seen := make(map[uint64]int, len(m.GetIds()))
+	for i, id := range m.GetIds() {
+		if j, dup := seen[id]; dup && id != 0 {
+			return nil, invalid(fmt.Sprintf("ids[%d]", i), "repeats ids[%d]", j)
+		}
+		seen[id] = i
 	}
 	ids := make([]uint64, len(m.GetTasks()))
 	var writes []*crdt.Task
