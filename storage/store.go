@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/norn-dev/norn/crdt"
@@ -84,6 +85,13 @@ func Open(cfg Config) (*Store, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = quietLogger{}
+	}
+	// Bloom filters on every level: most point reads on the hot paths
+	// (meta, claim records, tasks a replica has not seen) look up keys in
+	// sstables that do not hold them; without filters each such Get reads
+	// index blocks of every level.
+	for i := range opts.Levels {
+		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	db, err := pebble.Open(cfg.Dir, opts)
 	if err != nil {

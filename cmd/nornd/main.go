@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	_ "net/http/pprof" // served only with -pprof-addr
 	"os"
 	"os/signal"
 	"syscall"
@@ -58,6 +59,7 @@ func run(args []string) error {
 	fs.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", 4<<20, "largest request body")
 	fs.DurationVar(&cfg.MonitorInterval, "monitor-interval", 250*time.Millisecond, "how often the leader looks for expired claims and due delayed tasks")
 	fs.DurationVar(&cfg.RaftTimeout, "raft-timeout", time.Second, "Raft heartbeat and election timeout of every partition group")
+	pprofAddr := fs.String("pprof-addr", "", "if set, serve net/http/pprof on this address (keep it on loopback)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -103,6 +105,14 @@ func run(args []string) error {
 	srv := &http.Server{Handler: n.Handler(), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
+	if *pprofAddr != "" {
+		go func() {
+			// http.DefaultServeMux carries net/http/pprof's handlers.
+			if err := http.ListenAndServe(*pprofAddr, nil); err != nil {
+				logger.Error("pprof server stopped", "err", err)
+			}
+		}()
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	if err := n.WaitReady(30 * time.Second); err != nil {
