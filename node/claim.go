@@ -130,6 +130,7 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) 
 	})
 	now := n.cfg.Clock.Now().UnixMilli()
 	byPart := map[uint16][]claims.Candidate{}
+	loaded := map[uint64]*taskState{} // reused for the claimed tasks' views
 	var picked []uint64
 	defer func() { n.inflight.release(picked) }()
 	for _, h := range heads {
@@ -140,8 +141,9 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) 
 			contended = true
 			continue
 		}
-		if c, ok := n.candidate(h.ID, now); ok {
+		if c, ts, ok := n.candidate(h.ID, now); ok {
 			byPart[h.p] = append(byPart[h.p], c)
+			loaded[h.ID] = ts
 			picked = append(picked, h.ID)
 		} else {
 			n.inflight.release([]uint64{h.ID})
@@ -170,11 +172,15 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) 
 				contended = true
 				continue
 			}
-			ts, lerr := n.load(o.ID)
+			// The task's state is as candidate read it; only its claim
+			// record changed.
+			ts := loaded[o.ID]
+			rec, lerr := n.claimRecord(ts.p, o.ID)
 			if lerr != nil {
 				err = apiError(lerr)
 				continue
 			}
+			ts.claims = rec
 			out = append(out, &nornv1.ClaimedTask{Task: n.view(ts), ClaimId: o.Claim.Token,
 				Expiry: timestamppb.New(time.UnixMilli(o.Claim.ExpiryMs))})
 		}
@@ -185,22 +191,22 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) 
 // candidate checks a ready-index head before it is proposed: not
 // terminal, no live claim, its time has come and its dependencies are
 // completed. A dependant of a failed dependency is aborted here.
-func (n *Node) candidate(id uint64, nowMs int64) (claims.Candidate, bool) {
+func (n *Node) candidate(id uint64, nowMs int64) (claims.Candidate, *taskState, bool) {
 	ts, err := n.load(id)
 	if err != nil {
-		return claims.Candidate{}, false // index ahead of the task
+		return claims.Candidate{}, nil, false // index ahead of the task
 	}
 	if _, terminal := ts.task.Terminal(); terminal {
-		return claims.Candidate{}, false
+		return claims.Candidate{}, nil, false
 	}
 	if ts.claims != nil {
 		if _, live := ts.claims.Live(); live || ts.claims.Done() {
-			return claims.Candidate{}, false
+			return claims.Candidate{}, nil, false
 		}
 	}
 	spec := ts.task.Spec
 	if spec.NotBeforeMs > nowMs {
-		return claims.Candidate{}, false
+		return claims.Candidate{}, nil, false
 	}
 	if len(spec.DependsOn) > 0 {
 		done, failed := n.depsState(spec.DependsOn)
@@ -208,10 +214,10 @@ func (n *Node) candidate(id uint64, nowMs int64) (claims.Candidate, bool) {
 			n.abortTask(ts, dependencyFailedError(failed))
 		}
 		if !done {
-			return claims.Candidate{}, false
+			return claims.Candidate{}, nil, false
 		}
 	}
-	return claims.Candidate{ID: id, NotBeforeMs: spec.NotBeforeMs, MaxClaims: spec.MaxClaims}, true
+	return claims.Candidate{ID: id, NotBeforeMs: spec.NotBeforeMs, MaxClaims: spec.MaxClaims}, ts, true
 }
 
 // inflightSet holds the ids this node's claims are proposing right now, so

@@ -106,8 +106,8 @@ func (n *Node) expireClaims(p uint16) {
 		var rec *claims.Record
 		if err == nil {
 			rec = ts.claims
-		} else if b, err := n.store.ClaimFSMRecord(p, d.ID); err == nil {
-			rec, _ = claims.DecodeRecord(b) // claimed before the task reached us
+		} else {
+			rec, _ = n.claimRecord(p, d.ID) // claimed before the task reached us
 		}
 		if rec == nil {
 			continue

@@ -31,18 +31,23 @@ func (n *Node) load(id uint64) (*taskState, error) {
 	if st.Task.Spec == nil {
 		return nil, storage.ErrNotFound
 	}
-	ts := &taskState{p: p, task: st.Task}
+	rec, err := n.claimRecord(p, id)
+	if err != nil {
+		return nil, err
+	}
+	return &taskState{p: p, task: st.Task, claims: rec}, nil
+}
+
+// claimRecord reads the claim FSM's record of id (nil when never claimed).
+func (n *Node) claimRecord(p uint16, id uint64) (*claims.Record, error) {
 	b, err := n.store.ClaimFSMRecord(p, id)
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
+		return nil, nil
 	case err != nil:
 		return nil, err
-	default:
-		if ts.claims, err = claims.DecodeRecord(b); err != nil {
-			return nil, err
-		}
 	}
-	return ts, nil
+	return claims.DecodeRecord(b)
 }
 
 // status derives a task's status at nowMs. deps reports whether all
