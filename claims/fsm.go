@@ -29,6 +29,9 @@ const (
 	// OpForget deletes the records of IDs (tasks past retention), ending
 	// any live claim.
 	OpForget Op = 7
+	// OpEndMany is OpEnd for several tasks at once (Ends): the leader
+	// coalesces the ends of concurrent completions into one entry.
+	OpEndMany Op = 8
 )
 
 func (o Op) String() string {
@@ -47,6 +50,8 @@ func (o Op) String() string {
 		return "extend"
 	case OpForget:
 		return "forget"
+	case OpEndMany:
+		return "end-many"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -72,6 +77,14 @@ type Command struct {
 	SkewMs      int64       // OpExpire
 	MinExpiryMs int64       // OpExtend
 	IDs         []uint64    // OpExtend, OpForget
+	Ends        []End       // OpEndMany
+}
+
+// End is one task's terminal event in an OpEndMany.
+type End struct {
+	ID     uint64
+	Token  uint64 // the claim that ended it; 0 if none
+	Reason EndReason
 }
 
 // Errors of a command, in Outcome.Err. They are values the FSM returns, not
@@ -139,7 +152,13 @@ func Apply(index uint64, cmd *Command, get Getter) ([]Outcome, []Change, error) 
 	case OpExpire:
 		err = a.withLive(cmd.ID, cmd.Token, a.expire)
 	case OpEnd:
-		err = a.end(cmd.ID)
+		err = a.end(cmd.ID, cmd.Reason)
+	case OpEndMany:
+		for _, e := range cmd.Ends {
+			if err = a.end(e.ID, e.Reason); err != nil {
+				break
+			}
+		}
 	case OpExtend:
 		for _, id := range cmd.IDs {
 			if err = a.extend(id); err != nil {
@@ -172,6 +191,15 @@ func validate(cmd *Command) error {
 	case OpEnd:
 		if !cmd.Reason.terminal() {
 			return fmt.Errorf("%w: end reason %v is not terminal", ErrBadCommand, cmd.Reason)
+		}
+	case OpEndMany:
+		if len(cmd.Ends) == 0 {
+			return fmt.Errorf("%w: end-many without ends", ErrBadCommand)
+		}
+		for _, e := range cmd.Ends {
+			if !e.Reason.terminal() {
+				return fmt.Errorf("%w: end reason %v of task %d is not terminal", ErrBadCommand, e.Reason, e.ID)
+			}
 		}
 	case OpExpire:
 		if cmd.SkewMs < 0 {
@@ -332,7 +360,7 @@ func (a *applier) endClaim(id uint64, c *Claim, why EndReason) {
 	a.outcomes = append(a.outcomes, Outcome{ID: id, Claim: *c})
 }
 
-func (a *applier) end(id uint64) error {
+func (a *applier) end(id uint64, why EndReason) error {
 	r, err := a.record(id)
 	if err != nil {
 		return err
@@ -341,9 +369,9 @@ func (a *applier) end(id uint64) error {
 		a.fail(id, ErrTaskTerminal) // already recorded: idempotent
 		return nil
 	}
-	r.Terminal = a.cmd.Reason
+	r.Terminal = why
 	if c, live := r.Live(); live {
-		a.endClaim(id, c, a.cmd.Reason)
+		a.endClaim(id, c, why)
 	} else {
 		a.outcomes = append(a.outcomes, Outcome{ID: id})
 	}
@@ -418,6 +446,13 @@ func (cmd *Command) Encode() []byte {
 		b = appendIDs(b, cmd.IDs)
 	case OpForget:
 		b = appendIDs(b, cmd.IDs)
+	case OpEndMany:
+		b = binary.AppendUvarint(b, uint64(len(cmd.Ends)))
+		for _, e := range cmd.Ends {
+			b = binary.AppendUvarint(b, e.ID)
+			b = binary.AppendUvarint(b, e.Token)
+			b = append(b, byte(e.Reason))
+		}
 	}
 	return b
 }
@@ -452,6 +487,13 @@ func DecodeCommand(b []byte) (*Command, error) {
 		cmd.IDs = d.ids()
 	case OpForget:
 		cmd.IDs = d.ids()
+	case OpEndMany:
+		if n := d.count(3); n > 0 {
+			cmd.Ends = make([]End, n)
+			for i := range cmd.Ends {
+				cmd.Ends[i] = End{ID: d.uvarint(), Token: d.uvarint(), Reason: EndReason(d.byte())}
+			}
+		}
 	default:
 		d.fail("unknown op %d", cmd.Op)
 	}

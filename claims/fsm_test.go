@@ -171,6 +171,29 @@ func TestExtendOnLeaderChange(t *testing.T) {
 	}
 }
 
+func TestEndMany(t *testing.T) {
+	m := newMemFSM()
+	o := m.apply(t, claimCmd(1000, 100, 1, 2))
+	outs := m.apply(t, Command{Op: OpEndMany, NowMs: 1010, Ends: []End{
+		{ID: 1, Token: o[0].Claim.Token, Reason: EndCompleted},
+		{ID: 2, Reason: EndAborted},
+		{ID: 3, Reason: EndCancelled}, // never claimed
+		{ID: 1, Reason: EndCancelled}, // already ended above
+	}})
+	if len(outs) != 4 || outs[0].Claim.End != EndCompleted || outs[1].Claim.End != EndAborted ||
+		outs[2].Err != nil || !errors.Is(outs[3].Err, ErrTaskTerminal) {
+		t.Fatalf("end-many outcomes %+v", outs)
+	}
+	for id, want := range map[uint64]EndReason{1: EndCompleted, 2: EndAborted, 3: EndCancelled} {
+		if r := m.rec(t, id); r.Terminal != want {
+			t.Fatalf("task %d terminal %v, want %v", id, r.Terminal, want)
+		}
+	}
+	if o := m.apply(t, claimCmd(2000, 100, 3)); !errors.Is(o[0].Err, ErrTaskTerminal) {
+		t.Fatalf("claim after end-many: %+v", o)
+	}
+}
+
 func TestForget(t *testing.T) {
 	m := newMemFSM()
 	m.apply(t, claimCmd(1000, 100, 1, 2))
@@ -207,6 +230,8 @@ func TestBadCommands(t *testing.T) {
 		{Op: OpClaim, LeaseMs: 10},
 		{Op: OpRenew, ID: 1, LeaseMs: -1},
 		{Op: OpEnd, ID: 1, Reason: EndYielded},
+		{Op: OpEndMany},
+		{Op: OpEndMany, Ends: []End{{ID: 1, Reason: EndExpired}}},
 		{Op: OpExpire, ID: 1, SkewMs: -1},
 	} {
 		outs, changes, err := Apply(1, &cmd, func(uint64) (*Record, error) { return nil, nil })
@@ -302,6 +327,7 @@ func FuzzDecodeCommand(f *testing.F) {
 		{Op: OpExpire, ID: 1, Token: 2, SkewMs: 100},
 		{Op: OpExtend, MinExpiryMs: 9, IDs: []uint64{1, 2, 3}},
 		{Op: OpForget, IDs: []uint64{4, 5}},
+		{Op: OpEndMany, Ends: []End{{ID: 1, Token: 2, Reason: EndCompleted}, {ID: 3, Reason: EndCancelled}}},
 	} {
 		f.Add(c.Encode())
 	}

@@ -34,6 +34,7 @@ type Node struct {
 
 	waiters  queueWaiters
 	inflight inflightSet // tasks being claimed now
+	ender    *ender      // coalesced claim ends of finished tasks
 
 	specConflicts atomic.Uint64 // merges that met two specs for one id
 	draining      chan struct{} // closed by StopWaiting
@@ -46,7 +47,6 @@ type Node struct {
 
 	stop    chan struct{}
 	stopped sync.WaitGroup
-	bg      sync.WaitGroup // background proposals; Close waits for them
 	closeMu sync.Mutex
 	closed  bool
 }
@@ -93,14 +93,19 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.waiters.init()
 	n.extended = make([]bool, cfg.Partitions)
+	n.ender = newEnder(n)
 	if err := n.startGroups(); err != nil {
 		n.shutdownGroups()
 		store.Close()
 		lock.release()
 		return nil, err
 	}
-	n.stopped.Add(1)
+	n.stopped.Add(2)
 	go n.monitor()
+	go func() {
+		defer n.stopped.Done()
+		n.ender.run(n.stop)
+	}()
 	return n, nil
 }
 
@@ -164,16 +169,6 @@ func (n *Node) WaitReady(timeout time.Duration) error {
 	return nil
 }
 
-// background runs fn on its own goroutine; Close waits for it before it
-// shuts the groups down.
-func (n *Node) background(fn func()) {
-	n.bg.Add(1)
-	go func() {
-		defer n.bg.Done()
-		fn()
-	}()
-}
-
 // StopWaiting makes long-polling claims return now (empty) and new ones
 // not wait, so that a server shutting down can drain its requests.
 func (n *Node) StopWaiting() {
@@ -193,7 +188,6 @@ func (n *Node) Close() error {
 	close(n.stop)
 	n.waiters.closeAll()
 	n.stopped.Wait()
-	n.bg.Wait()
 	errs := n.shutdownGroups()
 	return errors.Join(errs, n.store.Close(), n.lock.release())
 }

@@ -388,15 +388,10 @@ func (n *Node) finish(id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, e
 	// End the claim in the FSM, in the background: the outcome is decided
 	// (first terminal event wins) and durable already, and every path that
 	// could act on the claim (renew, yield, expiry, the task view) checks the
-	// terminal event first. Concurrent ends share Raft log writes. If this
-	// fails (or the node dies first), the monitor ends the claim when its
-	// lease runs out.
-	cmd := &claims.Command{Op: claims.OpEnd, NowMs: ev.At.WallMs, ID: id, Token: claimID, Reason: endReason(ev.Kind)}
-	n.background(func() {
-		if _, err := n.propose(id, cmd); err != nil && !errors.Is(err, claims.ErrTaskTerminal) {
-			n.cfg.Logger.Warn("ending a claim failed", "id", id, "claim", claimID, "err", err)
-		}
-	})
+	// terminal event first. The ender coalesces concurrent ends into one
+	// entry per partition. If this fails (or the node dies first), the
+	// monitor ends the claim when its lease runs out.
+	n.ender.add(n.partition(id), claims.End{ID: id, Token: claimID, Reason: endReason(ev.Kind)})
 	return replication, nil
 }
 

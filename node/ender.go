@@ -1,0 +1,74 @@
+package node
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/norn-dev/norn/claims"
+)
+
+// ender coalesces the claim FSM ends of completed and aborted tasks: ends
+// queued while a round of proposals is in flight go out together in the
+// next round, one OpEndMany entry per partition. The outcome of a task is
+// decided (and durable) by its CRDT terminal event before it is queued here;
+// every path that could act on the claim checks that event first.
+type ender struct {
+	n       *Node
+	mu      sync.Mutex
+	pending map[uint16][]claims.End
+	kick    chan struct{} // a round is due
+}
+
+func newEnder(n *Node) *ender {
+	return &ender{n: n, pending: map[uint16][]claims.End{}, kick: make(chan struct{}, 1)}
+}
+
+// add queues the end of one task's claim.
+func (e *ender) add(p uint16, end claims.End) {
+	e.mu.Lock()
+	e.pending[p] = append(e.pending[p], end)
+	e.mu.Unlock()
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run proposes queued ends until stop is closed, then proposes what is left.
+func (e *ender) run(stop <-chan struct{}) {
+	for {
+		select {
+		case <-e.kick:
+			e.round()
+		case <-stop:
+			e.round()
+			return
+		}
+	}
+}
+
+// round proposes everything queued, one entry per partition, concurrently,
+// and waits for them.
+func (e *ender) round() {
+	e.mu.Lock()
+	batch := e.pending
+	e.pending = map[uint16][]claims.End{}
+	e.mu.Unlock()
+	var wg sync.WaitGroup
+	for p, ends := range batch {
+		wg.Go(func() {
+			cmd := &claims.Command{Op: claims.OpEndMany, NowMs: e.n.cfg.Clock.Now().UnixMilli(), Ends: ends}
+			outs, err := e.n.groups[p].Propose(cmd, proposeTimeout)
+			if err != nil {
+				e.n.cfg.Logger.Warn("ending claims failed; the monitor ends them at expiry", "partition", p, "tasks", len(ends), "err", err)
+				return
+			}
+			for _, o := range outs {
+				if o.Err != nil && !errors.Is(o.Err, claims.ErrTaskTerminal) {
+					e.n.cfg.Logger.Warn("ending a claim failed", "id", o.ID, "err", o.Err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
