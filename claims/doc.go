@@ -21,7 +21,7 @@
 //   - OpExpire succeeds only when the entry's time is past expiry plus the
 //     skew buffer the entry carries. Expiries count towards max_claims; the
 //     last one marks the task dead (the leader then writes the abort).
-//   - OpEnd records a terminal event the leader saw (complete, abort,
+//   - OpEnd records terminal events the leader saw (complete, abort,
 //     cancel) and ends whatever claim is live; no claim is granted after.
 //   - OpExtend is what a new leader proposes first: every live claim gets at
 //     least now + lease grace, so a leader change never shortens a lease.

@@ -18,8 +18,9 @@ const (
 	OpRenew Op = 2
 	// OpYield ends the live claim Token of ID: the task is claimable again.
 	OpYield Op = 3
-	// OpEnd records that ID became terminal (Reason: completed, aborted or
-	// cancelled) and ends its live claim, whichever it is.
+	// OpEnd records that each of Ends became terminal (completed, aborted
+	// or cancelled) and ends its live claim, whichever it is. The leader
+	// coalesces the ends of concurrent completions into one entry.
 	OpEnd Op = 4
 	// OpExpire ends the live claim Token of ID if NowMs > expiry + SkewMs.
 	OpExpire Op = 5
@@ -29,9 +30,6 @@ const (
 	// OpForget deletes the records of IDs (tasks past retention), ending
 	// any live claim.
 	OpForget Op = 7
-	// OpEndMany is OpEnd for several tasks at once (Ends): the leader
-	// coalesces the ends of concurrent completions into one entry.
-	OpEndMany Op = 8
 )
 
 func (o Op) String() string {
@@ -50,8 +48,6 @@ func (o Op) String() string {
 		return "extend"
 	case OpForget:
 		return "forget"
-	case OpEndMany:
-		return "end-many"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -71,16 +67,15 @@ type Command struct {
 	Worker      string
 	LeaseMs     int64
 	Candidates  []Candidate // OpClaim
-	ID          uint64      // OpRenew, OpYield, OpEnd, OpExpire
-	Token       uint64      // OpRenew, OpYield, OpExpire; OpEnd: the claim that ended it (0 if none)
-	Reason      EndReason   // OpEnd
+	ID          uint64      // OpRenew, OpYield, OpExpire
+	Token       uint64      // OpRenew, OpYield, OpExpire
 	SkewMs      int64       // OpExpire
 	MinExpiryMs int64       // OpExtend
 	IDs         []uint64    // OpExtend, OpForget
-	Ends        []End       // OpEndMany
+	Ends        []End       // OpEnd
 }
 
-// End is one task's terminal event in an OpEndMany.
+// End is one task's terminal event in an OpEnd.
 type End struct {
 	ID     uint64
 	Token  uint64 // the claim that ended it; 0 if none
@@ -152,8 +147,6 @@ func Apply(index uint64, cmd *Command, get Getter) ([]Outcome, []Change, error) 
 	case OpExpire:
 		err = a.withLive(cmd.ID, cmd.Token, a.expire)
 	case OpEnd:
-		err = a.end(cmd.ID, cmd.Reason)
-	case OpEndMany:
 		for _, e := range cmd.Ends {
 			if err = a.end(e.ID, e.Reason); err != nil {
 				break
@@ -189,12 +182,8 @@ func validate(cmd *Command) error {
 			return fmt.Errorf("%w: renew needs a positive lease", ErrBadCommand)
 		}
 	case OpEnd:
-		if !cmd.Reason.terminal() {
-			return fmt.Errorf("%w: end reason %v is not terminal", ErrBadCommand, cmd.Reason)
-		}
-	case OpEndMany:
 		if len(cmd.Ends) == 0 {
-			return fmt.Errorf("%w: end-many without ends", ErrBadCommand)
+			return fmt.Errorf("%w: end without ends", ErrBadCommand)
 		}
 		for _, e := range cmd.Ends {
 			if !e.Reason.terminal() {
@@ -434,9 +423,12 @@ func (cmd *Command) Encode() []byte {
 		b = binary.AppendUvarint(b, cmd.ID)
 		b = binary.AppendUvarint(b, cmd.Token)
 	case OpEnd:
-		b = binary.AppendUvarint(b, cmd.ID)
-		b = binary.AppendUvarint(b, cmd.Token)
-		b = append(b, byte(cmd.Reason))
+		b = binary.AppendUvarint(b, uint64(len(cmd.Ends)))
+		for _, e := range cmd.Ends {
+			b = binary.AppendUvarint(b, e.ID)
+			b = binary.AppendUvarint(b, e.Token)
+			b = append(b, byte(e.Reason))
+		}
 	case OpExpire:
 		b = binary.AppendUvarint(b, cmd.ID)
 		b = binary.AppendUvarint(b, cmd.Token)
@@ -446,13 +438,6 @@ func (cmd *Command) Encode() []byte {
 		b = appendIDs(b, cmd.IDs)
 	case OpForget:
 		b = appendIDs(b, cmd.IDs)
-	case OpEndMany:
-		b = binary.AppendUvarint(b, uint64(len(cmd.Ends)))
-		for _, e := range cmd.Ends {
-			b = binary.AppendUvarint(b, e.ID)
-			b = binary.AppendUvarint(b, e.Token)
-			b = append(b, byte(e.Reason))
-		}
 	}
 	return b
 }
@@ -479,7 +464,12 @@ func DecodeCommand(b []byte) (*Command, error) {
 	case OpYield:
 		cmd.ID, cmd.Token = d.uvarint(), d.uvarint()
 	case OpEnd:
-		cmd.ID, cmd.Token, cmd.Reason = d.uvarint(), d.uvarint(), EndReason(d.byte())
+		if n := d.count(3); n > 0 {
+			cmd.Ends = make([]End, n)
+			for i := range cmd.Ends {
+				cmd.Ends[i] = End{ID: d.uvarint(), Token: d.uvarint(), Reason: EndReason(d.byte())}
+			}
+		}
 	case OpExpire:
 		cmd.ID, cmd.Token, cmd.SkewMs = d.uvarint(), d.uvarint(), d.varint()
 	case OpExtend:
@@ -487,13 +477,6 @@ func DecodeCommand(b []byte) (*Command, error) {
 		cmd.IDs = d.ids()
 	case OpForget:
 		cmd.IDs = d.ids()
-	case OpEndMany:
-		if n := d.count(3); n > 0 {
-			cmd.Ends = make([]End, n)
-			for i := range cmd.Ends {
-				cmd.Ends[i] = End{ID: d.uvarint(), Token: d.uvarint(), Reason: EndReason(d.byte())}
-			}
-		}
 	default:
 		d.fail("unknown op %d", cmd.Op)
 	}

@@ -55,6 +55,11 @@ func (m *memFSM) rec(t testing.TB, id uint64) *Record {
 	return r
 }
 
+// endCmd is an OpEnd of one task.
+func endCmd(now int64, id uint64, why EndReason) Command {
+	return Command{Op: OpEnd, NowMs: now, Ends: []End{{ID: id, Reason: why}}}
+}
+
 func claimCmd(now int64, lease int64, ids ...uint64) Command {
 	c := Command{Op: OpClaim, NowMs: now, Worker: "w", LeaseMs: lease}
 	for _, id := range ids {
@@ -106,7 +111,7 @@ func TestClaimLifecycle(t *testing.T) {
 	// Cancel: ends the live claim, and every later claim or renew fails.
 	o = m.apply(t, claimCmd(1400, 100, 1))
 	tok3 := o[0].Claim.Token
-	if o := m.apply(t, Command{Op: OpEnd, NowMs: 1410, ID: 1, Reason: EndCancelled}); o[0].Claim.End != EndCancelled || o[0].Claim.Token != tok3 {
+	if o := m.apply(t, endCmd(1410, 1, EndCancelled)); o[0].Claim.End != EndCancelled || o[0].Claim.Token != tok3 {
 		t.Fatalf("cancel %+v", o)
 	}
 	if o := m.apply(t, Command{Op: OpRenew, NowMs: 1420, ID: 1, Token: tok3, LeaseMs: 100}); !errors.Is(o[0].Err, ErrTaskTerminal) {
@@ -171,10 +176,10 @@ func TestExtendOnLeaderChange(t *testing.T) {
 	}
 }
 
-func TestEndMany(t *testing.T) {
+func TestEndOfSeveralTasks(t *testing.T) {
 	m := newMemFSM()
 	o := m.apply(t, claimCmd(1000, 100, 1, 2))
-	outs := m.apply(t, Command{Op: OpEndMany, NowMs: 1010, Ends: []End{
+	outs := m.apply(t, Command{Op: OpEnd, NowMs: 1010, Ends: []End{
 		{ID: 1, Token: o[0].Claim.Token, Reason: EndCompleted},
 		{ID: 2, Reason: EndAborted},
 		{ID: 3, Reason: EndCancelled}, // never claimed
@@ -197,7 +202,7 @@ func TestEndMany(t *testing.T) {
 func TestForget(t *testing.T) {
 	m := newMemFSM()
 	m.apply(t, claimCmd(1000, 100, 1, 2))
-	m.apply(t, Command{Op: OpEnd, NowMs: 1001, ID: 1, Reason: EndCompleted})
+	m.apply(t, endCmd(1001, 1, EndCompleted))
 	a := applierFor(t, m, Command{Op: OpForget, NowMs: 2000, IDs: []uint64{1, 2, 3, 2}})
 	for _, c := range a {
 		if c.ID == 2 && !c.Released {
@@ -229,9 +234,8 @@ func TestBadCommands(t *testing.T) {
 		{Op: OpClaim, LeaseMs: 0, Candidates: []Candidate{{ID: 1}}},
 		{Op: OpClaim, LeaseMs: 10},
 		{Op: OpRenew, ID: 1, LeaseMs: -1},
-		{Op: OpEnd, ID: 1, Reason: EndYielded},
-		{Op: OpEndMany},
-		{Op: OpEndMany, Ends: []End{{ID: 1, Reason: EndExpired}}},
+		endCmd(0, 1, EndYielded),
+		{Op: OpEnd},
 		{Op: OpExpire, ID: 1, SkewMs: -1},
 	} {
 		outs, changes, err := Apply(1, &cmd, func(uint64) (*Record, error) { return nil, nil })
@@ -276,9 +280,9 @@ func TestRandomHistoriesKeepInvariants(t *testing.T) {
 			case 4:
 				cmd = Command{Op: OpExpire, NowMs: now, ID: id, Token: tok, SkewMs: r.Int64N(20)}
 			case 5:
-				cmd = Command{Op: OpEnd, NowMs: now, ID: id, Reason: []EndReason{EndCompleted, EndAborted, EndCancelled}[r.IntN(3)]}
-				if r.IntN(3) != 0 {
-					cmd.Op = OpYield // terminal events are rarer
+				cmd = endCmd(now, id, []EndReason{EndCompleted, EndAborted, EndCancelled}[r.IntN(3)])
+				if r.IntN(3) != 0 { // terminal events are rarer
+					cmd = Command{Op: OpYield, NowMs: now, ID: id, Token: tok}
 				}
 			}
 			var before *Record
@@ -323,11 +327,11 @@ func FuzzDecodeCommand(f *testing.F) {
 		claimCmd(1000, 10, 1, 2),
 		{Op: OpRenew, NowMs: 5, ID: 1, Token: 2, LeaseMs: 3},
 		{Op: OpYield, ID: 1, Token: 2},
-		{Op: OpEnd, ID: 1, Reason: EndCancelled},
+		endCmd(0, 1, EndCancelled),
 		{Op: OpExpire, ID: 1, Token: 2, SkewMs: 100},
 		{Op: OpExtend, MinExpiryMs: 9, IDs: []uint64{1, 2, 3}},
 		{Op: OpForget, IDs: []uint64{4, 5}},
-		{Op: OpEndMany, Ends: []End{{ID: 1, Token: 2, Reason: EndCompleted}, {ID: 3, Reason: EndCancelled}}},
+		{Op: OpEnd, Ends: []End{{ID: 1, Token: 2, Reason: EndCompleted}, {ID: 3, Reason: EndCancelled}}},
 	} {
 		f.Add(c.Encode())
 	}

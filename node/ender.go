@@ -9,7 +9,7 @@ import (
 
 // ender coalesces the claim FSM ends of completed and aborted tasks: ends
 // queued while a round of proposals is in flight go out together in the
-// next round, one OpEndMany entry per partition. The outcome of a task is
+// next round, one OpEnd entry per partition. The outcome of a task is
 // decided (and durable) by its CRDT terminal event before it is queued here;
 // every path that could act on the claim checks that event first.
 type ender struct {
@@ -57,7 +57,7 @@ func (e *ender) round() {
 	var wg sync.WaitGroup
 	for p, ends := range batch {
 		wg.Go(func() {
-			cmd := &claims.Command{Op: claims.OpEndMany, NowMs: e.n.cfg.Clock.Now().UnixMilli(), Ends: ends}
+			cmd := &claims.Command{Op: claims.OpEnd, NowMs: e.n.cfg.Clock.Now().UnixMilli(), Ends: ends}
 			outs, err := e.n.groups[p].Propose(cmd, proposeTimeout)
 			if err != nil {
 				e.n.cfg.Logger.Warn("ending claims failed; the monitor ends them at expiry", "partition", p, "tasks", len(ends), "err", err)

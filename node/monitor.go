@@ -1,7 +1,6 @@
 package node
 
 import (
-	"errors"
 	"time"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -175,8 +174,5 @@ func (n *Node) abortTask(ts *taskState, e *nornv1.TaskError) {
 		n.cfg.Logger.Warn("aborting a task failed", "id", ts.task.ID, "code", e.Code, "err", err)
 		return
 	}
-	cmd := &claims.Command{Op: claims.OpEnd, NowMs: ev.At.WallMs, ID: ts.task.ID, Reason: claims.EndAborted}
-	if _, err := n.propose(ts.task.ID, cmd); err != nil && !errors.Is(err, claims.ErrTaskTerminal) {
-		n.cfg.Logger.Warn("ending the claims of an aborted task failed", "id", ts.task.ID, "err", err)
-	}
+	n.endClaim(ts.task.ID, ev)
 }

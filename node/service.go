@@ -253,21 +253,28 @@ func (n *Node) propose(id uint64, cmd *claims.Command) (claims.Outcome, error) {
 	return claims.Outcome{}, connect.NewError(connect.CodeInternal, fmt.Errorf("no outcome for task %d", id))
 }
 
-// endIfTerminal proposes OpEnd for a task whose CRDT state is terminal but
-// whose claim FSM does not know yet; it returns whether the task is terminal.
+// endIfTerminal queues the claim FSM's end of a task whose CRDT state is
+// terminal but whose FSM record does not say so yet; it returns whether the
+// task is terminal.
 func (n *Node) endIfTerminal(ts *taskState) bool {
 	ev, ok := ts.task.Terminal()
 	if !ok {
 		return false
 	}
 	if ts.claims == nil || ts.claims.Terminal == claims.EndNone {
-		cmd := &claims.Command{Op: claims.OpEnd, NowMs: n.cfg.Clock.Now().UnixMilli(), ID: ts.task.ID,
-			Token: ev.Claim, Reason: endReason(ev.Kind)}
-		if _, err := n.propose(ts.task.ID, cmd); err != nil && !errors.Is(err, claims.ErrTaskTerminal) {
-			n.cfg.Logger.Warn("ending the claim of a terminal task failed", "id", ts.task.ID, "err", err)
-		}
+		n.endClaim(ts.task.ID, ev)
 	}
 	return true
+}
+
+// endClaim queues the claim FSM's end of a task that just became terminal
+// (ev is its deciding terminal event). The ender proposes it in the
+// background: the outcome is decided and durable already, and every path
+// that could act on the claim (renew, yield, expiry, the task view) checks
+// the terminal event first. If the proposal fails (or the node dies
+// first), the monitor ends the claim when its lease runs out.
+func (n *Node) endClaim(id uint64, ev crdt.Terminal) {
+	n.ender.add(n.partition(id), claims.End{ID: id, Token: ev.Claim, Reason: endReason(ev.Kind)})
 }
 
 func endReason(k crdt.TerminalKind) claims.EndReason {
@@ -385,13 +392,7 @@ func (n *Node) finish(id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, e
 	// Dependants of this task, in any queue, may be claimable (or doomed)
 	// now: wake every long poll to look again.
 	n.waiters.notifyAll()
-	// End the claim in the FSM, in the background: the outcome is decided
-	// (first terminal event wins) and durable already, and every path that
-	// could act on the claim (renew, yield, expiry, the task view) checks the
-	// terminal event first. The ender coalesces concurrent ends into one
-	// entry per partition. If this fails (or the node dies first), the
-	// monitor ends the claim when its lease runs out.
-	n.ender.add(n.partition(id), claims.End{ID: id, Token: claimID, Reason: endReason(ev.Kind)})
+	n.endClaim(id, ev)
 	return replication, nil
 }
 
@@ -486,9 +487,6 @@ func (s taskService) Cancel(_ context.Context, req *connect.Request[nornv1.Cance
 	if err := n.merge([]*crdt.Task{{ID: m.GetId(), Terminals: []crdt.Terminal{ev}}}); err != nil {
 		return nil, err
 	}
-	cmd := &claims.Command{Op: claims.OpEnd, NowMs: ev.At.WallMs, ID: m.GetId(), Reason: claims.EndCancelled}
-	if _, err := n.propose(m.GetId(), cmd); err != nil && !errors.Is(err, claims.ErrTaskTerminal) {
-		n.cfg.Logger.Warn("ending the claim of a cancelled task failed", "id", m.GetId(), "err", err)
-	}
+	n.endClaim(m.GetId(), ev)
 	return connect.NewResponse(&nornv1.CancelResponse{Acks: replication}), nil
 }
