@@ -104,10 +104,6 @@ func Open(cfg Config) (*Store, error) {
 // callers stop their users first.
 func (s *Store) Close() error { return s.db.Close() }
 
-// DB returns the underlying Pebble database, for the raft store and for
-// metrics. Callers must stay within their own key tags.
-func (s *Store) DB() *pebble.DB { return s.db }
-
 // RaftStore returns the raft.LogStore and raft.StableStore of partition p.
 func (s *Store) RaftStore(p uint16) *RaftStore { return NewRaftStore(s.db, p) }
 
