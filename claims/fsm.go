@@ -107,6 +107,9 @@ type Outcome struct {
 	Err   error // nil when the command took effect
 	Claim Claim // the claim granted, renewed or ended (zero when Err != nil)
 	Dead  bool  // OpExpire: the task reached max_claims and is now aborted
+	// Record is the task's record after the command (nil when Err != nil,
+	// or when the command forgot it). Read-only: it is the stored state.
+	Record *Record
 }
 
 // Change is a record the command wrote (nil: deleted), and what it did to
@@ -167,6 +170,11 @@ func Apply(index uint64, cmd *Command, get Getter) ([]Outcome, []Change, error) 
 	}
 	if err != nil {
 		return nil, nil, err
+	}
+	for i := range a.outcomes {
+		if a.outcomes[i].Err == nil {
+			a.outcomes[i].Record = a.recs[a.outcomes[i].ID]
+		}
 	}
 	return a.outcomes, a.changes(), nil
 }

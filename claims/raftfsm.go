@@ -47,6 +47,11 @@ type fsm struct {
 	p      uint16
 	kv     KV
 	logger *slog.Logger
+
+	// applied caches the stored applied index (valid when appliedKnown):
+	// only this FSM writes it, from Raft's single FSM goroutine.
+	applied      uint64
+	appliedKnown bool
 }
 
 var _ raft.BatchingFSM = (*fsm)(nil)
@@ -59,7 +64,7 @@ func (f *fsm) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
 // nil response.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
-	applied, err := f.kv.ClaimFSMApplied(f.p)
+	applied, err := f.appliedIndex()
 	if err != nil {
 		// The store is unreadable: nothing can be applied safely. Raft has
 		// no way to stop here; fail every entry loudly.
@@ -135,12 +140,28 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 	// Not synced: the entries are durable in the Raft log, and the applied
 	// index in the same atomic batch tells a replay where to resume.
 	if err := f.kv.ApplyClaimFSM(f.p, u, false); err != nil {
+		f.appliedKnown = false // read it again
 		f.logger.Error("claim FSM commit failed", "partition", f.p, "index", u.AppliedIndex, "err", err)
 		for _, r := range results {
 			r.Outcomes, r.Err = nil, err
 		}
+		return out
 	}
+	f.applied = u.AppliedIndex
 	return out
+}
+
+// appliedIndex returns the stored applied index, read once and then
+// tracked.
+func (f *fsm) appliedIndex() (uint64, error) {
+	if !f.appliedKnown {
+		a, err := f.kv.ClaimFSMApplied(f.p)
+		if err != nil {
+			return 0, err
+		}
+		f.applied, f.appliedKnown = a, true
+	}
+	return f.applied, nil
 }
 
 // Snapshot syncs the store (so the log may be truncated up to here) and
@@ -224,5 +245,10 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 			live = append(live, storage.ClaimMark{ID: id, ExpiryMs: c.ExpiryMs})
 		}
 	}
-	return f.kv.RestoreClaimFSM(f.p, applied, recs, live)
+	f.appliedKnown = false
+	if err := f.kv.RestoreClaimFSM(f.p, applied, recs, live); err != nil {
+		return err
+	}
+	f.applied, f.appliedKnown = applied, true
+	return nil
 }

@@ -75,11 +75,6 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	}
 }
 
-type headEntry struct {
-	p uint16
-	storage.ReadyEntry
-}
-
 // claimRounds bounds how often tryClaim picks again when candidates were
 // taken by concurrent claims meanwhile.
 const claimRounds = 3
@@ -110,31 +105,29 @@ func (n *Node) tryClaim(queue, worker string, lease time.Duration, limit int) ([
 // this node was proposing them, or were refused by the FSM, so another
 // round may find more.
 func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) (out []*nornv1.ClaimedTask, contended bool, err error) {
-	var heads []headEntry
+	var leading []uint16
 	for p, g := range n.groups {
-		if !g.IsLeader() {
-			continue
-		}
-		// Read past the limit: heads blocked by dependencies or being
-		// claimed concurrently are skipped.
-		h, err := n.store.ReadyHead(uint16(p), queue, 2*limit+8)
-		if err != nil {
-			return nil, false, apiError(err)
-		}
-		for _, e := range h {
-			heads = append(heads, headEntry{uint16(p), e})
+		if g.IsLeader() {
+			leading = append(leading, uint16(p))
 		}
 	}
-	slices.SortFunc(heads, func(a, b headEntry) int {
-		return cmp.Or(cmp.Compare(b.Priority, a.Priority), cmp.Compare(a.ID, b.ID))
-	})
+	heads, err := newHeadMerger(n.store, queue, leading)
+	if err != nil {
+		return nil, false, apiError(err)
+	}
 	now := n.cfg.Clock.Now().UnixMilli()
 	byPart := map[uint16][]claims.Candidate{}
 	loaded := map[uint64]*taskState{} // reused for the claimed tasks' views
 	var picked []uint64
 	defer func() { n.inflight.release(picked) }()
-	for _, h := range heads {
-		if len(picked) == limit {
+	// Look past the limit, as heads blocked by dependencies or being
+	// claimed concurrently are skipped, but not without bound.
+	for examined := 0; len(picked) < limit && examined < 4*limit+256; examined++ {
+		p, h, ok := heads.next()
+		if !ok {
+			if heads.err != nil {
+				return nil, false, apiError(heads.err)
+			}
 			break
 		}
 		if !n.inflight.reserve(h.ID) {
@@ -142,7 +135,7 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) 
 			continue
 		}
 		if c, ts, ok := n.candidate(h.ID, now); ok {
-			byPart[h.p] = append(byPart[h.p], c)
+			byPart[p] = append(byPart[p], c)
 			loaded[h.ID] = ts
 			picked = append(picked, h.ID)
 		} else {
@@ -175,12 +168,7 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) 
 			// The task's state is as candidate read it; only its claim
 			// record changed.
 			ts := loaded[o.ID]
-			rec, lerr := n.claimRecord(ts.p, o.ID)
-			if lerr != nil {
-				err = apiError(lerr)
-				continue
-			}
-			ts.claims = rec
+			ts.claims = o.Record
 			out = append(out, &nornv1.ClaimedTask{Task: n.view(ts), ClaimId: o.Claim.Token,
 				Expiry: timestamppb.New(time.UnixMilli(o.Claim.ExpiryMs))})
 		}

@@ -1,13 +1,16 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -215,6 +218,52 @@ func TestPriorityThenFIFO(t *testing.T) {
 	c := h2.claim("q", 10, time.Minute)
 	if len(c) != 2 || c[0].Task.Id != b || c[1].Task.Id != a {
 		t.Fatalf("batch claim %v", c)
+	}
+}
+
+// Claims walk the heads of every partition in one order: with many tasks
+// per partition (so each partition's head is read further several times)
+// and claims of assorted sizes, the claimed sequence is exactly priority
+// descending, then id ascending.
+func TestClaimOrderAcrossPartitions(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	rng := rand.New(rand.NewPCG(1, 2))
+	specs := make([]*nornv1.TaskSpec, 400)
+	for i := range specs {
+		specs[i] = &nornv1.TaskSpec{Queue: "q", Priority: rng.Int32N(5) - 2}
+	}
+	r, err := h.api.EnqueueBatch(context.Background(), connect.NewRequest(&nornv1.EnqueueBatchRequest{Tasks: specs}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type head struct {
+		prio int32
+		id   uint64
+	}
+	want := make([]head, len(specs))
+	for i, id := range r.Msg.Ids {
+		want[i] = head{specs[i].Priority, id}
+	}
+	slices.SortFunc(want, func(a, b head) int {
+		return cmp.Or(cmp.Compare(b.prio, a.prio), cmp.Compare(a.id, b.id))
+	})
+	var got []head
+	for size := uint32(1); len(got) < len(want); size = size%37 + 3 {
+		c := h.claim("q", size, time.Minute)
+		if len(c) == 0 {
+			t.Fatalf("nothing claimable after %d of %d tasks", len(got), len(want))
+		}
+		for _, ct := range c {
+			got = append(got, head{ct.Task.Spec.Priority, ct.Task.Id})
+		}
+	}
+	if !slices.Equal(got, want) {
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("claim %d: got %v, want %v", i, got[i], want[i])
+			}
+		}
+		t.Fatalf("claimed %d tasks, want %d", len(got), len(want))
 	}
 }
 

@@ -1,0 +1,111 @@
+package node
+
+import (
+	"container/heap"
+
+	"github.com/norn-dev/norn/storage"
+)
+
+// headMerger yields the ready heads of one queue across partitions in
+// claim order (priority descending, then id ascending) by merging each
+// partition's already sorted head lazily: a claim of n tasks reads a few
+// entries per partition, not a fixed number from every one, and sorts
+// nothing.
+type headMerger struct {
+	store *storage.Store
+	queue string
+	h     cursorHeap
+	err   error
+}
+
+// headCursor walks one partition's ready head.
+type headCursor struct {
+	p       uint16
+	entries []storage.ReadyEntry
+	i       int
+	full    bool // entries held as many as asked for: there may be more
+}
+
+// firstHeadRead is how many entries of each partition's head a merge reads
+// first; a partition whose entries run out is read again, four times
+// further each time.
+const firstHeadRead = 4
+
+func newHeadMerger(store *storage.Store, queue string, partitions []uint16) (*headMerger, error) {
+	m := &headMerger{store: store, queue: queue}
+	for _, p := range partitions {
+		c := &headCursor{p: p}
+		if err := m.read(c, firstHeadRead); err != nil {
+			return nil, err
+		}
+		if c.i < len(c.entries) {
+			m.h = append(m.h, c)
+		}
+	}
+	heap.Init(&m.h)
+	return m, nil
+}
+
+func (m *headMerger) read(c *headCursor, n int) error {
+	e, err := m.store.ReadyHead(c.p, m.queue, n)
+	if err != nil {
+		return err
+	}
+	c.entries, c.full = e, len(e) == n
+	return nil
+}
+
+// next returns the best head not yet returned; ok is false when every
+// partition's head is exhausted or a read failed (see err).
+func (m *headMerger) next() (p uint16, e storage.ReadyEntry, ok bool) {
+	if len(m.h) == 0 || m.err != nil {
+		return 0, storage.ReadyEntry{}, false
+	}
+	c := m.h[0]
+	p, e = c.p, c.entries[c.i]
+	c.i++
+	if c.i == len(c.entries) && c.full {
+		// Read further. The head may have changed meanwhile (a concurrent
+		// claim or enqueue): skip to past the last entry returned, so no
+		// entry is returned twice; one inserted before it waits for the
+		// next claim.
+		if err := m.read(c, 4*len(c.entries)); err != nil {
+			m.err = err
+			return 0, storage.ReadyEntry{}, false
+		}
+		c.i = 0
+		for c.i < len(c.entries) && !headLess(e, c.entries[c.i]) {
+			c.i++
+		}
+	}
+	if c.i < len(c.entries) {
+		heap.Fix(&m.h, 0)
+	} else {
+		heap.Pop(&m.h)
+	}
+	return p, e, true
+}
+
+// headLess orders ready entries for claiming: higher priority first, then
+// older (lower id).
+func headLess(a, b storage.ReadyEntry) bool {
+	if a.Priority != b.Priority {
+		return a.Priority > b.Priority
+	}
+	return a.ID < b.ID
+}
+
+type cursorHeap []*headCursor
+
+func (h cursorHeap) Len() int { return len(h) }
+func (h cursorHeap) Less(i, j int) bool {
+	return headLess(h[i].entries[h[i].i], h[j].entries[h[j].i])
+}
+func (h cursorHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *cursorHeap) Push(x any)   { *h = append(*h, x.(*headCursor)) }
+func (h *cursorHeap) Pop() any {
+	old := *h
+	c := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return c
+}
