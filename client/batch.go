@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -12,65 +13,71 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 )
 
-// maxBatchBytes caps the encoded specs of one coalesced batch, well below
-// the server's default request limit (4 MiB). A spec larger than this goes
-// alone.
+// maxBatchBytes caps the encoded items of one coalesced batch, well below
+// the server's default request limit (4 MiB). An item larger than this
+// goes alone.
 const maxBatchBytes = 2 << 20
 
-// batcher coalesces concurrent Enqueue calls into EnqueueBatch RPCs (see
-// WithEnqueueBatching). Calls with different write quorums never share a
-// batch.
-type batcher struct {
-	c        *Client
+// coalescer groups concurrent calls of one kind into batches, one RPC per
+// batch (see WithEnqueueBatching and WithCompleteBatching): a call joins
+// the open batch of its write quorum (or opens one), and a batch is sent
+// when it holds maxBatch items or maxBatchBytes, or linger after its first
+// call. Calls with different write quorums never share a batch. send must
+// answer every call of the batch.
+type coalescer[I, R any] struct {
+	method   string // for errors: "enqueue", "complete"
 	linger   time.Duration
 	maxBatch int
+	send     func(w uint32, calls []*pending[I, R])
 
 	mu     sync.Mutex
-	open   map[uint32]*batch // the batch now filling, per write quorum
+	open   map[uint32]*batch[I, R] // the batch now filling, per write quorum
 	closed bool
 
 	inflight sync.WaitGroup // batches being sent
 }
 
 // batch is a group of calls sent in one RPC.
-type batch struct {
+type batch[I, R any] struct {
 	w     uint32
-	items []*batchItem
+	calls []*pending[I, R]
 	bytes int
-	timer *time.Timer // fires linger after the first item
+	timer *time.Timer // fires linger after the first call
 }
 
-// batchItem is one waiting Enqueue call.
-type batchItem struct {
+// pending is one waiting call.
+type pending[I, R any] struct {
 	ctx  context.Context
-	spec *nornv1.TaskSpec
-	id   uint64
-	done chan batchResult // buffered: the sender never blocks
+	in   I
+	done chan callOutcome[R] // buffered: the sender never blocks
 }
 
-type batchResult struct {
-	id  uint64
+type callOutcome[R any] struct {
+	r   R
 	err error
 }
 
-func newBatcher(c *Client, linger time.Duration, maxBatch int) *batcher {
-	return &batcher{c: c, linger: linger, maxBatch: maxBatch, open: map[uint32]*batch{}}
+// answer hands the call its outcome.
+func (p *pending[I, R]) answer(r R, err error) { p.done <- callOutcome[R]{r, err} }
+
+func newCoalescer[I, R any](method string, linger time.Duration, maxBatch int, send func(uint32, []*pending[I, R])) *coalescer[I, R] {
+	return &coalescer[I, R]{method: method, linger: linger, maxBatch: maxBatch, send: send, open: map[uint32]*batch[I, R]{}}
 }
 
-// enqueue adds one call to the open batch of quorum w and waits for its
-// outcome or for ctx. A caller that gives up before its batch is sent is
-// left out of it.
-func (b *batcher) enqueue(ctx context.Context, spec *nornv1.TaskSpec, id uint64, w uint32) (uint64, error) {
+// do adds one call (in, of encoded size bytes) to the open batch of quorum
+// w and waits for its outcome or for ctx. A caller that gives up before
+// its batch is sent is left out of it.
+func (b *coalescer[I, R]) do(ctx context.Context, w uint32, in I, size int) (R, error) {
+	var zero R
 	if err := ctx.Err(); err != nil {
-		return 0, ctxError(err)
+		return zero, b.ctxError(err)
 	}
-	it := &batchItem{ctx: ctx, spec: spec, id: id, done: make(chan batchResult, 1)}
-	size := proto.Size(spec)
+	p := &pending[I, R]{ctx: ctx, in: in, done: make(chan callOutcome[R], 1)}
 
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return 0, wrapErr("enqueue", ErrClosed)
+		return zero, wrapErr(b.method, ErrClosed)
 	}
 	cur := b.open[w]
 	if cur != nil && cur.bytes+size > maxBatchBytes {
@@ -78,7 +85,7 @@ func (b *batcher) enqueue(ctx context.Context, spec *nornv1.TaskSpec, id uint64,
 		cur = nil
 	}
 	if cur == nil {
-		cur = &batch{w: w}
+		cur = &batch[I, R]{w: w}
 		b.open[w] = cur
 		cur.timer = time.AfterFunc(b.linger, func() {
 			b.mu.Lock()
@@ -88,23 +95,24 @@ func (b *batcher) enqueue(ctx context.Context, spec *nornv1.TaskSpec, id uint64,
 			}
 		})
 	}
-	cur.items = append(cur.items, it)
+	cur.calls = append(cur.calls, p)
 	cur.bytes += size
-	if len(cur.items) >= b.maxBatch || cur.bytes >= maxBatchBytes {
+	if len(cur.calls) >= b.maxBatch || cur.bytes >= maxBatchBytes {
 		b.flushLocked(cur)
 	}
 	b.mu.Unlock()
 
 	select {
-	case r := <-it.done:
-		return r.id, r.err
+	case o := <-p.done:
+		return o.r, o.err
 	case <-ctx.Done():
-		return 0, ctxError(ctx.Err())
+		return zero, b.ctxError(ctx.Err())
 	}
 }
 
-// flushLocked closes bt to new calls and sends it. b.mu must be held.
-func (b *batcher) flushLocked(bt *batch) {
+// flushLocked closes bt to new calls and sends it without the calls whose
+// callers gave up. b.mu must be held.
+func (b *coalescer[I, R]) flushLocked(bt *batch[I, R]) {
 	if b.open[bt.w] == bt {
 		delete(b.open, bt.w)
 	}
@@ -112,12 +120,20 @@ func (b *batcher) flushLocked(bt *batch) {
 	b.inflight.Add(1)
 	go func() {
 		defer b.inflight.Done()
-		b.send(bt)
+		calls := bt.calls[:0:0]
+		for _, p := range bt.calls {
+			if p.ctx.Err() == nil {
+				calls = append(calls, p)
+			}
+		}
+		if len(calls) > 0 {
+			b.send(bt.w, calls)
+		}
 	}()
 }
 
 // close sends every open batch and waits for all batches in flight.
-func (b *batcher) close() {
+func (b *coalescer[I, R]) close() {
 	b.mu.Lock()
 	b.closed = true
 	for _, bt := range b.open {
@@ -127,46 +143,89 @@ func (b *batcher) close() {
 	b.inflight.Wait()
 }
 
-// send sends one batch and hands every caller its outcome: its id, or the
-// batch's error with the caller's id when it is known. When the batch fails
-// with an error that one bad task can cause (INVALID_ARGUMENT,
-// RESOURCE_EXHAUSTED, ALREADY_EXISTS), every task is sent again on its own,
-// so that only the bad one's caller sees the error.
-func (b *batcher) send(bt *batch) {
-	items := bt.items[:0:0]
-	for _, it := range bt.items {
-		if it.ctx.Err() == nil {
-			items = append(items, it)
+// ctxError turns a context error into a connect error with the matching
+// code, wrapped like the client's other errors.
+func (b *coalescer[I, R]) ctxError(err error) error {
+	code := connect.CodeCanceled
+	if errors.Is(err, context.DeadlineExceeded) {
+		code = connect.CodeDeadlineExceeded
+	}
+	return wrapErr(b.method, connect.NewError(code, err))
+}
+
+// batchContext returns the context of a batch's RPC: no caller's
+// cancellation applies to it (each caller stops waiting on its own), and
+// its deadline is the latest of the callers' deadlines, or the client's
+// timeout when a caller has none.
+func batchContext[I, R any](c *Client, calls []*pending[I, R]) (context.Context, context.CancelFunc) {
+	var latest time.Time
+	for _, p := range calls {
+		d, ok := p.ctx.Deadline()
+		if !ok {
+			return c.withTimeout(context.Background(), 0)
+		}
+		if d.After(latest) {
+			latest = d
 		}
 	}
-	if len(items) == 0 {
-		return
+	return context.WithDeadline(context.Background(), latest)
+}
+
+// batchedError renames a whole batch's error for its callers.
+func batchedError(method string, err error) error {
+	var ce *callError
+	if errors.As(err, &ce) {
+		return &callError{method: method + " (batched)", err: ce.err, ctxErr: ce.ctxErr}
 	}
-	ctx, cancel := b.sendContext(items)
+	return err
+}
+
+// enqueueCall is one coalesced Enqueue: its spec and its id (0 for a new
+// one).
+type enqueueCall struct {
+	spec *nornv1.TaskSpec
+	id   uint64
+}
+
+func newEnqueueCoalescer(c *Client, linger time.Duration, maxBatch int) *coalescer[enqueueCall, uint64] {
+	return newCoalescer("enqueue", linger, maxBatch, c.sendEnqueues)
+}
+
+// enqueue adds one Enqueue to the open batch and waits for its id.
+func (c *Client) enqueueCoalesced(ctx context.Context, spec *nornv1.TaskSpec, id uint64, w uint32) (uint64, error) {
+	return c.enqueues.do(ctx, w, enqueueCall{spec, id}, proto.Size(spec))
+}
+
+// sendEnqueues sends one batch of Enqueue calls and hands every caller its
+// outcome: its id, or the batch's error with the caller's id when it is
+// known. When the batch fails with an error that one bad task can cause
+// (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ALREADY_EXISTS), every task is
+// sent again on its own, so that only the bad one's caller sees the error.
+func (c *Client) sendEnqueues(w uint32, calls []*pending[enqueueCall, uint64]) {
+	ctx, cancel := batchContext(c, calls)
 	defer cancel()
 
-	if len(items) == 1 {
-		it := items[0]
-		id, err := b.c.enqueueOne(ctx, it.spec, it.id, bt.w)
-		it.done <- batchResult{id, err}
+	if len(calls) == 1 {
+		p := calls[0]
+		p.answer(c.enqueueOne(ctx, p.in.spec, p.in.id, w))
 		return
 	}
 
-	specs := make([]*nornv1.TaskSpec, len(items))
+	specs := make([]*nornv1.TaskSpec, len(calls))
 	var ids []uint64
-	for i, it := range items {
-		specs[i] = it.spec
-		if it.id != 0 {
+	for i, p := range calls {
+		specs[i] = p.in.spec
+		if p.in.id != 0 {
 			if ids == nil {
-				ids = make([]uint64, len(items))
+				ids = make([]uint64, len(calls))
 			}
-			ids[i] = it.id
+			ids[i] = p.in.id
 		}
 	}
-	got, err := b.c.enqueueBatch(ctx, specs, ids, bt.w)
+	got, err := c.enqueueBatch(ctx, specs, ids, w)
 	if err == nil {
-		for i, it := range items {
-			it.done <- batchResult{id: got[i]}
+		for i, p := range calls {
+			p.answer(got[i], nil)
 		}
 		return
 	}
@@ -176,56 +235,76 @@ func (b *batcher) send(bt *batch) {
 	switch connect.CodeOf(err) {
 	case connect.CodeInvalidArgument, connect.CodeResourceExhausted, connect.CodeAlreadyExists:
 		var wg sync.WaitGroup
-		for i, it := range items {
-			id := it.id
+		for i, p := range calls {
+			id := p.in.id
 			if ids != nil {
 				id = ids[i]
 			}
-			wg.Go(func() {
-				id, err := b.c.enqueueOne(ctx, it.spec, id, bt.w)
-				it.done <- batchResult{id, err}
-			})
+			wg.Go(func() { p.answer(c.enqueueOne(ctx, p.in.spec, id, w)) })
 		}
 		wg.Wait()
 		return
 	}
-	var ce *callError
-	if errors.As(err, &ce) {
-		err = &callError{method: "enqueue (batched)", err: ce.err, ctxErr: ce.ctxErr}
-	}
-	for i, it := range items {
-		r := batchResult{err: err}
+	err = batchedError("enqueue", err)
+	for i, p := range calls {
+		var id uint64
 		if ids != nil {
-			r.id = ids[i]
+			id = ids[i]
 		}
-		it.done <- r
+		p.answer(id, err)
 	}
 }
 
-// sendContext returns the context of a batch's RPC: no caller's
-// cancellation applies to it (each caller stops waiting on its own), and
-// its deadline is the latest of the callers' deadlines, or the client's
-// timeout when a caller has none.
-func (b *batcher) sendContext(items []*batchItem) (context.Context, context.CancelFunc) {
-	var latest time.Time
-	for _, it := range items {
-		d, ok := it.ctx.Deadline()
-		if !ok {
-			return b.c.withTimeout(context.Background(), 0)
-		}
-		if d.After(latest) {
-			latest = d
-		}
-	}
-	return context.WithDeadline(context.Background(), latest)
+func newCompleteCoalescer(c *Client, linger time.Duration, maxBatch int) *coalescer[*nornv1.CompleteRequest, struct{}] {
+	return newCoalescer("complete", linger, maxBatch, c.sendCompletes)
 }
 
-// ctxError turns a context error into a connect error with the matching
-// code, wrapped like the client's other errors.
-func ctxError(err error) error {
-	code := connect.CodeCanceled
-	if errors.Is(err, context.DeadlineExceeded) {
-		code = connect.CodeDeadlineExceeded
+// sendCompletes sends one batch of Complete calls as a CompleteBatch
+// (retried as a whole: completes are idempotent) and hands every caller
+// its own outcome.
+func (c *Client) sendCompletes(w uint32, calls []*pending[*nornv1.CompleteRequest, struct{}]) {
+	ctx, cancel := batchContext(c, calls)
+	defer cancel()
+	if len(calls) == 1 {
+		in := calls[0].in
+		req := &nornv1.CompleteRequest{Id: in.Id, ClaimId: in.ClaimId, Result: in.Result, W: w}
+		calls[0].answer(struct{}{}, c.completeOne(ctx, req))
+		return
 	}
-	return wrapErr("enqueue", connect.NewError(code, err))
+	req := &nornv1.CompleteBatchRequest{W: w, Completions: make([]*nornv1.CompleteRequest, len(calls))}
+	for i, p := range calls {
+		req.Completions[i] = p.in
+	}
+	var results []*nornv1.CompletionResult
+	err := c.call(ctx, "complete (batched)", retryIdempotent, func(ctx context.Context) error {
+		resp, err := c.tasks.CompleteBatch(ctx, connect.NewRequest(req))
+		if err == nil {
+			results = resp.Msg.GetResults()
+			if len(results) != len(calls) {
+				return connect.NewError(connect.CodeInternal, errProtocol("CompleteBatch answered a different number of results than completions"))
+			}
+		}
+		return err
+	})
+	for i, p := range calls {
+		switch {
+		case err != nil:
+			p.answer(struct{}{}, err)
+		case results[i].GetCode() != "":
+			p.answer(struct{}{}, itemError("complete", results[i].GetCode(), results[i].GetMessage()))
+		default:
+			p.answer(struct{}{}, nil)
+		}
+	}
+}
+
+// itemError is the error of one item of a batch RPC, from its code (in
+// the connect protocol's form) and message.
+func itemError(method, code, msg string) error {
+	var c connect.Code
+	if err := c.UnmarshalText([]byte(code)); err != nil {
+		c = connect.CodeUnknown
+		msg = fmt.Sprintf("%s (unknown code %q)", msg, code)
+	}
+	return wrapErr(method, connect.NewError(c, errors.New(msg)))
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -252,5 +253,84 @@ func TestBatchingQuorums(t *testing.T) {
 	n2, _ := ws.Load(uint32(2))
 	if n1 != 4 || n2 != 6 {
 		t.Fatalf("batch sizes by quorum: w=1 %v, w=2 %v; want 4 and 6", n1, n2)
+	}
+}
+
+// TestCompleteBatching: concurrent completes share CompleteBatch calls,
+// each caller gets its own outcome (a stale claim fails alone, as
+// ErrSuperseded), and the results reach the right tasks.
+func TestCompleteBatching(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr, client.WithCompleteBatching(50*time.Millisecond, 1000))
+	ctx := t.Context()
+	const n = 50
+	for i := range n {
+		if _, err := c.Enqueue(ctx, spec(fmt.Sprint("p", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := c.Claim(ctx, client.ClaimRequest{Queue: "q", Max: n, Lease: time.Minute})
+	if err != nil || len(got) != n {
+		t.Fatalf("Claim = %d tasks, %v", len(got), err)
+	}
+	const stale = 7 // this caller completes with a wrong claim id
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, ct := range got {
+		claim := ct.GetClaimId()
+		if i == stale {
+			claim += 1000
+		}
+		wg.Go(func() {
+			errs[i] = c.Complete(ctx, ct.GetTask().GetId(), claim, []byte(fmt.Sprint("r", i)))
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if i == stale {
+			if !errors.Is(err, client.ErrSuperseded) || !strings.Contains(err.Error(), "claimId") {
+				t.Errorf("stale complete: %v, want ErrSuperseded naming claimId", err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("complete %d: %v", i, err)
+		}
+		task := f.task(got[i].GetTask().GetId())
+		if task.GetStatus() != nornv1.TaskStatus_TASK_STATUS_COMPLETED || string(task.GetResult()) != fmt.Sprint("r", i) {
+			t.Errorf("task of complete %d: %v, result %q", i, task.GetStatus(), task.GetResult())
+		}
+	}
+	if k := f.count("Complete"); k != 0 {
+		t.Errorf("%d single Complete calls, want 0", k)
+	}
+	if k := f.count("CompleteBatch"); k == 0 || k > 3 {
+		t.Errorf("%d CompleteBatch calls for %d completes, want 1 to 3", k, n)
+	}
+	if st := f.task(got[stale].GetTask().GetId()).GetStatus(); st != nornv1.TaskStatus_TASK_STATUS_CLAIMED {
+		t.Errorf("task of the stale complete is %v, want still CLAIMED", st)
+	}
+}
+
+// TestCompleteBatchingRetriesWholeBatch: a batch that fails with
+// UNAVAILABLE is sent again whole (completes are idempotent).
+func TestCompleteBatchingRetriesWholeBatch(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr, client.WithCompleteBatching(20*time.Millisecond, 1000),
+		client.WithRetry(client.RetryPolicy{MaxAttempts: 3, BaseBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))
+	ctx := t.Context()
+	a, b := claimOne(t, c), claimOne(t, c)
+	f.setInject(failFirst("CompleteBatch", 1, errUnavailable))
+	var wg sync.WaitGroup
+	for _, ct := range []*nornv1.ClaimedTask{a, b} {
+		wg.Go(func() {
+			if err := c.Complete(ctx, ct.GetTask().GetId(), ct.GetClaimId(), nil); err != nil {
+				t.Errorf("complete: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if k := f.count("CompleteBatch"); k != 2 {
+		t.Errorf("%d CompleteBatch calls, want 2 (one failed, one retry)", k)
 	}
 }

@@ -83,6 +83,14 @@
 // enqueuers; WithEnqueueBatching(time.Millisecond, 500) is a good start.
 // Calls with different write quorums never share a batch.
 //
+// WithCompleteBatching(linger, maxBatch) does the same for Complete, with
+// CompleteBatch RPCs: the node then commits a batch of completions with one
+// fsync. Each caller still gets its own error (a stale claim fails alone,
+// with ErrSuperseded); a batch that fails as a whole is retried as a whole,
+// as completes are idempotent. Use it for a Worker with a high Concurrency:
+// on one node, 8 workers of 16 handlers complete about twice as many tasks
+// per second with it (docs/BENCHMARKS.md).
+//
 // # Worker
 //
 // Worker.Run claims up to the free slots of WorkerConfig.Concurrency in one

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -441,6 +442,29 @@ func (f *fakeServer) Complete(_ context.Context, r *connect.Request[nornv1.Compl
 		t.result = r.Msg.GetResult()
 	}
 	return connect.NewResponse(&nornv1.CompleteResponse{Acks: 1}), nil
+}
+
+func (f *fakeServer) CompleteBatch(_ context.Context, r *connect.Request[nornv1.CompleteBatchRequest]) (*connect.Response[nornv1.CompleteBatchResponse], error) {
+	if err := f.begin("CompleteBatch", r.Msg); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	results := make([]*nornv1.CompletionResult, len(r.Msg.GetCompletions()))
+	for i, c := range r.Msg.GetCompletions() {
+		t, err := f.endLocked(c.GetId(), c.GetClaimId(), nornv1.TaskStatus_TASK_STATUS_COMPLETED, nornv1.ClaimEnd_CLAIM_END_COMPLETED)
+		if err != nil {
+			var ce *connect.Error
+			errors.As(err, &ce)
+			results[i] = &nornv1.CompletionResult{Code: ce.Code().String(), Message: fmt.Sprintf("completions[%d]: %s", i, ce.Message())}
+			continue
+		}
+		if t != nil {
+			t.result = c.GetResult()
+		}
+		results[i] = &nornv1.CompletionResult{Acks: 1}
+	}
+	return connect.NewResponse(&nornv1.CompleteBatchResponse{Results: results}), nil
 }
 
 func (f *fakeServer) Abort(_ context.Context, r *connect.Request[nornv1.AbortRequest]) (*connect.Response[nornv1.AbortResponse], error) {

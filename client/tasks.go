@@ -78,8 +78,8 @@ func (c *Client) Enqueue(ctx context.Context, spec *nornv1.TaskSpec, opts ...Enq
 	if len(o.ids) == 1 {
 		id = o.ids[0]
 	}
-	if c.batcher != nil {
-		return c.batcher.enqueue(ctx, spec, id, o.w)
+	if c.enqueues != nil {
+		return c.enqueueCoalesced(ctx, spec, id, o.w)
 	}
 	return c.enqueueOne(ctx, spec, id, o.w)
 }
@@ -373,8 +373,19 @@ func (c *Client) Update(ctx context.Context, req *nornv1.UpdateRequest) error {
 // of a complete that took effect succeeds, so it is retried. The first
 // terminal event wins: a complete racing a cancel may succeed and still
 // leave the task CANCELLED.
+//
+// With WithCompleteBatching, concurrent calls share CompleteBatch RPCs.
 func (c *Client) Complete(ctx context.Context, id, claimID uint64, result []byte) error {
-	req := &nornv1.CompleteRequest{Id: id, ClaimId: claimID, Result: result, W: c.w}
+	if c.completes != nil {
+		req := &nornv1.CompleteRequest{Id: id, ClaimId: claimID, Result: result}
+		_, err := c.completes.do(ctx, c.w, req, proto.Size(req))
+		return err
+	}
+	return c.completeOne(ctx, &nornv1.CompleteRequest{Id: id, ClaimId: claimID, Result: result, W: c.w})
+}
+
+// completeOne sends one Complete RPC, retried.
+func (c *Client) completeOne(ctx context.Context, req *nornv1.CompleteRequest) error {
 	return c.call(ctx, "complete", retryIdempotent, func(ctx context.Context) error {
 		_, err := c.tasks.Complete(ctx, connect.NewRequest(req))
 		return err

@@ -45,3 +45,12 @@ func apiError(err error) error {
 	}
 	return connect.NewError(connect.CodeInternal, err)
 }
+
+// errorMessage is err's message without connect's code prefix.
+func errorMessage(err error) string {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce.Message()
+	}
+	return err.Error()
+}

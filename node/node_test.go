@@ -737,3 +737,81 @@ func TestCountListStatus(t *testing.T) {
 		t.Fatalf("status counts %d tasks, want 26", total)
 	}
 }
+
+// TestCompleteBatch: one CompleteBatch completes many tasks; each
+// completion succeeds or fails on its own with the code Complete would
+// give, named by its index; a repeat of a completion that took effect
+// succeeds.
+func TestCompleteBatch(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	ctx := context.Background()
+	for range 4 {
+		h.enqueue(&nornv1.TaskSpec{Queue: "q"})
+	}
+	c := h.claim("q", 4, time.Minute)
+	if len(c) != 4 {
+		t.Fatalf("claimed %d", len(c))
+	}
+	done := func(i int) *nornv1.CompleteRequest {
+		return &nornv1.CompleteRequest{Id: c[i].Task.Id, ClaimId: c[i].ClaimId, Result: []byte{byte(i)}}
+	}
+	batch := []*nornv1.CompleteRequest{
+		done(0),
+		{Id: c[1].Task.Id, ClaimId: c[1].ClaimId + 1}, // stale claim
+		done(2),
+		{Id: 12345, ClaimId: 1}, // unknown task
+		done(2),                 // twice in one batch
+		{Id: c[3].Task.Id, ClaimId: c[3].ClaimId, W: 1}, // per-item w
+	}
+	r, err := h.api.CompleteBatch(ctx, connect.NewRequest(&nornv1.CompleteBatchRequest{Completions: batch}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"", "failed_precondition", "", "not_found", "invalid_argument", "invalid_argument"}
+	if len(r.Msg.Results) != len(want) {
+		t.Fatalf("%d results for %d completions", len(r.Msg.Results), len(want))
+	}
+	for i, res := range r.Msg.Results {
+		if res.Code != want[i] {
+			t.Errorf("completion %d: code %q (%s), want %q", i, res.Code, res.Message, want[i])
+		}
+		if want[i] != "" && !strings.HasPrefix(res.Message, fmt.Sprintf("completions[%d]: ", i)) {
+			t.Errorf("completion %d: message %q does not name it", i, res.Message)
+		}
+		if (want[i] == "") != (res.Acks == 1) {
+			t.Errorf("completion %d: %d acks", i, res.Acks)
+		}
+	}
+	for i, st := range []nornv1.TaskStatus{
+		nornv1.TaskStatus_TASK_STATUS_COMPLETED, nornv1.TaskStatus_TASK_STATUS_CLAIMED,
+		nornv1.TaskStatus_TASK_STATUS_COMPLETED, nornv1.TaskStatus_TASK_STATUS_CLAIMED,
+	} {
+		got := h.get(c[i].Task.Id)
+		if got.Status != st {
+			t.Errorf("task %d: %v, want %v", i, got.Status, st)
+		}
+		if st == nornv1.TaskStatus_TASK_STATUS_COMPLETED && (len(got.Result) != 1 || got.Result[0] != byte(i)) {
+			t.Errorf("task %d: result %v", i, got.Result)
+		}
+	}
+	// A retry of the batch's successes succeeds; the rest still fail.
+	r, err = h.api.CompleteBatch(ctx, connect.NewRequest(&nornv1.CompleteBatchRequest{
+		Completions: []*nornv1.CompleteRequest{done(0), done(1), done(3)}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, res := range r.Msg.Results {
+		if res.Code != "" {
+			t.Errorf("second batch, completion %d: %s %s", i, res.Code, res.Message)
+		}
+	}
+	if got := h.get(c[1].Task.Id); got.Status != nornv1.TaskStatus_TASK_STATUS_COMPLETED {
+		t.Errorf("task 1 after its own complete: %v", got.Status)
+	}
+	// Whole-request errors.
+	_, err = h.api.CompleteBatch(ctx, connect.NewRequest(&nornv1.CompleteBatchRequest{}))
+	wantCode(t, err, connect.CodeInvalidArgument)
+	_, err = h.api.CompleteBatch(ctx, connect.NewRequest(&nornv1.CompleteBatchRequest{
+		Completions: make([]*nornv1.CompleteRequest, maxCompleteBatch+1)}))
+	wantCode(t, err, connect.CodeInvalidArgument)
+}

@@ -359,41 +359,62 @@ func (s taskService) Update(_ context.Context, req *connect.Request[nornv1.Updat
 
 // finish records a terminal event for a claimed task (complete or abort):
 // the claim must be the live one, or the one that already ended the task
-// the same way (an idempotent retry).
+// the same way (an idempotent retry). It returns the acks.
 func (n *Node) finish(id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, error) {
 	if err := checkW(w); err != nil {
 		return 0, err
 	}
-	if err := requireClaim(id, claimID); err != nil {
+	t, err := n.prepareFinish(id, claimID, ev)
+	if err != nil {
 		return 0, err
+	}
+	if t == nil {
+		return replication, nil // a retry of the same call
+	}
+	if err := n.merge([]*crdt.Task{t}); err != nil {
+		return 0, err
+	}
+	n.finished([]*crdt.Task{t})
+	return replication, nil
+}
+
+// prepareFinish checks that the terminal event ev may end task id under
+// claim claimID and returns the state to merge, or nil when the same event
+// already took effect (a retry).
+func (n *Node) prepareFinish(id, claimID uint64, ev crdt.Terminal) (*crdt.Task, error) {
+	if err := requireClaim(id, claimID); err != nil {
+		return nil, err
 	}
 	ev.Claim = claimID
 	if err := ev.Validate(n.cfg.Limits); err != nil {
-		return 0, apiError(err)
+		return nil, apiError(err)
 	}
 	ts, err := n.load(id)
 	if err != nil {
-		return 0, apiError(err)
+		return nil, apiError(err)
 	}
 	if prev, terminal := ts.task.Terminal(); terminal {
 		n.endIfTerminal(ts)
 		if prev.Kind == ev.Kind && prev.Claim == claimID {
-			return replication, nil // retry of the same call
+			return nil, nil
 		}
-		return 0, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", id, prev.Kind))
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", id, prev.Kind))
 	}
 	if err := liveClaim(ts, claimID); err != nil {
-		return 0, err
+		return nil, err
 	}
 	ev.At = n.hlc.Now()
-	if err := n.merge([]*crdt.Task{{ID: id, Terminals: []crdt.Terminal{ev}}}); err != nil {
-		return 0, err
-	}
-	// Dependants of this task, in any queue, may be claimable (or doomed)
-	// now: wake every long poll to look again.
+	return &crdt.Task{ID: id, Terminals: []crdt.Terminal{ev}}, nil
+}
+
+// finished follows the merge of terminal events (one per task): their
+// dependants, in any queue, may be claimable (or doomed) now, so every
+// long poll looks again; and their claims end.
+func (n *Node) finished(tasks []*crdt.Task) {
 	n.waiters.notifyAll()
-	n.endClaim(id, ev)
-	return replication, nil
+	for _, t := range tasks {
+		n.endClaim(t.ID, t.Terminals[0])
+	}
 }
 
 func (s taskService) Complete(_ context.Context, req *connect.Request[nornv1.CompleteRequest]) (*connect.Response[nornv1.CompleteResponse], error) {
@@ -407,6 +428,63 @@ func (s taskService) Complete(_ context.Context, req *connect.Request[nornv1.Com
 		return nil, err
 	}
 	return connect.NewResponse(&nornv1.CompleteResponse{Acks: acks}), nil
+}
+
+// maxCompleteBatch bounds the completions of one CompleteBatch.
+const maxCompleteBatch = 10_000
+
+func (s taskService) CompleteBatch(_ context.Context, req *connect.Request[nornv1.CompleteBatchRequest]) (*connect.Response[nornv1.CompleteBatchResponse], error) {
+	n, m := s.n, req.Msg
+	if err := checkW(m.GetW()); err != nil {
+		return nil, err
+	}
+	cs := m.GetCompletions()
+	if len(cs) == 0 || len(cs) > maxCompleteBatch {
+		return nil, invalid("completions", "must hold 1 to %d completions, got %d", maxCompleteBatch, len(cs))
+	}
+	results := make([]*nornv1.CompletionResult, len(cs))
+	fail := func(i int, err error) {
+		results[i] = &nornv1.CompletionResult{Code: connect.CodeOf(err).String(), Message: fmt.Sprintf("completions[%d]: %s", i, errorMessage(err))}
+	}
+	seen := make(map[uint64]bool, len(cs))
+	var tasks []*crdt.Task
+	var merged []int // index in cs of each of tasks
+	for i, c := range cs {
+		switch {
+		case c.GetW() != 0:
+			fail(i, invalid("w", "must be unset in a batch; set the batch's w"))
+			continue
+		case seen[c.GetId()] && c.GetId() != 0:
+			fail(i, invalid("id", "task %d is completed twice in the batch", c.GetId()))
+			continue
+		}
+		seen[c.GetId()] = true
+		result := c.GetResult()
+		if len(result) == 0 {
+			result = nil
+		}
+		t, err := n.prepareFinish(c.GetId(), c.GetClaimId(), crdt.Terminal{Kind: crdt.Completed, Result: result})
+		switch {
+		case err != nil:
+			fail(i, err)
+		case t == nil: // already completed by this claim: a retry
+			results[i] = &nornv1.CompletionResult{Acks: replication}
+		default:
+			tasks = append(tasks, t)
+			merged = append(merged, i)
+		}
+	}
+	if len(tasks) > 0 {
+		// One synced commit for the whole batch.
+		if err := n.merge(tasks); err != nil {
+			return nil, err
+		}
+		n.finished(tasks)
+		for _, i := range merged {
+			results[i] = &nornv1.CompletionResult{Acks: replication}
+		}
+	}
+	return connect.NewResponse(&nornv1.CompleteBatchResponse{Results: results}), nil
 }
 
 func (s taskService) Abort(_ context.Context, req *connect.Request[nornv1.AbortRequest]) (*connect.Response[nornv1.AbortResponse], error) {

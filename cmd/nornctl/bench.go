@@ -30,7 +30,9 @@ bench is a load generator. It runs up to two phases against one queue
   claim-complete  --workers workers each claim up to --claim-max tasks in
                   one Claim and Complete them one after the other (or with
                   --pipeline Complete calls in flight, like a worker
-                  process running several handlers at once), until
+                  process running several handlers at once; with
+                  --complete-linger the client coalesces concurrent
+                  Complete calls into CompleteBatch RPCs), until
                   --count tasks are completed or nothing is claimable for
                   --claim-wait. A worker never claims more than the tasks
                   still to do, so it leaves no task claimed behind.
@@ -63,9 +65,14 @@ type benchConfig struct {
 	Queue       string        // the queue
 	BatchLinger time.Duration // client enqueue coalescing; 0: off
 	BatchMax    int           // most tasks per coalesced batch
+	CompLinger  time.Duration // client complete coalescing; 0: off
 	Lease       time.Duration // lease of every claim
 	ClaimWait   time.Duration // long poll of every claim
 }
+
+// completeBatchMax is the most completions bench's client coalesces into
+// one CompleteBatch.
+const completeBatchMax = 1000
 
 // maxPhaseErrors is how many failed calls stop a phase early.
 const maxPhaseErrors = 100
@@ -83,6 +90,7 @@ func runBench(e *env, cmd *command, args []string) error {
 	fs.StringVar(&cfg.Queue, "queue", "", "queue to use (default: a fresh bench-<time>; required for --workload claim-complete)")
 	fs.DurationVar(&cfg.BatchLinger, "batch-linger", time.Millisecond, "client enqueue coalescing: longest wait for a batch to fill (0: off)")
 	fs.IntVar(&cfg.BatchMax, "batch-max", 500, "client enqueue coalescing: most tasks per batch, 1 to 10000")
+	fs.DurationVar(&cfg.CompLinger, "complete-linger", 0, "client complete coalescing: longest wait for a batch of completes to fill (0: off, one Complete RPC per task)")
 	fs.DurationVar(&cfg.Lease, "lease", time.Minute, "lease of every claim")
 	fs.DurationVar(&cfg.ClaimWait, "claim-wait", time.Second, "long poll of every claim; a worker stops after one that finds nothing")
 	if _, err := e.parse(cmd, fs, args, 0, 0); err != nil {
@@ -97,6 +105,9 @@ func runBench(e *env, cmd *command, args []string) error {
 	var opts []client.Option
 	if cfg.BatchLinger > 0 {
 		opts = append(opts, client.WithEnqueueBatching(cfg.BatchLinger, cfg.BatchMax))
+	}
+	if cfg.CompLinger > 0 {
+		opts = append(opts, client.WithCompleteBatching(cfg.CompLinger, completeBatchMax))
 	}
 	c, err := e.client(opts...)
 	if err != nil {
@@ -146,8 +157,8 @@ func (cfg *benchConfig) validate() error {
 		return fmt.Errorf("--pipeline %d: want at least 1", cfg.Pipeline)
 	case cfg.PayloadSize < 0:
 		return fmt.Errorf("--payload-size %d: negative", cfg.PayloadSize)
-	case cfg.BatchLinger < 0:
-		return fmt.Errorf("--batch-linger %v: negative", cfg.BatchLinger)
+	case cfg.BatchLinger < 0 || cfg.CompLinger < 0:
+		return fmt.Errorf("--batch-linger %v, --complete-linger %v: must not be negative", cfg.BatchLinger, cfg.CompLinger)
 	case cfg.BatchMax < 1 || cfg.BatchMax > 10000:
 		return fmt.Errorf("--batch-max %d: want 1 to 10000", cfg.BatchMax)
 	case cfg.Lease <= 0 || cfg.ClaimWait < 0:

@@ -1166,6 +1166,177 @@ func (x *CompleteResponse) GetAcks() uint32 {
 	return 0
 }
 
+// CompleteBatchRequest is the request of TaskService.CompleteBatch.
+type CompleteBatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The completions, 1 to 10,000 (more is INVALID_ARGUMENT), each as in
+	// Complete but with w unset, within the request size limit. A task may
+	// appear once.
+	Completions []*CompleteRequest `protobuf:"bytes,1,rep,name=completions,proto3" json:"completions,omitempty"`
+	// Write quorum for every completion, as in EnqueueRequest.w.
+	W             uint32 `protobuf:"varint,2,opt,name=w,proto3" json:"w,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteBatchRequest) Reset() {
+	*x = CompleteBatchRequest{}
+	mi := &file_norn_v1_task_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteBatchRequest) ProtoMessage() {}
+
+func (x *CompleteBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_task_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteBatchRequest.ProtoReflect.Descriptor instead.
+func (*CompleteBatchRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CompleteBatchRequest) GetCompletions() []*CompleteRequest {
+	if x != nil {
+		return x.Completions
+	}
+	return nil
+}
+
+func (x *CompleteBatchRequest) GetW() uint32 {
+	if x != nil {
+		return x.W
+	}
+	return 0
+}
+
+// CompleteBatchResponse is the response of TaskService.CompleteBatch.
+type CompleteBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One result per completion, in request order.
+	Results       []*CompletionResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteBatchResponse) Reset() {
+	*x = CompleteBatchResponse{}
+	mi := &file_norn_v1_task_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteBatchResponse) ProtoMessage() {}
+
+func (x *CompleteBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_task_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteBatchResponse.ProtoReflect.Descriptor instead.
+func (*CompleteBatchResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CompleteBatchResponse) GetResults() []*CompletionResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// CompletionResult is the outcome of one completion of a CompleteBatch.
+type CompletionResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Replicas that stored the completion durably before the answer; 0
+	// when it failed.
+	Acks uint32 `protobuf:"varint,1,opt,name=acks,proto3" json:"acks,omitempty"`
+	// Empty when the completion took effect (or had already). Otherwise the
+	// error Complete would have returned for it: its code in the connect
+	// protocol's snake_case form ("failed_precondition", "not_found",
+	// "invalid_argument", ...) and its message, which names the completion
+	// ("completions[3].claim_id: ...").
+	Code          string `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompletionResult) Reset() {
+	*x = CompletionResult{}
+	mi := &file_norn_v1_task_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompletionResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompletionResult) ProtoMessage() {}
+
+func (x *CompletionResult) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_task_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompletionResult.ProtoReflect.Descriptor instead.
+func (*CompletionResult) Descriptor() ([]byte, []int) {
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CompletionResult) GetAcks() uint32 {
+	if x != nil {
+		return x.Acks
+	}
+	return 0
+}
+
+func (x *CompletionResult) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *CompletionResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // AbortRequest is the request of TaskService.Abort.
 type AbortRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1185,7 +1356,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_norn_v1_task_service_proto_msgTypes[18]
+	mi := &file_norn_v1_task_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1368,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_task_service_proto_msgTypes[18]
+	mi := &file_norn_v1_task_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1381,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{18}
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AbortRequest) GetId() uint64 {
@@ -1252,7 +1423,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_norn_v1_task_service_proto_msgTypes[19]
+	mi := &file_norn_v1_task_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1264,7 +1435,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_task_service_proto_msgTypes[19]
+	mi := &file_norn_v1_task_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1277,7 +1448,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{19}
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AbortResponse) GetAcks() uint32 {
@@ -1305,7 +1476,7 @@ type YieldRequest struct {
 
 func (x *YieldRequest) Reset() {
 	*x = YieldRequest{}
-	mi := &file_norn_v1_task_service_proto_msgTypes[20]
+	mi := &file_norn_v1_task_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1488,7 @@ func (x *YieldRequest) String() string {
 func (*YieldRequest) ProtoMessage() {}
 
 func (x *YieldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_task_service_proto_msgTypes[20]
+	mi := &file_norn_v1_task_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1501,7 @@ func (x *YieldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use YieldRequest.ProtoReflect.Descriptor instead.
 func (*YieldRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{20}
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *YieldRequest) GetId() uint64 {
@@ -1364,7 +1535,7 @@ type YieldResponse struct {
 
 func (x *YieldResponse) Reset() {
 	*x = YieldResponse{}
-	mi := &file_norn_v1_task_service_proto_msgTypes[21]
+	mi := &file_norn_v1_task_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1547,7 @@ func (x *YieldResponse) String() string {
 func (*YieldResponse) ProtoMessage() {}
 
 func (x *YieldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_task_service_proto_msgTypes[21]
+	mi := &file_norn_v1_task_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1560,7 @@ func (x *YieldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use YieldResponse.ProtoReflect.Descriptor instead.
 func (*YieldResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{21}
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{24}
 }
 
 // CancelRequest is the request of TaskService.Cancel.
@@ -1407,7 +1578,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_norn_v1_task_service_proto_msgTypes[22]
+	mi := &file_norn_v1_task_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1590,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_task_service_proto_msgTypes[22]
+	mi := &file_norn_v1_task_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1603,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{22}
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CancelRequest) GetId() uint64 {
@@ -1460,7 +1631,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_norn_v1_task_service_proto_msgTypes[23]
+	mi := &file_norn_v1_task_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1472,7 +1643,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_task_service_proto_msgTypes[23]
+	mi := &file_norn_v1_task_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1485,7 +1656,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{23}
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CancelResponse) GetAcks() uint32 {
@@ -1566,7 +1737,16 @@ const file_norn_v1_task_service_proto_rawDesc = "" +
 	"\x06result\x18\x03 \x01(\fR\x06result\x12\f\n" +
 	"\x01w\x18\x04 \x01(\rR\x01w\"&\n" +
 	"\x10CompleteResponse\x12\x12\n" +
-	"\x04acks\x18\x01 \x01(\rR\x04acks\"s\n" +
+	"\x04acks\x18\x01 \x01(\rR\x04acks\"`\n" +
+	"\x14CompleteBatchRequest\x12:\n" +
+	"\vcompletions\x18\x01 \x03(\v2\x18.norn.v1.CompleteRequestR\vcompletions\x12\f\n" +
+	"\x01w\x18\x02 \x01(\rR\x01w\"L\n" +
+	"\x15CompleteBatchResponse\x123\n" +
+	"\aresults\x18\x01 \x03(\v2\x19.norn.v1.CompletionResultR\aresults\"T\n" +
+	"\x10CompletionResult\x12\x12\n" +
+	"\x04acks\x18\x01 \x01(\rR\x04acks\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\tR\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"s\n" +
 	"\fAbortRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x19\n" +
 	"\bclaim_id\x18\x02 \x01(\x04R\aclaimId\x12*\n" +
@@ -1583,7 +1763,7 @@ const file_norn_v1_task_service_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\f\n" +
 	"\x01w\x18\x02 \x01(\rR\x01w\"$\n" +
 	"\x0eCancelResponse\x12\x12\n" +
-	"\x04acks\x18\x01 \x01(\rR\x04acks2\xf8\x05\n" +
+	"\x04acks\x18\x01 \x01(\rR\x04acks2\xc8\x06\n" +
 	"\vTaskService\x12<\n" +
 	"\aEnqueue\x12\x17.norn.v1.EnqueueRequest\x1a\x18.norn.v1.EnqueueResponse\x12K\n" +
 	"\fEnqueueBatch\x12\x1c.norn.v1.EnqueueBatchRequest\x1a\x1d.norn.v1.EnqueueBatchResponse\x12<\n" +
@@ -1594,7 +1774,8 @@ const file_norn_v1_task_service_proto_rawDesc = "" +
 	"\x05Claim\x12\x15.norn.v1.ClaimRequest\x1a\x16.norn.v1.ClaimResponse\x126\n" +
 	"\x05Renew\x12\x15.norn.v1.RenewRequest\x1a\x16.norn.v1.RenewResponse\x129\n" +
 	"\x06Update\x12\x16.norn.v1.UpdateRequest\x1a\x17.norn.v1.UpdateResponse\x12?\n" +
-	"\bComplete\x12\x18.norn.v1.CompleteRequest\x1a\x19.norn.v1.CompleteResponse\x126\n" +
+	"\bComplete\x12\x18.norn.v1.CompleteRequest\x1a\x19.norn.v1.CompleteResponse\x12N\n" +
+	"\rCompleteBatch\x12\x1d.norn.v1.CompleteBatchRequest\x1a\x1e.norn.v1.CompleteBatchResponse\x126\n" +
 	"\x05Abort\x12\x15.norn.v1.AbortRequest\x1a\x16.norn.v1.AbortResponse\x126\n" +
 	"\x05Yield\x12\x15.norn.v1.YieldRequest\x1a\x16.norn.v1.YieldResponse\x129\n" +
 	"\x06Cancel\x12\x16.norn.v1.CancelRequest\x1a\x17.norn.v1.CancelResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
@@ -1611,7 +1792,7 @@ func file_norn_v1_task_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_task_service_proto_rawDescData
 }
 
-var file_norn_v1_task_service_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_norn_v1_task_service_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_norn_v1_task_service_proto_goTypes = []any{
 	(*EnqueueRequest)(nil),        // 0: norn.v1.EnqueueRequest
 	(*EnqueueResponse)(nil),       // 1: norn.v1.EnqueueResponse
@@ -1631,63 +1812,70 @@ var file_norn_v1_task_service_proto_goTypes = []any{
 	(*UpdateResponse)(nil),        // 15: norn.v1.UpdateResponse
 	(*CompleteRequest)(nil),       // 16: norn.v1.CompleteRequest
 	(*CompleteResponse)(nil),      // 17: norn.v1.CompleteResponse
-	(*AbortRequest)(nil),          // 18: norn.v1.AbortRequest
-	(*AbortResponse)(nil),         // 19: norn.v1.AbortResponse
-	(*YieldRequest)(nil),          // 20: norn.v1.YieldRequest
-	(*YieldResponse)(nil),         // 21: norn.v1.YieldResponse
-	(*CancelRequest)(nil),         // 22: norn.v1.CancelRequest
-	(*CancelResponse)(nil),        // 23: norn.v1.CancelResponse
-	nil,                           // 24: norn.v1.CountTasksResponse.ByStatusEntry
-	(*TaskSpec)(nil),              // 25: norn.v1.TaskSpec
-	(*Task)(nil),                  // 26: norn.v1.Task
-	(TaskStatus)(0),               // 27: norn.v1.TaskStatus
-	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
-	(*ClaimedTask)(nil),           // 29: norn.v1.ClaimedTask
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(*TaskError)(nil),             // 31: norn.v1.TaskError
+	(*CompleteBatchRequest)(nil),  // 18: norn.v1.CompleteBatchRequest
+	(*CompleteBatchResponse)(nil), // 19: norn.v1.CompleteBatchResponse
+	(*CompletionResult)(nil),      // 20: norn.v1.CompletionResult
+	(*AbortRequest)(nil),          // 21: norn.v1.AbortRequest
+	(*AbortResponse)(nil),         // 22: norn.v1.AbortResponse
+	(*YieldRequest)(nil),          // 23: norn.v1.YieldRequest
+	(*YieldResponse)(nil),         // 24: norn.v1.YieldResponse
+	(*CancelRequest)(nil),         // 25: norn.v1.CancelRequest
+	(*CancelResponse)(nil),        // 26: norn.v1.CancelResponse
+	nil,                           // 27: norn.v1.CountTasksResponse.ByStatusEntry
+	(*TaskSpec)(nil),              // 28: norn.v1.TaskSpec
+	(*Task)(nil),                  // 29: norn.v1.Task
+	(TaskStatus)(0),               // 30: norn.v1.TaskStatus
+	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
+	(*ClaimedTask)(nil),           // 32: norn.v1.ClaimedTask
+	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
+	(*TaskError)(nil),             // 34: norn.v1.TaskError
 }
 var file_norn_v1_task_service_proto_depIdxs = []int32{
-	25, // 0: norn.v1.EnqueueRequest.task:type_name -> norn.v1.TaskSpec
-	25, // 1: norn.v1.EnqueueBatchRequest.tasks:type_name -> norn.v1.TaskSpec
-	26, // 2: norn.v1.GetTaskResponse.task:type_name -> norn.v1.Task
-	27, // 3: norn.v1.ListTasksRequest.status:type_name -> norn.v1.TaskStatus
-	26, // 4: norn.v1.ListTasksResponse.tasks:type_name -> norn.v1.Task
-	24, // 5: norn.v1.CountTasksResponse.by_status:type_name -> norn.v1.CountTasksResponse.ByStatusEntry
-	28, // 6: norn.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
-	28, // 7: norn.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	29, // 8: norn.v1.ClaimResponse.tasks:type_name -> norn.v1.ClaimedTask
-	28, // 9: norn.v1.RenewRequest.lease:type_name -> google.protobuf.Duration
-	30, // 10: norn.v1.RenewResponse.expiry:type_name -> google.protobuf.Timestamp
-	31, // 11: norn.v1.AbortRequest.errors:type_name -> norn.v1.TaskError
-	0,  // 12: norn.v1.TaskService.Enqueue:input_type -> norn.v1.EnqueueRequest
-	2,  // 13: norn.v1.TaskService.EnqueueBatch:input_type -> norn.v1.EnqueueBatchRequest
-	4,  // 14: norn.v1.TaskService.GetTask:input_type -> norn.v1.GetTaskRequest
-	6,  // 15: norn.v1.TaskService.ListTasks:input_type -> norn.v1.ListTasksRequest
-	8,  // 16: norn.v1.TaskService.CountTasks:input_type -> norn.v1.CountTasksRequest
-	10, // 17: norn.v1.TaskService.Claim:input_type -> norn.v1.ClaimRequest
-	12, // 18: norn.v1.TaskService.Renew:input_type -> norn.v1.RenewRequest
-	14, // 19: norn.v1.TaskService.Update:input_type -> norn.v1.UpdateRequest
-	16, // 20: norn.v1.TaskService.Complete:input_type -> norn.v1.CompleteRequest
-	18, // 21: norn.v1.TaskService.Abort:input_type -> norn.v1.AbortRequest
-	20, // 22: norn.v1.TaskService.Yield:input_type -> norn.v1.YieldRequest
-	22, // 23: norn.v1.TaskService.Cancel:input_type -> norn.v1.CancelRequest
-	1,  // 24: norn.v1.TaskService.Enqueue:output_type -> norn.v1.EnqueueResponse
-	3,  // 25: norn.v1.TaskService.EnqueueBatch:output_type -> norn.v1.EnqueueBatchResponse
-	5,  // 26: norn.v1.TaskService.GetTask:output_type -> norn.v1.GetTaskResponse
-	7,  // 27: norn.v1.TaskService.ListTasks:output_type -> norn.v1.ListTasksResponse
-	9,  // 28: norn.v1.TaskService.CountTasks:output_type -> norn.v1.CountTasksResponse
-	11, // 29: norn.v1.TaskService.Claim:output_type -> norn.v1.ClaimResponse
-	13, // 30: norn.v1.TaskService.Renew:output_type -> norn.v1.RenewResponse
-	15, // 31: norn.v1.TaskService.Update:output_type -> norn.v1.UpdateResponse
-	17, // 32: norn.v1.TaskService.Complete:output_type -> norn.v1.CompleteResponse
-	19, // 33: norn.v1.TaskService.Abort:output_type -> norn.v1.AbortResponse
-	21, // 34: norn.v1.TaskService.Yield:output_type -> norn.v1.YieldResponse
-	23, // 35: norn.v1.TaskService.Cancel:output_type -> norn.v1.CancelResponse
-	24, // [24:36] is the sub-list for method output_type
-	12, // [12:24] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	28, // 0: norn.v1.EnqueueRequest.task:type_name -> norn.v1.TaskSpec
+	28, // 1: norn.v1.EnqueueBatchRequest.tasks:type_name -> norn.v1.TaskSpec
+	29, // 2: norn.v1.GetTaskResponse.task:type_name -> norn.v1.Task
+	30, // 3: norn.v1.ListTasksRequest.status:type_name -> norn.v1.TaskStatus
+	29, // 4: norn.v1.ListTasksResponse.tasks:type_name -> norn.v1.Task
+	27, // 5: norn.v1.CountTasksResponse.by_status:type_name -> norn.v1.CountTasksResponse.ByStatusEntry
+	31, // 6: norn.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	31, // 7: norn.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	32, // 8: norn.v1.ClaimResponse.tasks:type_name -> norn.v1.ClaimedTask
+	31, // 9: norn.v1.RenewRequest.lease:type_name -> google.protobuf.Duration
+	33, // 10: norn.v1.RenewResponse.expiry:type_name -> google.protobuf.Timestamp
+	16, // 11: norn.v1.CompleteBatchRequest.completions:type_name -> norn.v1.CompleteRequest
+	20, // 12: norn.v1.CompleteBatchResponse.results:type_name -> norn.v1.CompletionResult
+	34, // 13: norn.v1.AbortRequest.errors:type_name -> norn.v1.TaskError
+	0,  // 14: norn.v1.TaskService.Enqueue:input_type -> norn.v1.EnqueueRequest
+	2,  // 15: norn.v1.TaskService.EnqueueBatch:input_type -> norn.v1.EnqueueBatchRequest
+	4,  // 16: norn.v1.TaskService.GetTask:input_type -> norn.v1.GetTaskRequest
+	6,  // 17: norn.v1.TaskService.ListTasks:input_type -> norn.v1.ListTasksRequest
+	8,  // 18: norn.v1.TaskService.CountTasks:input_type -> norn.v1.CountTasksRequest
+	10, // 19: norn.v1.TaskService.Claim:input_type -> norn.v1.ClaimRequest
+	12, // 20: norn.v1.TaskService.Renew:input_type -> norn.v1.RenewRequest
+	14, // 21: norn.v1.TaskService.Update:input_type -> norn.v1.UpdateRequest
+	16, // 22: norn.v1.TaskService.Complete:input_type -> norn.v1.CompleteRequest
+	18, // 23: norn.v1.TaskService.CompleteBatch:input_type -> norn.v1.CompleteBatchRequest
+	21, // 24: norn.v1.TaskService.Abort:input_type -> norn.v1.AbortRequest
+	23, // 25: norn.v1.TaskService.Yield:input_type -> norn.v1.YieldRequest
+	25, // 26: norn.v1.TaskService.Cancel:input_type -> norn.v1.CancelRequest
+	1,  // 27: norn.v1.TaskService.Enqueue:output_type -> norn.v1.EnqueueResponse
+	3,  // 28: norn.v1.TaskService.EnqueueBatch:output_type -> norn.v1.EnqueueBatchResponse
+	5,  // 29: norn.v1.TaskService.GetTask:output_type -> norn.v1.GetTaskResponse
+	7,  // 30: norn.v1.TaskService.ListTasks:output_type -> norn.v1.ListTasksResponse
+	9,  // 31: norn.v1.TaskService.CountTasks:output_type -> norn.v1.CountTasksResponse
+	11, // 32: norn.v1.TaskService.Claim:output_type -> norn.v1.ClaimResponse
+	13, // 33: norn.v1.TaskService.Renew:output_type -> norn.v1.RenewResponse
+	15, // 34: norn.v1.TaskService.Update:output_type -> norn.v1.UpdateResponse
+	17, // 35: norn.v1.TaskService.Complete:output_type -> norn.v1.CompleteResponse
+	19, // 36: norn.v1.TaskService.CompleteBatch:output_type -> norn.v1.CompleteBatchResponse
+	22, // 37: norn.v1.TaskService.Abort:output_type -> norn.v1.AbortResponse
+	24, // 38: norn.v1.TaskService.Yield:output_type -> norn.v1.YieldResponse
+	26, // 39: norn.v1.TaskService.Cancel:output_type -> norn.v1.CancelResponse
+	27, // [27:40] is the sub-list for method output_type
+	14, // [14:27] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_task_service_proto_init() }
@@ -1702,7 +1890,7 @@ func file_norn_v1_task_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_task_service_proto_rawDesc), len(file_norn_v1_task_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
