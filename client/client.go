@@ -32,7 +32,7 @@ type Client struct {
 	timeout time.Duration
 	w       uint32
 
-	enqueues  *coalescer[enqueueCall, uint64]                // nil unless WithEnqueueBatching
+	enqueues  *coalescer[enqueueCall, uint64]               // nil unless WithEnqueueBatching
 	completes *coalescer[*nornv1.CompleteRequest, struct{}] // nil unless WithCompleteBatching
 
 	mu      sync.Mutex

@@ -1276,11 +1276,12 @@ type CompletionResult struct {
 	// when it failed.
 	Acks uint32 `protobuf:"varint,1,opt,name=acks,proto3" json:"acks,omitempty"`
 	// Empty when the completion took effect (or had already). Otherwise the
-	// error Complete would have returned for it: its code in the connect
+	// code of the error Complete would have returned for it, in the connect
 	// protocol's snake_case form ("failed_precondition", "not_found",
-	// "invalid_argument", ...) and its message, which names the completion
-	// ("completions[3].claim_id: ...").
-	Code          string `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
+	// "invalid_argument", ...).
+	Code string `protobuf:"bytes,2,opt,name=code,proto3" json:"code,omitempty"`
+	// The error's message when code is set; it names the completion
+	// ("completions[3]: claimId: required").
 	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
