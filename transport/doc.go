@@ -1,0 +1,26 @@
+// Package transport holds the node-to-node plumbing below the protocols:
+// today the Raft stream mux, through which every Raft group of a node (one
+// per partition, and the meta group) talks over one TCP listener.
+//
+// # Raft stream mux
+//
+// hashicorp/raft's NetworkTransport runs over a StreamLayer: a listener and
+// a dialer. RaftMux gives each group its own StreamLayer (a GroupStream)
+// over the node's one Raft port. A dialed connection starts with a 10-byte
+// header, the magic "NRAFT\x01" and the group id (uint32, big endian);
+// the accepting mux reads it (within HandshakeTimeout) and hands the
+// connection to that group's Accept, or closes it when no such group is
+// registered, the header is malformed, or the remote address is not
+// allowed (MuxConfig.Allow, the membership check). After the header the
+// connection is the group's alone: Raft's own framing, its own connection
+// pool (NetworkTransportConfig.MaxPool). Pooled TCP connections, rather
+// than a stream multiplexer such as yamux, keep one group's slow follower
+// from blocking another group's traffic behind it and need no extra
+// dependency; the cost is a few TCP connections per group and peer.
+//
+// Shut a group down in this order: close its GroupStream (the mux refuses
+// new connections for it at once; closing the group's NetworkTransport does
+// this), shut the Raft group down, then drop its data. A heartbeat that
+// arrives late finds no group and is refused; it can never reach a group
+// whose data is being dropped.
+package transport

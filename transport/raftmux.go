@@ -1,0 +1,268 @@
+package transport
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// muxMagic starts every connection to a RaftMux, before the group id.
+var muxMagic = []byte("NRAFT\x01")
+
+const muxHeaderLen = 6 + 4
+
+// MetaGroup is the group id of the meta Raft group; partition groups use
+// their partition number.
+const MetaGroup uint32 = 0xFFFF_FFFF
+
+// DefaultHandshakeTimeout bounds how long an accepted connection may take
+// to send its header.
+const DefaultHandshakeTimeout = 5 * time.Second
+
+// ErrGroupExists is returned by Register for a group already registered.
+var ErrGroupExists = errors.New("transport: raft group already registered")
+
+// MuxConfig configures a RaftMux.
+type MuxConfig struct {
+	// Allow, when set, is asked about every accepted connection's remote
+	// address; false closes the connection before its header is read.
+	Allow func(remote net.Addr) bool
+	// HandshakeTimeout bounds the header read. Default
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// Logger gets refused connections at debug level. Default: discard.
+	Logger *slog.Logger
+}
+
+// RaftMux serves the Raft traffic of many groups on one listener.
+type RaftMux struct {
+	ln  net.Listener
+	cfg MuxConfig
+
+	mu     sync.Mutex
+	groups map[uint32]*GroupStream
+	closed bool
+	conns  map[net.Conn]struct{} // accepted, header not read yet
+
+	wg sync.WaitGroup
+}
+
+// ListenRaftMux listens on addr (host:port; port 0 picks one) and serves
+// until Close.
+func ListenRaftMux(addr string, cfg MuxConfig) (*RaftMux, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: raft listener: %w", err)
+	}
+	return NewRaftMux(ln, cfg), nil
+}
+
+// NewRaftMux serves on ln (which it owns) until Close.
+func NewRaftMux(ln net.Listener, cfg MuxConfig) *RaftMux {
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	m := &RaftMux{ln: ln, cfg: cfg, groups: map[uint32]*GroupStream{}, conns: map[net.Conn]struct{}{}}
+	m.wg.Add(1)
+	go m.acceptLoop()
+	return m
+}
+
+// Addr is the listener's address.
+func (m *RaftMux) Addr() net.Addr { return m.ln.Addr() }
+
+// Register adds group id and returns its stream layer, for
+// raft.NewNetworkTransportWithConfig. Connections for the group are
+// accepted from now until the stream is closed.
+func (m *RaftMux) Register(id uint32) (*GroupStream, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, net.ErrClosed
+	}
+	if _, ok := m.groups[id]; ok {
+		return nil, fmt.Errorf("%w: %d", ErrGroupExists, id)
+	}
+	g := &GroupStream{m: m, id: id, conns: make(chan net.Conn), done: make(chan struct{})}
+	m.groups[id] = g
+	return g, nil
+}
+
+// Close stops the listener, closes every group's stream and every
+// connection still in its handshake, and waits for the mux's goroutines.
+// Connections already handed to groups belong to their transports.
+func (m *RaftMux) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	groups := make([]*GroupStream, 0, len(m.groups))
+	for _, g := range m.groups {
+		groups = append(groups, g)
+	}
+	for c := range m.conns {
+		c.Close()
+	}
+	m.mu.Unlock()
+	err := m.ln.Close()
+	for _, g := range groups {
+		g.Close()
+	}
+	m.wg.Wait()
+	return err
+}
+
+func (m *RaftMux) acceptLoop() {
+	defer m.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := m.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// A transient error (too many open files): wait, as net/http does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			m.cfg.Logger.Warn("raft mux accept failed", "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		if m.cfg.Allow != nil && !m.cfg.Allow(c.RemoteAddr()) {
+			m.cfg.Logger.Debug("raft connection refused: not a member", "remote", c.RemoteAddr())
+			c.Close()
+			continue
+		}
+		m.mu.Lock()
+		if m.closed {
+			m.mu.Unlock()
+			c.Close()
+			return
+		}
+		m.conns[c] = struct{}{}
+		m.wg.Add(1)
+		m.mu.Unlock()
+		go m.handshake(c)
+	}
+}
+
+// handshake reads c's header and hands c to its group.
+func (m *RaftMux) handshake(c net.Conn) {
+	defer m.wg.Done()
+	id, err := m.readHeader(c)
+	m.mu.Lock()
+	delete(m.conns, c)
+	g := m.groups[id]
+	m.mu.Unlock()
+	if err != nil || g == nil {
+		if err == nil {
+			err = fmt.Errorf("no raft group %d here", id)
+		}
+		m.cfg.Logger.Debug("raft connection refused", "remote", c.RemoteAddr(), "err", err)
+		c.Close()
+		return
+	}
+	select {
+	case g.conns <- c:
+	case <-g.done:
+		c.Close()
+	}
+}
+
+func (m *RaftMux) readHeader(c net.Conn) (uint32, error) {
+	if err := c.SetReadDeadline(time.Now().Add(m.cfg.HandshakeTimeout)); err != nil {
+		return 0, err
+	}
+	var hdr [muxHeaderLen]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return 0, fmt.Errorf("header: %w", err)
+	}
+	if !bytes.Equal(hdr[:len(muxMagic)], muxMagic) {
+		return 0, errors.New("header: not a norn raft connection")
+	}
+	if err := c.SetReadDeadline(time.Time{}); err != nil {
+		return 0, err
+	}
+	return binary.BigEndian.Uint32(hdr[len(muxMagic):]), nil
+}
+
+// GroupStream is one group's raft.StreamLayer on a RaftMux.
+type GroupStream struct {
+	m     *RaftMux
+	id    uint32
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+var _ raft.StreamLayer = (*GroupStream)(nil)
+
+// Accept returns the next connection for this group, or net.ErrClosed once
+// the stream is closed.
+func (g *GroupStream) Accept() (net.Conn, error) {
+	select {
+	case c := <-g.conns:
+		return c, nil
+	case <-g.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close unregisters the group: the mux refuses its connections from now
+// on. Connections accepted earlier stay open (the transport closes them).
+func (g *GroupStream) Close() error {
+	g.once.Do(func() {
+		g.m.mu.Lock()
+		if g.m.groups[g.id] == g {
+			delete(g.m.groups, g.id)
+		}
+		g.m.mu.Unlock()
+		close(g.done)
+	})
+	return nil
+}
+
+// Addr is the mux's listener address.
+func (g *GroupStream) Addr() net.Addr { return g.m.Addr() }
+
+// Dial connects to the mux at address and names this group in the header.
+func (g *GroupStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	return DialGroup(string(address), g.id, timeout)
+}
+
+// DialGroup connects to the RaftMux at address for group id.
+func DialGroup(address string, id uint32, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", address, timeout)
+	if err != nil {
+		return nil, err
+	}
+	hdr := binary.BigEndian.AppendUint32(append([]byte(nil), muxMagic...), id)
+	if timeout > 0 {
+		if err := c.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	if _, err := c.Write(hdr); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("transport: raft header to %s: %w", address, err)
+	}
+	if err := c.SetWriteDeadline(time.Time{}); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
