@@ -143,13 +143,13 @@ func New(addr string, opts ...Option) (*Client, error) {
 	if o.timeout < 0 {
 		return nil, fmt.Errorf("norn: WithTimeout(%v): negative", o.timeout)
 	}
-	batching := o.linger != 0 || o.maxBatch != 0
-	if batching && (o.linger <= 0 || o.maxBatch < 1 || o.maxBatch > maxBatchTasks) {
-		return nil, fmt.Errorf("norn: WithEnqueueBatching(%v, %d): need linger > 0 and 1 <= maxBatch <= %d", o.linger, o.maxBatch, maxBatchTasks)
+	batching, err := batchingOn("WithEnqueueBatching", o.linger, o.maxBatch)
+	if err != nil {
+		return nil, err
 	}
-	cBatching := o.cLinger != 0 || o.cMaxBatch != 0
-	if cBatching && (o.cLinger <= 0 || o.cMaxBatch < 1 || o.cMaxBatch > maxBatchTasks) {
-		return nil, fmt.Errorf("norn: WithCompleteBatching(%v, %d): need linger > 0 and 1 <= maxBatch <= %d", o.cLinger, o.cMaxBatch, maxBatchTasks)
+	cBatching, err := batchingOn("WithCompleteBatching", o.cLinger, o.cMaxBatch)
+	if err != nil {
+		return nil, err
 	}
 
 	c := &Client{baseURL: base, retry: o.retry, timeout: o.timeout, w: o.w}
@@ -168,6 +168,18 @@ func New(addr string, opts ...Option) (*Client, error) {
 		c.completes = newCompleteCoalescer(c, o.cLinger, o.cMaxBatch)
 	}
 	return c, nil
+}
+
+// batchingOn validates the arguments of a batching option (named option)
+// and reports whether it was given.
+func batchingOn(option string, linger time.Duration, maxBatch int) (bool, error) {
+	if linger == 0 && maxBatch == 0 {
+		return false, nil
+	}
+	if linger <= 0 || maxBatch < 1 || maxBatch > maxBatchTasks {
+		return false, fmt.Errorf("norn: %s(%v, %d): need linger > 0 and 1 <= maxBatch <= %d", option, linger, maxBatch, maxBatchTasks)
+	}
+	return true, nil
 }
 
 // parseAddr turns addr into a base URL and its scheme.

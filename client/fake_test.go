@@ -434,14 +434,19 @@ func (f *fakeServer) Complete(_ context.Context, r *connect.Request[nornv1.Compl
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	t, err := f.endLocked(r.Msg.GetId(), r.Msg.GetClaimId(), nornv1.TaskStatus_TASK_STATUS_COMPLETED, nornv1.ClaimEnd_CLAIM_END_COMPLETED)
-	if err != nil {
+	if err := f.completeLocked(r.Msg); err != nil {
 		return nil, err
 	}
-	if t != nil {
-		t.result = r.Msg.GetResult()
-	}
 	return connect.NewResponse(&nornv1.CompleteResponse{Acks: 1}), nil
+}
+
+// completeLocked completes a task with the request's result.
+func (f *fakeServer) completeLocked(r *nornv1.CompleteRequest) error {
+	t, err := f.endLocked(r.GetId(), r.GetClaimId(), nornv1.TaskStatus_TASK_STATUS_COMPLETED, nornv1.ClaimEnd_CLAIM_END_COMPLETED)
+	if err == nil && t != nil {
+		t.result = r.GetResult()
+	}
+	return err
 }
 
 func (f *fakeServer) CompleteBatch(_ context.Context, r *connect.Request[nornv1.CompleteBatchRequest]) (*connect.Response[nornv1.CompleteBatchResponse], error) {
@@ -452,17 +457,11 @@ func (f *fakeServer) CompleteBatch(_ context.Context, r *connect.Request[nornv1.
 	defer f.mu.Unlock()
 	results := make([]*nornv1.CompletionResult, len(r.Msg.GetCompletions()))
 	for i, c := range r.Msg.GetCompletions() {
-		t, err := f.endLocked(c.GetId(), c.GetClaimId(), nornv1.TaskStatus_TASK_STATUS_COMPLETED, nornv1.ClaimEnd_CLAIM_END_COMPLETED)
-		if err != nil {
-			var ce *connect.Error
-			errors.As(err, &ce)
-			results[i] = &nornv1.CompletionResult{Code: ce.Code().String(), Message: fmt.Sprintf("completions[%d]: %s", i, ce.Message())}
-			continue
-		}
-		if t != nil {
-			t.result = c.GetResult()
-		}
 		results[i] = &nornv1.CompletionResult{Acks: 1}
+		var ce *connect.Error
+		if errors.As(f.completeLocked(c), &ce) {
+			results[i] = &nornv1.CompletionResult{Code: ce.Code().String(), Message: fmt.Sprintf("completions[%d]: %s", i, ce.Message())}
+		}
 	}
 	return connect.NewResponse(&nornv1.CompleteBatchResponse{Results: results}), nil
 }

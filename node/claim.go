@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
-	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -297,7 +296,7 @@ func (n *Node) listView(st *storage.StoredTask, queue string, status nornv1.Task
 	if st.Task.Spec == nil || (queue != "" && st.Task.Spec.Queue != queue) {
 		return nil
 	}
-	ts, err := n.load(st.Task.ID)
+	ts, err := n.withClaims(st.Partition, st.Task)
 	if err != nil {
 		return nil
 	}
@@ -360,10 +359,7 @@ func (n *Node) countPartition(p uint16, queue string) (map[string]uint64, error)
 			if st.Task.Spec == nil || (queue != "" && st.Task.Spec.Queue != queue) {
 				continue
 			}
-			ts, err := n.load(st.Task.ID)
-			if errors.Is(err, storage.ErrNotFound) {
-				continue
-			}
+			ts, err := n.withClaims(p, st.Task)
 			if err != nil {
 				return nil, err
 			}

@@ -77,7 +77,7 @@ func sameSpec(a, b *crdt.Spec) bool {
 // idempotent retry found it stored already (existing).
 func (n *Node) prepareEnqueue(field string, spec *crdt.Spec, id uint64) (t *crdt.Task, existing bool, err error) {
 	for i, d := range spec.DependsOn {
-		if _, err := n.store.GetTask(n.partition(d), d); err != nil {
+		if _, err := n.store.TaskState(n.partition(d), d); err != nil {
 			return nil, false, invalid(fmt.Sprintf("%s.dependsOn[%d]", field, i), "task %d does not exist", d)
 		}
 	}
@@ -85,12 +85,12 @@ func (n *Node) prepareEnqueue(field string, spec *crdt.Spec, id uint64) (t *crdt
 		if id, err = n.ids.NextID(); err != nil {
 			return nil, false, connect.NewError(connect.CodeInternal, err)
 		}
-	} else if st, err := n.store.GetTask(n.partition(id), id); err == nil && st.Task.Spec != nil {
-		if !sameSpec(st.Task.Spec, spec) {
+	} else if stored, err := n.store.TaskState(n.partition(id), id); err == nil && stored.Spec != nil {
+		if !sameSpec(stored.Spec, spec) {
 			return nil, false, connect.NewError(connect.CodeAlreadyExists,
 				fmt.Errorf("id: task %d exists with a different spec", id))
 		}
-		return st.Task, true, nil
+		return stored, true, nil
 	} else if err != nil && !errors.Is(err, storage.ErrNotFound) {
 		return nil, false, apiError(err)
 	}

@@ -24,18 +24,25 @@ type taskState struct {
 // storage.ErrNotFound when the node has not seen the task's spec.
 func (n *Node) load(id uint64) (*taskState, error) {
 	p := n.partition(id)
-	st, err := n.store.GetTask(p, id)
+	t, err := n.store.TaskState(p, id)
 	if err != nil {
 		return nil, err
 	}
-	if st.Task.Spec == nil {
+	return n.withClaims(p, t)
+}
+
+// withClaims completes a task state read by the caller with its claim
+// record. A task whose enqueue has not reached this replica (no spec) is
+// not found.
+func (n *Node) withClaims(p uint16, t *crdt.Task) (*taskState, error) {
+	if t.Spec == nil {
 		return nil, storage.ErrNotFound
 	}
-	rec, err := n.claimRecord(p, id)
+	rec, err := n.claimRecord(p, t.ID)
 	if err != nil {
 		return nil, err
 	}
-	return &taskState{p: p, task: st.Task, claims: rec}, nil
+	return &taskState{p: p, task: t, claims: rec}, nil
 }
 
 // claimRecord reads the claim FSM's record of id (nil when never claimed).
@@ -89,12 +96,12 @@ func (n *Node) depsDone(ids []uint64) bool {
 func (n *Node) depsState(ids []uint64) (done bool, failed uint64) {
 	done = true
 	for _, id := range ids {
-		st, err := n.store.GetTask(n.partition(id), id)
+		t, err := n.store.TaskState(n.partition(id), id)
 		if err != nil {
 			done = false
 			continue
 		}
-		ev, ok := st.Task.Terminal()
+		ev, ok := t.Terminal()
 		switch {
 		case !ok:
 			done = false

@@ -520,22 +520,43 @@ func indexKey(p uint16, id uint64, m meta, spec *crdt.Spec) []byte {
 
 func stripeOf(id uint64) int { return int((id * 0x9E3779B97F4A7C15) >> (64 - 10)) }
 
-// GetTask returns the state of id in partition p, or ErrNotFound.
+// GetTask returns the state of id in partition p with its digest and index
+// state, or ErrNotFound.
 func (s *Store) GetTask(p uint16, id uint64) (*StoredTask, error) {
 	return s.getTask(p, id)
 }
 
-func (s *Store) getTask(p uint16, id uint64) (*StoredTask, error) {
+// TaskState returns only the CRDT state of id in partition p, or
+// ErrNotFound: one point read, for callers that need neither the digest
+// nor the index state (the node's request paths).
+func (s *Store) TaskState(p uint16, id uint64) (*crdt.Task, error) {
 	enc, err := s.get(taskKey(p, id))
 	if err != nil {
 		return nil, err
 	}
-	st, err := decodeTask(p, taskKey(p, id), enc)
+	return decodeTaskState(taskKey(p, id), id, enc)
+}
+
+func decodeTaskState(key []byte, id uint64, enc []byte) (*crdt.Task, error) {
+	t, err := crdt.Decode(enc)
+	if err != nil {
+		return nil, corrupt(key, "%v", err)
+	}
+	if t.ID != id {
+		return nil, corrupt(key, "stored task has id %d", t.ID)
+	}
+	return t, nil
+}
+
+func (s *Store) getTask(p uint16, id uint64) (*StoredTask, error) {
+	key := taskKey(p, id)
+	enc, err := s.get(key)
 	if err != nil {
 		return nil, err
 	}
-	if st.Task.ID != id {
-		return nil, corrupt(taskKey(p, id), "stored task has id %d", st.Task.ID)
+	st, err := decodeTask(p, key, enc)
+	if err != nil {
+		return nil, err
 	}
 	m, found, err := s.getMeta(p, id)
 	if err != nil {
@@ -566,10 +587,14 @@ func (s *Store) getMeta(p uint16, id uint64) (m meta, found bool, err error) {
 	return m, true, nil
 }
 
+// decodeTask decodes the task stored at key, without its index state.
 func decodeTask(p uint16, key, enc []byte) (*StoredTask, error) {
-	t, err := crdt.Decode(enc)
+	if len(key) != len(taskKey(p, 0)) {
+		return nil, corrupt(key, "bad task key")
+	}
+	t, err := decodeTaskState(key, idFromKey(key), enc)
 	if err != nil {
-		return nil, corrupt(key, "%v", err)
+		return nil, err
 	}
 	return &StoredTask{Partition: p, Task: t, Digest: crdt.Digest(enc)}, nil
 }

@@ -159,6 +159,27 @@ func expectRefused(t *testing.T, addr string, id uint32) {
 	}
 }
 
+// expectAccepted dials group id at addr and checks that g accepts the
+// connection: g's side writes a byte that the dialer reads.
+func expectAccepted(t *testing.T, g *GroupStream, addr string, id uint32) {
+	t.Helper()
+	go func() {
+		if c, err := g.Accept(); err == nil {
+			c.Write([]byte{1})
+			c.Close()
+		}
+	}()
+	c, err := DialGroup(addr, id, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err != nil {
+		t.Fatalf("connection for group %d not accepted: %v", id, err)
+	}
+}
+
 // closedByPeer reports whether a read error means the other side closed
 // the connection (a reset when it closed with our bytes unread).
 func closedByPeer(err error) bool {
@@ -179,23 +200,7 @@ func TestMuxRefusesUnknownAndClosedGroups(t *testing.T) {
 	if _, err := m.Register(7); !errors.Is(err, ErrGroupExists) {
 		t.Fatalf("second Register: %v", err)
 	}
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		if c, err := g.Accept(); err == nil {
-			accepted <- c
-		}
-	}()
-	c, err := DialGroup(addr, 7, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	select {
-	case s := <-accepted:
-		s.Close()
-	case <-time.After(5 * time.Second):
-		t.Fatal("registered group did not accept")
-	}
+	expectAccepted(t, g, addr, 7)
 
 	g.Close() // the first step of a group's shutdown
 	if _, err := g.Accept(); !errors.Is(err, net.ErrClosed) {
@@ -230,20 +235,7 @@ func TestMuxRefusesBadHandshakes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		if c, err := g.Accept(); err == nil {
-			c.Write([]byte{1})
-		}
-	}()
-	c, err := DialGroup(addr, 1, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err != nil {
-		t.Fatalf("good connection after bad ones: %v", err)
-	}
+	expectAccepted(t, g, addr, 1) // after the bad ones
 }
 
 // Allow refuses connections from addresses that are not members.
@@ -259,18 +251,5 @@ func TestMuxAllow(t *testing.T) {
 	mu.Lock()
 	allowed = true
 	mu.Unlock()
-	go func() {
-		if c, err := g.Accept(); err == nil {
-			c.Write([]byte{1})
-		}
-	}()
-	c, err := DialGroup(m.Addr().String(), 3, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err != nil {
-		t.Fatalf("allowed connection: %v", err)
-	}
+	expectAccepted(t, g, m.Addr().String(), 3)
 }
