@@ -176,3 +176,10 @@ func (g *Group) Raft() *raft.Raft { return g.raft }
 // Shutdown stops the group. The caller closes the transport and the store
 // afterwards.
 func (g *Group) Shutdown() error { return g.raft.Shutdown().Error() }
+
+// Leader returns the id of the group's leader as this replica knows it,
+// "" when there is none (an election is under way).
+func (g *Group) Leader() raft.ServerID {
+	_, id := g.raft.LeaderWithID()
+	return id
+}

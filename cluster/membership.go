@@ -22,6 +22,7 @@ type NodeMeta struct {
 	RaftAddr  string `json:"raft"`
 	RingEpoch uint64 `json:"epoch"`
 	Version   string `json:"version"`
+	ClusterID string `json:"cluster,omitempty"`
 	// Leaving is set by Leave just before the goodbye, so that the others
 	// tell a node that left from one that died (memberlist's events do
 	// not say which).

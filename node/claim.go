@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -14,6 +16,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/storage"
 )
@@ -54,16 +57,43 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	if dl, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(dl)-100*time.Millisecond)
 	}
+	r := n.ring.Load()
+	if r == nil {
+		return nil, errNotFormed
+	}
+	// A claim forwarded by another node looks at this node's groups only
+	// and does not wait: the forwarding node waits.
+	proxied := hops(req) > 0
+	if proxied {
+		wait = 0
+	}
+	// Tasks of partitions this node does not replicate wake no local
+	// waiter: when there are such partitions, a waiting claim looks
+	// across the cluster again every recheckInterval.
+	var recheck <-chan time.Time
+	if !proxied && !n.replicatesAll(r) && wait > 0 {
+		t := time.NewTicker(recheckInterval)
+		defer t.Stop()
+		recheck = t.C
+	}
 	timer := time.NewTimer(max(wait, 0))
 	defer timer.Stop()
 	for {
 		woken := n.waiters.wait(m.GetQueue()) // before trying: no lost wake-up
 		got, err := n.tryClaim(m.GetQueue(), m.GetWorker(), lease, limit)
+		if err == nil && len(got) < limit && !proxied && len(r.Nodes) > 1 {
+			more, perr := n.proxyClaim(ctx, m, limit-len(got))
+			got = append(got, more...)
+			if len(got) == 0 && perr != nil && !n.leadsAny() {
+				err = perr
+			}
+		}
 		if err != nil || len(got) > 0 || wait <= 0 {
 			return connect.NewResponse(&nornv1.ClaimResponse{Tasks: got}), err
 		}
 		select {
 		case <-woken:
+		case <-recheck:
 		case <-timer.C:
 			wait = 0 // one last try
 		case <-ctx.Done():
@@ -72,6 +102,70 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 			return connect.NewResponse(&nornv1.ClaimResponse{}), nil
 		}
 	}
+}
+
+// recheckInterval is how often a long-polling claim looks at other nodes
+// when some partitions are not replicated here (see Claim).
+const recheckInterval = time.Second
+
+// replicatesAll reports whether this node replicates every partition.
+func (n *Node) replicatesAll(r *cluster.Ring) bool {
+	for p := range r.Partitions {
+		if !r.Hosts(p, n.cfg.NodeID) {
+			return false
+		}
+	}
+	return true
+}
+
+// leadsAny reports whether this node leads some partition.
+func (n *Node) leadsAny() bool {
+	for _, g := range n.groupList() {
+		if g != nil && g.IsLeader() {
+			return true
+		}
+	}
+	return false
+}
+
+// proxyTimeout bounds a claim proxied to another node.
+const proxyTimeout = 3 * time.Second
+
+// proxyClaim asks the other live nodes, in random order, for up to limit
+// tasks from the partitions they lead. It returns an error only when no
+// node answered.
+func (n *Node) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, limit int) ([]*nornv1.ClaimedTask, error) {
+	r := n.ring.Load()
+	alive := n.aliveSet()
+	var out []*nornv1.ClaimedTask
+	var lastErr error
+	answered := 0
+	for _, i := range rand.Perm(len(r.Nodes)) {
+		nd := r.Nodes[i]
+		if nd.ID == n.cfg.NodeID || !alive[nd.ID] || len(out) >= limit {
+			continue
+		}
+		fwd := &nornv1.ClaimRequest{Queue: m.GetQueue(), Worker: m.GetWorker(), Lease: m.GetLease(), Max: uint32(limit - len(out))}
+		req := connect.NewRequest(fwd)
+		req.Header().Set(headerHops, "1")
+		cctx, cancel := context.WithTimeout(ctx, proxyTimeout)
+		resp, err := n.peers.get(nd.APIAddr).tasks.Claim(cctx, req)
+		cancel()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		answered++
+		out = append(out, resp.Msg.GetTasks()...)
+	}
+	if answered == 0 {
+		why := "no other node is alive"
+		if lastErr != nil {
+			why = errorMessage(lastErr)
+		}
+		return out, connect.NewError(connect.CodeUnavailable, fmt.Errorf("no partition leader reachable: %s", why))
+	}
+	return out, nil
 }
 
 // claimRounds bounds how often tryClaim picks again when candidates were
@@ -105,8 +199,8 @@ func (n *Node) tryClaim(queue, worker string, lease time.Duration, limit int) ([
 // round may find more.
 func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) (out []*nornv1.ClaimedTask, contended bool, err error) {
 	var leading []uint16
-	for p, g := range n.groups {
-		if g.IsLeader() {
+	for p, g := range n.groupList() {
+		if g != nil && g.IsLeader() {
 			leading = append(leading, uint16(p))
 		}
 	}
@@ -149,7 +243,7 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) 
 	for p, cands := range byPart {
 		cmd := &claims.Command{Op: claims.OpClaim, NowMs: now, Worker: worker, LeaseMs: lease.Milliseconds(), Candidates: cands}
 		go func() {
-			outs, err := n.groups[p].Propose(cmd, proposeTimeout)
+			outs, err := n.group(p).Propose(cmd, proposeTimeout)
 			results <- result{outs, err}
 		}()
 	}

@@ -61,6 +61,35 @@ type Config struct {
 	RaftLogger hclog.Logger
 	// Version is reported by Status.
 	Version string
+
+	// APIAddr is where other nodes and clients reach this node's API
+	// (host:port), advertised through gossip and the ring. Required for
+	// a node of a multi-node cluster.
+	APIAddr string
+	// RaftAddr is where this node listens for the Raft traffic of all its
+	// groups (host:port; port 0 picks one). Default 127.0.0.1:0.
+	RaftAddr string
+	// GossipAddr is where this node gossips membership (TCP and UDP).
+	// Default 127.0.0.1:0.
+	GossipAddr string
+	// GossipLAN picks memberlist's LAN timings instead of its loopback
+	// ones (for nodes on different machines).
+	GossipLAN bool
+	// Join is the gossip addresses of nodes to join at start. A restarted
+	// node also contacts the nodes of the ring it kept.
+	Join []string
+	// BootstrapExpect is how many nodes form a new cluster: once gossip
+	// shows that many nodes without a cluster, the one with the lowest
+	// id creates the cluster over them. 1 forms a cluster of this node
+	// alone at once. 0 (with Join) joins an existing cluster. Ignored
+	// once the node belongs to a cluster. Default 1 when Join is empty.
+	BootstrapExpect int
+	// Replication is N, the replicas of each partition, used when this
+	// node creates the cluster (capped at BootstrapExpect). Default 3.
+	Replication int
+	// WriteTimeout bounds how long a write waits for its quorum. Default
+	// 5 s.
+	WriteTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -86,6 +115,19 @@ func (c *Config) setDefaults() {
 	def(&c.Retention, 7*24*time.Hour)
 	def(&c.MonitorInterval, 250*time.Millisecond)
 	def(&c.RaftTimeout, time.Second)
+	def(&c.WriteTimeout, 5*time.Second)
+	if c.RaftAddr == "" {
+		c.RaftAddr = "127.0.0.1:0"
+	}
+	if c.GossipAddr == "" {
+		c.GossipAddr = "127.0.0.1:0"
+	}
+	if c.BootstrapExpect == 0 && len(c.Join) == 0 {
+		c.BootstrapExpect = 1
+	}
+	if c.Replication == 0 {
+		c.Replication = 3
+	}
 	if c.Limits == (crdt.Limits{}) {
 		c.Limits = crdt.DefaultLimits
 	}
@@ -116,6 +158,12 @@ func (c *Config) Validate() error {
 		return errors.New("node: skew buffer and lease grace must not be negative")
 	case c.DefaultLease <= 0 || c.MaxLease < c.DefaultLease:
 		return fmt.Errorf("node: default lease %s must be positive and at most the max lease %s", c.DefaultLease, c.MaxLease)
+	case c.BootstrapExpect < 0 || c.Replication < 1:
+		return fmt.Errorf("node: bootstrap expect %d and replication %d must be positive", c.BootstrapExpect, c.Replication)
+	case c.APIAddr == "" && (c.BootstrapExpect != 1 || len(c.Join) > 0):
+		return errors.New("node: the API address is required in a multi-node cluster")
+	case c.Partitions > 1<<15:
+		return fmt.Errorf("node: partitions %d above the limit %d", c.Partitions, 1<<15)
 	case c.MaxRequestBytes < c.Limits.MaxPayloadBytes:
 		return fmt.Errorf("node: max request size %d is below the payload limit %d", c.MaxRequestBytes, c.Limits.MaxPayloadBytes)
 	}

@@ -71,7 +71,11 @@ func (e *ender) round() {
 	for p, ends := range batch {
 		wg.Go(func() {
 			cmd := &claims.Command{Op: claims.OpEnd, NowMs: e.n.cfg.Clock.Now().UnixMilli(), Ends: ends}
-			outs, err := e.n.groups[p].Propose(cmd, proposeTimeout)
+			g := e.n.group(p)
+			if g == nil || !g.IsLeader() {
+				return // the leader ends them when the terminal states reach it
+			}
+			outs, err := g.Propose(cmd, proposeTimeout)
 			if err != nil {
 				e.n.cfg.Logger.Warn("ending claims failed; the monitor ends them at expiry", "partition", p, "tasks", len(ends), "err", err)
 				return

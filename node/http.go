@@ -20,6 +20,9 @@ func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(nornv1connect.NewTaskServiceHandler(taskService{n}, opts...))
 	mux.Handle(nornv1connect.NewAdminServiceHandler(adminService{n}, opts...))
+	// Replication batches many tasks in one call (up to maxReplicate).
+	mux.Handle(nornv1connect.NewPeerServiceHandler(peerService{n},
+		connect.WithReadMaxBytes(64<<20), connect.WithCompressMinBytes(4<<10)))
 	// Ready once every partition has a leader; 503 before.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if !n.Ready() {

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"time"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -36,8 +37,8 @@ func (n *Node) monitorOnce() {
 	n.monitorMu.Lock()
 	defer n.monitorMu.Unlock()
 	extended := n.extended
-	for p, g := range n.groups {
-		if !g.IsLeader() {
+	for p, g := range n.groupList() {
+		if g == nil || !g.IsLeader() {
 			extended[p] = false
 			continue
 		}
@@ -61,7 +62,7 @@ func (n *Node) monitorOnce() {
 // extendClaims proposes OpExtend for the partition's live claims that
 // expire before now + lease grace.
 func (n *Node) extendClaims(p uint16) error {
-	if err := n.groups[p].Barrier(proposeTimeout); err != nil {
+	if err := n.group(p).Barrier(proposeTimeout); err != nil {
 		return err
 	}
 	now := n.cfg.Clock.Now().UnixMilli()
@@ -75,7 +76,7 @@ func (n *Node) extendClaims(p uint16) error {
 		for _, d := range due {
 			cmd.IDs = append(cmd.IDs, d.ID)
 		}
-		outs, err := n.groups[p].Propose(cmd, proposeTimeout)
+		outs, err := n.group(p).Propose(cmd, proposeTimeout)
 		if err != nil {
 			return err
 		}
@@ -149,7 +150,7 @@ func (n *Node) deleteExpiredTasks(p uint16) {
 	for _, d := range due {
 		cmd.IDs = append(cmd.IDs, d.ID)
 	}
-	if _, err := n.groups[p].Propose(cmd, proposeTimeout); err != nil {
+	if _, err := n.group(p).Propose(cmd, proposeTimeout); err != nil {
 		n.cfg.Logger.Warn("forgetting expired tasks failed", "partition", p, "err", err)
 		return
 	}
@@ -170,9 +171,10 @@ func (n *Node) abortDead(ts *taskState, limit uint32) {
 func (n *Node) abortTask(ts *taskState, e *nornv1.TaskError) {
 	ev := crdt.Terminal{At: n.hlc.Now(), Kind: crdt.Aborted,
 		Errors: []crdt.TaskError{{Code: e.Code, Description: e.Description, Args: e.Args}}}
-	if err := n.merge([]*crdt.Task{{ID: ts.task.ID, Terminals: []crdt.Terminal{ev}}}); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.WriteTimeout)
+	defer cancel()
+	// The claim ends when the event reaches the leader's replica (here).
+	if _, err := n.write(ctx, []*crdt.Task{{ID: ts.task.ID, Terminals: []crdt.Terminal{ev}}}, 0, []uint64{ts.task.ID}); err != nil {
 		n.cfg.Logger.Warn("aborting a task failed", "id", ts.task.ID, "code", e.Code, "err", err)
-		return
 	}
-	n.endClaim(ts.task.ID, ev)
 }

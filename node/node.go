@@ -3,34 +3,47 @@ package node
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
-	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/ring"
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
 )
 
-// Node is one nornd: the store, a Raft group per partition, the task API's
-// logic and the monitor. On a single node every partition's group has this
-// node as its only voter; the code paths are the cluster's.
+// Node is one nornd: the store, the Raft groups of the partitions it
+// replicates, its replica of the meta group, gossip, the task API's logic
+// (coordinating writes, reads and claims across the cluster) and the
+// monitor. A single node is a cluster of one: the code paths are the
+// same.
 type Node struct {
-	cfg    Config
-	lock   *dirLock
-	store  *storage.Store
-	hlc    *crdt.HLC
-	ids    *idGen
-	groups []*claims.Group
-	trans  []*raft.InmemTransport
-	start  time.Time
+	cfg   Config
+	lock  *dirLock
+	store *storage.Store
+	hlc   *crdt.HLC
+	ids   *idGen
+	start time.Time
+
+	// Cluster plumbing (cluster.go).
+	mux           *transport.RaftMux
+	raftAddr      string // the mux's address, advertised
+	meta          *cluster.Meta
+	metaTrans     *raft.NetworkTransport
+	members       *cluster.Membership
+	ring          atomic.Pointer[cluster.Ring] // nil until the cluster is formed
+	parts         atomic.Pointer[partitions]   // set with the first ring
+	adoptMu       sync.Mutex
+	announced     uint64 // ring epoch gossiped (reconcile loop only)
+	reconcileKick chan struct{}
+	peers         peerSet
+	readRepairs   atomic.Uint64
 
 	waiters  queueWaiters
 	inflight inflightSet // tasks being claimed now
@@ -94,13 +107,16 @@ func New(cfg Config) (*Node, error) {
 	n.waiters.init()
 	n.extended = make([]bool, cfg.Partitions)
 	n.ender = newEnder(n)
-	if err := n.startGroups(); err != nil {
-		n.shutdownGroups()
+	n.reconcileKick = make(chan struct{}, 1)
+	n.peers.n = n
+	if err := n.startCluster(); err != nil {
+		n.stopCluster()
 		store.Close()
 		lock.release()
 		return nil, err
 	}
-	n.stopped.Add(2)
+	n.stopped.Add(3)
+	go n.reconcile()
 	go n.monitor()
 	go func() {
 		defer n.stopped.Done()
@@ -109,62 +125,32 @@ func New(cfg Config) (*Node, error) {
 	return n, nil
 }
 
-func (n *Node) startGroups() error {
-	rl := n.cfg.RaftLogger
-	if rl == nil {
-		rl = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
-	}
-	for p := range n.cfg.Partitions {
-		dir := filepath.Join(n.cfg.DataDir, "raft", fmt.Sprintf("p%04d", p))
-		snaps, err := raft.NewFileSnapshotStore(dir, 2, io.Discard)
-		if err != nil {
-			return fmt.Errorf("node: snapshots of partition %d: %w", p, err)
-		}
-		// A single node's groups never send: an in-memory transport serves.
-		// The cluster gives each group a network transport on the node's
-		// Raft listener.
-		_, trans := raft.NewInmemTransport(raft.ServerAddress(n.cfg.NodeID))
-		rs := n.store.RaftStore(uint16(p))
-		g, err := claims.StartGroup(claims.GroupConfig{
-			Partition: uint16(p), LocalID: raft.ServerID(n.cfg.NodeID),
-			KV: n.store, Log: rs, Stable: rs, Snapshots: snaps, Transport: trans,
-			Bootstrap:        true,
-			HeartbeatTimeout: n.cfg.RaftTimeout, ElectionTimeout: n.cfg.RaftTimeout,
-			LeaderLeaseTimeout: n.cfg.RaftTimeout / 2,
-			Logger:             n.cfg.Logger, RaftLogger: rl.Named(fmt.Sprintf("p%d", p)),
-		})
-		if err != nil {
-			trans.Close()
-			return err
-		}
-		n.groups = append(n.groups, g)
-		n.trans = append(n.trans, trans)
-	}
-	return nil
-}
-
-// Ready reports whether this node leads every partition (on a single node:
-// whether every group has elected itself).
+// Ready reports whether the cluster is formed and every partition this
+// node replicates has a leader.
 func (n *Node) Ready() bool {
-	for _, g := range n.groups {
-		if !g.IsLeader() {
+	gs := n.groupList()
+	if gs == nil {
+		return false
+	}
+	for _, g := range gs {
+		if g != nil && g.Leader() == "" {
 			return false
 		}
 	}
 	return true
 }
 
-// WaitReady blocks until this node leads every partition (a single node
-// elects itself within about one Raft timeout) or timeout passes.
+// WaitReady blocks until Ready or timeout passes.
 func (n *Node) WaitReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	for _, g := range n.groups {
-		for !g.IsLeader() {
-			if time.Now().After(deadline) {
-				return errors.New("node: partitions have no leader yet")
+	for !n.Ready() {
+		if time.Now().After(deadline) {
+			if n.ring.Load() == nil {
+				return errors.New("node: the cluster is not formed yet")
 			}
-			time.Sleep(10 * time.Millisecond)
+			return errors.New("node: partitions have no leader yet")
 		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	return nil
 }
@@ -188,17 +174,8 @@ func (n *Node) Close() error {
 	close(n.stop)
 	n.waiters.closeAll()
 	n.stopped.Wait()
-	errs := n.shutdownGroups()
+	errs := n.stopCluster()
 	return errors.Join(errs, n.store.Close(), n.lock.release())
-}
-
-func (n *Node) shutdownGroups() error {
-	var errs []error
-	for i, g := range n.groups {
-		errs = append(errs, g.Shutdown())
-		n.trans[i].Close()
-	}
-	return errors.Join(errs...)
 }
 
 // partition returns the partition of id.

@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -26,17 +29,6 @@ type taskService struct {
 }
 
 var _ nornv1connect.TaskServiceHandler = taskService{}
-
-// replication is N on a single node.
-const replication = 1
-
-// checkW validates a write quorum: 0 means the default majority.
-func checkW(w uint32) error {
-	if w > replication {
-		return invalid("w", "%d exceeds the replication factor %d", w, replication)
-	}
-	return nil
-}
 
 // proposeTimeout bounds a Raft proposal.
 const proposeTimeout = 10 * time.Second
@@ -75,82 +67,81 @@ func sameSpec(a, b *crdt.Spec) bool {
 
 // prepareEnqueue turns a spec into a task state to merge, or reports that an
 // idempotent retry found it stored already (existing).
-func (n *Node) prepareEnqueue(field string, spec *crdt.Spec, id uint64) (t *crdt.Task, existing bool, err error) {
+// A retry found the task stored already: its stored state is written again
+// (so that it reaches the quorum it may have missed).
+func (n *Node) prepareEnqueue(ctx context.Context, field string, spec *crdt.Spec, id uint64) (t *crdt.Task, err error) {
 	for i, d := range spec.DependsOn {
-		if _, err := n.store.TaskState(n.partition(d), d); err != nil {
-			return nil, false, invalid(fmt.Sprintf("%s.dependsOn[%d]", field, i), "task %d does not exist", d)
+		if _, err := n.lookup(ctx, d); err != nil {
+			if errors.Is(err, storage.ErrNotFound) {
+				return nil, invalid(fmt.Sprintf("%s.dependsOn[%d]", field, i), "task %d does not exist", d)
+			}
+			return nil, apiError(err)
 		}
 	}
 	if id == 0 {
 		if id, err = n.ids.NextID(); err != nil {
-			return nil, false, connect.NewError(connect.CodeInternal, err)
+			return nil, connect.NewError(connect.CodeInternal, err)
 		}
-	} else if stored, err := n.store.TaskState(n.partition(id), id); err == nil && stored.Spec != nil {
+	} else if stored, err := n.lookup(ctx, id); err == nil {
 		if !sameSpec(stored.Spec, spec) {
-			return nil, false, connect.NewError(connect.CodeAlreadyExists,
+			return nil, connect.NewError(connect.CodeAlreadyExists,
 				fmt.Errorf("id: task %d exists with a different spec", id))
 		}
-		return stored, true, nil
-	} else if err != nil && !errors.Is(err, storage.ErrNotFound) {
-		return nil, false, apiError(err)
+		return stored, nil
+	} else if !errors.Is(err, storage.ErrNotFound) {
+		return nil, apiError(err)
 	}
 	spec.CreatedAt = n.hlc.Now()
-	return &crdt.Task{ID: id, Spec: spec}, false, nil
+	return &crdt.Task{ID: id, Spec: spec}, nil
 }
 
-// merge writes task states and wakes claims waiting on their queues.
-func (n *Node) merge(tasks []*crdt.Task) error {
-	items := make([]storage.MergeItem, len(tasks))
-	for i, t := range tasks {
-		items[i] = storage.MergeItem{Partition: n.partition(t.ID), Task: t}
+// lookup returns a task's CRDT state (with its spec): from this node's
+// replica when it has the task, else from a majority of its replicas.
+// storage.ErrNotFound when none has it.
+func (n *Node) lookup(ctx context.Context, id uint64) (*crdt.Task, error) {
+	p := n.partition(id)
+	if n.group(p) != nil {
+		t, err := n.store.TaskState(p, id)
+		if err == nil && t.Spec != nil {
+			return t, nil
+		}
+		if err != nil && !errors.Is(err, storage.ErrNotFound) {
+			return nil, err
+		}
 	}
-	res, err := n.store.MergeTasks(items)
+	ts, err := n.read(ctx, id, 0)
 	if err != nil {
-		return apiError(err)
+		return nil, err
 	}
-	for _, r := range res {
-		if r.SpecConflict {
-			// Two different specs for one id: corruption, or an id reused.
-			// Resolved deterministically (lowest digest wins); never silent.
-			n.specConflicts.Add(1)
-			n.cfg.Logger.Error("task spec conflict resolved", "id", r.ID)
-		}
-	}
-	for _, t := range tasks {
-		if t.Spec != nil {
-			n.waiters.notify(t.Spec.Queue)
-		}
-	}
-	return nil
+	return ts.task, nil
 }
 
-func (s taskService) Enqueue(_ context.Context, req *connect.Request[nornv1.EnqueueRequest]) (*connect.Response[nornv1.EnqueueResponse], error) {
+func (s taskService) Enqueue(ctx context.Context, req *connect.Request[nornv1.EnqueueRequest]) (*connect.Response[nornv1.EnqueueResponse], error) {
 	n, m := s.n, req.Msg
-	if err := checkW(m.GetW()); err != nil {
+	if _, err := n.quorum(m.GetW()); err != nil {
 		return nil, err
 	}
 	spec, err := n.specFromAPI("task", m.GetTask())
 	if err != nil {
 		return nil, err
 	}
-	t, existing, err := n.prepareEnqueue("task", spec, m.GetId())
+	t, err := n.prepareEnqueue(ctx, "task", spec, m.GetId())
 	if err != nil {
 		return nil, err
 	}
-	if !existing {
-		if err := n.merge([]*crdt.Task{t}); err != nil {
-			return nil, err
-		}
+	acks, err := n.write(ctx, []*crdt.Task{t}, m.GetW(), []uint64{t.ID})
+	if err != nil {
+		return nil, err
 	}
-	return connect.NewResponse(&nornv1.EnqueueResponse{Id: t.ID, Acks: replication}), nil
+	return connect.NewResponse(&nornv1.EnqueueResponse{Id: t.ID, Acks: acks}), nil
 }
 
 // maxBatch bounds EnqueueBatch.
 const maxBatch = 10_000
 
-func (s taskService) EnqueueBatch(_ context.Context, req *connect.Request[nornv1.EnqueueBatchRequest]) (*connect.Response[nornv1.EnqueueBatchResponse], error) {
+func (s taskService) EnqueueBatch(ctx context.Context, req *connect.Request[nornv1.EnqueueBatchRequest]) (*connect.Response[nornv1.EnqueueBatchResponse], error) {
 	n, m := s.n, req.Msg
-	if err := checkW(m.GetW()); err != nil {
+	if _, err := n.quorum(m.GetW()); err != nil {
 		return nil, err
 	}
 	if len(m.GetTasks()) == 0 || len(m.GetTasks()) > maxBatch {
@@ -167,7 +158,7 @@ func (s taskService) EnqueueBatch(_ context.Context, req *connect.Request[nornv1
 		seen[id] = i
 	}
 	ids := make([]uint64, len(m.GetTasks()))
-	var writes []*crdt.Task
+	writes := make([]*crdt.Task, 0, len(m.GetTasks()))
 	for i, ts := range m.GetTasks() {
 		field := fmt.Sprintf("tasks[%d]", i)
 		spec, err := n.specFromAPI(field, ts)
@@ -178,32 +169,26 @@ func (s taskService) EnqueueBatch(_ context.Context, req *connect.Request[nornv1
 		if len(m.GetIds()) > 0 {
 			id = m.GetIds()[i]
 		}
-		t, existing, err := n.prepareEnqueue(field, spec, id)
+		t, err := n.prepareEnqueue(ctx, field, spec, id)
 		if err != nil {
 			return nil, err
 		}
 		ids[i] = t.ID
-		if !existing {
-			writes = append(writes, t)
-		}
+		writes = append(writes, t)
 	}
-	if len(writes) > 0 {
-		if err := n.merge(writes); err != nil {
-			return nil, err
-		}
+	acks, err := n.write(ctx, writes, m.GetW(), ids)
+	if err != nil {
+		return nil, err
 	}
-	return connect.NewResponse(&nornv1.EnqueueBatchResponse{Ids: ids, Acks: replication}), nil
+	return connect.NewResponse(&nornv1.EnqueueBatchResponse{Ids: ids, Acks: acks}), nil
 }
 
-func (s taskService) GetTask(_ context.Context, req *connect.Request[nornv1.GetTaskRequest]) (*connect.Response[nornv1.GetTaskResponse], error) {
+func (s taskService) GetTask(ctx context.Context, req *connect.Request[nornv1.GetTaskRequest]) (*connect.Response[nornv1.GetTaskResponse], error) {
 	n := s.n
 	if req.Msg.GetId() == 0 {
 		return nil, invalid("id", "required")
 	}
-	if r := req.Msg.GetR(); r > replication {
-		return nil, invalid("r", "%d exceeds the replication factor %d", r, replication)
-	}
-	ts, err := n.load(req.Msg.GetId())
+	ts, err := n.read(ctx, req.Msg.GetId(), int(req.Msg.GetR()))
 	if err != nil {
 		return nil, apiError(err)
 	}
@@ -241,7 +226,12 @@ func requireClaim(id, claimID uint64) error {
 // propose runs one claim FSM command on id's partition and returns its
 // outcome for id.
 func (n *Node) propose(id uint64, cmd *claims.Command) (claims.Outcome, error) {
-	outs, err := n.groups[n.partition(id)].Propose(cmd, proposeTimeout)
+	g := n.group(n.partition(id))
+	if g == nil {
+		return claims.Outcome{}, connect.NewError(connect.CodeUnavailable,
+			fmt.Errorf("task %d's partition is not replicated on %s", id, n.cfg.NodeID))
+	}
+	outs, err := g.Propose(cmd, proposeTimeout)
 	if err != nil {
 		return claims.Outcome{}, apiError(err)
 	}
@@ -287,10 +277,13 @@ func endReason(k crdt.TerminalKind) claims.EndReason {
 	return claims.EndCancelled
 }
 
-func (s taskService) Renew(_ context.Context, req *connect.Request[nornv1.RenewRequest]) (*connect.Response[nornv1.RenewResponse], error) {
+func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.RenewRequest]) (*connect.Response[nornv1.RenewResponse], error) {
 	n, m := s.n, req.Msg
 	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
 		return nil, err
+	}
+	if resp, done, err := forward(n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Renew); done {
+		return resp, err
 	}
 	lease, err := n.leaseArg(m.GetLease())
 	if err != nil {
@@ -322,13 +315,16 @@ func liveClaim(ts *taskState, claimID uint64) error {
 		fmt.Errorf("claimId: %d is not the live claim of task %d: %w", claimID, ts.task.ID, claims.ErrClaimSuperseded))
 }
 
-func (s taskService) Update(_ context.Context, req *connect.Request[nornv1.UpdateRequest]) (*connect.Response[nornv1.UpdateResponse], error) {
+func (s taskService) Update(ctx context.Context, req *connect.Request[nornv1.UpdateRequest]) (*connect.Response[nornv1.UpdateResponse], error) {
 	n, m := s.n, req.Msg
-	if err := checkW(m.GetW()); err != nil {
+	if _, err := n.quorum(m.GetW()); err != nil {
 		return nil, err
 	}
 	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
 		return nil, err
+	}
+	if resp, done, err := forward(n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Update); done {
+		return resp, err
 	}
 	if m.GetSeq() == 0 {
 		return nil, invalid("seq", "must be at least 1")
@@ -351,36 +347,32 @@ func (s taskService) Update(_ context.Context, req *connect.Request[nornv1.Updat
 		return nil, err
 	}
 	u.At = n.hlc.Now()
-	if err := n.merge([]*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{u}}}); err != nil {
+	acks, err := n.write(ctx, []*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{u}}}, m.GetW(), []uint64{m.GetId()})
+	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&nornv1.UpdateResponse{Acks: replication}), nil
+	return connect.NewResponse(&nornv1.UpdateResponse{Acks: acks}), nil
 }
 
 // finish records a terminal event for a claimed task (complete or abort):
 // the claim must be the live one, or the one that already ended the task
 // the same way (an idempotent retry). It returns the acks.
-func (n *Node) finish(id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, error) {
-	if err := checkW(w); err != nil {
+func (n *Node) finish(ctx context.Context, id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, error) {
+	if _, err := n.quorum(w); err != nil {
 		return 0, err
 	}
 	t, err := n.prepareFinish(id, claimID, ev)
 	if err != nil {
 		return 0, err
 	}
-	if t == nil {
-		return replication, nil // a retry of the same call
-	}
-	if err := n.merge([]*crdt.Task{t}); err != nil {
-		return 0, err
-	}
-	n.finished([]*crdt.Task{t})
-	return replication, nil
+	// A retry of the same call writes the stored state again, so that it
+	// reaches the quorum it may have missed.
+	return n.write(ctx, []*crdt.Task{t}, w, []uint64{id})
 }
 
 // prepareFinish checks that the terminal event ev may end task id under
-// claim claimID and returns the state to merge, or nil when the same event
-// already took effect (a retry).
+// claim claimID and returns the state to write: the event, or the task's
+// state when the same event already took effect (a retry).
 func (n *Node) prepareFinish(id, claimID uint64, ev crdt.Terminal) (*crdt.Task, error) {
 	if err := requireClaim(id, claimID); err != nil {
 		return nil, err
@@ -396,7 +388,7 @@ func (n *Node) prepareFinish(id, claimID uint64, ev crdt.Terminal) (*crdt.Task, 
 	if prev, terminal := ts.task.Terminal(); terminal {
 		n.endIfTerminal(ts)
 		if prev.Kind == ev.Kind && prev.Claim == claimID {
-			return nil, nil
+			return ts.task, nil
 		}
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", id, prev.Kind))
 	}
@@ -407,23 +399,16 @@ func (n *Node) prepareFinish(id, claimID uint64, ev crdt.Terminal) (*crdt.Task, 
 	return &crdt.Task{ID: id, Terminals: []crdt.Terminal{ev}}, nil
 }
 
-// finished follows the merge of terminal events (one per task): their
-// dependants, in any queue, may be claimable (or doomed) now, so every
-// long poll looks again; and their claims end.
-func (n *Node) finished(tasks []*crdt.Task) {
-	n.waiters.notifyAll()
-	for _, t := range tasks {
-		n.endClaim(t.ID, t.Terminals[0])
-	}
-}
-
-func (s taskService) Complete(_ context.Context, req *connect.Request[nornv1.CompleteRequest]) (*connect.Response[nornv1.CompleteResponse], error) {
+func (s taskService) Complete(ctx context.Context, req *connect.Request[nornv1.CompleteRequest]) (*connect.Response[nornv1.CompleteResponse], error) {
 	m := req.Msg
+	if resp, done, err := forward(s.n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Complete); done {
+		return resp, err
+	}
 	result := m.GetResult()
 	if len(result) == 0 {
 		result = nil
 	}
-	acks, err := s.n.finish(m.GetId(), m.GetClaimId(), m.GetW(), crdt.Terminal{Kind: crdt.Completed, Result: result})
+	acks, err := s.n.finish(ctx, m.GetId(), m.GetClaimId(), m.GetW(), crdt.Terminal{Kind: crdt.Completed, Result: result})
 	if err != nil {
 		return nil, err
 	}
@@ -433,9 +418,9 @@ func (s taskService) Complete(_ context.Context, req *connect.Request[nornv1.Com
 // maxCompleteBatch bounds the completions of one CompleteBatch.
 const maxCompleteBatch = 10_000
 
-func (s taskService) CompleteBatch(_ context.Context, req *connect.Request[nornv1.CompleteBatchRequest]) (*connect.Response[nornv1.CompleteBatchResponse], error) {
+func (s taskService) CompleteBatch(ctx context.Context, req *connect.Request[nornv1.CompleteBatchRequest]) (*connect.Response[nornv1.CompleteBatchResponse], error) {
 	n, m := s.n, req.Msg
-	if err := checkW(m.GetW()); err != nil {
+	if _, err := n.quorum(m.GetW()); err != nil {
 		return nil, err
 	}
 	cs := m.GetCompletions()
@@ -447,8 +432,8 @@ func (s taskService) CompleteBatch(_ context.Context, req *connect.Request[nornv
 		results[i] = &nornv1.CompletionResult{Code: connect.CodeOf(err).String(), Message: fmt.Sprintf("completions[%d]: %s", i, errorMessage(err))}
 	}
 	seen := make(map[uint64]bool, len(cs))
-	var tasks []*crdt.Task
-	var merged []int // index in cs of each of tasks
+	var local []int              // completions handled here
+	remote := map[string][]int{} // by the node that should handle them
 	for i, c := range cs {
 		switch {
 		case c.GetW() != 0:
@@ -459,36 +444,99 @@ func (s taskService) CompleteBatch(_ context.Context, req *connect.Request[nornv
 			continue
 		}
 		seen[c.GetId()] = true
+		if target := n.routeTarget(n.partition(c.GetId()), hops(req)); target != "" && c.GetId() != 0 {
+			remote[target] = append(remote[target], i)
+		} else {
+			local = append(local, i)
+		}
+	}
+	var wg sync.WaitGroup
+	var localMu sync.Mutex
+	for target, idx := range remote {
+		wg.Go(func() {
+			back := n.forwardCompletions(ctx, req, target, idx, results)
+			localMu.Lock()
+			local = append(local, back...)
+			localMu.Unlock()
+		})
+	}
+	wg.Wait()
+	var tasks []*crdt.Task
+	var written []int // index in cs of each of tasks
+	for _, i := range local {
+		c := cs[i]
 		result := c.GetResult()
 		if len(result) == 0 {
 			result = nil
 		}
 		t, err := n.prepareFinish(c.GetId(), c.GetClaimId(), crdt.Terminal{Kind: crdt.Completed, Result: result})
-		switch {
-		case err != nil:
+		if err != nil {
 			fail(i, err)
-		case t == nil: // already completed by this claim: a retry
-			results[i] = &nornv1.CompletionResult{Acks: replication}
-		default:
-			tasks = append(tasks, t)
-			merged = append(merged, i)
+			continue
 		}
+		tasks = append(tasks, t)
+		written = append(written, i)
 	}
 	if len(tasks) > 0 {
-		// One synced commit for the whole batch.
-		if err := n.merge(tasks); err != nil {
+		// One write (one synced commit per replica) for the whole batch.
+		acks, w, lastErr, err := n.writeEach(ctx, tasks, m.GetW())
+		if err != nil {
 			return nil, err
 		}
-		n.finished(tasks)
-		for _, i := range merged {
-			results[i] = &nornv1.CompletionResult{Acks: replication}
+		for k, i := range written {
+			if acks[k] >= w {
+				results[i] = &nornv1.CompletionResult{Acks: acks[k]}
+			} else {
+				fail(i, n.quorumError([]uint64{cs[i].GetId()}, acks[k], w, lastErr))
+			}
 		}
 	}
 	return connect.NewResponse(&nornv1.CompleteBatchResponse{Results: results}), nil
 }
 
-func (s taskService) Abort(_ context.Context, req *connect.Request[nornv1.AbortRequest]) (*connect.Response[nornv1.AbortResponse], error) {
+// forwardCompletions sends the completions idx of a CompleteBatch to the
+// node at target and fills their results. It returns the completions to
+// handle here instead: all of them when target could not be reached and
+// this node replicates their partitions.
+func (n *Node) forwardCompletions(ctx context.Context, req *connect.Request[nornv1.CompleteBatchRequest], target string, idx []int, results []*nornv1.CompletionResult) (here []int) {
+	cs := req.Msg.GetCompletions()
+	sub := &nornv1.CompleteBatchRequest{W: req.Msg.GetW()}
+	for _, i := range idx {
+		sub.Completions = append(sub.Completions, cs[i])
+	}
+	fwd := connect.NewRequest(sub)
+	fwd.Header().Set(headerHops, strconv.Itoa(hops(req)+1))
+	resp, err := n.peers.get(target).tasks.CompleteBatch(ctx, fwd)
+	if err == nil && len(resp.Msg.GetResults()) != len(idx) {
+		err = connect.NewError(connect.CodeInternal, fmt.Errorf("node %s answered %d results for %d completions", target, len(resp.Msg.GetResults()), len(idx)))
+	}
+	for k, i := range idx {
+		switch {
+		case err != nil && unreachable(err) && n.group(n.partition(cs[i].GetId())) != nil:
+			here = append(here, i)
+		case err != nil:
+			results[i] = &nornv1.CompletionResult{Code: connect.CodeOf(err).String(), Message: fmt.Sprintf("completions[%d]: %s", i, errorMessage(err))}
+		default:
+			r := resp.Msg.GetResults()[k]
+			if r.GetCode() != "" {
+				// Renumber the message to this request's index.
+				msg := r.GetMessage()
+				if _, rest, ok := strings.Cut(msg, ": "); ok {
+					msg = rest
+				}
+				r.Message = fmt.Sprintf("completions[%d]: %s", i, msg)
+			}
+			results[i] = r
+		}
+	}
+	return here
+}
+
+func (s taskService) Abort(ctx context.Context, req *connect.Request[nornv1.AbortRequest]) (*connect.Response[nornv1.AbortResponse], error) {
 	m := req.Msg
+	if resp, done, err := forward(s.n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Abort); done {
+		return resp, err
+	}
 	ev := crdt.Terminal{Kind: crdt.Aborted}
 	for _, e := range m.GetErrors() {
 		args := e.GetArgs()
@@ -497,17 +545,20 @@ func (s taskService) Abort(_ context.Context, req *connect.Request[nornv1.AbortR
 		}
 		ev.Errors = append(ev.Errors, crdt.TaskError{Code: e.GetCode(), Description: e.GetDescription(), Args: args})
 	}
-	acks, err := s.n.finish(m.GetId(), m.GetClaimId(), m.GetW(), ev)
+	acks, err := s.n.finish(ctx, m.GetId(), m.GetClaimId(), m.GetW(), ev)
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&nornv1.AbortResponse{Acks: acks}), nil
 }
 
-func (s taskService) Yield(_ context.Context, req *connect.Request[nornv1.YieldRequest]) (*connect.Response[nornv1.YieldResponse], error) {
+func (s taskService) Yield(ctx context.Context, req *connect.Request[nornv1.YieldRequest]) (*connect.Response[nornv1.YieldResponse], error) {
 	n, m := s.n, req.Msg
 	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
 		return nil, err
+	}
+	if resp, done, err := forward(n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Yield); done {
+		return resp, err
 	}
 	if p := m.GetProgress(); math.IsNaN(p) || p < 0 || p > 1 {
 		return nil, invalid("progress", "must be in [0, 1], got %v", p)
@@ -530,7 +581,7 @@ func (s taskService) Yield(_ context.Context, req *connect.Request[nornv1.YieldR
 			}
 		}
 		up := crdt.Update{Claim: m.GetClaimId(), Seq: seq, At: n.hlc.Now(), Progress: p}
-		if err := n.merge([]*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{up}}}); err != nil {
+		if _, err := n.write(ctx, []*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{up}}}, 0, []uint64{m.GetId()}); err != nil {
 			return nil, err
 		}
 	}
@@ -542,13 +593,16 @@ func (s taskService) Yield(_ context.Context, req *connect.Request[nornv1.YieldR
 	return connect.NewResponse(&nornv1.YieldResponse{}), nil
 }
 
-func (s taskService) Cancel(_ context.Context, req *connect.Request[nornv1.CancelRequest]) (*connect.Response[nornv1.CancelResponse], error) {
+func (s taskService) Cancel(ctx context.Context, req *connect.Request[nornv1.CancelRequest]) (*connect.Response[nornv1.CancelResponse], error) {
 	n, m := s.n, req.Msg
-	if err := checkW(m.GetW()); err != nil {
+	if _, err := n.quorum(m.GetW()); err != nil {
 		return nil, err
 	}
 	if m.GetId() == 0 {
 		return nil, invalid("id", "required")
+	}
+	if resp, done, err := forward(n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Cancel); done {
+		return resp, err
 	}
 	ts, err := n.load(m.GetId())
 	if err != nil {
@@ -557,14 +611,18 @@ func (s taskService) Cancel(_ context.Context, req *connect.Request[nornv1.Cance
 	if prev, terminal := ts.task.Terminal(); terminal {
 		n.endIfTerminal(ts)
 		if prev.Kind == crdt.Cancelled {
-			return connect.NewResponse(&nornv1.CancelResponse{Acks: replication}), nil
+			acks, err := n.write(ctx, []*crdt.Task{ts.task}, m.GetW(), []uint64{m.GetId()})
+			if err != nil {
+				return nil, err
+			}
+			return connect.NewResponse(&nornv1.CancelResponse{Acks: acks}), nil
 		}
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", m.GetId(), prev.Kind))
 	}
 	ev := crdt.Terminal{At: n.hlc.Now(), Kind: crdt.Cancelled}
-	if err := n.merge([]*crdt.Task{{ID: m.GetId(), Terminals: []crdt.Terminal{ev}}}); err != nil {
+	acks, err := n.write(ctx, []*crdt.Task{{ID: m.GetId(), Terminals: []crdt.Terminal{ev}}}, m.GetW(), []uint64{m.GetId()})
+	if err != nil {
 		return nil, err
 	}
-	n.endClaim(m.GetId(), ev)
-	return connect.NewResponse(&nornv1.CancelResponse{Acks: replication}), nil
+	return connect.NewResponse(&nornv1.CancelResponse{Acks: acks}), nil
 }

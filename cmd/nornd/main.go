@@ -19,6 +19,7 @@ import (
 	_ "net/http/pprof" // served only with -pprof-addr
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -59,6 +60,14 @@ func run(args []string) error {
 	fs.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", 4<<20, "largest request body")
 	fs.DurationVar(&cfg.MonitorInterval, "monitor-interval", 250*time.Millisecond, "how often the leader looks for expired claims and due delayed tasks")
 	fs.DurationVar(&cfg.RaftTimeout, "raft-timeout", time.Second, "Raft heartbeat and election timeout of every partition group")
+	advertise := fs.String("advertise", "", "API address other nodes and clients use to reach this node (default: the -listen address)")
+	fs.StringVar(&cfg.RaftAddr, "raft-addr", "127.0.0.1:0", "address of the Raft listener (all partition groups and the meta group); fixed ports are needed for restarts")
+	fs.StringVar(&cfg.GossipAddr, "gossip-addr", "127.0.0.1:0", "address of gossip (memberlist, TCP and UDP)")
+	join := fs.String("join", "", "comma-separated gossip addresses of nodes to join")
+	fs.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", 0, "create a new cluster once this many nodes are there (default 1 without -join: a cluster of this node alone)")
+	fs.IntVar(&cfg.Replication, "replication", 3, "replicas of each partition N, for a new cluster (capped at -bootstrap-expect)")
+	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 5*time.Second, "how long a write waits for its quorum")
+	fs.BoolVar(&cfg.GossipLAN, "gossip-lan", false, "use LAN gossip timings (nodes on several machines) instead of loopback ones")
 	pprofAddr := fs.String("pprof-addr", "", "if set, serve net/http/pprof on this address (keep it on loopback)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -92,14 +101,24 @@ func run(args []string) error {
 	}
 	cfg.RaftLogger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: rl, Output: os.Stderr})
 	cfg.Version = version
+	for _, a := range strings.Split(*join, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			cfg.Join = append(cfg.Join, a)
+		}
+	}
 
-	n, err := node.New(cfg)
+	// Listen first: the node advertises the address it really got.
+	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", *listen)
+	cfg.APIAddr = *advertise
+	if cfg.APIAddr == "" {
+		cfg.APIAddr = ln.Addr().String()
+	}
+	n, err := node.New(cfg)
 	if err != nil {
-		n.Close()
+		ln.Close()
 		return err
 	}
 	srv := &http.Server{Handler: n.Handler(), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
@@ -115,11 +134,13 @@ func run(args []string) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	if err := n.WaitReady(30 * time.Second); err != nil {
-		logger.Warn("partitions slow to elect", "err", err)
-	}
 	logger.Info("nornd serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "node_id", cfg.NodeID,
-		"partitions", cfg.Partitions, "version", version)
+		"raft", n.RaftAddr(), "gossip", n.GossipAddr(), "partitions", cfg.Partitions, "version", version)
+	go func() {
+		if err := n.WaitReady(60 * time.Second); err != nil {
+			logger.Warn("not ready yet", "err", err)
+		}
+	}()
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)

@@ -1,0 +1,231 @@
+package cluster
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+)
+
+// MetaConfig configures this node's replica of the meta Raft group.
+type MetaConfig struct {
+	// LocalID is this node's id. Required.
+	LocalID string
+	// Transport carries the group's traffic (a NetworkTransport on the
+	// node's Raft mux, group transport.MetaGroup). Required.
+	Transport raft.Transport
+	// Log, Stable and Snapshots keep the group's state. Required.
+	Log       raft.LogStore
+	Stable    raft.StableStore
+	Snapshots raft.SnapshotStore
+	// Raft timing; defaults 1 s heartbeat and election, 500 ms lease.
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	// OnRing is called with every ring the group applies (and the one a
+	// snapshot restores), from the group's FSM goroutine: it must not
+	// block for long. Rings come in epoch order, but a restart replays
+	// old ones: compare epochs.
+	OnRing func(*Ring)
+	// RaftLogger receives hashicorp/raft's logs. Default: warnings to
+	// standard error.
+	RaftLogger hclog.Logger
+}
+
+// Meta is this node's replica of the meta Raft group, which holds the ring.
+// Only the nodes in its configuration (the cluster's first 3 or 5) take
+// part; on the others it idles with no configuration.
+type Meta struct {
+	raft *raft.Raft
+	fsm  *metaFSM
+}
+
+// StartMeta starts the replica; it restores the ring from its snapshot and
+// log.
+func StartMeta(cfg MetaConfig) (*Meta, error) {
+	if cfg.LocalID == "" || cfg.Transport == nil || cfg.Log == nil || cfg.Stable == nil || cfg.Snapshots == nil {
+		return nil, errors.New("cluster: MetaConfig needs LocalID, Transport, Log, Stable and Snapshots")
+	}
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.LocalID)
+	rc.HeartbeatTimeout = orDuration(cfg.HeartbeatTimeout, time.Second)
+	rc.ElectionTimeout = orDuration(cfg.ElectionTimeout, time.Second)
+	rc.LeaderLeaseTimeout = orDuration(cfg.LeaderLeaseTimeout, 500*time.Millisecond)
+	rc.CommitTimeout = 500 * time.Millisecond
+	rc.SnapshotThreshold = 1024
+	rc.Logger = cfg.RaftLogger
+	if rc.Logger == nil {
+		rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft-meta", Level: hclog.Warn})
+	}
+	f := &metaFSM{onRing: cfg.OnRing}
+	r, err := raft.NewRaft(rc, f, cfg.Log, cfg.Stable, cfg.Snapshots, cfg.Transport)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: start meta group: %w", err)
+	}
+	return &Meta{raft: r, fsm: f}, nil
+}
+
+func orDuration(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// Bootstrap makes voters the group's first configuration. It is a no-op
+// error (raft.ErrCantBootstrap) on a replica that has state already.
+func (m *Meta) Bootstrap(voters []RingNode) error {
+	var servers []raft.Server
+	for _, v := range voters {
+		servers = append(servers, raft.Server{ID: raft.ServerID(v.ID), Address: raft.ServerAddress(v.RaftAddr)})
+	}
+	return m.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+}
+
+// metaCommand is a meta group log entry.
+type metaCommand struct {
+	Ring *Ring `json:"ring"`
+}
+
+// ProposeRing replaces the ring with r, whose epoch must be the current
+// epoch plus one (1 for the first ring) and whose cluster id must be the
+// current one: a lost race gives ErrStaleEpoch. Only the leader can
+// propose (raft.ErrNotLeader otherwise).
+func (m *Meta) ProposeRing(r *Ring, timeout time.Duration) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	b, err := json.Marshal(metaCommand{Ring: r})
+	if err != nil {
+		return err
+	}
+	fut := m.raft.Apply(b, timeout)
+	if err := fut.Error(); err != nil {
+		return err
+	}
+	if err, ok := fut.Response().(error); ok {
+		return err
+	}
+	return nil
+}
+
+// Ring returns the ring this replica has applied, nil before the first.
+// The caller must not modify it.
+func (m *Meta) Ring() *Ring {
+	m.fsm.mu.Lock()
+	defer m.fsm.mu.Unlock()
+	return m.fsm.ring
+}
+
+// IsLeader reports whether this replica leads the meta group.
+func (m *Meta) IsLeader() bool { return m.raft.State() == raft.Leader }
+
+// WaitLeader waits until this replica leads the group or timeout passes.
+func (m *Meta) WaitLeader(timeout time.Duration) bool {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !m.IsLeader() {
+		select {
+		case <-deadline.C:
+			return false
+		case <-tick.C:
+		}
+	}
+	return true
+}
+
+// Leader returns the id of the group's leader as this replica knows it,
+// "" when none.
+func (m *Meta) Leader() string {
+	_, id := m.raft.LeaderWithID()
+	return string(id)
+}
+
+// Stats returns hashicorp/raft's statistics of the meta group.
+func (m *Meta) Stats() map[string]string { return m.raft.Stats() }
+
+// Shutdown stops the replica; the caller closes its transport afterwards.
+func (m *Meta) Shutdown() error { return m.raft.Shutdown().Error() }
+
+// metaFSM holds the ring in memory; snapshots and the log rebuild it.
+type metaFSM struct {
+	onRing func(*Ring)
+
+	mu   sync.Mutex
+	ring *Ring
+}
+
+func (f *metaFSM) Apply(l *raft.Log) any {
+	var cmd metaCommand
+	if err := json.Unmarshal(l.Data, &cmd); err != nil || cmd.Ring == nil {
+		return fmt.Errorf("cluster: meta entry %d is not a ring command", l.Index)
+	}
+	r := cmd.Ring
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	cur := f.ring
+	switch {
+	case cur == nil && r.Epoch != 1:
+		f.mu.Unlock()
+		return fmt.Errorf("%w: first ring has epoch %d", ErrStaleEpoch, r.Epoch)
+	case cur != nil && r.ClusterID != cur.ClusterID:
+		f.mu.Unlock()
+		return fmt.Errorf("%w: ring of cluster %s in cluster %s", ErrOtherCluster, r.ClusterID, cur.ClusterID)
+	case cur != nil && r.Epoch != cur.Epoch+1:
+		f.mu.Unlock()
+		return fmt.Errorf("%w: proposed epoch %d, current %d", ErrStaleEpoch, r.Epoch, cur.Epoch)
+	}
+	f.ring = r
+	f.mu.Unlock()
+	if f.onRing != nil {
+		f.onRing(r)
+	}
+	return nil
+}
+
+func (f *metaFSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return metaSnapshot{ring: f.ring}, nil
+}
+
+func (f *metaFSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	var r *Ring
+	if err := json.NewDecoder(rc).Decode(&r); err != nil {
+		return fmt.Errorf("cluster: meta snapshot: %w", err)
+	}
+	if r != nil {
+		if err := r.Validate(); err != nil {
+			return fmt.Errorf("cluster: meta snapshot: %w", err)
+		}
+	}
+	f.mu.Lock()
+	f.ring = r
+	f.mu.Unlock()
+	if r != nil && f.onRing != nil {
+		f.onRing(r)
+	}
+	return nil
+}
+
+type metaSnapshot struct{ ring *Ring }
+
+func (s metaSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := json.NewEncoder(sink).Encode(s.ring); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+func (metaSnapshot) Release() {}

@@ -1,0 +1,312 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/ring"
+	"github.com/norn-dev/norn/storage"
+)
+
+// validateTask checks a task state received from a peer field by field,
+// like the API edge checks a client's.
+func validateTask(t *crdt.Task, lim crdt.Limits) error {
+	if t.Spec != nil {
+		if err := t.Spec.Validate(lim); err != nil {
+			return err
+		}
+	}
+	for i := range t.Updates {
+		if err := t.Updates[i].Validate(lim); err != nil {
+			return err
+		}
+	}
+	for i := range t.Terminals {
+		if err := t.Terminals[i].Validate(lim); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// quorum resolves a request's write quorum: 0 is the majority of N.
+func (n *Node) quorum(w uint32) (uint32, error) {
+	r := n.ring.Load()
+	if r == nil {
+		return 0, errNotFormed
+	}
+	N := uint32(r.Replication)
+	if w > N {
+		return 0, invalid("w", "%d exceeds the replication factor %d", w, N)
+	}
+	if w == 0 {
+		w = N/2 + 1
+	}
+	return w, nil
+}
+
+// write stores task states (deltas or whole states) on their cohorts:
+// every cohort member gets them in parallel, this node through its store
+// and the others through their replica senders, and write answers once
+// every task has w synced acks. Fewer than w before the deadline (or the
+// request's context) is UNAVAILABLE with a WriteFailure naming ids (the
+// request's task ids, for the client to retry with). It returns the acks:
+// the least over the tasks at the moment each reached w.
+func (n *Node) write(ctx context.Context, tasks []*crdt.Task, w uint32, ids []uint64) (uint32, error) {
+	acks, w, lastErr, err := n.writeEach(ctx, tasks, w)
+	if err != nil {
+		return 0, err
+	}
+	least := slices.Min(acks)
+	if least >= w {
+		return least, nil
+	}
+	return least, n.quorumError(ids, least, w, lastErr)
+}
+
+// quorumError is the error of a write that did not reach w acks: the
+// refusal of a replica when one refused the write itself (no retry will
+// help), else UNAVAILABLE with a WriteFailure.
+func (n *Node) quorumError(ids []uint64, acks, w uint32, lastErr error) error {
+	var ce *connect.Error
+	if lastErr != nil && errors.As(lastErr, &ce) && ce.Code() != connect.CodeUnavailable &&
+		ce.Code() != connect.CodeDeadlineExceeded && ce.Code() != connect.CodeCanceled &&
+		ce.Code() != connect.CodeUnknown {
+		return ce
+	}
+	msg := fmt.Sprintf("write quorum not reached: %d acks of w=%d", acks, w)
+	if lastErr != nil {
+		msg += ": " + errorMessage(lastErr)
+	}
+	e := connect.NewError(connect.CodeUnavailable, errors.New(msg))
+	if d, err := connect.NewErrorDetail(&nornv1.WriteFailure{Ids: ids, Acks: acks, W: w}); err == nil {
+		e.AddDetail(d)
+	}
+	return e
+}
+
+// writeEach is write's fan-out: it returns each task's acks when every
+// task has w of them, every replica answered, or the deadline passed;
+// the resolved w; and the last error a replica gave.
+func (n *Node) writeEach(ctx context.Context, tasks []*crdt.Task, w uint32) (acks []uint32, quorum uint32, lastErr, err error) {
+	r := n.ring.Load()
+	if r == nil {
+		return nil, 0, nil, errNotFormed
+	}
+	w, err = n.quorum(w)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	// Group by destination.
+	byDest := map[string][]int{}
+	for i, t := range tasks {
+		for _, id := range r.Cohort(ring.Partition(t.ID, r.Partitions)) {
+			byDest[string(id)] = append(byDest[string(id)], i)
+		}
+	}
+	tr := &ackTracker{acks: make([]uint32, len(tasks)), w: w, left: len(tasks), done: make(chan struct{})}
+	tr.pending = len(byDest)
+	for dest, idx := range byDest {
+		sub := make([]*crdt.Task, len(idx))
+		for j, i := range idx {
+			sub[j] = tasks[i]
+		}
+		if dest == n.cfg.NodeID {
+			go func() { tr.answer(idx, n.mergeLocal(sub)) }()
+			continue
+		}
+		nd, ok := r.Node(dest)
+		if !ok {
+			tr.answer(idx, fmt.Errorf("node %s is not in the ring", dest))
+			continue
+		}
+		n.peers.get(nd.APIAddr).sender.send(sub, func(err error) { tr.answer(idx, err) })
+	}
+	timer := time.NewTimer(n.cfg.WriteTimeout)
+	defer timer.Stop()
+	select {
+	case <-tr.done:
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	acks, lastErr = tr.result()
+	return acks, w, lastErr, nil
+}
+
+// ackTracker counts the synced acks of each task of a write.
+type ackTracker struct {
+	mu      sync.Mutex
+	acks    []uint32
+	w       uint32
+	left    int // tasks below w
+	pending int // destinations not answered
+	lastErr error
+	done    chan struct{} // closed when every task has w acks or every destination answered
+	closed  bool
+}
+
+func (t *ackTracker) answer(idx []int, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.pending--
+	if err != nil {
+		t.lastErr = err
+	} else {
+		for _, i := range idx {
+			t.acks[i]++
+			if t.acks[i] == t.w {
+				t.left--
+			}
+		}
+	}
+	if !t.closed && (t.left == 0 || t.pending == 0) {
+		t.closed = true
+		close(t.done)
+	}
+}
+
+// result returns a copy of each task's acks so far and the last error a
+// destination gave.
+func (t *ackTracker) result() ([]uint32, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.acks), t.lastErr
+}
+
+// mergeLocal writes task states to this node's replicas (one synced
+// commit), wakes claims waiting on their queues and, for the partitions
+// this node leads, ends the claims of tasks that arrive terminal.
+func (n *Node) mergeLocal(tasks []*crdt.Task) error {
+	items := make([]storage.MergeItem, len(tasks))
+	for i, t := range tasks {
+		items[i] = storage.MergeItem{Partition: n.partition(t.ID), Task: t}
+	}
+	res, err := n.store.MergeTasks(items)
+	if err != nil {
+		return apiError(err)
+	}
+	for _, r := range res {
+		if r.SpecConflict {
+			// Two different specs for one id: corruption, or an id reused.
+			// Resolved deterministically (lowest digest wins); never silent.
+			n.specConflicts.Add(1)
+			n.cfg.Logger.Error("task spec conflict resolved", "id", r.ID)
+		}
+	}
+	terminal := false
+	for i, t := range tasks {
+		if t.Spec != nil {
+			n.waiters.notify(t.Spec.Queue)
+		}
+		ev, ok := t.Terminal()
+		if !ok || !res[i].Changed() {
+			continue
+		}
+		terminal = true
+		if g := n.group(items[i].Partition); g != nil && g.IsLeader() {
+			n.endClaim(t.ID, ev)
+		}
+	}
+	if terminal {
+		// Dependants of these tasks, in any queue, may be claimable (or
+		// doomed) now.
+		n.waiters.notifyAll()
+	}
+	return nil
+}
+
+// replicaSender batches the replication to one peer: writes queued while
+// a call is in flight go together in the next call, so a busy node sends
+// few large Replicate calls rather than many small ones.
+type replicaSender struct {
+	n *Node
+	p *peer
+
+	mu       sync.Mutex
+	queue    []*crdt.Task
+	waiters  []func(error)
+	inflight int
+}
+
+// Replication batching limits: calls in flight per peer, and the size of
+// one call.
+const (
+	senderInflight   = 2
+	senderMaxTasks   = maxReplicate
+	senderMaxBytes   = 8 << 20
+	replicateTimeout = 10 * time.Second
+)
+
+func newReplicaSender(n *Node, p *peer) *replicaSender { return &replicaSender{n: n, p: p} }
+
+// send queues tasks for the peer; done is called once with the outcome of
+// the call that carried them.
+func (s *replicaSender) send(tasks []*crdt.Task, done func(error)) {
+	s.mu.Lock()
+	s.queue = append(s.queue, tasks...)
+	s.waiters = append(s.waiters, done)
+	start := s.inflight < senderInflight
+	if start {
+		s.inflight++
+	}
+	s.mu.Unlock()
+	if start {
+		go s.loop()
+	}
+}
+
+// loop sends batches until the queue is empty.
+func (s *replicaSender) loop() {
+	for {
+		s.mu.Lock()
+		if len(s.queue) == 0 {
+			s.inflight--
+			s.mu.Unlock()
+			return
+		}
+		tasks, waiters := s.queue, s.waiters
+		s.queue, s.waiters = nil, nil
+		s.mu.Unlock()
+		s.call(tasks, waiters)
+	}
+}
+
+// call sends everything taken from the queue, in calls of at most
+// senderMaxTasks tasks and about senderMaxBytes, and tells every waiter
+// the outcome (an error of any call fails them all: conservative).
+func (s *replicaSender) call(tasks []*crdt.Task, waiters []func(error)) {
+	for len(tasks) > 0 {
+		var states [][]byte
+		size := 0
+		for _, t := range tasks {
+			if len(states) == senderMaxTasks || (size > senderMaxBytes && len(states) > 0) {
+				break
+			}
+			b := t.Encode()
+			states = append(states, b)
+			size += len(b)
+		}
+		chunk := tasks[:len(states)]
+		ctx, cancel := context.WithTimeout(context.Background(), replicateTimeout)
+		_, err := s.p.peer.Replicate(ctx, peerRequest(s.n, &nornv1.ReplicateRequest{Tasks: states}))
+		cancel()
+		if err != nil {
+			for _, w := range waiters {
+				w(err)
+			}
+			return
+		}
+		tasks = tasks[len(chunk):]
+	}
+	for _, w := range waiters {
+		w(nil)
+	}
+}

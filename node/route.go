@@ -1,0 +1,286 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/storage"
+)
+
+// maxHops bounds how often a request is forwarded: a node that does not
+// replicate a task's partition forwards to a replica, which forwards to
+// the leader.
+const maxHops = 2
+
+// hops is how often a request was forwarded already.
+func hops[T any](req *connect.Request[T]) int {
+	h, _ := strconv.Atoi(req.Header().Get(headerHops))
+	return h
+}
+
+// routeTarget is where a call on partition p should run: "" for here (this
+// node leads p; or it replicates p and no leader is known, or the call
+// may not travel further), else the API address of the leader or, when
+// this node does not replicate p, of a replica.
+func (n *Node) routeTarget(p uint16, hopsSoFar int) string {
+	r := n.ring.Load()
+	if r == nil || hopsSoFar >= maxHops {
+		return ""
+	}
+	g := n.group(p)
+	if g != nil {
+		if g.IsLeader() {
+			return ""
+		}
+		if id := string(g.Leader()); id != "" && id != n.cfg.NodeID {
+			if nd, ok := r.Node(id); ok {
+				return nd.APIAddr
+			}
+		}
+		return ""
+	}
+	cohort := r.Cohort(int(p))
+	alive := n.aliveSet()
+	start := rand.IntN(len(cohort))
+	for i := range cohort {
+		id := string(cohort[(start+i)%len(cohort)])
+		if nd, ok := r.Node(id); ok && alive[id] {
+			return nd.APIAddr
+		}
+	}
+	nd, _ := r.Node(string(cohort[start]))
+	return nd.APIAddr
+}
+
+// aliveSet is the ids of the members gossip sees alive (this node too).
+func (n *Node) aliveSet() map[string]bool {
+	out := map[string]bool{n.cfg.NodeID: true}
+	for _, m := range n.members.Members() {
+		if m.State == cluster.StateAlive {
+			out[m.ID] = true
+		}
+	}
+	return out
+}
+
+// forward runs a TaskService call on the node that should answer it for
+// task id (see routeTarget). It reports whether it did; when it did not,
+// the caller handles the call here. A forward that cannot reach its
+// target falls back to here when this node replicates the partition.
+func forward[Req, Resp any](n *Node, ctx context.Context, req *connect.Request[Req], id uint64,
+	call func(nornv1connect.TaskServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Resp], error),
+) (*connect.Response[Resp], bool, error) {
+	if id == 0 || n.ring.Load() == nil {
+		return nil, false, nil
+	}
+	p := n.partition(id)
+	target := n.routeTarget(p, hops(req))
+	if target == "" {
+		return nil, false, nil
+	}
+	fwd := connect.NewRequest(req.Msg)
+	fwd.Header().Set(headerHops, strconv.Itoa(hops(req)+1))
+	resp, err := call(n.peers.get(target).tasks, ctx, fwd)
+	if err != nil && unreachable(err) && n.group(p) != nil {
+		n.cfg.Logger.Debug("forward failed; handling here", "id", id, "to", target, "err", err)
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, true, err
+	}
+	return connect.NewResponse(resp.Msg), true, nil
+}
+
+// unreachable reports an error that says the other node was not reached
+// (or did not answer), as opposed to an answer.
+func unreachable(err error) bool {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return true
+	}
+	if ce.Code() == connect.CodeUnavailable {
+		_, quorum := writeFailure(ce)
+		return !quorum
+	}
+	return ce.Code() == connect.CodeDeadlineExceeded || ce.Code() == connect.CodeCanceled
+}
+
+// writeFailure returns the WriteFailure detail of an error, if any.
+func writeFailure(ce *connect.Error) (*nornv1.WriteFailure, bool) {
+	for _, d := range ce.Details() {
+		if v, err := d.Value(); err == nil {
+			if wf, ok := v.(*nornv1.WriteFailure); ok {
+				return wf, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// readTimeout bounds a replica read.
+const readTimeout = 3 * time.Second
+
+// read returns a task's state as r replicas of its partition have it
+// (0: a majority), merged by the CRDT join, with the claim record of the
+// partition's leader (this node's own when it leads; a replica's record
+// when no leader answered). Replicas found behind the merged state are
+// repaired in the background. storage.ErrNotFound when no replica that
+// answered has the task's spec; UNAVAILABLE when fewer than r answered.
+func (n *Node) read(ctx context.Context, id uint64, r int) (*taskState, error) {
+	rg := n.ring.Load()
+	if rg == nil {
+		return nil, errNotFormed
+	}
+	if r == 0 {
+		r = rg.Replication/2 + 1
+	}
+	if r > rg.Replication {
+		return nil, invalid("r", "%d exceeds the replication factor %d", r, rg.Replication)
+	}
+	p := n.partition(id)
+	g := n.group(p)
+	if r == 1 && g != nil && g.IsLeader() {
+		return n.load(id) // this replica is enough, and its record is the leader's
+	}
+	cohort := rg.Cohort(int(p))
+	answers := make(chan replicaAnswer, len(cohort))
+	for _, member := range cohort {
+		id64 := id
+		if string(member) == n.cfg.NodeID {
+			go func() {
+				a := replicaAnswer{from: n.cfg.NodeID, leader: g.IsLeader()}
+				t, err := n.store.TaskState(p, id64)
+				switch {
+				case err == nil:
+					a.state = t
+				case !errors.Is(err, storage.ErrNotFound):
+					a.err = err
+				}
+				if a.err == nil {
+					a.record, a.err = n.claimRecord(p, id64)
+				}
+				answers <- a
+			}()
+			continue
+		}
+		nd, _ := rg.Node(string(member))
+		go func() {
+			cctx, cancel := context.WithTimeout(ctx, readTimeout)
+			defer cancel()
+			a := replicaAnswer{from: nd.ID}
+			resp, err := n.peers.get(nd.APIAddr).peer.Read(cctx, peerRequest(n, &nornv1.ReadRequest{Ids: []uint64{id64}}))
+			if err != nil {
+				a.err = err
+				answers <- a
+				return
+			}
+			rt := resp.Msg.GetTasks()
+			if len(rt) != 1 {
+				a.err = fmt.Errorf("node %s answered %d tasks for 1", nd.ID, len(rt))
+				answers <- a
+				return
+			}
+			if len(rt[0].GetState()) > 0 {
+				a.state, a.err = crdt.Decode(rt[0].GetState())
+			}
+			if a.err == nil {
+				a.leader = rt[0].GetLeader()
+				a.record, a.err = decodeRecord(rt[0].GetClaimRecord())
+			}
+			answers <- a
+		}()
+	}
+	var got []replicaAnswer
+	var lastErr error
+	haveLeader := false
+	leaderKnown := g == nil || g.Leader() != ""
+	for range cohort {
+		a := <-answers
+		if a.err != nil {
+			lastErr = a.err
+		} else {
+			got = append(got, a)
+			haveLeader = haveLeader || a.leader
+		}
+		// Enough replicas, and the leader's record unless no leader is
+		// known here.
+		if len(got) >= r && (haveLeader || !leaderKnown) {
+			break
+		}
+	}
+	if len(got) < r {
+		msg := fmt.Sprintf("read quorum not reached: %d of %d replicas answered (r=%d)", len(got), len(cohort), r)
+		if lastErr != nil {
+			msg += ": " + errorMessage(lastErr)
+		}
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New(msg))
+	}
+	var merged *crdt.Task
+	var record *claims.Record
+	for _, a := range got {
+		if a.state != nil {
+			if merged == nil {
+				merged = a.state
+			} else if j, _, err := crdt.Join(merged, a.state); err == nil {
+				merged = j
+			}
+		}
+		if a.leader || (record == nil && a.record != nil) {
+			record = a.record
+		}
+	}
+	if merged == nil || merged.Spec == nil {
+		return nil, storage.ErrNotFound
+	}
+	n.repair(merged, got)
+	return &taskState{p: p, task: merged, claims: record}, nil
+}
+
+// replicaAnswer is one replica's answer to a read.
+type replicaAnswer struct {
+	from   string // node id
+	state  *crdt.Task
+	record *claims.Record
+	leader bool
+	err    error
+}
+
+// repair sends the merged state to the replicas whose copy differs from
+// it (read repair), in the background: this node's through its store,
+// the others' through their replica senders.
+func (n *Node) repair(merged *crdt.Task, answers []replicaAnswer) {
+	rg := n.ring.Load()
+	want := crdt.Digest(merged.Encode())
+	for _, a := range answers {
+		if a.state != nil && crdt.Digest(a.state.Encode()) == want {
+			continue
+		}
+		n.readRepairs.Add(1)
+		if a.from == n.cfg.NodeID {
+			go func() {
+				if err := n.mergeLocal([]*crdt.Task{merged}); err != nil {
+					n.cfg.Logger.Warn("read repair failed", "id", merged.ID, "err", err)
+				}
+			}()
+			continue
+		}
+		if nd, ok := rg.Node(a.from); ok {
+			n.peers.get(nd.APIAddr).sender.send([]*crdt.Task{merged}, func(err error) {
+				if err != nil {
+					n.cfg.Logger.Warn("read repair failed", "id", merged.ID, "node", a.from, "err", err)
+				}
+			})
+		}
+	}
+}
