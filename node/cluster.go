@@ -110,6 +110,7 @@ func (n *Node) startCluster() error {
 	if err != nil {
 		return err
 	}
+	n.gossip.Store(n.members)
 	if r == nil && n.cfg.BootstrapExpect == 1 {
 		// A cluster of one forms at once: New returns with the ring.
 		self := []cluster.RingNode{n.self()}
@@ -436,8 +437,8 @@ func (n *Node) allowRaftPeer(remote net.Addr) bool {
 			}
 		}
 	}
-	if n.members != nil {
-		for _, m := range n.members.Members() {
+	if ms := n.gossip.Load(); ms != nil {
+		for _, m := range ms.Members() {
 			if m.State == cluster.StateAlive && match(m.RaftAddr) {
 				return true
 			}

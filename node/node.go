@@ -37,6 +37,7 @@ type Node struct {
 	meta          *cluster.Meta
 	metaTrans     *raft.NetworkTransport
 	members       *cluster.Membership
+	gossip        atomic.Pointer[cluster.Membership] // members, for the Raft listener's check
 	ring          atomic.Pointer[cluster.Ring] // nil until the cluster is formed
 	parts         atomic.Pointer[partitions]   // set with the first ring
 	adoptMu       sync.Mutex

@@ -1,0 +1,376 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/crdt"
+)
+
+// member is one node of an in-process cluster: a real data dir, real
+// Raft and gossip over TCP on 127.0.0.1, its API served over h2c.
+type member struct {
+	t    testing.TB
+	cfg  Config
+	node *Node
+	srv  *http.Server
+	ln   net.Listener
+	api  nornv1connect.TaskServiceClient
+	peer nornv1connect.PeerServiceClient
+}
+
+// testCluster starts k nodes that form one cluster (P=8, N=min(3,k)) and
+// waits until every partition has a leader.
+func testCluster(t *testing.T, k int) []*member {
+	t.Helper()
+	var ms []*member
+	for i := range k {
+		cfg := Config{
+			DataDir: t.TempDir(), NodeID: fmt.Sprintf("n%d", i+1), MachineID: uint16(i + 1),
+			Partitions: 8, BootstrapExpect: k, Replication: 3,
+			SkewBuffer: testSkew, LeaseGrace: 5 * time.Second,
+			RaftTimeout: 300 * time.Millisecond, WriteTimeout: 3 * time.Second,
+			Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+			RaftLogger: hclog.NewNullLogger(),
+		}
+		if i > 0 {
+			cfg.Join = []string{ms[0].node.GossipAddr()}
+		}
+		ms = append(ms, startMember(t, cfg))
+	}
+	waitFor(t, 30*time.Second, "every node ready", func() bool {
+		for _, m := range ms {
+			if !m.node.Ready() {
+				return false
+			}
+		}
+		return true
+	})
+	return ms
+}
+
+func startMember(t *testing.T, cfg Config) *member {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.APIAddr == "" {
+		cfg.APIAddr = ln.Addr().String()
+	}
+	n, err := New(cfg)
+	if err != nil {
+		ln.Close()
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: n.Handler(), Protocols: new(http.Protocols)}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go srv.Serve(ln)
+	proto := new(http.Protocols)
+	proto.SetUnencryptedHTTP2(true)
+	hc := &http.Client{Transport: &http.Transport{Protocols: proto}}
+	m := &member{t: t, cfg: cfg, node: n, srv: srv, ln: ln,
+		api:  nornv1connect.NewTaskServiceClient(hc, "http://"+cfg.APIAddr, connect.WithGRPC()),
+		peer: nornv1connect.NewPeerServiceClient(hc, "http://"+cfg.APIAddr, connect.WithGRPC()),
+	}
+	t.Cleanup(m.stop)
+	return m
+}
+
+// stop closes the member's server and node (idempotent).
+func (m *member) stop() {
+	if m.node == nil {
+		return
+	}
+	m.srv.Close()
+	if err := m.node.Close(); err != nil {
+		m.t.Logf("close %s: %v", m.cfg.NodeID, err)
+	}
+	m.node = nil
+}
+
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestClusterForms(t *testing.T) {
+	ms := testCluster(t, 3)
+	id := ms[0].node.ClusterID()
+	if id == "" {
+		t.Fatal("no cluster id")
+	}
+	for _, m := range ms {
+		r := m.node.ring.Load()
+		if r.ClusterID != id || len(r.Nodes) != 3 || r.Replication != 3 {
+			t.Fatalf("%s has ring %+v", m.cfg.NodeID, r)
+		}
+		// The ring is kept in the data dir for restarts.
+		kept, err := cluster.LoadRing(m.cfg.DataDir)
+		if err != nil || kept == nil || kept.Epoch != r.Epoch || kept.ClusterID != id {
+			t.Fatalf("%s kept ring %+v, %v", m.cfg.NodeID, kept, err)
+		}
+		// Every node replicates every partition (N=3 on 3 nodes), and
+		// the groups agree on one leader each.
+		for p, g := range m.node.groupList() {
+			if g == nil {
+				t.Fatalf("%s does not replicate partition %d", m.cfg.NodeID, p)
+			}
+			if got, want := g.Leader(), ms[0].node.group(uint16(p)).Leader(); got != want {
+				t.Fatalf("partition %d: %s sees leader %q, n1 sees %q", p, m.cfg.NodeID, got, want)
+			}
+		}
+	}
+}
+
+func TestClusterQuorumWrites(t *testing.T) {
+	ms := testCluster(t, 3)
+	ctx := context.Background()
+	for w := uint32(1); w <= 3; w++ {
+		coord := ms[int(w)%3]
+		resp, err := coord.api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{
+			Task: &nornv1.TaskSpec{Queue: "q", Payload: []byte(fmt.Sprint(w))}, W: w}))
+		if err != nil {
+			t.Fatalf("w=%d: %v", w, err)
+		}
+		if resp.Msg.Acks < w {
+			t.Fatalf("w=%d: %d acks", w, resp.Msg.Acks)
+		}
+		id := resp.Msg.Id
+		// Every replica stores it (the coordinator sends to all N and
+		// answers after w; the rest follow).
+		for _, m := range ms {
+			waitFor(t, 5*time.Second, fmt.Sprintf("task %d on %s", id, m.cfg.NodeID), func() bool {
+				_, err := m.node.store.TaskState(m.node.partition(id), id)
+				return err == nil
+			})
+		}
+	}
+	_, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{
+		Task: &nornv1.TaskSpec{Queue: "q"}, W: 4}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("w=4: %v", err)
+	}
+}
+
+// With two of three nodes down, a write with w=1 succeeds at the third and
+// w=2 fails with UNAVAILABLE carrying the id to retry with.
+func TestClusterQuorumNotReached(t *testing.T) {
+	ms := testCluster(t, 3)
+	ms[1].stop()
+	ms[2].stop()
+	ctx := context.Background()
+	resp, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{
+		Task: &nornv1.TaskSpec{Queue: "q"}, W: 1}))
+	if err != nil || resp.Msg.Acks != 1 {
+		t.Fatalf("w=1: %v", err)
+	}
+	_, err = ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{
+		Task: &nornv1.TaskSpec{Queue: "q"}, W: 2}))
+	var ce *connect.Error
+	if !errors.As(err, &ce) || ce.Code() != connect.CodeUnavailable {
+		t.Fatalf("w=2 with one node: %v", err)
+	}
+	wf, ok := writeFailure(ce)
+	if !ok || len(wf.Ids) != 1 || wf.Ids[0] == 0 || wf.W != 2 || wf.Acks != 1 {
+		t.Fatalf("write failure detail %+v", wf)
+	}
+}
+
+// Claims go through each partition's leader whichever node is asked;
+// completes and renews are forwarded to it; no task is claimed twice.
+func TestClusterClaimRouting(t *testing.T) {
+	ms := testCluster(t, 3)
+	ctx := context.Background()
+	const tasks = 40
+	want := map[uint64]bool{}
+	for i := range tasks {
+		resp, err := ms[i%3].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{
+			Task: &nornv1.TaskSpec{Queue: "q", Payload: []byte(fmt.Sprint(i))}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[resp.Msg.Id] = true
+	}
+	got := map[uint64]uint64{}
+	for round := 0; len(got) < tasks && round < 50; round++ {
+		m := ms[round%3]
+		resp, err := m.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{
+			Queue: "q", Worker: "w", Max: 7, Lease: durationpb.New(time.Minute)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ct := range resp.Msg.Tasks {
+			if _, dup := got[ct.Task.Id]; dup {
+				t.Fatalf("task %d claimed twice", ct.Task.Id)
+			}
+			if !want[ct.Task.Id] {
+				t.Fatalf("claimed unknown task %d", ct.Task.Id)
+			}
+			got[ct.Task.Id] = ct.ClaimId
+		}
+	}
+	if len(got) != tasks {
+		t.Fatalf("claimed %d of %d tasks", len(got), tasks)
+	}
+	// Renew and complete each through a node picked round robin: the
+	// calls reach the leaders.
+	i := 0
+	for id, claim := range got {
+		m := ms[i%3]
+		i++
+		if _, err := m.api.Renew(ctx, connect.NewRequest(&nornv1.RenewRequest{Id: id, ClaimId: claim,
+			Lease: durationpb.New(time.Minute)})); err != nil {
+			t.Fatalf("renew %d via %s: %v", id, m.cfg.NodeID, err)
+		}
+		if _, err := m.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: claim})); err != nil {
+			t.Fatalf("complete %d via %s: %v", id, m.cfg.NodeID, err)
+		}
+	}
+	for id := range got {
+		resp, err := ms[1].api.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Msg.Task.Status != nornv1.TaskStatus_TASK_STATUS_COMPLETED {
+			t.Fatalf("task %d is %v", id, resp.Msg.Task.Status)
+		}
+	}
+	// Nothing is left to claim anywhere.
+	for _, m := range ms {
+		resp, err := m.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "q", Worker: "w", Max: 10}))
+		if err != nil || len(resp.Msg.Tasks) != 0 {
+			t.Fatalf("claim after completing all via %s: %v %v", m.cfg.NodeID, resp, err)
+		}
+	}
+}
+
+// A replica that missed a write gets it from the next read that sees the
+// difference (read repair).
+func TestClusterReadRepair(t *testing.T) {
+	ms := testCluster(t, 3)
+	id := uint64(424242)
+	task := &crdt.Task{ID: id, Spec: &crdt.Spec{Queue: "q", CreatedAt: ms[0].node.hlc.Now()}}
+	// Only n1's replica has the task.
+	if err := ms[0].node.mergeLocal([]*crdt.Task{task}); err != nil {
+		t.Fatal(err)
+	}
+	p := ms[0].node.partition(id)
+	if _, err := ms[2].node.store.TaskState(p, id); err == nil {
+		t.Fatal("n3 has the task before any repair")
+	}
+	resp, err := ms[1].api.GetTask(context.Background(), connect.NewRequest(&nornv1.GetTaskRequest{Id: id, R: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Msg.Task.Id != id {
+		t.Fatalf("read %v", resp.Msg.Task)
+	}
+	for _, m := range ms[1:] {
+		waitFor(t, 5*time.Second, "read repair of "+m.cfg.NodeID, func() bool {
+			_, err := m.node.store.TaskState(p, id)
+			return err == nil
+		})
+	}
+}
+
+// When a partition's leader stops, the others elect a new one and claims
+// and writes go on.
+func TestClusterLeaderFailover(t *testing.T) {
+	ms := testCluster(t, 3)
+	ctx := context.Background()
+	// Stop the node that leads partition 0.
+	leader := string(ms[0].node.group(0).Leader())
+	var survivors []*member
+	for _, m := range ms {
+		if m.cfg.NodeID == leader {
+			m.stop()
+		} else {
+			survivors = append(survivors, m)
+		}
+	}
+	waitFor(t, 10*time.Second, "new leaders", func() bool {
+		for _, m := range survivors {
+			for _, g := range m.node.groupList() {
+				if l := string(g.Leader()); l == "" || l == leader {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	var ids []uint64
+	for i := range 10 {
+		resp, err := survivors[i%2].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{
+			Task: &nornv1.TaskSpec{Queue: "f"}, W: 2}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, resp.Msg.Id)
+	}
+	claimed := 0
+	for round := 0; claimed < len(ids) && round < 20; round++ {
+		resp, err := survivors[round%2].api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{
+			Queue: "f", Worker: "w", Max: 10}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		claimed += len(resp.Msg.Tasks)
+	}
+	if claimed != len(ids) {
+		t.Fatalf("claimed %d of %d after failover", claimed, len(ids))
+	}
+}
+
+// PeerService refuses callers that are not members of the cluster, and bad
+// input from members.
+func TestPeerServiceRefusesStrangers(t *testing.T) {
+	ms := testCluster(t, 3)
+	ctx := context.Background()
+	state := (&crdt.Task{ID: 7, Spec: &crdt.Spec{Queue: "q"}}).Encode()
+	// No identity at all.
+	_, err := ms[0].peer.Replicate(ctx, connect.NewRequest(&nornv1.ReplicateRequest{Tasks: [][]byte{state}}))
+	if connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("anonymous replicate: %v", err)
+	}
+	// Someone else's node id with another cluster id.
+	req := connect.NewRequest(&nornv1.ReplicateRequest{Tasks: [][]byte{state}})
+	req.Header().Set(headerNode, "n2")
+	req.Header().Set(headerCluster, "0123")
+	if _, err := ms[0].peer.Replicate(ctx, req); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("other cluster: %v", err)
+	}
+	// A member's identity but garbage: refused, nothing stored, node fine.
+	req = peerRequest(ms[1].node, &nornv1.ReplicateRequest{Tasks: [][]byte{{0xff, 0x01, 0x02}}})
+	if _, err := ms[0].peer.Replicate(ctx, req); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("garbage state: %v", err)
+	}
+	if _, err := ms[0].node.store.TaskState(ms[0].node.partition(7), 7); err == nil {
+		t.Fatal("a refused replicate stored a task")
+	}
+	req2 := peerRequest(ms[1].node, &nornv1.ReadRequest{})
+	if _, err := ms[0].peer.Read(ctx, req2); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("empty read: %v", err)
+	}
+}
