@@ -38,8 +38,8 @@ type Node struct {
 	metaTrans     *raft.NetworkTransport
 	members       *cluster.Membership
 	gossip        atomic.Pointer[cluster.Membership] // members, for the Raft listener's check
-	ring          atomic.Pointer[cluster.Ring] // nil until the cluster is formed
-	parts         atomic.Pointer[partitions]   // set with the first ring
+	ring          atomic.Pointer[cluster.Ring]       // nil until the cluster is formed
+	parts         atomic.Pointer[partitions]         // set with the first ring
 	adoptMu       sync.Mutex
 	announced     uint64 // ring epoch gossiped (reconcile loop only)
 	reconcileKick chan struct{}
