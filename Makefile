@@ -9,7 +9,7 @@ BUF         ?= github.com/bufbuild/buf/cmd/buf@v1.73.0
 CORE_PKGS   := ./crdt/... ./ring/... ./storage/... ./claims/... ./cluster/... ./transport/... ./client/... ./node/...
 BIN         := bin
 
-.PHONY: all build test test-core test-rest lint fmt proto proto-check bench fuzz cluster run clean
+.PHONY: all build test test-core test-rest lint fmt proto proto-check bench fuzz cluster cluster-stop run clean
 
 all: build
 
@@ -72,8 +72,16 @@ run:
 	$(GO) build -o $(BIN)/nornctl ./cmd/nornctl
 	$(BIN)/nornd --data-dir ./data --listen 127.0.0.1:7400
 
+# A local 3-node cluster on 127.0.0.1 (API ports 7400, 7410, 7420), data
+# under ./data/node{1,2,3}, logs under ./data/logs; started again from its
+# data when it exists. cluster-stop stops exactly those processes (by pid).
 cluster:
-	@echo "make cluster: the multi-node cluster does not exist yet (see README.md, 'State of the project'); 'make run' starts one node."; exit 1
+	$(GO) build -o $(BIN)/nornd ./cmd/nornd
+	$(GO) build -o $(BIN)/nornctl ./cmd/nornctl
+	BIN=$(BIN) bash scripts/cluster.sh start
+
+cluster-stop:
+	BIN=$(BIN) bash scripts/cluster.sh stop
 
 clean:
 	rm -rf $(BIN) data

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Starts (or restarts, from its data) a local 3-node Norn cluster on
+# 127.0.0.1, or stops it. Used by `make cluster` and `make cluster-stop`.
+#
+#   node   API    Raft   gossip   data              log
+#   n1     7400   7401   7402     data/node1        data/logs/node1.log
+#   n2     7410   7411   7412     data/node2        data/logs/node2.log
+#   n3     7420   7421   7422     data/node3        data/logs/node3.log
+#
+# Pids are kept in data/pids/; stop signals exactly those processes.
+set -euo pipefail
+
+BIN=${BIN:-bin}
+DATA=${DATA:-data}
+NODES=(1 2 3)
+
+api()    { echo "127.0.0.1:74$(( ($1 - 1) * 1 ))0"; }
+raft()   { echo "127.0.0.1:74$(( ($1 - 1) * 1 ))1"; }
+gossip() { echo "127.0.0.1:74$(( ($1 - 1) * 1 ))2"; }
+
+# running PIDFILE: the process is alive (a killed one not yet reaped by
+# its parent is a zombie: not running).
+running() {
+	[ -f "$1" ] || return 1
+	local st
+	st=$(ps -o stat= -p "$(cat "$1")" 2>/dev/null) || return 1
+	[ -n "$st" ] && [ "${st:0:1}" != Z ]
+}
+
+start() {
+	mkdir -p "$DATA/logs" "$DATA/pids"
+	for i in "${NODES[@]}"; do
+		pidf="$DATA/pids/node$i.pid"
+		if running "$pidf"; then
+			echo "node n$i already running (pid $(cat "$pidf"))"
+			continue
+		fi
+		joins=()
+		for j in "${NODES[@]}"; do [ "$j" != "$i" ] && joins+=("$(gossip "$j")"); done
+		"$BIN/nornd" -node-id "n$i" -machine-id "$i" -data-dir "$DATA/node$i" \
+			-listen "$(api "$i")" -raft-addr "$(raft "$i")" -gossip-addr "$(gossip "$i")" \
+			-bootstrap-expect 3 -join "$(IFS=,; echo "${joins[*]}")" \
+			>>"$DATA/logs/node$i.log" 2>&1 &
+		echo $! >"$pidf"
+		echo "started n$i (pid $!): API $(api "$i"), log $DATA/logs/node$i.log"
+	done
+	echo -n "waiting for the cluster to be healthy"
+	for _ in $(seq 1 120); do
+		ok=0
+		for i in "${NODES[@]}"; do
+			if curl -fsS -o /dev/null "http://$(api "$i")/healthz" 2>/dev/null; then ok=$((ok + 1)); fi
+		done
+		if [ "$ok" = 3 ]; then
+			echo " ok"
+			id=$(curl -fsS -H 'Content-Type: application/json' -d '{}' \
+				"http://$(api 1)/norn.v1.AdminService/Status" | grep -o '"ringEpoch":"[0-9]*"' || true)
+			cat <<MSG
+
+Norn cluster of 3 nodes is up ($id). Try:
+
+  $BIN/nornctl enqueue emails 'hello world' --addr 127.0.0.1:7400   # prints the task id
+  $BIN/nornctl claim emails --lease 30s --addr 127.0.0.1:7410        # any node: prints id and claim id
+  $BIN/nornctl complete <id> <claim-id> --addr 127.0.0.1:7420
+  $BIN/nornctl get <id>
+  $BIN/nornctl status                                                # nodes, ring epoch, partitions
+
+  kill -9 \$(cat $DATA/pids/node2.pid)   # the other two keep serving
+  make cluster-stop                      # stops exactly these processes
+MSG
+			return 0
+		fi
+		for i in "${NODES[@]}"; do
+			if ! running "$DATA/pids/node$i.pid"; then
+				echo; echo "node n$i exited; last lines of its log:" >&2
+				tail -n 20 "$DATA/logs/node$i.log" >&2
+				return 1
+			fi
+		done
+		echo -n .
+		sleep 0.5
+	done
+	echo; echo "the cluster did not become healthy within 60 s; see $DATA/logs/" >&2
+	return 1
+}
+
+stop() {
+	for i in "${NODES[@]}"; do
+		pidf="$DATA/pids/node$i.pid"
+		if running "$pidf"; then
+			pid=$(cat "$pidf")
+			kill -TERM "$pid"
+			for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+			if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; fi
+			echo "stopped n$i (pid $pid)"
+		fi
+		rm -f "$pidf"
+	done
+}
+
+case "${1:-start}" in
+start) start ;;
+stop) stop ;;
+*) echo "usage: $0 start|stop" >&2; exit 2 ;;
+esac
