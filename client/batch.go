@@ -276,8 +276,8 @@ func (c *Client) sendCompletes(w uint32, calls []*pending[*nornv1.CompleteReques
 		req.Completions[i] = p.in
 	}
 	var results []*nornv1.CompletionResult
-	err := c.call(ctx, "complete (batched)", retryIdempotent, func(ctx context.Context) error {
-		resp, err := c.tasks.CompleteBatch(ctx, connect.NewRequest(req))
+	err := c.call(ctx, "complete (batched)", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.tasks.CompleteBatch(ctx, connect.NewRequest(req))
 		if err == nil {
 			results = resp.Msg.GetResults()
 			if len(results) != len(calls) {

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -17,12 +18,15 @@ import (
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 )
 
-// Client talks to one Norn node (any node answers any call). It is safe for
-// concurrent use; make one per process and share it. Close it when done.
+// Client talks to the nodes of a Norn cluster (any node answers any call),
+// spreading its calls over them and failing over from a node that is down.
+// It is safe for concurrent use; make one per process and share it. Close
+// it when done.
 type Client struct {
-	baseURL string
-	tasks   nornv1connect.TaskServiceClient
-	admin   nornv1connect.AdminServiceClient
+	scheme string      // "http" or "https", of every endpoint
+	eps    *endpoints  // the nodes calls go to
+	disc   *discovery  // nil when discovery is off
+	used   atomic.Bool // a call was made: discovery may start
 
 	// ownTransport is the transport New made (nil when the caller gave an
 	// http.Client); Close closes its idle connections.
@@ -53,6 +57,7 @@ type options struct {
 	cLinger     time.Duration // complete batching
 	cMaxBatch   int
 	connectOpts []connect.ClientOption
+	discovery   time.Duration
 }
 
 // DefaultTimeout is the timeout New gives every call whose context has no
@@ -117,22 +122,38 @@ func WithCompleteBatching(linger time.Duration, maxBatch int) Option {
 	return func(o *options) { o.cLinger, o.cMaxBatch = linger, maxBatch }
 }
 
+// WithDiscovery sets how often the client asks a node (AdminService.Status)
+// for the nodes of the cluster, to spread its calls over every node that is
+// alive or suspect, along with the addresses given to New. The first time
+// is after the client's first call; a call that cannot connect to a node
+// also asks at once. Default DefaultDiscoveryInterval (30 s); 0 turns
+// discovery off: the client then sends only to the addresses given to New.
+// Discovery runs in a goroutine of its own until Close.
+func WithDiscovery(interval time.Duration) Option {
+	return func(o *options) { o.discovery = interval }
+}
+
 // WithConnectOptions adds connect client options (interceptors, read
 // limits, ...) after the client's own (connect.WithGRPC).
 func WithConnectOptions(opts ...connect.ClientOption) Option {
 	return func(o *options) { o.connectOpts = append(o.connectOpts, opts...) }
 }
 
-// New returns a client for the node at addr: "host:port" (for example
-// "127.0.0.1:7400"), "http://host:port" or "https://host:port". It speaks
-// the gRPC protocol over HTTP/2, in cleartext (h2c) for "http" and plain
-// addresses. New does not connect; the first call does.
-func New(addr string, opts ...Option) (*Client, error) {
-	base, scheme, err := parseAddr(addr)
+// New returns a client for the nodes at addrs: one address, or several
+// separated by commas ("10.0.0.1:7400,10.0.0.2:7400"), each "host:port"
+// (for example "127.0.0.1:7400"), "http://host:port" or "https://host:port",
+// all with the same scheme. These seeds are always kept; the other nodes
+// of the cluster are learned from them (WithDiscovery). Calls go to the
+// nodes in turn, skipping a node for a while after it failed (see the
+// package documentation). The client speaks the gRPC protocol over HTTP/2,
+// in cleartext (h2c) for "http" and plain addresses. New does not connect;
+// the first call does.
+func New(addrs string, opts ...Option) (*Client, error) {
+	seeds, scheme, err := parseSeeds(addrs)
 	if err != nil {
 		return nil, err
 	}
-	o := options{timeout: DefaultTimeout}
+	o := options{timeout: DefaultTimeout, discovery: DefaultDiscoveryInterval}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -143,6 +164,9 @@ func New(addr string, opts ...Option) (*Client, error) {
 	if o.timeout < 0 {
 		return nil, fmt.Errorf("norn: WithTimeout(%v): negative", o.timeout)
 	}
+	if o.discovery < 0 {
+		return nil, fmt.Errorf("norn: WithDiscovery(%v): negative", o.discovery)
+	}
 	batching, err := batchingOn("WithEnqueueBatching", o.linger, o.maxBatch)
 	if err != nil {
 		return nil, err
@@ -152,20 +176,28 @@ func New(addr string, opts ...Option) (*Client, error) {
 		return nil, err
 	}
 
-	c := &Client{baseURL: base, retry: o.retry, timeout: o.timeout, w: o.w}
+	c := &Client{scheme: scheme, retry: o.retry, timeout: o.timeout, w: o.w}
 	hc := o.httpClient
 	if hc == nil {
 		c.ownTransport = newTransport(scheme)
 		hc = &http.Client{Transport: c.ownTransport}
 	}
 	copts := append([]connect.ClientOption{connect.WithGRPC()}, o.connectOpts...)
-	c.tasks = nornv1connect.NewTaskServiceClient(hc, base, copts...)
-	c.admin = nornv1connect.NewAdminServiceClient(hc, base, copts...)
+	c.eps = newEndpoints(seeds, func(base string) *endpoint {
+		return &endpoint{
+			base:  base,
+			tasks: nornv1connect.NewTaskServiceClient(hc, base, copts...),
+			admin: nornv1connect.NewAdminServiceClient(hc, base, copts...),
+		}
+	})
 	if batching {
 		c.enqueues = newEnqueueCoalescer(c, o.linger, o.maxBatch)
 	}
 	if cBatching {
 		c.completes = newCompleteCoalescer(c, o.cLinger, o.cMaxBatch)
+	}
+	if o.discovery > 0 {
+		c.startDiscovery(o.discovery)
 	}
 	return c, nil
 }
@@ -226,8 +258,9 @@ func newTransport(scheme string) *http.Transport {
 }
 
 // Close sends the enqueues still waiting in a batch, waits for the batches
-// in flight, and closes idle connections. Calls made after Close fail with
-// ErrClosed; calls already running finish normally. Close is idempotent.
+// in flight, stops discovery, and closes idle connections. Calls made
+// after Close fail with ErrClosed; calls already running finish normally.
+// Close is idempotent.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	already := c.closing
@@ -243,6 +276,7 @@ func (c *Client) Close() error {
 	if c.completes != nil {
 		c.completes.close()
 	}
+	c.stopDiscovery()
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
@@ -258,18 +292,36 @@ func (c *Client) isClosed() bool {
 	return c.closed
 }
 
-// Addr returns the base URL the client sends to, for example
-// "http://127.0.0.1:7400".
-func (c *Client) Addr() string { return c.baseURL }
+// Addr returns the base URL of the first address given to New, for
+// example "http://127.0.0.1:7400".
+func (c *Client) Addr() string { return c.eps.seeds[0] }
 
-// TaskService returns the generated connect client the Client wraps, for
-// the fields and calls the Client does not expose (for example
-// GetTaskRequest.r). Its calls are neither retried nor batched.
-func (c *Client) TaskService() nornv1connect.TaskServiceClient { return c.tasks }
+// Endpoints returns the base URLs the client now spreads its calls over:
+// the addresses given to New, then the nodes learned by discovery.
+func (c *Client) Endpoints() []string { return c.eps.bases() }
+
+// TaskService returns the generated connect client of one node the Client
+// would send to now (the next in turn), for the fields and calls the
+// Client does not expose (for example GetTaskRequest.r). Its calls are
+// neither retried, batched nor failed over.
+func (c *Client) TaskService() nornv1connect.TaskServiceClient { return c.endpoint().tasks }
 
 // AdminService returns the generated connect client of AdminService, as
 // TaskService does for TaskService.
-func (c *Client) AdminService() nornv1connect.AdminServiceClient { return c.admin }
+func (c *Client) AdminService() nornv1connect.AdminServiceClient { return c.endpoint().admin }
+
+// endpoint picks the endpoint for a raw client.
+func (c *Client) endpoint() *endpoint {
+	c.firstUse()
+	return c.eps.pick(time.Now(), nil)
+}
+
+// firstUse starts discovery on the client's first call.
+func (c *Client) firstUse() {
+	if !c.used.Load() && c.used.CompareAndSwap(false, true) {
+		c.kickDiscovery()
+	}
+}
 
 // withTimeout applies the client's timeout (plus extra) to a context that
 // has no deadline.

@@ -87,6 +87,9 @@ func TestNewAddress(t *testing.T) {
 		{"http://host:1?x=y", "", false},
 		{"http://user@host:1", "", false},
 		{"http://[::1", "", false},
+		{"127.0.0.1:7400,127.0.0.1:7410", "http://127.0.0.1:7400", true},
+		{"127.0.0.1:7400,", "", false},
+		{"127.0.0.1:7400,https://127.0.0.1:7410", "", false},
 	} {
 		c, err := client.New(tc.addr)
 		if (err == nil) != tc.ok {
@@ -107,6 +110,7 @@ func TestNewOptionsValidated(t *testing.T) {
 		"zero attempts":     client.WithRetry(client.RetryPolicy{MaxAttempts: -1}),
 		"max below base":    client.WithRetry(client.RetryPolicy{BaseBackoff: time.Second, MaxBackoff: time.Millisecond}),
 		"negative timeout":  client.WithTimeout(-time.Second),
+		"negative interval": client.WithDiscovery(-time.Second),
 		"batch no linger":   client.WithEnqueueBatching(0, 10),
 		"batch zero max":    client.WithEnqueueBatching(time.Millisecond, 0),
 		"batch over 10,000": client.WithEnqueueBatching(time.Millisecond, 10_001),

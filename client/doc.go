@@ -26,11 +26,35 @@
 //	if err != nil { ... }
 //	err = w.Run(ctx) // returns after ctx is done and the held tasks are settled
 //
-// Any node answers any call; New takes one address ("host:port",
-// "http://host:port" or "https://host:port") and speaks the gRPC protocol
-// over HTTP/2, in cleartext (h2c) unless the scheme is https. Requests and
-// responses are the generated messages of package nornv1; Client.TaskService
-// gives the raw connect client for anything this package does not wrap.
+// Any node answers any call. New takes one address ("host:port",
+// "http://host:port" or "https://host:port") or several separated by
+// commas, and speaks the gRPC protocol over HTTP/2, in cleartext (h2c)
+// unless the scheme is https. Requests and responses are the generated
+// messages of package nornv1; Client.TaskService gives the raw connect
+// client of one node for anything this package does not wrap.
+//
+// # Nodes
+//
+// The addresses given to New are seeds: the client asks a node it knows
+// for the cluster's nodes (AdminService.Status) after its first call,
+// every 30 s (WithDiscovery), and at once when a connection to a node
+// fails. It sends to the seeds, which it always keeps, and to every node
+// listed as alive or suspect; Endpoints lists them. Calls (coalesced
+// batches included) go to the nodes in turn.
+//
+// A node is skipped for a while when an attempt shows it down: the
+// connection was refused, reset or timed out, the name did not resolve,
+// HTTP/2 gave up on the request, or the node answered UNAVAILABLE without
+// a WriteFailure detail. It is skipped for 1 s after the first such
+// failure, doubling with each failure in a row up to 30 s; any other
+// answer of the node ends it. An UNAVAILABLE with a WriteFailure (a write
+// quorum missed) does not count against the node, nor does an attempt cut
+// short by its context (a node that accepts connections but never answers
+// is not detected: such calls end at their deadline). When every node is
+// being skipped, a call still goes to the one that failed longest ago.
+// Spreading and failover change where an attempt goes, never what is
+// retried: a retried attempt goes to another node when one is healthy, by
+// the rules below.
 //
 // # Errors
 //

@@ -40,6 +40,7 @@ type fakeServer struct {
 	renews    map[uint64][]time.Time // renew times per task
 	claimedAt map[uint64]time.Time   // claim time per task
 	notH2     int                    // requests not made over HTTP/2
+	nodes     []*nornv1.NodeStatus   // what Status lists (setNodes)
 
 	// inject, when set, runs before every call (without mu) with the
 	// method name and request message; a non-nil error is the answer.
@@ -105,6 +106,13 @@ func (f *fakeServer) setFailWrite(fn func(method string) bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.failWrite = fn
+}
+
+// setNodes sets the nodes Status lists, as a node of a cluster would.
+func (f *fakeServer) setNodes(nodes ...*nornv1.NodeStatus) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nodes = nodes
 }
 
 // count returns how many times method was called.
@@ -522,5 +530,7 @@ func (f *fakeServer) Status(_ context.Context, r *connect.Request[nornv1.StatusR
 	if err := f.begin("Status", r.Msg); err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&nornv1.StatusResponse{NodeId: "fake-1", Version: "test"}), nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return connect.NewResponse(&nornv1.StatusResponse{NodeId: "fake-1", Version: "test", Nodes: f.nodes}), nil
 }

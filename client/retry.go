@@ -126,17 +126,25 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // do runs call until it succeeds, fails with an error that may not be
-// retried (retry decides), or the policy's attempts run out. ctx must already carry the call's
-// timeout. The error is wrapped for method.
-func (c *Client) do(ctx context.Context, method string, retry func(err error) bool, call func(ctx context.Context) error) error {
+// retried (retry decides), or the policy's attempts run out. Each attempt
+// goes to the endpoint the client picks (another one than the previous
+// attempt's when another is healthy), and its outcome updates that
+// endpoint's health. ctx must already carry the call's timeout. The error
+// is wrapped for method.
+func (c *Client) do(ctx context.Context, method string, retry func(err error) bool, call func(ctx context.Context, ep *endpoint) error) error {
 	if c.isClosed() {
 		return wrapErr(method, ErrClosed)
 	}
+	c.firstUse()
+	var prev *endpoint
 	for attempt := 1; ; attempt++ {
-		err := call(ctx)
+		ep := c.eps.pick(time.Now(), prev)
+		err := call(ctx, ep)
+		c.observe(ctx, ep, err)
 		if err == nil {
 			return nil
 		}
+		prev = ep
 		if attempt >= c.retry.MaxAttempts || ctx.Err() != nil || !retry(err) {
 			return wrapErr(method, err)
 		}
@@ -148,7 +156,7 @@ func (c *Client) do(ctx context.Context, method string, retry func(err error) bo
 
 // call is do for the common case: a call of class rc with the client's
 // timeout.
-func (c *Client) call(ctx context.Context, method string, rc retryClass, fn func(ctx context.Context) error) error {
+func (c *Client) call(ctx context.Context, method string, rc retryClass, fn func(ctx context.Context, ep *endpoint) error) error {
 	ctx, cancel := c.withTimeout(ctx, 0)
 	defer cancel()
 	return c.do(ctx, method, func(err error) bool { return retryable(rc, err) }, fn)

@@ -98,8 +98,8 @@ func (c *Client) enqueueOne(ctx context.Context, spec *nornv1.TaskSpec, id uint6
 			return retryable(retryIdempotent, err)
 		}
 		return retryable(retryNoEffect, err)
-	}, func(ctx context.Context) error {
-		resp, err := c.tasks.Enqueue(ctx, connect.NewRequest(req))
+	}, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.tasks.Enqueue(ctx, connect.NewRequest(req))
 		if err == nil {
 			got = resp.Msg.GetId()
 		}
@@ -154,8 +154,8 @@ func (c *Client) enqueueBatch(ctx context.Context, specs []*nornv1.TaskSpec, ids
 			return retryable(retryIdempotent, err)
 		}
 		return retryable(retryNoEffect, err)
-	}, func(ctx context.Context) error {
-		resp, err := c.tasks.EnqueueBatch(ctx, connect.NewRequest(req))
+	}, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.tasks.EnqueueBatch(ctx, connect.NewRequest(req))
 		if err == nil {
 			got = resp.Msg.GetIds()
 			if len(got) != len(specs) {
@@ -209,8 +209,8 @@ func (e errProtocol) Error() string { return "norn: protocol error: " + string(e
 // its replicas. Retried (a read).
 func (c *Client) GetTask(ctx context.Context, id uint64) (*nornv1.Task, error) {
 	var t *nornv1.Task
-	err := c.call(ctx, "get task", retryIdempotent, func(ctx context.Context) error {
-		resp, err := c.tasks.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id}))
+	err := c.call(ctx, "get task", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.tasks.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id}))
 		if err == nil {
 			t = resp.Msg.GetTask()
 		}
@@ -224,8 +224,8 @@ func (c *Client) GetTask(ctx context.Context, id uint64) (*nornv1.Task, error) {
 // every page.
 func (c *Client) ListTasks(ctx context.Context, req *nornv1.ListTasksRequest) (*nornv1.ListTasksResponse, error) {
 	var out *nornv1.ListTasksResponse
-	err := c.call(ctx, "list tasks", retryIdempotent, func(ctx context.Context) error {
-		resp, err := c.tasks.ListTasks(ctx, connect.NewRequest(req))
+	err := c.call(ctx, "list tasks", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.tasks.ListTasks(ctx, connect.NewRequest(req))
 		if err == nil {
 			out = resp.Msg
 		}
@@ -264,8 +264,8 @@ func (c *Client) Tasks(ctx context.Context, queue string, status nornv1.TaskStat
 // status. Retried (a read).
 func (c *Client) CountTasks(ctx context.Context, queue string) (*nornv1.CountTasksResponse, error) {
 	var out *nornv1.CountTasksResponse
-	err := c.call(ctx, "count tasks", retryIdempotent, func(ctx context.Context) error {
-		resp, err := c.tasks.CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{Queue: queue}))
+	err := c.call(ctx, "count tasks", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.tasks.CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{Queue: queue}))
 		if err == nil {
 			out = resp.Msg
 		}
@@ -318,8 +318,8 @@ func (c *Client) Claim(ctx context.Context, r ClaimRequest) ([]*nornv1.ClaimedTa
 		req.Wait = durationpb.New(r.Wait)
 	}
 	var out []*nornv1.ClaimedTask
-	err := c.do(ctx, "claim", func(err error) bool { return retryable(retryNoEffect, err) }, func(ctx context.Context) error {
-		resp, err := c.tasks.Claim(ctx, connect.NewRequest(req))
+	err := c.do(ctx, "claim", func(err error) bool { return retryable(retryNoEffect, err) }, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.tasks.Claim(ctx, connect.NewRequest(req))
 		if err == nil {
 			out = resp.Msg.GetTasks()
 		}
@@ -341,8 +341,8 @@ func (c *Client) Renew(ctx context.Context, id, claimID uint64, lease time.Durat
 		req.Lease = durationpb.New(lease)
 	}
 	var expiry time.Time
-	err := c.call(ctx, "renew", retryIdempotent, func(ctx context.Context) error {
-		resp, err := c.tasks.Renew(ctx, connect.NewRequest(req))
+	err := c.call(ctx, "renew", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.tasks.Renew(ctx, connect.NewRequest(req))
 		if err == nil {
 			expiry = resp.Msg.GetExpiry().AsTime()
 		}
@@ -363,8 +363,8 @@ func (c *Client) Update(ctx context.Context, req *nornv1.UpdateRequest) error {
 		req = proto.CloneOf(req)
 		req.W = c.w
 	}
-	return c.call(ctx, "update", retryIdempotent, func(ctx context.Context) error {
-		_, err := c.tasks.Update(ctx, connect.NewRequest(req))
+	return c.call(ctx, "update", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		_, err := ep.tasks.Update(ctx, connect.NewRequest(req))
 		return err
 	})
 }
@@ -386,8 +386,8 @@ func (c *Client) Complete(ctx context.Context, id, claimID uint64, result []byte
 
 // completeOne sends one Complete RPC, retried.
 func (c *Client) completeOne(ctx context.Context, req *nornv1.CompleteRequest) error {
-	return c.call(ctx, "complete", retryIdempotent, func(ctx context.Context) error {
-		_, err := c.tasks.Complete(ctx, connect.NewRequest(req))
+	return c.call(ctx, "complete", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		_, err := ep.tasks.Complete(ctx, connect.NewRequest(req))
 		return err
 	})
 }
@@ -397,8 +397,8 @@ func (c *Client) completeOne(ctx context.Context, req *nornv1.CompleteRequest) e
 // Retried (idempotent).
 func (c *Client) Abort(ctx context.Context, id, claimID uint64, errs ...*nornv1.TaskError) error {
 	req := &nornv1.AbortRequest{Id: id, ClaimId: claimID, Errors: errs, W: c.w}
-	return c.call(ctx, "abort", retryIdempotent, func(ctx context.Context) error {
-		_, err := c.tasks.Abort(ctx, connect.NewRequest(req))
+	return c.call(ctx, "abort", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		_, err := ep.tasks.Abort(ctx, connect.NewRequest(req))
 		return err
 	})
 }
@@ -409,8 +409,8 @@ func (c *Client) Abort(ctx context.Context, id, claimID uint64, errs ...*nornv1.
 // one way or another.
 func (c *Client) Yield(ctx context.Context, id, claimID uint64, progress float64) error {
 	req := &nornv1.YieldRequest{Id: id, ClaimId: claimID, Progress: progress}
-	return c.call(ctx, "yield", retryIdempotent, func(ctx context.Context) error {
-		_, err := c.tasks.Yield(ctx, connect.NewRequest(req))
+	return c.call(ctx, "yield", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		_, err := ep.tasks.Yield(ctx, connect.NewRequest(req))
 		return err
 	})
 }
@@ -421,18 +421,20 @@ func (c *Client) Yield(ctx context.Context, id, claimID uint64, progress float64
 // (idempotent).
 func (c *Client) Cancel(ctx context.Context, id uint64) error {
 	req := &nornv1.CancelRequest{Id: id, W: c.w}
-	return c.call(ctx, "cancel", retryIdempotent, func(ctx context.Context) error {
-		_, err := c.tasks.Cancel(ctx, connect.NewRequest(req))
+	return c.call(ctx, "cancel", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		_, err := ep.tasks.Cancel(ctx, connect.NewRequest(req))
 		return err
 	})
 }
 
-// Status returns the answering node's view of itself and its partitions
-// (AdminService.Status). Retried (a read).
+// Status returns the answering node's view of itself, its partitions and
+// the cluster's nodes (AdminService.Status). The node is whichever the
+// client picks, as for any call (NodeId names it); for one given node, use
+// a Client of that address alone with WithDiscovery(0). Retried (a read).
 func (c *Client) Status(ctx context.Context) (*nornv1.StatusResponse, error) {
 	var out *nornv1.StatusResponse
-	err := c.call(ctx, "status", retryIdempotent, func(ctx context.Context) error {
-		resp, err := c.admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{}))
+	err := c.call(ctx, "status", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{}))
 		if err == nil {
 			out = resp.Msg
 		}
