@@ -168,7 +168,8 @@ func (n *Node) joinSeeds() error {
 	if errors.Is(err, cluster.ErrOtherCluster) {
 		return err
 	}
-	if err != nil {
+	if err != nil && !n.seedsLogged {
+		n.seedsLogged = true // once: the reconcile loop retries every second
 		n.cfg.Logger.Info("no seed answered yet; retrying", "seeds", seeds, "err", err)
 	}
 	return nil

@@ -42,6 +42,7 @@ type Node struct {
 	parts         atomic.Pointer[partitions]         // set with the first ring
 	adoptMu       sync.Mutex
 	announced     uint64 // ring epoch gossiped (reconcile loop only)
+	seedsLogged   bool   // a failed join was logged (reconcile loop only)
 	reconcileKick chan struct{}
 	peers         peerSet
 	readRepairs   atomic.Uint64
