@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -372,5 +373,47 @@ func TestPeerServiceRefusesStrangers(t *testing.T) {
 	req2 := peerRequest(ms[1].node, &nornv1.ReadRequest{})
 	if _, err := ms[0].peer.Read(ctx, req2); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("empty read: %v", err)
+	}
+}
+
+// /metrics exports every group's Raft stats with its own labels (the
+// library's global metrics would collide across groups).
+func TestMetricsLabelledPerGroup(t *testing.T) {
+	ms := testCluster(t, 3)
+	resp, err := http.Get("http://" + ms[0].cfg.APIAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
+	for p := range 8 {
+		want := fmt.Sprintf(`norn_raft_term{group="partition",partition="%d"} `, p)
+		if !strings.Contains(text, want) {
+			t.Fatalf("no %s in\n%s", want, text)
+		}
+	}
+	leaders := 0
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, `norn_raft_state{group="partition"`) && strings.HasSuffix(line, " 2") {
+			leaders++
+		}
+	}
+	led := 0
+	for _, g := range ms[0].node.groupList() {
+		if g.IsLeader() {
+			led++
+		}
+	}
+	if leaders != led {
+		t.Fatalf("metrics show %d led partitions, the node leads %d", leaders, led)
+	}
+	for _, want := range []string{`norn_raft_term{group="meta"}`, "norn_ring_epoch 1", `norn_members{state="alive"} 3`} {
+		if !strings.Contains(text, want) {
+			t.Fatalf("no %s in\n%s", want, text)
+		}
 	}
 }

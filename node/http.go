@@ -23,6 +23,7 @@ func (n *Node) Handler() http.Handler {
 	// Replication batches many tasks in one call (up to maxReplicate).
 	mux.Handle(nornv1connect.NewPeerServiceHandler(peerService{n},
 		connect.WithReadMaxBytes(64<<20), connect.WithCompressMinBytes(4<<10)))
+	mux.HandleFunc("GET /metrics", n.serveMetrics)
 	// Ready once every partition has a leader; 503 before.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if !n.Ready() {

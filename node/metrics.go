@@ -1,0 +1,111 @@
+package node
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// raftGauges are the numeric fields of hashicorp/raft's Stats() exported
+// per group. The library's own metrics (go-metrics) are process-global and
+// carry no group label, so 64 groups would overwrite each other; Stats()
+// is per group.
+var raftGauges = []struct{ stat, name, help string }{
+	{"term", "norn_raft_term", "Current Raft term of the group on this node."},
+	{"last_log_index", "norn_raft_last_log_index", "Index of the last entry in this replica's log."},
+	{"commit_index", "norn_raft_commit_index", "Highest index this replica knows committed."},
+	{"applied_index", "norn_raft_applied_index", "Highest index applied to this replica's FSM."},
+	{"fsm_pending", "norn_raft_fsm_pending", "Committed entries waiting for the FSM."},
+	{"num_peers", "norn_raft_peers", "Other voters of the group."},
+}
+
+// raftStates maps Stats()'s state to a number for norn_raft_state.
+var raftStates = map[string]int{"Follower": 0, "Candidate": 1, "Leader": 2, "Shutdown": 3}
+
+// serveMetrics writes the node's metrics in the Prometheus text format.
+func (n *Node) serveMetrics(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	bw := bufio.NewWriter(w)
+	n.writeMetrics(bw)
+	bw.Flush()
+}
+
+func (n *Node) writeMetrics(w io.Writer) {
+	type series struct {
+		labels string
+		stats  map[string]string
+	}
+	var groups []series
+	if n.meta != nil {
+		groups = append(groups, series{`group="meta"`, n.meta.Stats()})
+	}
+	for p, g := range n.groupList() {
+		if g != nil {
+			groups = append(groups, series{fmt.Sprintf(`group="partition",partition="%d"`, p), g.Stats()})
+		}
+	}
+	for _, gauge := range raftGauges {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n", gauge.name, gauge.help, gauge.name)
+		for _, s := range groups {
+			if v, err := strconv.ParseUint(s.stats[gauge.stat], 10, 64); err == nil {
+				fmt.Fprintf(w, "%s{%s} %d\n", gauge.name, s.labels, v)
+			}
+		}
+	}
+	fmt.Fprintf(w, "# HELP norn_raft_state Raft role of the group on this node: 0 follower, 1 candidate, 2 leader, 3 shutdown.\n# TYPE norn_raft_state gauge\n")
+	for _, s := range groups {
+		if v, ok := raftStates[s.stats["state"]]; ok {
+			fmt.Fprintf(w, "norn_raft_state{%s} %d\n", s.labels, v)
+		}
+	}
+	fmt.Fprintf(w, "# HELP norn_raft_last_contact_seconds Time since this follower last heard from its leader (0 on the leader).\n# TYPE norn_raft_last_contact_seconds gauge\n")
+	for _, s := range groups {
+		if d, ok := lastContact(s.stats["last_contact"]); ok {
+			fmt.Fprintf(w, "norn_raft_last_contact_seconds{%s} %g\n", s.labels, d.Seconds())
+		}
+	}
+
+	counter := func(name, help string, v uint64) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", name, help, name, name, v)
+	}
+	counter("norn_spec_conflicts_total", "Merges that met two different specs for one task id (resolved by lowest digest).", n.specConflicts.Load())
+	counter("norn_read_repairs_total", "Replicas sent a task's merged state because a read found them behind.", n.readRepairs.Load())
+	epoch := uint64(0)
+	if r := n.ring.Load(); r != nil {
+		epoch = r.Epoch
+	}
+	fmt.Fprintf(w, "# HELP norn_ring_epoch Epoch of the ring this node works with (0: no cluster yet).\n# TYPE norn_ring_epoch gauge\nnorn_ring_epoch %d\n", epoch)
+	if n.members != nil {
+		byState := map[string]int{}
+		for _, m := range n.members.Members() {
+			byState[m.State.String()]++
+		}
+		states := make([]string, 0, len(byState))
+		for s := range byState {
+			states = append(states, s)
+		}
+		sort.Strings(states)
+		fmt.Fprintf(w, "# HELP norn_members Cluster members as gossip sees them, by state.\n# TYPE norn_members gauge\n")
+		for _, s := range states {
+			fmt.Fprintf(w, "norn_members{state=%q} %d\n", s, byState[s])
+		}
+	}
+}
+
+// lastContact parses Stats()'s last_contact: "never", "0" on a leader, or
+// a duration.
+func lastContact(s string) (time.Duration, bool) {
+	switch {
+	case s == "" || s == "never":
+		return 0, false
+	case s == "0":
+		return 0, true
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	return d, err == nil
+}
