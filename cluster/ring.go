@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/norn-dev/norn/ring"
 )
@@ -95,15 +96,7 @@ func (r *Ring) Validate() error {
 
 // Node returns the ring's node id.
 func (r *Ring) Node(id string) (RingNode, bool) {
-	i, ok := slices.BinarySearchFunc(r.Nodes, id, func(n RingNode, id string) int {
-		switch {
-		case n.ID < id:
-			return -1
-		case n.ID > id:
-			return 1
-		}
-		return 0
-	})
+	i, ok := slices.BinarySearchFunc(r.Nodes, id, func(n RingNode, id string) int { return strings.Compare(n.ID, id) })
 	if !ok {
 		return RingNode{}, false
 	}
@@ -127,7 +120,7 @@ func NewRing(nodes []RingNode, p, n int) (*Ring, error) {
 		return nil, err
 	}
 	nodes = slices.Clone(nodes)
-	slices.SortFunc(nodes, func(a, b RingNode) int { return cmpString(a.ID, b.ID) })
+	slices.SortFunc(nodes, func(a, b RingNode) int { return strings.Compare(a.ID, b.ID) })
 	rn := make([]ring.Node, len(nodes))
 	for i, nd := range nodes {
 		rn[i] = ring.Node{ID: ring.NodeID(nd.ID)}
@@ -139,16 +132,6 @@ func NewRing(nodes []RingNode, p, n int) (*Ring, error) {
 	r := &Ring{ClusterID: hex.EncodeToString(id[:]), Epoch: 1, Partitions: p, Replication: n,
 		Nodes: nodes, Placement: pl}
 	return r, r.Validate()
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // MetaVoters is how many nodes of a cluster of size nodes vote in the meta
@@ -182,7 +165,7 @@ func DecideFormation(members []Member, expect int, self string) Formation {
 			free = append(free, m)
 		}
 	}
-	slices.SortFunc(free, func(a, b Member) int { return cmpString(a.ID, b.ID) })
+	slices.SortFunc(free, func(a, b Member) int { return strings.Compare(a.ID, b.ID) })
 	if expect < 1 || len(free) < expect {
 		return Formation{}
 	}

@@ -146,10 +146,8 @@ func (n *Node) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, limit int
 			continue
 		}
 		fwd := &nornv1.ClaimRequest{Queue: m.GetQueue(), Worker: m.GetWorker(), Lease: m.GetLease(), Max: uint32(limit - len(out))}
-		req := connect.NewRequest(fwd)
-		req.Header().Set(headerHops, "1")
 		cctx, cancel := context.WithTimeout(ctx, proxyTimeout)
-		resp, err := n.peers.get(nd.APIAddr).tasks.Claim(cctx, req)
+		resp, err := n.peers.get(nd.APIAddr).tasks.Claim(cctx, forwarded(fwd, 0))
 		cancel()
 		if err != nil {
 			lastErr = err

@@ -399,7 +399,7 @@ func epochOf(r *cluster.Ring) uint64 {
 func (n *Node) pullRing(addr string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := n.peers.get(addr).peer.GetRing(ctx, n.peerRequest(&nornv1.GetRingRequest{}))
+	resp, err := n.peers.get(addr).peer.GetRing(ctx, peerRequest(n, &nornv1.GetRingRequest{}))
 	if err != nil {
 		return err
 	}
@@ -423,14 +423,7 @@ func (n *Node) allowRaftPeer(remote net.Addr) bool {
 	if !ok {
 		return false
 	}
-	match := func(hostport string) bool {
-		host, _, err := net.SplitHostPort(hostport)
-		if err != nil {
-			return false
-		}
-		ip := net.ParseIP(host)
-		return ip != nil && ip.Equal(ta.IP)
-	}
+	match := func(hostport string) bool { return hostIs(hostport, ta.IP) }
 	if r := n.ring.Load(); r != nil {
 		for _, nd := range r.Nodes {
 			if match(nd.RaftAddr) {

@@ -97,8 +97,14 @@ func peerRequest[T any](n *Node, msg *T) *connect.Request[T] {
 	return req
 }
 
-func (n *Node) peerRequest(msg *nornv1.GetRingRequest) *connect.Request[nornv1.GetRingRequest] {
-	return peerRequest(n, msg)
+// hostIs reports whether hostport's host is the address ip.
+func hostIs(hostport string, ip net.IP) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	other := net.ParseIP(host)
+	return other != nil && other.Equal(ip)
 }
 
 // peerService implements norn.v1.PeerService.
@@ -116,18 +122,11 @@ func (n *Node) checkPeer(peerAddr string, h http.Header) error {
 		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("peer call refused: "+format, args...))
 	}
 	host, _, err := net.SplitHostPort(peerAddr)
-	if err != nil {
+	ip := net.ParseIP(host)
+	if err != nil || ip == nil {
 		return deny("unknown caller address %q", peerAddr)
 	}
-	ip := net.ParseIP(host)
-	sameHost := func(hostport string) bool {
-		h, _, err := net.SplitHostPort(hostport)
-		if err != nil {
-			return false
-		}
-		other := net.ParseIP(h)
-		return other != nil && ip != nil && other.Equal(ip)
-	}
+	sameHost := func(hostport string) bool { return hostIs(hostport, ip) }
 	r := n.ring.Load()
 	if r != nil {
 		if c := h.Get(headerCluster); c != "" && c != r.ClusterID {

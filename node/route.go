@@ -29,6 +29,14 @@ func hops[T any](req *connect.Request[T]) int {
 	return h
 }
 
+// forwarded returns msg as a request forwarded by this node, hopsSoFar
+// forwards after the client's.
+func forwarded[T any](msg *T, hopsSoFar int) *connect.Request[T] {
+	req := connect.NewRequest(msg)
+	req.Header().Set(headerHops, strconv.Itoa(hopsSoFar+1))
+	return req
+}
+
 // routeTarget is where a call on partition p should run: "" for here (this
 // node leads p; or it replicates p and no leader is known, or the call
 // may not travel further), else the API address of the leader or, when
@@ -89,9 +97,7 @@ func forward[Req, Resp any](n *Node, ctx context.Context, req *connect.Request[R
 	if target == "" {
 		return nil, false, nil
 	}
-	fwd := connect.NewRequest(req.Msg)
-	fwd.Header().Set(headerHops, strconv.Itoa(hops(req)+1))
-	resp, err := call(n.peers.get(target).tasks, ctx, fwd)
+	resp, err := call(n.peers.get(target).tasks, ctx, forwarded(req.Msg, hops(req)))
 	if err != nil && unreachable(err) && n.group(p) != nil {
 		n.cfg.Logger.Debug("forward failed; handling here", "id", id, "to", target, "err", err)
 		return nil, false, nil

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -504,9 +503,7 @@ func (n *Node) forwardCompletions(ctx context.Context, req *connect.Request[norn
 	for _, i := range idx {
 		sub.Completions = append(sub.Completions, cs[i])
 	}
-	fwd := connect.NewRequest(sub)
-	fwd.Header().Set(headerHops, strconv.Itoa(hops(req)+1))
-	resp, err := n.peers.get(target).tasks.CompleteBatch(ctx, fwd)
+	resp, err := n.peers.get(target).tasks.CompleteBatch(ctx, forwarded(sub, hops(req)))
 	if err == nil && len(resp.Msg.GetResults()) != len(idx) {
 		err = connect.NewError(connect.CodeInternal, fmt.Errorf("node %s answered %d results for %d completions", target, len(resp.Msg.GetResults()), len(idx)))
 	}
