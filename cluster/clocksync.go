@@ -7,7 +7,8 @@ import (
 	"github.com/hashicorp/memberlist"
 )
 
-// Clock is the wall clock Membership reads. crdt.Clock satisfies it.
+// Clock is the wall clock Membership reads, from memberlist's goroutines:
+// it must be safe for concurrent use. crdt.Clock satisfies it.
 type Clock interface {
 	Now() time.Time
 }

@@ -138,7 +138,8 @@ type Membership struct {
 	meta    NodeMeta
 	members map[string]*peer // by node id, including dead and left ones
 	// refused holds the nodes refused as members of another cluster
-	// (logged once each; hidden from Members) until one is accepted.
+	// (logged once each; hidden from Members) until one shows this
+	// node's cluster id or (re)joins; see admit.
 	refused map[string]foreignClusterError
 	// joinRefusals collects NotifyMerge's refusals while Join runs (nil
 	// otherwise).
@@ -260,6 +261,9 @@ func flatten(err error) []error {
 	if me, ok := err.(interface{ WrappedErrors() []error }); ok {
 		return me.WrappedErrors()
 	}
+	if err == nil {
+		return []error{errors.New("no answer")}
+	}
 	return []error{err}
 }
 
@@ -344,7 +348,8 @@ func (m *Membership) signal() {
 // note records n as alive (it joined, came back or updated its metadata),
 // or as gone (dead, or left when its last metadata said it was leaving),
 // and signals a change. A node that joins (again) starts with no suspicion
-// and no clock samples: it may have restarted on another clock.
+// and no clock samples (it may have restarted on another clock), and is
+// no longer refused (memberlist accepted it: admit let it through).
 func (m *Membership) note(n *memberlist.Node, joined, gone bool) {
 	mb := Member{GossipAddr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))}
 	mb.NodeMeta = decodeMeta(n)
@@ -361,6 +366,9 @@ func (m *Membership) note(n *memberlist.Node, joined, gone bool) {
 	if p == nil || joined {
 		p = &peer{}
 		m.members[mb.ID] = p
+	}
+	if joined {
+		delete(m.refused, mb.ID) // memberlist admitted it afresh
 	}
 	p.Member = mb
 	p.suspect = false // alive again (newer alive message), or gone
@@ -454,16 +462,26 @@ func (f *clusterFilter) NotifyAlive(n *memberlist.Node) error { return (*Members
 
 // admit returns a *foreignClusterError if n's cluster id and this node's
 // are both non-empty and differ, logging it the first time for n (and
-// again only if either id changes or n was accepted in between).
+// again only if either id changes or n was cleared in between).
+//
+// A refused node stays refused when a message without a cluster id is
+// accepted for it: that may be stale news from before it took the other
+// id (memberlist would drop it by incarnation after admit, and nodes that
+// refused the node's update keep gossiping its old metadata). It is
+// cleared when it shows this node's cluster id, when this node has none,
+// or when it (re)joins (note).
 func (m *Membership) admit(n *memberlist.Node) error {
 	cluster := decodeMeta(n).ClusterID
 	m.mu.Lock()
 	local := m.meta.ClusterID
 	if cluster == "" || local == "" || cluster == local {
 		_, wasRefused := m.refused[n.Name]
-		delete(m.refused, n.Name)
+		unrefuse := wasRefused && (local == "" || cluster == local)
+		if unrefuse {
+			delete(m.refused, n.Name)
+		}
 		m.mu.Unlock()
-		if wasRefused {
+		if unrefuse {
 			m.signal() // Members shows it again
 		}
 		return nil

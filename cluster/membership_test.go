@@ -386,6 +386,49 @@ func TestMembershipBookkeeping(t *testing.T) {
 	check("back", StateAlive, false)
 }
 
+// Refusals driven by hand: a member that takes another cluster's id is
+// hidden, stays hidden when stale news without a cluster id comes, is
+// logged once, and shows again when it takes this cluster's id or
+// rejoins.
+func TestMembershipRefusedMember(t *testing.T) {
+	var logged syncBuffer
+	m := startMember(t, "n1", func(c *MembershipConfig) {
+		c.Meta.ClusterID = "91bc"
+		c.Logger = hclog.New(&hclog.LoggerOptions{Output: &logged})
+	})
+	node := func(cluster string) *memberlist.Node {
+		return &memberlist.Node{Name: "n9", Addr: net.IPv4(127, 0, 0, 9), Port: 9, Meta: []byte(`{"id":"n9","cluster":"` + cluster + `"}`)}
+	}
+	alive := func(cluster string) error { return (*clusterFilter)(m).NotifyAlive(node(cluster)) }
+	listed := func() bool { _, ok := stateOf(m.Members(), "n9"); return ok }
+
+	(*events)(m).NotifyJoin(node(""))
+	for i, step := range []struct {
+		cluster string
+		refused bool
+		listed  bool
+	}{
+		{"", false, true},
+		{"7f3a", true, false},
+		{"", false, false}, // stale: still hidden
+		{"7f3a", true, false},
+		{"91bc", false, true},
+		{"7f3a", true, false},
+	} {
+		err := alive(step.cluster)
+		if refused := errors.Is(err, ErrForeignCluster); refused != step.refused || listed() != step.listed {
+			t.Fatalf("step %d: alive(%q): %v, listed %v; want refused %v, listed %v", i, step.cluster, err, listed(), step.refused, step.listed)
+		}
+	}
+	if got := strings.Count(logged.String(), "node=n9 "); got != 2 {
+		t.Errorf("logged %d refusals of n9, want 2 (once, and once after it showed 91bc):\n%s", got, logged.String())
+	}
+	(*events)(m).NotifyJoin(node("")) // back from dead, say
+	if !listed() {
+		t.Errorf("n9 rejoined but is not listed")
+	}
+}
+
 func TestMemberStateString(t *testing.T) {
 	for s, want := range map[MemberState]string{
 		StateAlive: "alive", StateSuspect: "suspect", StateDead: "dead", StateLeft: "left", 7: "MemberState(7)",
