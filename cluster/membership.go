@@ -1,12 +1,16 @@
 package cluster
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +26,9 @@ type NodeMeta struct {
 	RaftAddr  string `json:"raft"`
 	RingEpoch uint64 `json:"epoch"`
 	Version   string `json:"version"`
+	// ClusterID names the cluster the node belongs to; empty until the
+	// cluster is formed (set it then with UpdateMeta). Two nodes whose
+	// cluster ids are both non-empty and differ refuse each other.
 	ClusterID string `json:"cluster,omitempty"`
 	// Leaving is set by Leave just before the goodbye, so that the others
 	// tell a node that left from one that died (memberlist's events do
@@ -32,22 +39,35 @@ type NodeMeta struct {
 // MemberState is a member's liveness as gossip sees it.
 type MemberState int
 
-// Member states. (Suspect, between alive and dead, is not reported yet:
-// memberlist's events do not expose it.)
+// Member states.
 const (
 	StateAlive MemberState = iota
+	// StateSuspect: this node's memberlist probed the member, got no
+	// answer (direct, indirect or TCP) and suspects it; it turns dead
+	// when the suspicion times out, back to alive when the member answers
+	// a probe again. See Members for what is and is not seen.
+	StateSuspect
 	StateDead
 	StateLeft // left on purpose (Leave)
 )
+
+// Up reports whether gossip holds the member to be running: alive, or
+// suspect (a missed probe is not yet a death; requests and Raft traffic
+// still go to it).
+func (s MemberState) Up() bool { return s == StateAlive || s == StateSuspect }
 
 func (s MemberState) String() string {
 	switch s {
 	case StateAlive:
 		return "alive"
+	case StateSuspect:
+		return "suspect"
 	case StateDead:
 		return "dead"
+	case StateLeft:
+		return "left"
 	}
-	return "left"
+	return "MemberState(" + strconv.Itoa(int(s)) + ")"
 }
 
 // Member is one node as gossip last saw it.
@@ -55,7 +75,28 @@ type Member struct {
 	NodeMeta
 	GossipAddr string // host:port of its memberlist
 	State      MemberState
+	// ClockOffset is the member's wall clock minus this node's, estimated
+	// from probe round trips (positive: its clock is ahead). Valid only if
+	// OffsetKnown; this node's own member has 0, known. The error of an
+	// estimate is at most half the round trip it came from (see
+	// offsetWindow).
+	ClockOffset time.Duration
+	OffsetKnown bool
 }
+
+// foreignClusterError is a refusal of node, whose cluster is cluster, by
+// this node of cluster local. It wraps ErrOtherCluster.
+type foreignClusterError struct{ node, cluster, local string }
+
+// refusingSuffix ends every foreignClusterError's text; memberlist's own
+// log lines that repeat such an error are dropped (see memberlistLog).
+const refusingSuffix = "; refusing it"
+
+func (e *foreignClusterError) Error() string {
+	return fmt.Sprintf("cluster: node %q belongs to cluster %s, this node to cluster %s%s", e.node, e.cluster, e.local, refusingSuffix)
+}
+
+func (e *foreignClusterError) Unwrap() error { return ErrOtherCluster }
 
 // MembershipConfig configures a Membership.
 type MembershipConfig struct {
@@ -65,8 +106,14 @@ type MembershipConfig struct {
 	// BindAddr is the gossip address, host:port (TCP and UDP); port 0
 	// picks one (tests).
 	BindAddr string
-	// Logger receives memberlist's log lines. Default: discard.
+	// Logger receives memberlist's log lines, and one warning per peer
+	// refused for belonging to another cluster (memberlist's own lines
+	// about such refusals are left out). Default: discard.
 	Logger hclog.Logger
+	// Clock is the wall clock sent to peers in probe acks and used to
+	// estimate their clock offsets (Member.ClockOffset). Default: the
+	// system clock.
+	Clock Clock
 	// LAN picks memberlist's LAN timings (probe every second, gossip
 	// every 200 ms, a dead node noticed within seconds); false picks its
 	// local (loopback) timings, a little faster.
@@ -76,13 +123,34 @@ type MembershipConfig struct {
 }
 
 // Membership is this node's view of the cluster's members.
+//
+// Lock order: memberlist's internal locks, then mu. Membership never calls
+// memberlist while holding mu (memberlist calls the delegates, which take
+// mu, with its own locks held).
 type Membership struct {
 	ml      *memberlist.Memberlist
 	changed chan struct{}
+	clock   Clock
+	logger  hclog.Logger
+	joinMu  sync.Mutex // one Join at a time, so refusals go to its seeds
 
 	mu      sync.Mutex
 	meta    NodeMeta
-	members map[string]Member // by node id, including dead and left ones
+	members map[string]*peer // by node id, including dead and left ones
+	// refused holds the nodes refused as members of another cluster
+	// (logged once each; hidden from Members) until one shows this
+	// node's cluster id or (re)joins; see admit.
+	refused map[string]foreignClusterError
+	// joinRefusals collects NotifyMerge's refusals while Join runs (nil
+	// otherwise).
+	joinRefusals *[]error
+}
+
+// peer is what Membership keeps about one node.
+type peer struct {
+	Member       // State is alive, dead or left; suspect is kept apart
+	suspect bool // memberlist suspects it (meaningful while alive)
+	offsets offsetWindow
 }
 
 // maxMetaBytes is memberlist's metadata limit.
@@ -105,7 +173,20 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	if err != nil || port < 0 || port > 65535 {
 		return nil, fmt.Errorf("cluster: gossip address %q: bad port", cfg.BindAddr)
 	}
-	m := &Membership{changed: make(chan struct{}, 1), meta: cfg.Meta, members: map[string]Member{}}
+	m := &Membership{
+		changed: make(chan struct{}, 1),
+		clock:   cfg.Clock,
+		logger:  cfg.Logger,
+		meta:    cfg.Meta,
+		members: map[string]*peer{},
+		refused: map[string]foreignClusterError{},
+	}
+	if m.clock == nil {
+		m.clock = systemClock{}
+	}
+	if m.logger == nil {
+		m.logger = hclog.NewNullLogger()
+	}
 	mc := memberlist.DefaultLocalConfig()
 	if cfg.LAN {
 		mc = memberlist.DefaultLANConfig()
@@ -115,11 +196,10 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	mc.AdvertiseAddr, mc.AdvertisePort = "", 0
 	mc.Delegate = (*delegate)(m)
 	mc.Events = (*events)(m)
-	logger := cfg.Logger
-	if logger == nil {
-		logger = hclog.NewNullLogger()
-	}
-	mc.Logger = logger.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})
+	mc.Merge = (*clusterFilter)(m)
+	mc.Alive = (*clusterFilter)(m)
+	mc.Ping = (*pinger)(m)
+	mc.Logger = log.New(&memberlistLog{m: m, out: m.logger.StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true})}, "", 0)
 	if cfg.tune != nil {
 		cfg.tune(mc)
 	}
@@ -137,44 +217,97 @@ func (m *Membership) Addr() string {
 	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 }
 
-// Join contacts the gossip addresses and returns how many answered; an
-// error only when none did.
+// Join contacts the gossip addresses in turn and returns how many answered
+// and merged; an error only when none did. If seeds refused because they
+// belong to another cluster, the error wraps ErrOtherCluster and names
+// both cluster ids. (A node of another cluster that tries to join this one
+// while Join runs may be reported among them.)
 func (m *Membership) Join(addrs []string) (int, error) {
-	n, err := m.ml.Join(addrs)
-	if n > 0 {
-		return n, nil
+	if len(addrs) == 0 {
+		return 0, errors.New("cluster: join: no gossip addresses")
 	}
-	return 0, fmt.Errorf("cluster: join %v: %w", addrs, err)
+	m.joinMu.Lock()
+	defer m.joinMu.Unlock()
+	joined := 0
+	var errs []error
+	for _, addr := range addrs {
+		var refusals []error
+		m.mu.Lock()
+		m.joinRefusals = &refusals
+		m.mu.Unlock()
+		n, err := m.ml.Join([]string{addr})
+		m.mu.Lock()
+		m.joinRefusals = nil
+		m.mu.Unlock()
+		joined += n
+		switch {
+		case n > 0:
+		case len(refusals) > 0:
+			// memberlist flattens NotifyMerge's error to text: use ours.
+			errs = append(errs, fmt.Errorf("failed to join %s: %w", addr, errors.Join(refusals...)))
+		default:
+			errs = append(errs, flatten(err)...)
+		}
+	}
+	if joined > 0 {
+		return joined, nil
+	}
+	return 0, fmt.Errorf("cluster: join: %w", errors.Join(errs...))
+}
+
+// flatten unpacks memberlist's multierror (go-multierror's Error) into its
+// errors, for a readable joined message.
+func flatten(err error) []error {
+	if me, ok := err.(interface{ WrappedErrors() []error }); ok {
+		return me.WrappedErrors()
+	}
+	if err == nil {
+		return []error{errors.New("no answer")}
+	}
+	return []error{err}
 }
 
 // Changed signals (coalesced) that some member changed: joined, left,
-// died, came back, or updated its metadata. Read Members after it.
+// died, came back, became suspect or stopped being suspect, or updated its
+// metadata. Clock offsets change without a signal. Read Members after it.
 func (m *Membership) Changed() <-chan struct{} { return m.changed }
 
 // Members returns every node gossip has seen, this one included, dead and
-// left ones too, sorted by id.
+// left ones too, sorted by id. Nodes refused as members of another cluster
+// are left out.
+//
+// A member is suspect when this node's memberlist has suspected it after
+// one of its own probes failed, and no later probe has reached it.
+// memberlist v0.7.0 does not expose its suspicion (Node.State is never
+// set; see the events type), so suspicion that reaches this node only by
+// gossip from other nodes' probes is not seen: such a member reads alive
+// until it is declared dead or this node's own probe of it fails too.
 func (m *Membership) Members() []Member {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]Member, 0, len(m.members)+1)
-	for _, mb := range m.members {
+	out := make([]Member, 0, len(m.members))
+	for id, p := range m.members {
+		if _, ok := m.refused[id]; ok {
+			continue
+		}
+		mb := p.Member
+		if mb.State == StateAlive && p.suspect {
+			mb.State = StateSuspect
+		}
+		if id == m.meta.ID {
+			mb.ClockOffset, mb.OffsetKnown = 0, true
+		} else {
+			mb.ClockOffset, mb.OffsetKnown = p.offsets.estimate()
+		}
 		out = append(out, mb)
 	}
-	slices.SortFunc(out, func(a, b Member) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }
 
-// UpdateMeta changes this node's metadata (for example its ring epoch) and
-// gossips it, waiting up to timeout for the broadcast to reach a member.
-// The id cannot change.
+// UpdateMeta changes this node's metadata (for example its ring epoch, or
+// its cluster id once the cluster is formed) and gossips it, waiting up to
+// timeout for the broadcast to reach a member. The id cannot change.
 func (m *Membership) UpdateMeta(update func(*NodeMeta), timeout time.Duration) error {
 	m.mu.Lock()
 	next := m.meta
@@ -204,15 +337,22 @@ func (m *Membership) Leave(timeout time.Duration) error {
 // Shutdown stops gossip without a goodbye (the others will see it dead).
 func (m *Membership) Shutdown() error { return m.ml.Shutdown() }
 
-// note records n as alive (it joined or updated its metadata), or as gone
-// (dead, or left when its last metadata said it was leaving), and signals a
-// change.
-func (m *Membership) note(n *memberlist.Node, gone bool) {
-	mb := Member{GossipAddr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))}
-	if err := json.Unmarshal(n.Meta, &mb.NodeMeta); err != nil || mb.ID != n.Name {
-		// Not one of ours, or corrupt: keep its name, show no addresses.
-		mb.NodeMeta = NodeMeta{ID: n.Name}
+// signal tells Changed's reader that something changed; it never blocks.
+func (m *Membership) signal() {
+	select {
+	case m.changed <- struct{}{}:
+	default: // a signal is pending already
 	}
+}
+
+// note records n as alive (it joined, came back or updated its metadata),
+// or as gone (dead, or left when its last metadata said it was leaving),
+// and signals a change. A node that joins (again) starts with no suspicion
+// and no clock samples (it may have restarted on another clock), and is
+// no longer refused (memberlist accepted it: admit let it through).
+func (m *Membership) note(n *memberlist.Node, joined, gone bool) {
+	mb := Member{GossipAddr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))}
+	mb.NodeMeta = decodeMeta(n)
 	switch {
 	case !gone:
 		mb.State = StateAlive
@@ -222,20 +362,55 @@ func (m *Membership) note(n *memberlist.Node, gone bool) {
 		mb.State = StateDead
 	}
 	m.mu.Lock()
-	m.members[mb.ID] = mb
+	p := m.members[mb.ID]
+	if p == nil || joined {
+		p = &peer{}
+		m.members[mb.ID] = p
+	}
+	if joined {
+		delete(m.refused, mb.ID) // memberlist admitted it afresh
+	}
+	p.Member = mb
+	p.suspect = false // alive again (newer alive message), or gone
 	m.mu.Unlock()
-	select {
-	case m.changed <- struct{}{}:
-	default: // a signal is pending already
+	m.signal()
+}
+
+// decodeMeta is n's NodeMeta; a node that is not one of ours, or sends
+// corrupt metadata, keeps its name and shows nothing else.
+func decodeMeta(n *memberlist.Node) NodeMeta {
+	var meta NodeMeta
+	if err := json.Unmarshal(n.Meta, &meta); err != nil || meta.ID != n.Name {
+		return NodeMeta{ID: n.Name}
+	}
+	return meta
+}
+
+// noteSuspect records that memberlist suspects the node named name.
+func (m *Membership) noteSuspect(name string) {
+	m.mu.Lock()
+	p := m.members[name]
+	changed := p != nil && p.State == StateAlive && !p.suspect
+	if changed {
+		p.suspect = true
+	}
+	m.mu.Unlock()
+	if changed {
+		m.signal()
 	}
 }
 
-// events is memberlist's EventDelegate; it never blocks.
+// events is memberlist's EventDelegate; it never blocks. memberlist calls
+// it for joins (first seen, or back from dead or left), metadata updates
+// and deaths or leaves, never for suspicion; and the Node.State it passes
+// (like the one Memberlist.Members returns) is never set in v0.7.0: the
+// state lives in an unexported nodeState.State that shadows it
+// (hashicorp/memberlist issue 266). Suspicion comes from memberlistLog.
 type events Membership
 
-func (e *events) NotifyJoin(n *memberlist.Node)   { (*Membership)(e).note(n, false) }
-func (e *events) NotifyLeave(n *memberlist.Node)  { (*Membership)(e).note(n, true) }
-func (e *events) NotifyUpdate(n *memberlist.Node) { (*Membership)(e).note(n, false) }
+func (e *events) NotifyJoin(n *memberlist.Node)   { (*Membership)(e).note(n, true, false) }
+func (e *events) NotifyLeave(n *memberlist.Node)  { (*Membership)(e).note(n, false, true) }
+func (e *events) NotifyUpdate(n *memberlist.Node) { (*Membership)(e).note(n, false, false) }
 
 // delegate is memberlist's Delegate: it supplies this node's metadata.
 // User messages and push/pull state are not used.
@@ -255,3 +430,102 @@ func (d *delegate) NotifyMsg([]byte)                {}
 func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
 func (d *delegate) LocalState(bool) []byte          { return nil }
 func (d *delegate) MergeRemoteState([]byte, bool)   {}
+
+// clusterFilter is memberlist's MergeDelegate and AliveDelegate: it keeps
+// nodes of another cluster out. NotifyMerge runs when a join's push/pull
+// would merge a peer's member list (on both sides of the join; an error
+// fails the join); NotifyAlive on every alive message about a node, which
+// covers the periodic push/pull that NotifyMerge does not see. A node
+// memberlist admitted before the ids differed stays in memberlist (it
+// cannot evict), but its later updates are refused and Members hides it.
+type clusterFilter Membership
+
+func (f *clusterFilter) NotifyMerge(peers []*memberlist.Node) error {
+	m := (*Membership)(f)
+	var first error
+	for _, n := range peers {
+		if err := m.admit(n); err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		m.mu.Lock()
+		if m.joinRefusals != nil {
+			*m.joinRefusals = append(*m.joinRefusals, first)
+		}
+		m.mu.Unlock()
+	}
+	return first
+}
+
+func (f *clusterFilter) NotifyAlive(n *memberlist.Node) error { return (*Membership)(f).admit(n) }
+
+// admit returns a *foreignClusterError if n's cluster id and this node's
+// are both non-empty and differ, logging it the first time for n (and
+// again only if either id changes or n was cleared in between).
+//
+// A refused node stays refused when a message without a cluster id is
+// accepted for it: that may be stale news from before it took the other
+// id (memberlist would drop it by incarnation after admit, and nodes that
+// refused the node's update keep gossiping its old metadata). It is
+// cleared when it shows this node's cluster id, when this node has none,
+// or when it (re)joins (note).
+func (m *Membership) admit(n *memberlist.Node) error {
+	cluster := decodeMeta(n).ClusterID
+	m.mu.Lock()
+	local := m.meta.ClusterID
+	if cluster == "" || local == "" || cluster == local {
+		_, wasRefused := m.refused[n.Name]
+		unrefuse := wasRefused && (local == "" || cluster == local)
+		if unrefuse {
+			delete(m.refused, n.Name)
+		}
+		m.mu.Unlock()
+		if unrefuse {
+			m.signal() // Members shows it again
+		}
+		return nil
+	}
+	refusal := foreignClusterError{node: n.Name, cluster: cluster, local: local}
+	prev, seen := m.refused[n.Name]
+	m.refused[n.Name] = refusal
+	_, member := m.members[n.Name]
+	m.mu.Unlock()
+	if !seen || prev != refusal {
+		m.logger.Warn("refusing a node of another cluster", "node", n.Name, "cluster", cluster, "local_cluster", local)
+		if member {
+			m.signal() // Members hides it now
+		}
+	}
+	return &refusal
+}
+
+// memberlistLog is the writer behind memberlist's logger. It passes each
+// line on to the hclog logger, except memberlist's repetitions of a
+// refusal (admit logs each once), and it watches for the line that is
+// memberlist's only report of suspecting a node: probeNode (state.go, v0.7.0)
+// logs "Suspect <name> has failed, no acks received" right before marking
+// it suspect. TestMembershipSuspect fails if a memberlist upgrade changes
+// that line.
+type memberlistLog struct {
+	m   *Membership
+	out io.Writer
+}
+
+var (
+	suspectPrefix = []byte("[INFO] memberlist: Suspect ")
+	suspectSuffix = []byte(" has failed, no acks received")
+)
+
+func (w *memberlistLog) Write(line []byte) (int, error) {
+	text := bytes.TrimSuffix(line, []byte("\n"))
+	if name, ok := bytes.CutPrefix(text, suspectPrefix); ok {
+		if name, ok := bytes.CutSuffix(name, suspectSuffix); ok {
+			w.m.noteSuspect(string(name))
+		}
+	}
+	if bytes.Contains(text, []byte(refusingSuffix)) {
+		return len(line), nil
+	}
+	return w.out.Write(line)
+}

@@ -161,7 +161,7 @@ type Formation struct {
 func DecideFormation(members []Member, expect int, self string) Formation {
 	var free []Member
 	for _, m := range members {
-		if m.State == StateAlive && m.ClusterID == "" && m.APIAddr != "" && m.RaftAddr != "" {
+		if m.State.Up() && m.ClusterID == "" && m.APIAddr != "" && m.RaftAddr != "" {
 			free = append(free, m)
 		}
 	}

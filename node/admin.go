@@ -69,6 +69,9 @@ func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
 			byID[m.ID] = st
 		}
 		st.State = m.State.String()
+		if m.OffsetKnown && m.State.Up() {
+			st.ClockOffset = durationpb.New(m.ClockOffset)
+		}
 		if m.APIAddr != "" {
 			st.ApiAddress = m.APIAddr
 		}
@@ -78,12 +81,9 @@ func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
 		self = &nornv1.NodeStatus{Id: n.cfg.NodeID}
 		byID[n.cfg.NodeID] = self
 	}
-	self.State, self.ApiAddress = "alive", n.cfg.APIAddr
+	self.State, self.ApiAddress, self.ClockOffset = "alive", n.cfg.APIAddr, durationpb.New(0)
 	out := make([]*nornv1.NodeStatus, 0, len(byID))
 	for _, st := range byID {
-		if st.ClockOffset == nil {
-			st.ClockOffset = durationpb.New(0)
-		}
 		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b *nornv1.NodeStatus) int { return strings.Compare(a.Id, b.Id) })

@@ -106,7 +106,7 @@ func (n *Node) startCluster() error {
 		meta.RingEpoch, meta.ClusterID = r.Epoch, r.ClusterID
 	}
 	n.members, err = cluster.StartMembership(cluster.MembershipConfig{Meta: meta, BindAddr: n.cfg.GossipAddr,
-		Logger: n.raftLogger().Named("gossip"), LAN: n.cfg.GossipLAN})
+		Logger: n.raftLogger().Named("gossip"), LAN: n.cfg.GossipLAN, Clock: n.cfg.Clock})
 	if err != nil {
 		return err
 	}
@@ -362,7 +362,7 @@ func (n *Node) reconcileOnce() {
 	}
 	alive := 0
 	for _, m := range members {
-		if m.State != cluster.StateAlive || m.ID == n.cfg.NodeID {
+		if !m.State.Up() || m.ID == n.cfg.NodeID {
 			continue
 		}
 		alive++
@@ -433,7 +433,7 @@ func (n *Node) allowRaftPeer(remote net.Addr) bool {
 	}
 	if ms := n.gossip.Load(); ms != nil {
 		for _, m := range ms.Members() {
-			if m.State == cluster.StateAlive && match(m.RaftAddr) {
+			if m.State.Up() && match(m.RaftAddr) {
 				return true
 			}
 		}

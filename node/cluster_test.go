@@ -38,6 +38,13 @@ type member struct {
 // waits until every partition has a leader.
 func testCluster(t *testing.T, k int) []*member {
 	t.Helper()
+	return testClusterWith(t, k, nil)
+}
+
+// testClusterWith is testCluster with tune (if not nil) changing node i's
+// config before it starts.
+func testClusterWith(t *testing.T, k int, tune func(i int, cfg *Config)) []*member {
+	t.Helper()
 	var ms []*member
 	for i := range k {
 		cfg := Config{
@@ -50,6 +57,9 @@ func testCluster(t *testing.T, k int) []*member {
 		}
 		if i > 0 {
 			cfg.Join = []string{ms[0].node.GossipAddr()}
+		}
+		if tune != nil {
+			tune(i, &cfg)
 		}
 		ms = append(ms, startMember(t, cfg))
 	}
@@ -142,6 +152,54 @@ func TestClusterForms(t *testing.T) {
 				t.Fatalf("partition %d: %s sees leader %q, n1 sees %q", p, m.cfg.NodeID, got, want)
 			}
 		}
+	}
+}
+
+// offsetClock is the system clock shifted by a fixed offset.
+type offsetClock time.Duration
+
+func (c offsetClock) Now() time.Time { return time.Now().Add(time.Duration(c)) }
+
+// TestClusterStatusNodes: Status lists every node with its liveness and
+// its clock offset as measured by gossip probes; a stopped node turns
+// left (Close says goodbye) and its offset unknown.
+func TestClusterStatusNodes(t *testing.T) {
+	const skew = 1500 * time.Millisecond
+	ms := testClusterWith(t, 3, func(i int, cfg *Config) {
+		if i == 2 {
+			cfg.Clock = offsetClock(skew)
+		}
+	})
+	byID := func() map[string]*nornv1.NodeStatus {
+		out := map[string]*nornv1.NodeStatus{}
+		for _, st := range ms[0].node.nodeStatuses() {
+			out[st.Id] = st
+		}
+		return out
+	}
+	near := func(st *nornv1.NodeStatus, want time.Duration) bool {
+		if st == nil || st.ClockOffset == nil {
+			return false
+		}
+		d := st.ClockOffset.AsDuration() - want
+		return d > -200*time.Millisecond && d < 200*time.Millisecond
+	}
+	waitFor(t, 20*time.Second, "n1 to measure every clock offset", func() bool {
+		s := byID()
+		for _, m := range ms {
+			if st := s[m.cfg.NodeID]; st == nil || st.State != "alive" || st.ApiAddress != m.cfg.APIAddr {
+				return false
+			}
+		}
+		return near(s["n1"], 0) && near(s["n2"], 0) && near(s["n3"], skew)
+	})
+	ms[2].stop()
+	waitFor(t, 30*time.Second, "n1 to see n3 gone", func() bool {
+		st := byID()["n3"]
+		return st != nil && st.State == "left" && st.ClockOffset == nil
+	})
+	if st := byID()["n2"]; st.State != "alive" {
+		t.Fatalf("n2 is %s", st.State)
 	}
 }
 

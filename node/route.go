@@ -13,7 +13,6 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/claims"
-	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/storage"
 )
@@ -75,7 +74,7 @@ func (n *Node) routeTarget(p uint16, hopsSoFar int) string {
 func (n *Node) aliveSet() map[string]bool {
 	out := map[string]bool{n.cfg.NodeID: true}
 	for _, m := range n.members.Members() {
-		if m.State == cluster.StateAlive {
+		if m.State.Up() {
 			out[m.ID] = true
 		}
 	}

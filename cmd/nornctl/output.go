@@ -158,7 +158,11 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 	if len(st.GetNodes()) > 0 {
 		fmt.Fprintf(w, "\nNODE\tADDRESS\tSTATE\tCLOCK OFFSET\n")
 		for _, n := range st.GetNodes() {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", n.GetId(), n.GetApiAddress(), n.GetState(), n.GetClockOffset().AsDuration())
+			offset := "-"
+			if o := n.GetClockOffset(); o != nil {
+				offset = o.AsDuration().String()
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", n.GetId(), n.GetApiAddress(), n.GetState(), offset)
 		}
 	}
 	keys := map[string]uint64{}
@@ -168,9 +172,10 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 		}
 	}
 	statuses := sortedStatuses(keys)
-	fmt.Fprintf(w, "\nPARTITION\tLEADER\tTERM\tINDEX\tSTATE\t%s\n", strings.Join(statuses, "\t"))
+	fmt.Fprintf(w, "\nPARTITION\tCOHORT\tLEADER\tTERM\tINDEX\tSTATE\t%s\n", strings.Join(statuses, "\t"))
 	for _, p := range st.GetPartitions() {
-		fmt.Fprintf(w, "%d\t%s\t%d\t%d\t%s", p.GetId(), dash(p.GetLeader()), p.GetRaftTerm(), p.GetRaftIndex(), dash(p.GetRaftState()))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%d\t%s", p.GetId(), dash(strings.Join(p.GetCohort(), ",")), dash(p.GetLeader()),
+			p.GetRaftTerm(), p.GetRaftIndex(), dash(p.GetRaftState()))
 		for _, s := range statuses {
 			fmt.Fprintf(w, "\t%d", p.GetCounts()[s])
 		}

@@ -272,7 +272,9 @@ type NodeStatus struct {
 	// never moves partitions by itself.
 	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
 	// Estimated offset of the node's clock from the answering node's clock
-	// (positive: the node's clock is ahead); 0 for the answering node.
+	// (positive: the node's clock is ahead), from gossip probe round
+	// trips; 0 for the answering node, absent while no probe has measured
+	// it (a dead node, or one that just joined).
 	// A node whose offset from its cohort's median exceeds the configured
 	// max_clock_offset refuses to lead claims.
 	ClockOffset   *durationpb.Duration `protobuf:"bytes,4,opt,name=clock_offset,json=clockOffset,proto3" json:"clock_offset,omitempty"`

@@ -1,0 +1,89 @@
+package cluster
+
+import (
+	"testing"
+	"time"
+)
+
+func TestOffsetWindow(t *testing.T) {
+	ms := time.Millisecond
+	s := func(rtt, offset time.Duration) clockSample { return clockSample{rtt: rtt, offset: offset} }
+	for _, tc := range []struct {
+		name    string
+		samples []clockSample
+		want    time.Duration
+		ok      bool
+	}{
+		{"empty", nil, 0, false},
+		{"one", []clockSample{s(4*ms, 7*ms)}, 7 * ms, true},
+		{"smallest round trip wins", []clockSample{s(9*ms, 90*ms), s(1*ms, 10*ms), s(5*ms, 50*ms)}, 10 * ms, true},
+		{"newest wins a tie", []clockSample{s(2*ms, 1*ms), s(2*ms, 2*ms), s(3*ms, 3*ms)}, 2 * ms, true},
+		{"negative round trip ignored", []clockSample{s(5*ms, 50*ms), s(-1*ms, 0)}, 50 * ms, true},
+		{"only negative", []clockSample{s(-1*ms, 0)}, 0, false},
+		{
+			"the fast sample ages out after offsetSamples more",
+			[]clockSample{s(1*ms, 10*ms), s(5*ms, 51*ms), s(5*ms, 52*ms), s(5*ms, 53*ms), s(5*ms, 54*ms), s(5*ms, 55*ms), s(5*ms, 56*ms), s(5*ms, 57*ms), s(6*ms, 60*ms)},
+			57 * ms, true,
+		},
+		{
+			"still there with offsetSamples-1 after it",
+			[]clockSample{s(1*ms, 10*ms), s(5*ms, 51*ms), s(5*ms, 52*ms), s(5*ms, 53*ms), s(5*ms, 54*ms), s(5*ms, 55*ms), s(5*ms, 56*ms), s(5*ms, 57*ms)},
+			10 * ms, true,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var w offsetWindow
+			for _, smp := range tc.samples {
+				w.add(smp)
+			}
+			if got, ok := w.estimate(); got != tc.want || ok != tc.ok {
+				t.Errorf("estimate() = %v, %v; want %v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+func TestSampleOffset(t *testing.T) {
+	local := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		peer time.Time
+		rtt  time.Duration
+		want time.Duration
+	}{
+		{local, 0, 0},
+		{local.Add(-5 * time.Millisecond), 10 * time.Millisecond, 0}, // read mid-trip
+		{local.Add(3 * time.Second), 10 * time.Millisecond, 3*time.Second + 5*time.Millisecond},
+		{local.Add(-3 * time.Second), 0, -3 * time.Second},
+	} {
+		if got := sampleOffset(tc.peer, local, tc.rtt); got.offset != tc.want || got.rtt != tc.rtt {
+			t.Errorf("sampleOffset(%v, %v, %v) = %+v, want offset %v", tc.peer, local, tc.rtt, got, tc.want)
+		}
+	}
+}
+
+func TestAckTime(t *testing.T) {
+	now := time.Unix(1_700_000_000, 123456789)
+	if got, ok := decodeAckTime(encodeAckTime(now)); !ok || !got.Equal(now) {
+		t.Errorf("round trip: %v, %v; want %v", got, ok, now)
+	}
+	for _, b := range [][]byte{nil, {}, {1, 2, 3}, make([]byte, 7), make([]byte, 9)} {
+		if _, ok := decodeAckTime(b); ok {
+			t.Errorf("decodeAckTime accepted %d bytes", len(b))
+		}
+	}
+}
+
+func FuzzDecodeAckTime(f *testing.F) {
+	f.Add(encodeAckTime(time.Unix(1_700_000_000, 1)))
+	f.Add([]byte{})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, ok := decodeAckTime(b)
+		if ok != (len(b) == ackTimeBytes) {
+			t.Fatalf("decodeAckTime(%x) ok = %v", b, ok)
+		}
+		if ok && string(encodeAckTime(got)) != string(b) {
+			t.Fatalf("decodeAckTime(%x) = %v, which encodes back to %x", b, got, encodeAckTime(got))
+		}
+	})
+}
