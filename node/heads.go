@@ -2,20 +2,33 @@ package node
 
 import (
 	"container/heap"
+	"slices"
 
 	"github.com/norn-dev/norn/storage"
 )
 
 // headMerger yields the ready heads of one queue across partitions in
-// claim order (priority descending, then id ascending) by merging each
-// partition's already sorted head lazily: a claim of n tasks reads a few
-// entries per partition, not a fixed number from every one, and sorts
-// nothing.
+// claim order by merging each partition's already sorted head lazily: a
+// claim of n tasks reads a few entries per partition, not a fixed number
+// from every one, and sorts nothing.
+//
+// Claim order is partition-affine: the first head is the best of all
+// (highest priority, then oldest); after that, the merger stays in the
+// partition of the head it returned last as long as that partition's next
+// head has the best priority still available anywhere, and only then
+// moves to the best head of all again. So priority is strict, each
+// partition is FIFO, every claim starts with the oldest task of the best
+// priority, and a claim of n tasks takes them from as few partitions as
+// the priorities allow: one Raft entry for the batch instead of one per
+// partition touched (Raft entries, each replicated to the cohort, are what
+// a claim costs). Across partitions, tasks of one priority come out
+// roughly, not exactly, in age order.
 type headMerger struct {
-	store *storage.Store
-	queue string
-	h     cursorHeap
-	err   error
+	store  *storage.Store
+	queue  string
+	h      cursorHeap
+	sticky *headCursor // the partition of the last head returned
+	err    error
 }
 
 // headCursor walks one partition's ready head.
@@ -61,7 +74,11 @@ func (m *headMerger) next() (p uint16, e storage.ReadyEntry, ok bool) {
 	if len(m.h) == 0 || m.err != nil {
 		return 0, storage.ReadyEntry{}, false
 	}
-	c := m.h[0]
+	c, at := m.h[0], 0
+	if s := m.sticky; s != nil && s != c && s.i < len(s.entries) && s.entries[s.i].Priority == c.entries[c.i].Priority {
+		c, at = s, slices.Index(m.h, s)
+	}
+	m.sticky = c
 	p, e = c.p, c.entries[c.i]
 	c.i++
 	if c.i == len(c.entries) && c.full {
@@ -79,9 +96,10 @@ func (m *headMerger) next() (p uint16, e storage.ReadyEntry, ok bool) {
 		}
 	}
 	if c.i < len(c.entries) {
-		heap.Fix(&m.h, 0)
+		heap.Fix(&m.h, at)
 	} else {
-		heap.Pop(&m.h)
+		heap.Remove(&m.h, at)
+		m.sticky = nil
 	}
 	return p, e, true
 }

@@ -225,6 +225,11 @@ func TestPriorityThenFIFO(t *testing.T) {
 // per partition (so each partition's head is read further several times)
 // and claims of assorted sizes, the claimed sequence is exactly priority
 // descending, then id ascending.
+// TestClaimOrderAcrossPartitions checks the claim order against a
+// reference model (see headMerger): every claim starts with the best head
+// of all (priority, then age); it then stays in that head's partition
+// while the partition's next head has the best priority left anywhere,
+// and otherwise moves to the best head of all again.
 func TestClaimOrderAcrossPartitions(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -240,30 +245,63 @@ func TestClaimOrderAcrossPartitions(t *testing.T) {
 		prio int32
 		id   uint64
 	}
-	want := make([]head, len(specs))
+	better := func(a, b head) int { return cmp.Or(cmp.Compare(b.prio, a.prio), cmp.Compare(a.id, b.id)) }
+	// The model: each partition's heads in order.
+	parts := map[uint16][]head{}
 	for i, id := range r.Msg.Ids {
-		want[i] = head{specs[i].Priority, id}
+		p := h.node.partition(id)
+		parts[p] = append(parts[p], head{specs[i].Priority, id})
 	}
-	slices.SortFunc(want, func(a, b head) int {
-		return cmp.Or(cmp.Compare(b.prio, a.prio), cmp.Compare(a.id, b.id))
-	})
-	var got []head
-	for size := uint32(1); len(got) < len(want); size = size%37 + 3 {
-		c := h.claim("q", size, time.Minute)
-		if len(c) == 0 {
-			t.Fatalf("nothing claimable after %d of %d tasks", len(got), len(want))
-		}
-		for _, ct := range c {
-			got = append(got, head{ct.Task.Spec.Priority, ct.Task.Id})
-		}
+	for _, hs := range parts {
+		slices.SortFunc(hs, better)
 	}
-	if !slices.Equal(got, want) {
-		for i := range want {
-			if got[i] != want[i] {
-				t.Fatalf("claim %d: got %v, want %v", i, got[i], want[i])
+	best := func() (uint16, bool) {
+		var bp uint16
+		found := false
+		for p, hs := range parts {
+			if len(hs) > 0 && (!found || better(hs[0], parts[bp][0]) < 0) {
+				bp, found = p, true
 			}
 		}
-		t.Fatalf("claimed %d tasks, want %d", len(got), len(want))
+		return bp, found
+	}
+	modelClaim := func(size int) []head {
+		var out []head
+		sticky, ok := best()
+		for ok && len(out) < size {
+			b, _ := best()
+			if hs := parts[sticky]; len(hs) == 0 || hs[0].prio != parts[b][0].prio {
+				sticky = b
+			}
+			out = append(out, parts[sticky][0])
+			parts[sticky] = parts[sticky][1:]
+			_, ok = best()
+		}
+		slices.SortFunc(out, better) // Claim answers in claim order
+		return out
+	}
+	claimed, single := 0, 0
+	for size := uint32(1); claimed < len(specs); size = size%37 + 3 {
+		want := modelClaim(int(size))
+		c := h.claim("q", size, time.Minute)
+		got := make([]head, len(c))
+		inParts := map[uint16]bool{}
+		for i, ct := range c {
+			got[i] = head{ct.Task.Spec.Priority, ct.Task.Id}
+			inParts[h.node.partition(ct.Task.Id)] = true
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("claim of %d after %d claimed: got %v, want %v", size, claimed, got, want)
+		}
+		if len(c) > 1 && len(inParts) == 1 {
+			single++
+		}
+		claimed += len(c)
+	}
+	// The point of the order: batches come from one partition (one Raft
+	// entry) when its priorities allow.
+	if single == 0 {
+		t.Fatal("no multi-task claim came from a single partition")
 	}
 }
 

@@ -8,6 +8,8 @@
 #   n3     7420   7421   7422     data/node3        data/logs/node3.log
 #
 # Pids are kept in data/pids/; stop signals exactly those processes.
+# PPROF=1 also serves net/http/pprof on 127.0.0.1:7409, 7419, 7429 (for
+# profiling benchmarks).
 set -euo pipefail
 
 BIN=${BIN:-bin}
@@ -17,6 +19,7 @@ NODES=(1 2 3)
 api()    { echo "127.0.0.1:74$(( ($1 - 1) * 1 ))0"; }
 raft()   { echo "127.0.0.1:74$(( ($1 - 1) * 1 ))1"; }
 gossip() { echo "127.0.0.1:74$(( ($1 - 1) * 1 ))2"; }
+pprof()  { echo "127.0.0.1:74$(( ($1 - 1) * 1 ))9"; }
 
 # running PIDFILE: the process is alive (a killed one not yet reaped by
 # its parent is a zombie: not running).
@@ -35,11 +38,13 @@ start() {
 			echo "node n$i already running (pid $(cat "$pidf"))"
 			continue
 		fi
+		extra=()
+		if [ -n "${PPROF:-}" ]; then extra+=(-pprof-addr "$(pprof "$i")"); fi
 		joins=()
 		for j in "${NODES[@]}"; do [ "$j" != "$i" ] && joins+=("$(gossip "$j")"); done
 		"$BIN/nornd" -node-id "n$i" -machine-id "$i" -data-dir "$DATA/node$i" \
 			-listen "$(api "$i")" -raft-addr "$(raft "$i")" -gossip-addr "$(gossip "$i")" \
-			-bootstrap-expect 3 -join "$(IFS=,; echo "${joins[*]}")" \
+			-bootstrap-expect 3 -join "$(IFS=,; echo "${joins[*]}")" ${extra[@]+"${extra[@]}"} \
 			>>"$DATA/logs/node$i.log" 2>&1 &
 		echo $! >"$pidf"
 		echo "started n$i (pid $!): API $(api "$i"), log $DATA/logs/node$i.log"

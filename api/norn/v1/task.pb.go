@@ -183,9 +183,12 @@ type TaskSpec struct {
 	// Required: 1 to 128 bytes of [A-Za-z0-9._:-]. Anything else is
 	// INVALID_ARGUMENT naming `spec.queue`.
 	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
-	// Priority: higher is claimed first; within one priority, tasks are
-	// claimed in id order (that is, oldest first). Default 0; negative
-	// values are allowed and sort below the default.
+	// Priority: higher is claimed first, always. Within one priority, each
+	// partition hands out its tasks in id order (oldest first) and every
+	// claim starts with the oldest task of the best priority; a claim of
+	// several tasks then takes them from as few partitions as it can, so
+	// across partitions the order is by age only roughly. Default 0;
+	// negative values are allowed and sort below the default.
 	Priority int32 `protobuf:"varint,2,opt,name=priority,proto3" json:"priority,omitempty"`
 	// Payload handed to the worker, opaque to Norn. Default empty. At most
 	// the server's payload limit (default 1 MiB); larger is

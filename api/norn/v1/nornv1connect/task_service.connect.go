@@ -82,7 +82,8 @@ type TaskServiceClient interface {
 	// CountTasks counts tasks by status.
 	CountTasks(context.Context, *connect.Request[v1.CountTasksRequest]) (*connect.Response[v1.CountTasksResponse], error)
 	// Claim leases up to `max` claimable tasks of a queue to a worker:
-	// highest priority first, then oldest. With `wait`, it waits (long poll)
+	// highest priority first, then oldest (see TaskSpec.priority for how
+	// strict the age order is across partitions). With `wait`, it waits (long poll)
 	// until at least one task is claimable or the wait is over, and then
 	// returns what it got, possibly nothing.
 	Claim(context.Context, *connect.Request[v1.ClaimRequest]) (*connect.Response[v1.ClaimResponse], error)
@@ -302,7 +303,8 @@ type TaskServiceHandler interface {
 	// CountTasks counts tasks by status.
 	CountTasks(context.Context, *connect.Request[v1.CountTasksRequest]) (*connect.Response[v1.CountTasksResponse], error)
 	// Claim leases up to `max` claimable tasks of a queue to a worker:
-	// highest priority first, then oldest. With `wait`, it waits (long poll)
+	// highest priority first, then oldest (see TaskSpec.priority for how
+	// strict the age order is across partitions). With `wait`, it waits (long poll)
 	// until at least one task is claimable or the wait is over, and then
 	// returns what it got, possibly nothing.
 	Claim(context.Context, *connect.Request[v1.ClaimRequest]) (*connect.Response[v1.ClaimResponse], error)
