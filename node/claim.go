@@ -78,6 +78,12 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	}
 	timer := time.NewTimer(max(wait, 0))
 	defer timer.Stop()
+	// A replica can see a task become ready before the partition's
+	// leader does (a follower applies a yield, or promotes a delayed
+	// task, before the leader): a wake-up that finds nothing looks once
+	// more a monitor interval later, by which time the leader has too.
+	var settle <-chan time.Time
+	wokeUp := false
 	for {
 		woken := n.waiters.wait(m.GetQueue()) // before trying: no lost wake-up
 		got, err := n.tryClaim(m.GetQueue(), m.GetWorker(), lease, limit)
@@ -91,8 +97,15 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 		if err != nil || len(got) > 0 || wait <= 0 {
 			return connect.NewResponse(&nornv1.ClaimResponse{Tasks: got}), err
 		}
+		if wokeUp && settle == nil && len(r.Nodes) > 1 {
+			settle = time.After(n.cfg.MonitorInterval)
+		}
+		wokeUp = false
 		select {
 		case <-woken:
+			wokeUp = true
+		case <-settle:
+			settle = nil
 		case <-recheck:
 		case <-timer.C:
 			wait = 0 // one last try

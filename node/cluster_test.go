@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
@@ -255,6 +256,90 @@ func TestClusterQuorumNotReached(t *testing.T) {
 	if !ok || len(wf.Ids) != 1 || wf.Ids[0] == 0 || wf.W != 2 || wf.Acks != 1 {
 		t.Fatalf("write failure detail %+v", wf)
 	}
+}
+
+// A claim long-polling at a node that does not lead the task's partition
+// wakes when the task becomes ready on the leader: a yield there (applied
+// by the claim FSM on every replica) and a delayed task's time coming.
+func TestClusterLongPollWakesAcrossNodes(t *testing.T) {
+	ms := testCluster(t, 3)
+	ctx := context.Background()
+	enqueue := func(spec *nornv1.TaskSpec) uint64 {
+		resp, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: spec, W: 3}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.Id
+	}
+	// roles returns the member leading id's partition and one that does not.
+	roles := func(id uint64) (leader, other *member) {
+		p := ms[0].node.partition(id)
+		for _, m := range ms {
+			if m.node.group(p).IsLeader() {
+				leader = m
+			} else {
+				other = m
+			}
+		}
+		if leader == nil {
+			t.Fatalf("partition %d has no leader", p)
+		}
+		return leader, other
+	}
+	// waitingClaim starts a claim with a long wait at m, returns once it
+	// waits, and delivers what it got.
+	const longWait = 30 * time.Second
+	waitingClaim := func(m *member, queue string) <-chan []*nornv1.ClaimedTask {
+		got := make(chan []*nornv1.ClaimedTask, 1)
+		go func() {
+			resp, err := m.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{
+				Queue: queue, Worker: "waiter", Max: 1, Lease: durationpb.New(time.Minute), Wait: durationpb.New(longWait)}))
+			if err != nil {
+				t.Error(err)
+				got <- nil
+				return
+			}
+			got <- resp.Msg.Tasks
+		}()
+		waitFor(t, 10*time.Second, "the claim to wait", func() bool {
+			m.node.waiters.mu.Lock()
+			defer m.node.waiters.mu.Unlock()
+			_, waiting := m.node.waiters.chans[queue]
+			return waiting
+		})
+		return got
+	}
+	// woken checks the waiting claim got id well before its wait ran out
+	// (a claim that is never woken gets it only at the end, by its last
+	// look).
+	woken := func(got <-chan []*nornv1.ClaimedTask, id uint64) {
+		t.Helper()
+		select {
+		case c := <-got:
+			if len(c) != 1 || c[0].Task.Id != id {
+				t.Fatalf("the waiting claim got %v, want task %d", c, id)
+			}
+		case <-time.After(longWait / 2):
+			t.Fatal("the waiting claim was not woken")
+		}
+	}
+
+	id := enqueue(&nornv1.TaskSpec{Queue: "yielded"})
+	leader, other := roles(id)
+	c, err := leader.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{
+		Queue: "yielded", Worker: "first", Max: 1, Lease: durationpb.New(time.Minute)}))
+	if err != nil || len(c.Msg.Tasks) != 1 {
+		t.Fatalf("first claim: %v %v", c, err)
+	}
+	got := waitingClaim(other, "yielded")
+	if _, err := leader.api.Yield(ctx, connect.NewRequest(&nornv1.YieldRequest{Id: id, ClaimId: c.Msg.Tasks[0].ClaimId})); err != nil {
+		t.Fatal(err)
+	}
+	woken(got, id)
+
+	later := enqueue(&nornv1.TaskSpec{Queue: "delayed", NotBefore: timestamppb.New(time.Now().Add(time.Second))})
+	_, other = roles(later)
+	woken(waitingClaim(other, "delayed"), later)
 }
 
 // Claims go through each partition's leader whichever node is asked;

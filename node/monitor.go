@@ -38,7 +38,16 @@ func (n *Node) monitorOnce() {
 	defer n.monitorMu.Unlock()
 	extended := n.extended
 	for p, g := range n.groupList() {
-		if g == nil || !g.IsLeader() {
+		if g == nil {
+			continue
+		}
+		// Every replica promotes its delayed tasks, so that waiting
+		// claims on every cohort member wake when a task's time comes
+		// (storage's OnReady), and a new leader's index is current.
+		if _, err := n.store.PromoteDelayed(uint16(p), monitorBatch); err != nil {
+			n.cfg.Logger.Warn("promoting delayed tasks failed", "partition", p, "err", err)
+		}
+		if !g.IsLeader() {
 			extended[p] = false
 			continue
 		}
@@ -51,11 +60,6 @@ func (n *Node) monitorOnce() {
 		}
 		n.expireClaims(uint16(p))
 		n.deleteExpiredTasks(uint16(p))
-		if moved, err := n.store.PromoteDelayed(uint16(p), monitorBatch); err != nil {
-			n.cfg.Logger.Warn("promoting delayed tasks failed", "partition", p, "err", err)
-		} else if moved > 0 {
-			n.waiters.notifyAll()
-		}
 	}
 }
 
@@ -127,9 +131,6 @@ func (n *Node) expireClaims(p uint16) {
 		}
 		if o.Dead && ts != nil {
 			n.abortDead(ts, rec.MaxClaims)
-		}
-		if ts != nil {
-			n.waiters.notify(ts.task.Spec.Queue)
 		}
 	}
 }

@@ -47,7 +47,7 @@ type Node struct {
 	peers         peerSet
 	readRepairs   atomic.Uint64
 
-	waiters  queueWaiters
+	waiters  *queueWaiters
 	inflight inflightSet // tasks being claimed now
 	ender    *ender      // coalesced claim ends of finished tasks
 
@@ -84,7 +84,13 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
-	store, err := storage.Open(storage.Config{Dir: filepath.Join(cfg.DataDir, "db"), Clock: cfg.Clock})
+	// Every replica's ready index wakes this node's waiting claims: an
+	// enqueue merged here, or a yield, expiry or promotion applied by a
+	// partition's claim FSM on any of its cohort members (the claim then
+	// finds the task through its leader, here or proxied).
+	waiters := newQueueWaiters()
+	store, err := storage.Open(storage.Config{Dir: filepath.Join(cfg.DataDir, "db"), Clock: cfg.Clock,
+		OnReady: func(_ uint16, queue string) { waiters.notify(queue) }})
 	if err != nil {
 		lock.release()
 		return nil, err
@@ -104,9 +110,10 @@ func New(cfg Config) (*Node, error) {
 		start: cfg.Clock.Now(),
 		stop:  make(chan struct{}),
 
+		waiters: waiters,
+
 		draining: make(chan struct{}),
 	}
-	n.waiters.init()
 	n.extended = make([]bool, cfg.Partitions)
 	n.ender = newEnder(n)
 	n.reconcileKick = make(chan struct{}, 1)
@@ -190,7 +197,7 @@ type queueWaiters struct {
 	closed bool
 }
 
-func (w *queueWaiters) init() { w.chans = map[string]chan struct{}{} }
+func newQueueWaiters() *queueWaiters { return &queueWaiters{chans: map[string]chan struct{}{}} }
 
 // wait returns a channel closed at the next notify of queue.
 func (w *queueWaiters) wait(queue string) <-chan struct{} {

@@ -203,9 +203,6 @@ func (n *Node) mergeLocal(tasks []*crdt.Task) error {
 	}
 	terminal := false
 	for i, t := range tasks {
-		if t.Spec != nil {
-			n.waiters.notify(t.Spec.Queue)
-		}
 		ev, ok := t.Terminal()
 		if !ok || !res[i].Changed() {
 			continue

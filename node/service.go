@@ -586,7 +586,6 @@ func (s taskService) Yield(ctx context.Context, req *connect.Request[nornv1.Yiel
 		ID: m.GetId(), Token: m.GetClaimId()}); err != nil {
 		return nil, err
 	}
-	n.waiters.notify(ts.task.Spec.Queue)
 	return connect.NewResponse(&nornv1.YieldResponse{}), nil
 }
 

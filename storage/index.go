@@ -75,6 +75,7 @@ func (h *readyHead) below(key []byte) bool { return h.hi == nil || bytes.Compare
 // noteReadyChanges applies ready-index changes to the head caches. Call it
 // after the batch that made them is visible.
 func (s *Store) noteReadyChanges(changes []readyChange) {
+	defer s.announceReady(changes)
 	for _, c := range changes {
 		h := s.readyHead(c.p, c.queue)
 		h.mu.Lock()
@@ -93,6 +94,25 @@ func (s *Store) noteReadyChanges(changes []readyChange) {
 			}
 		}
 		h.mu.Unlock()
+	}
+}
+
+// announceReady calls Config.OnReady once per partition and queue that
+// gained ready tasks.
+func (s *Store) announceReady(changes []readyChange) {
+	if s.onReady == nil {
+		return
+	}
+	type pq struct {
+		p     uint16
+		queue string
+	}
+	var told []pq
+	for _, c := range changes {
+		if k := (pq{c.p, c.queue}); c.insert && !slices.Contains(told, k) {
+			told = append(told, k)
+			s.onReady(c.p, c.queue)
+		}
 	}
 }
 

@@ -30,6 +30,12 @@ type Config struct {
 	// Logger receives Pebble's log output; nil discards informational
 	// messages and keeps errors on standard error.
 	Logger pebble.Logger
+	// OnReady, if set, is called after every commit that made tasks of a
+	// queue ready (enqueue, a yield or expiry applied by the claim FSM,
+	// a delayed task promoted), once per queue and partition. It runs on
+	// the committing goroutine, after the commit: it must not block or
+	// call back into the Store.
+	OnReady func(p uint16, queue string)
 }
 
 // Validate reports a missing or out-of-range field.
@@ -51,8 +57,9 @@ const lockStripes = 1024
 // anti-entropy segment index and (through RaftStore) every partition's Raft
 // log. It is safe for concurrent use.
 type Store struct {
-	db    *pebble.DB
-	clock crdt.Clock
+	db      *pebble.DB
+	clock   crdt.Clock
+	onReady func(p uint16, queue string) // Config.OnReady
 
 	stripes [lockStripes]sync.Mutex
 
@@ -97,7 +104,7 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("storage: open %s: %w", cfg.Dir, err)
 	}
-	return &Store{db: db, clock: cfg.Clock, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen}, nil
+	return &Store{db: db, clock: cfg.Clock, onReady: cfg.OnReady, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen}, nil
 }
 
 // Close closes the database. Calls after Close fail or panic as Pebble does;
