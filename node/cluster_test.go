@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -255,6 +256,15 @@ func TestClusterQuorumNotReached(t *testing.T) {
 	wf, ok := writeFailure(ce)
 	if !ok || len(wf.Ids) != 1 || wf.Ids[0] == 0 || wf.W != 2 || wf.Acks != 1 {
 		t.Fatalf("write failure detail %+v", wf)
+	}
+	// n1 replicates every partition: lists and counts ask no peer, so
+	// they answer with the others down.
+	list, err := ms[0].api.ListTasks(ctx, connect.NewRequest(&nornv1.ListTasksRequest{}))
+	if err != nil || !slices.ContainsFunc(list.Msg.Tasks, func(t *nornv1.Task) bool { return t.Id == resp.Msg.Id }) {
+		t.Fatalf("list with the others down: %v, %v", list, err)
+	}
+	if cnt, err := ms[0].api.CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{})); err != nil || cnt.Msg.Total == 0 {
+		t.Fatalf("count with the others down: %v, %v", cnt, err)
 	}
 }
 

@@ -46,6 +46,7 @@ type Node struct {
 	reconcileKick chan struct{}
 	peers         peerSet
 	readRepairs   atomic.Uint64
+	hints         leaderHints // leaders of partitions not replicated here (lists.go)
 
 	waiters  *queueWaiters
 	inflight inflightSet // tasks being claimed now

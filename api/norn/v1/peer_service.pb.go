@@ -351,11 +351,369 @@ func (x *GetRingResponse) GetRing() []byte {
 	return nil
 }
 
+// ListPartitionRequest is the request of PeerService.ListPartition. The
+// receiver stops before examining a task once it returns `limit` tasks,
+// has examined `max_scan` tasks, or the tasks it returns reach `max_bytes`
+// (so a page may exceed max_bytes by one task). With a budget of 0 it
+// examines nothing and only reports whether a task follows (`more`).
+type ListPartitionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The partition, below the cluster's partition count; the receiver must
+	// replicate it (FAILED_PRECONDITION otherwise).
+	Partition uint32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Only tasks of this queue. Empty: every queue. Otherwise a valid
+	// queue name (see TaskSpec.queue).
+	Queue string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Only tasks of this status. TASK_STATUS_UNSPECIFIED: every status.
+	Status TaskStatus `protobuf:"varint,3,opt,name=status,proto3,enum=norn.v1.TaskStatus" json:"status,omitempty"`
+	// The first task id to examine.
+	Start uint64 `protobuf:"varint,4,opt,name=start,proto3" json:"start,omitempty"`
+	// Most tasks to return; at most 1,000.
+	Limit uint32 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Most tasks to examine, matching or not; at most 10,000.
+	MaxScan uint32 `protobuf:"varint,6,opt,name=max_scan,json=maxScan,proto3" json:"max_scan,omitempty"`
+	// Size budget of the returned tasks (protobuf encoding) in bytes; at
+	// most 16 MiB.
+	MaxBytes      uint32 `protobuf:"varint,7,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPartitionRequest) Reset() {
+	*x = ListPartitionRequest{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPartitionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPartitionRequest) ProtoMessage() {}
+
+func (x *ListPartitionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPartitionRequest.ProtoReflect.Descriptor instead.
+func (*ListPartitionRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ListPartitionRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *ListPartitionRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *ListPartitionRequest) GetStatus() TaskStatus {
+	if x != nil {
+		return x.Status
+	}
+	return TaskStatus_TASK_STATUS_UNSPECIFIED
+}
+
+func (x *ListPartitionRequest) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *ListPartitionRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListPartitionRequest) GetMaxScan() uint32 {
+	if x != nil {
+		return x.MaxScan
+	}
+	return 0
+}
+
+func (x *ListPartitionRequest) GetMaxBytes() uint32 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+// ListPartitionResponse is the response of PeerService.ListPartition.
+type ListPartitionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The matching tasks, in ascending id order.
+	Tasks []*Task `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	// How many tasks were examined (returned or filtered out).
+	Scanned uint32 `protobuf:"varint,2,opt,name=scanned,proto3" json:"scanned,omitempty"`
+	// Whether the partition holds more tasks, from `next` on.
+	More bool `protobuf:"varint,3,opt,name=more,proto3" json:"more,omitempty"`
+	// The id to resume from when `more` (the first task not examined).
+	Next uint64 `protobuf:"varint,4,opt,name=next,proto3" json:"next,omitempty"`
+	// The partition's leader as the receiver knows it ("" when none): the
+	// caller asks it first next time.
+	Leader        string `protobuf:"bytes,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPartitionResponse) Reset() {
+	*x = ListPartitionResponse{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPartitionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPartitionResponse) ProtoMessage() {}
+
+func (x *ListPartitionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPartitionResponse.ProtoReflect.Descriptor instead.
+func (*ListPartitionResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ListPartitionResponse) GetTasks() []*Task {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
+}
+
+func (x *ListPartitionResponse) GetScanned() uint32 {
+	if x != nil {
+		return x.Scanned
+	}
+	return 0
+}
+
+func (x *ListPartitionResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+func (x *ListPartitionResponse) GetNext() uint64 {
+	if x != nil {
+		return x.Next
+	}
+	return 0
+}
+
+func (x *ListPartitionResponse) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
+// CountPartitionsRequest is the request of PeerService.CountPartitions.
+type CountPartitionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The partitions to count, each below the cluster's partition count,
+	// without repeats, each replicated by the receiver (FAILED_PRECONDITION
+	// otherwise). At least one.
+	Partitions []uint32 `protobuf:"varint,1,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	// Only tasks of this queue. Empty: every queue. Otherwise a valid
+	// queue name (see TaskSpec.queue).
+	Queue         string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CountPartitionsRequest) Reset() {
+	*x = CountPartitionsRequest{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CountPartitionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CountPartitionsRequest) ProtoMessage() {}
+
+func (x *CountPartitionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CountPartitionsRequest.ProtoReflect.Descriptor instead.
+func (*CountPartitionsRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CountPartitionsRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *CountPartitionsRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+// CountPartitionsResponse is the response of PeerService.CountPartitions.
+type CountPartitionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One entry per requested partition, in request order.
+	Counts        []*PartitionCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CountPartitionsResponse) Reset() {
+	*x = CountPartitionsResponse{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CountPartitionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CountPartitionsResponse) ProtoMessage() {}
+
+func (x *CountPartitionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CountPartitionsResponse.ProtoReflect.Descriptor instead.
+func (*CountPartitionsResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CountPartitionsResponse) GetCounts() []*PartitionCount {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+// PartitionCount is one partition's task count on the answering replica.
+type PartitionCount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The partition.
+	Partition uint32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Number of tasks per status name, as in CountTasksResponse.by_status.
+	ByStatus map[string]uint64 `protobuf:"bytes,2,rep,name=by_status,json=byStatus,proto3" json:"by_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The partition's leader as the receiver knows it ("" when none).
+	Leader        string `protobuf:"bytes,3,opt,name=leader,proto3" json:"leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionCount) Reset() {
+	*x = PartitionCount{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionCount) ProtoMessage() {}
+
+func (x *PartitionCount) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionCount.ProtoReflect.Descriptor instead.
+func (*PartitionCount) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PartitionCount) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionCount) GetByStatus() map[string]uint64 {
+	if x != nil {
+		return x.ByStatus
+	}
+	return nil
+}
+
+func (x *PartitionCount) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
 var File_norn_v1_peer_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1anorn/v1/peer_service.proto\x12\anorn.v1\"(\n" +
+	"\x1anorn/v1/peer_service.proto\x12\anorn.v1\x1a\x12norn/v1/task.proto\"(\n" +
 	"\x10ReplicateRequest\x12\x14\n" +
 	"\x05tasks\x18\x01 \x03(\fR\x05tasks\"\x13\n" +
 	"\x11ReplicateResponse\"\x1f\n" +
@@ -369,11 +727,41 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x06leader\x18\x03 \x01(\bR\x06leader\"\x10\n" +
 	"\x0eGetRingRequest\"%\n" +
 	"\x0fGetRingResponse\x12\x12\n" +
-	"\x04ring\x18\x01 \x01(\fR\x04ring2\xc4\x01\n" +
+	"\x04ring\x18\x01 \x01(\fR\x04ring\"\xdb\x01\n" +
+	"\x14ListPartitionRequest\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x12+\n" +
+	"\x06status\x18\x03 \x01(\x0e2\x13.norn.v1.TaskStatusR\x06status\x12\x14\n" +
+	"\x05start\x18\x04 \x01(\x04R\x05start\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\rR\x05limit\x12\x19\n" +
+	"\bmax_scan\x18\x06 \x01(\rR\amaxScan\x12\x1b\n" +
+	"\tmax_bytes\x18\a \x01(\rR\bmaxBytes\"\x96\x01\n" +
+	"\x15ListPartitionResponse\x12#\n" +
+	"\x05tasks\x18\x01 \x03(\v2\r.norn.v1.TaskR\x05tasks\x12\x18\n" +
+	"\ascanned\x18\x02 \x01(\rR\ascanned\x12\x12\n" +
+	"\x04more\x18\x03 \x01(\bR\x04more\x12\x12\n" +
+	"\x04next\x18\x04 \x01(\x04R\x04next\x12\x16\n" +
+	"\x06leader\x18\x05 \x01(\tR\x06leader\"N\n" +
+	"\x16CountPartitionsRequest\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x01 \x03(\rR\n" +
+	"partitions\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\"J\n" +
+	"\x17CountPartitionsResponse\x12/\n" +
+	"\x06counts\x18\x01 \x03(\v2\x17.norn.v1.PartitionCountR\x06counts\"\xc7\x01\n" +
+	"\x0ePartitionCount\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12B\n" +
+	"\tby_status\x18\x02 \x03(\v2%.norn.v1.PartitionCount.ByStatusEntryR\bbyStatus\x12\x16\n" +
+	"\x06leader\x18\x03 \x01(\tR\x06leader\x1a;\n" +
+	"\rByStatusEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xea\x02\n" +
 	"\vPeerService\x12B\n" +
 	"\tReplicate\x12\x19.norn.v1.ReplicateRequest\x1a\x1a.norn.v1.ReplicateResponse\x123\n" +
 	"\x04Read\x12\x14.norn.v1.ReadRequest\x1a\x15.norn.v1.ReadResponse\x12<\n" +
-	"\aGetRing\x12\x17.norn.v1.GetRingRequest\x1a\x18.norn.v1.GetRingResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"\aGetRing\x12\x17.norn.v1.GetRingRequest\x1a\x18.norn.v1.GetRingResponse\x12N\n" +
+	"\rListPartition\x12\x1d.norn.v1.ListPartitionRequest\x1a\x1e.norn.v1.ListPartitionResponse\x12T\n" +
+	"\x0fCountPartitions\x12\x1f.norn.v1.CountPartitionsRequest\x1a .norn.v1.CountPartitionsResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_peer_service_proto_rawDescOnce sync.Once
@@ -387,29 +775,45 @@ func file_norn_v1_peer_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_peer_service_proto_rawDescData
 }
 
-var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_norn_v1_peer_service_proto_goTypes = []any{
-	(*ReplicateRequest)(nil),  // 0: norn.v1.ReplicateRequest
-	(*ReplicateResponse)(nil), // 1: norn.v1.ReplicateResponse
-	(*ReadRequest)(nil),       // 2: norn.v1.ReadRequest
-	(*ReadResponse)(nil),      // 3: norn.v1.ReadResponse
-	(*ReplicaTask)(nil),       // 4: norn.v1.ReplicaTask
-	(*GetRingRequest)(nil),    // 5: norn.v1.GetRingRequest
-	(*GetRingResponse)(nil),   // 6: norn.v1.GetRingResponse
+	(*ReplicateRequest)(nil),        // 0: norn.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),       // 1: norn.v1.ReplicateResponse
+	(*ReadRequest)(nil),             // 2: norn.v1.ReadRequest
+	(*ReadResponse)(nil),            // 3: norn.v1.ReadResponse
+	(*ReplicaTask)(nil),             // 4: norn.v1.ReplicaTask
+	(*GetRingRequest)(nil),          // 5: norn.v1.GetRingRequest
+	(*GetRingResponse)(nil),         // 6: norn.v1.GetRingResponse
+	(*ListPartitionRequest)(nil),    // 7: norn.v1.ListPartitionRequest
+	(*ListPartitionResponse)(nil),   // 8: norn.v1.ListPartitionResponse
+	(*CountPartitionsRequest)(nil),  // 9: norn.v1.CountPartitionsRequest
+	(*CountPartitionsResponse)(nil), // 10: norn.v1.CountPartitionsResponse
+	(*PartitionCount)(nil),          // 11: norn.v1.PartitionCount
+	nil,                             // 12: norn.v1.PartitionCount.ByStatusEntry
+	(TaskStatus)(0),                 // 13: norn.v1.TaskStatus
+	(*Task)(nil),                    // 14: norn.v1.Task
 }
 var file_norn_v1_peer_service_proto_depIdxs = []int32{
-	4, // 0: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
-	0, // 1: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
-	2, // 2: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
-	5, // 3: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
-	1, // 4: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
-	3, // 5: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
-	6, // 6: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
-	4, // [4:7] is the sub-list for method output_type
-	1, // [1:4] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	4,  // 0: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
+	13, // 1: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
+	14, // 2: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
+	11, // 3: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
+	12, // 4: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
+	0,  // 5: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
+	2,  // 6: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
+	5,  // 7: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
+	7,  // 8: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
+	9,  // 9: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
+	1,  // 10: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
+	3,  // 11: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
+	6,  // 12: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
+	8,  // 13: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
+	10, // 14: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
+	10, // [10:15] is the sub-list for method output_type
+	5,  // [5:10] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_peer_service_proto_init() }
@@ -417,13 +821,14 @@ func file_norn_v1_peer_service_proto_init() {
 	if File_norn_v1_peer_service_proto != nil {
 		return
 	}
+	file_norn_v1_task_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_peer_service_proto_rawDesc), len(file_norn_v1_peer_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

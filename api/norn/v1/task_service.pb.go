@@ -401,7 +401,9 @@ type ListTasksRequest struct {
 	Status TaskStatus `protobuf:"varint,2,opt,name=status,proto3,enum=norn.v1.TaskStatus" json:"status,omitempty"`
 	// Most tasks to return in one page. 0 (the default) means 100; at most
 	// 1,000 (more is INVALID_ARGUMENT). A page may hold fewer tasks even when
-	// more follow; only an empty `next_page_token` marks the end.
+	// more follow (a page examines at most 10,000 tasks and stops once its
+	// tasks reach about 16 MiB); only an empty `next_page_token` marks the
+	// end.
 	PageSize uint32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// Where to resume: the `next_page_token` of the previous page, with the
 	// same `queue` and `status`. Empty (the default) for the first page. An
@@ -473,9 +475,11 @@ func (x *ListTasksRequest) GetPageToken() string {
 // ListTasksResponse is the response of TaskService.ListTasks.
 type ListTasksResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The page's tasks, full views with payloads, in ascending id order.
-	// Each is read from one replica (not a quorum read): a task written with
-	// w below a majority may show up late.
+	// The page's tasks, full views with payloads, in partition order and
+	// ascending id order within a partition. Each is read from one replica
+	// (not a quorum read): a task written with w below a majority may show
+	// up late. UNAVAILABLE, naming the partition, when no replica of a
+	// partition the page reaches answers.
 	Tasks []*Task `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
 	// Token for the next page; empty when this is the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
@@ -576,7 +580,8 @@ func (x *CountTasksRequest) GetQueue() string {
 
 // CountTasksResponse is the response of TaskService.CountTasks. Counts
 // are read from one replica per partition (not a quorum read) and include
-// terminal tasks not yet removed by retention.
+// terminal tasks not yet removed by retention. UNAVAILABLE, naming the
+// partition, when no replica of some partition answers.
 type CountTasksResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Number of tasks, all statuses together. A JSON string.

@@ -43,6 +43,12 @@ const (
 	PeerServiceReadProcedure = "/norn.v1.PeerService/Read"
 	// PeerServiceGetRingProcedure is the fully-qualified name of the PeerService's GetRing RPC.
 	PeerServiceGetRingProcedure = "/norn.v1.PeerService/GetRing"
+	// PeerServiceListPartitionProcedure is the fully-qualified name of the PeerService's ListPartition
+	// RPC.
+	PeerServiceListPartitionProcedure = "/norn.v1.PeerService/ListPartition"
+	// PeerServiceCountPartitionsProcedure is the fully-qualified name of the PeerService's
+	// CountPartitions RPC.
+	PeerServiceCountPartitionsProcedure = "/norn.v1.PeerService/CountPartitions"
 )
 
 // PeerServiceClient is a client for the norn.v1.PeerService service.
@@ -57,6 +63,15 @@ type PeerServiceClient interface {
 	// GetRing returns the ring the receiver works with (a node that sees a
 	// newer ring epoch in gossip pulls it with this call).
 	GetRing(context.Context, *connect.Request[v1.GetRingRequest]) (*connect.Response[v1.GetRingResponse], error)
+	// ListPartition returns a page of one partition the receiver
+	// replicates, rendered from its replica as TaskService.ListTasks would:
+	// the tasks with id >= start, in id order, that match the filters. A
+	// node lists the partitions it does not replicate with this call.
+	ListPartition(context.Context, *connect.Request[v1.ListPartitionRequest]) (*connect.Response[v1.ListPartitionResponse], error)
+	// CountPartitions counts by status the tasks of partitions the receiver
+	// replicates, one entry per partition. A node counts the partitions it
+	// does not replicate with this call, one call per peer.
+	CountPartitions(context.Context, *connect.Request[v1.CountPartitionsRequest]) (*connect.Response[v1.CountPartitionsResponse], error)
 }
 
 // NewPeerServiceClient constructs a client for the norn.v1.PeerService service. By default, it uses
@@ -88,14 +103,28 @@ func NewPeerServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(peerServiceMethods.ByName("GetRing")),
 			connect.WithClientOptions(opts...),
 		),
+		listPartition: connect.NewClient[v1.ListPartitionRequest, v1.ListPartitionResponse](
+			httpClient,
+			baseURL+PeerServiceListPartitionProcedure,
+			connect.WithSchema(peerServiceMethods.ByName("ListPartition")),
+			connect.WithClientOptions(opts...),
+		),
+		countPartitions: connect.NewClient[v1.CountPartitionsRequest, v1.CountPartitionsResponse](
+			httpClient,
+			baseURL+PeerServiceCountPartitionsProcedure,
+			connect.WithSchema(peerServiceMethods.ByName("CountPartitions")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // peerServiceClient implements PeerServiceClient.
 type peerServiceClient struct {
-	replicate *connect.Client[v1.ReplicateRequest, v1.ReplicateResponse]
-	read      *connect.Client[v1.ReadRequest, v1.ReadResponse]
-	getRing   *connect.Client[v1.GetRingRequest, v1.GetRingResponse]
+	replicate       *connect.Client[v1.ReplicateRequest, v1.ReplicateResponse]
+	read            *connect.Client[v1.ReadRequest, v1.ReadResponse]
+	getRing         *connect.Client[v1.GetRingRequest, v1.GetRingResponse]
+	listPartition   *connect.Client[v1.ListPartitionRequest, v1.ListPartitionResponse]
+	countPartitions *connect.Client[v1.CountPartitionsRequest, v1.CountPartitionsResponse]
 }
 
 // Replicate calls norn.v1.PeerService.Replicate.
@@ -113,6 +142,16 @@ func (c *peerServiceClient) GetRing(ctx context.Context, req *connect.Request[v1
 	return c.getRing.CallUnary(ctx, req)
 }
 
+// ListPartition calls norn.v1.PeerService.ListPartition.
+func (c *peerServiceClient) ListPartition(ctx context.Context, req *connect.Request[v1.ListPartitionRequest]) (*connect.Response[v1.ListPartitionResponse], error) {
+	return c.listPartition.CallUnary(ctx, req)
+}
+
+// CountPartitions calls norn.v1.PeerService.CountPartitions.
+func (c *peerServiceClient) CountPartitions(ctx context.Context, req *connect.Request[v1.CountPartitionsRequest]) (*connect.Response[v1.CountPartitionsResponse], error) {
+	return c.countPartitions.CallUnary(ctx, req)
+}
+
 // PeerServiceHandler is an implementation of the norn.v1.PeerService service.
 type PeerServiceHandler interface {
 	// Replicate merges task states into the receiver's replicas with the
@@ -125,6 +164,15 @@ type PeerServiceHandler interface {
 	// GetRing returns the ring the receiver works with (a node that sees a
 	// newer ring epoch in gossip pulls it with this call).
 	GetRing(context.Context, *connect.Request[v1.GetRingRequest]) (*connect.Response[v1.GetRingResponse], error)
+	// ListPartition returns a page of one partition the receiver
+	// replicates, rendered from its replica as TaskService.ListTasks would:
+	// the tasks with id >= start, in id order, that match the filters. A
+	// node lists the partitions it does not replicate with this call.
+	ListPartition(context.Context, *connect.Request[v1.ListPartitionRequest]) (*connect.Response[v1.ListPartitionResponse], error)
+	// CountPartitions counts by status the tasks of partitions the receiver
+	// replicates, one entry per partition. A node counts the partitions it
+	// does not replicate with this call, one call per peer.
+	CountPartitions(context.Context, *connect.Request[v1.CountPartitionsRequest]) (*connect.Response[v1.CountPartitionsResponse], error)
 }
 
 // NewPeerServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -152,6 +200,18 @@ func NewPeerServiceHandler(svc PeerServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(peerServiceMethods.ByName("GetRing")),
 		connect.WithHandlerOptions(opts...),
 	)
+	peerServiceListPartitionHandler := connect.NewUnaryHandler(
+		PeerServiceListPartitionProcedure,
+		svc.ListPartition,
+		connect.WithSchema(peerServiceMethods.ByName("ListPartition")),
+		connect.WithHandlerOptions(opts...),
+	)
+	peerServiceCountPartitionsHandler := connect.NewUnaryHandler(
+		PeerServiceCountPartitionsProcedure,
+		svc.CountPartitions,
+		connect.WithSchema(peerServiceMethods.ByName("CountPartitions")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/norn.v1.PeerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case PeerServiceReplicateProcedure:
@@ -160,6 +220,10 @@ func NewPeerServiceHandler(svc PeerServiceHandler, opts ...connect.HandlerOption
 			peerServiceReadHandler.ServeHTTP(w, r)
 		case PeerServiceGetRingProcedure:
 			peerServiceGetRingHandler.ServeHTTP(w, r)
+		case PeerServiceListPartitionProcedure:
+			peerServiceListPartitionHandler.ServeHTTP(w, r)
+		case PeerServiceCountPartitionsProcedure:
+			peerServiceCountPartitionsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -179,4 +243,12 @@ func (UnimplementedPeerServiceHandler) Read(context.Context, *connect.Request[v1
 
 func (UnimplementedPeerServiceHandler) GetRing(context.Context, *connect.Request[v1.GetRingRequest]) (*connect.Response[v1.GetRingResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.GetRing is not implemented"))
+}
+
+func (UnimplementedPeerServiceHandler) ListPartition(context.Context, *connect.Request[v1.ListPartitionRequest]) (*connect.Response[v1.ListPartitionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.ListPartition is not implemented"))
+}
+
+func (UnimplementedPeerServiceHandler) CountPartitions(context.Context, *connect.Request[v1.CountPartitionsRequest]) (*connect.Response[v1.CountPartitionsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.CountPartitions is not implemented"))
 }

@@ -76,8 +76,8 @@ type TaskServiceClient interface {
 	EnqueueBatch(context.Context, *connect.Request[v1.EnqueueBatchRequest]) (*connect.Response[v1.EnqueueBatchResponse], error)
 	// GetTask returns one task with its full history.
 	GetTask(context.Context, *connect.Request[v1.GetTaskRequest]) (*connect.Response[v1.GetTaskResponse], error)
-	// ListTasks returns tasks a page at a time, in ascending id order (that
-	// is, oldest first).
+	// ListTasks returns tasks a page at a time, partition by partition, in
+	// ascending id order (that is, oldest first) within a partition.
 	ListTasks(context.Context, *connect.Request[v1.ListTasksRequest]) (*connect.Response[v1.ListTasksResponse], error)
 	// CountTasks counts tasks by status.
 	CountTasks(context.Context, *connect.Request[v1.CountTasksRequest]) (*connect.Response[v1.CountTasksResponse], error)
@@ -297,8 +297,8 @@ type TaskServiceHandler interface {
 	EnqueueBatch(context.Context, *connect.Request[v1.EnqueueBatchRequest]) (*connect.Response[v1.EnqueueBatchResponse], error)
 	// GetTask returns one task with its full history.
 	GetTask(context.Context, *connect.Request[v1.GetTaskRequest]) (*connect.Response[v1.GetTaskResponse], error)
-	// ListTasks returns tasks a page at a time, in ascending id order (that
-	// is, oldest first).
+	// ListTasks returns tasks a page at a time, partition by partition, in
+	// ascending id order (that is, oldest first) within a partition.
 	ListTasks(context.Context, *connect.Request[v1.ListTasksRequest]) (*connect.Response[v1.ListTasksResponse], error)
 	// CountTasks counts tasks by status.
 	CountTasks(context.Context, *connect.Request[v1.CountTasksRequest]) (*connect.Response[v1.CountTasksResponse], error)

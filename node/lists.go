@@ -1,0 +1,556 @@
+package node
+
+// Lists and counts (TaskService.ListTasks and CountTasks) across the
+// cluster. A node reads the partitions it replicates from its own replica
+// (R=1) and every other partition from one replica elsewhere, through
+// PeerService.ListPartition and CountPartitions: the partition's leader
+// when a peer reported it (its claim records are the authoritative ones),
+// else an up member of the cohort, and the next one on an error. When no
+// replica of a partition answers, the call fails UNAVAILABLE naming the
+// partition: a list or count never leaves a partition out silently. A
+// node that replicates every partition (N equal to the node count) asks
+// no peer.
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/storage"
+)
+
+// Listing bounds.
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+	maxScanPerPage  = 10_000   // tasks examined per ListTasks call
+	maxPageBytes    = 16 << 20 // encoded size of a page's tasks, exceeded by one task at most
+	// countTimeout bounds one CountPartitions call (it scans whole
+	// partitions); a ListPartition call does bounded work and takes
+	// readTimeout.
+	countTimeout = 30 * time.Second
+)
+
+// listFilter selects the tasks of a list or count.
+type listFilter struct {
+	queue  string            // "" for every queue
+	status nornv1.TaskStatus // TASK_STATUS_UNSPECIFIED for every status
+}
+
+// newListFilter validates a request's queue and status filters.
+func newListFilter(queue string, status nornv1.TaskStatus) (listFilter, error) {
+	if queue != "" {
+		if err := crdt.ValidateQueue("queue", queue); err != nil {
+			return listFilter{}, apiError(err)
+		}
+	}
+	if _, ok := nornv1.TaskStatus_name[int32(status)]; !ok {
+		return listFilter{}, invalid("status", "unknown status %d", status)
+	}
+	return listFilter{queue: queue, status: status}, nil
+}
+
+// listBudget is what is left of a page: tasks to return, tasks to
+// examine, bytes of returned tasks. A page stops before the next task
+// once any of them is used up.
+type listBudget struct{ tasks, scan, bytes int }
+
+func (b listBudget) spent() bool { return b.tasks <= 0 || b.scan <= 0 || b.bytes <= 0 }
+
+// less is what is left of b after pg.
+func (b listBudget) less(pg listPage) listBudget {
+	return listBudget{tasks: b.tasks - len(pg.tasks), scan: b.scan - pg.scanned, bytes: b.bytes - pg.bytes}
+}
+
+// listPage is one partition's part of a ListTasks page.
+type listPage struct {
+	tasks   []*nornv1.Task
+	scanned int    // tasks examined, matching or not
+	bytes   int    // encoded size of tasks
+	more    bool   // the partition holds more tasks, from next on
+	next    uint64 // the first task not examined, when more
+}
+
+func (pg *listPage) add(v *nornv1.Task) {
+	pg.tasks = append(pg.tasks, v)
+	pg.bytes += proto.Size(v)
+}
+
+func (s taskService) ListTasks(ctx context.Context, req *connect.Request[nornv1.ListTasksRequest]) (*connect.Response[nornv1.ListTasksResponse], error) {
+	n, m := s.n, req.Msg
+	f, err := newListFilter(m.GetQueue(), m.GetStatus())
+	if err != nil {
+		return nil, err
+	}
+	size := int(m.GetPageSize())
+	if size == 0 {
+		size = defaultPageSize
+	}
+	if size > maxPageSize {
+		return nil, invalid("pageSize", "must be at most %d, got %d", maxPageSize, size)
+	}
+	p, start, err := decodePageToken(m.GetPageToken(), n.cfg.Partitions)
+	if err != nil {
+		return nil, err
+	}
+	if n.ring.Load() == nil {
+		return nil, errNotFormed
+	}
+	b := listBudget{tasks: size, scan: maxScanPerPage, bytes: maxPageBytes}
+	resp := &nornv1.ListTasksResponse{}
+	for ; int(p) < n.cfg.Partitions; p, start = p+1, 0 {
+		var pg listPage
+		if n.group(p) != nil {
+			pg, err = n.listLocal(p, f, start, b)
+		} else {
+			pg, err = n.listRemote(ctx, p, f, start, b)
+		}
+		if err != nil {
+			return nil, err
+		}
+		resp.Tasks = append(resp.Tasks, pg.tasks...)
+		if pg.more {
+			resp.NextPageToken = encodePageToken(p, pg.next)
+			break
+		}
+		b = b.less(pg)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// listLocal reads partition p's part of a page from this node's replica:
+// the tasks with id >= start that match f, in id order, until b is spent.
+func (n *Node) listLocal(p uint16, f listFilter, start uint64, b listBudget) (listPage, error) {
+	var pg listPage
+	for {
+		batch, next, more, err := n.store.ScanTasks(p, start, min(256, b.scan+1))
+		if err != nil {
+			return listPage{}, apiError(err)
+		}
+		for _, st := range batch {
+			if b.less(pg).spent() {
+				pg.more, pg.next = true, st.Task.ID
+				return pg, nil
+			}
+			pg.scanned++
+			if v := n.listView(st, f); v != nil {
+				pg.add(v)
+			}
+		}
+		if !more {
+			return pg, nil
+		}
+		start = next
+	}
+}
+
+// listView renders a stored task if it matches f.
+func (n *Node) listView(st *storage.StoredTask, f listFilter) *nornv1.Task {
+	if st.Task.Spec == nil || (f.queue != "" && st.Task.Spec.Queue != f.queue) {
+		return nil
+	}
+	ts, err := n.withClaims(st.Partition, st.Task)
+	if err != nil {
+		return nil
+	}
+	v := n.view(ts)
+	if f.status != nornv1.TaskStatus_TASK_STATUS_UNSPECIFIED && v.Status != f.status {
+		return nil
+	}
+	return v
+}
+
+// listRemote reads partition p's part of a page from a replica on
+// another node (see replicaOrder), trying the next on an error.
+func (n *Node) listRemote(ctx context.Context, p uint16, f listFilter, start uint64, b listBudget) (listPage, error) {
+	order := n.replicaOrder(p, nil)
+	var lastErr error
+	for _, nd := range order {
+		pg, err := n.askList(ctx, nd, p, f, start, b)
+		if err == nil {
+			return pg, nil
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return listPage{}, partitionUnavailable(p, order, lastErr)
+}
+
+// askList asks node nd for partition p's part of a page and checks that
+// the answer keeps to the request.
+func (n *Node) askList(ctx context.Context, nd cluster.RingNode, p uint16, f listFilter, start uint64, b listBudget) (listPage, error) {
+	cctx, cancel := context.WithTimeout(ctx, readTimeout)
+	defer cancel()
+	resp, err := n.peers.get(nd.APIAddr).peer.ListPartition(cctx, peerRequest(n, &nornv1.ListPartitionRequest{
+		Partition: uint32(p), Queue: f.queue, Status: f.status, Start: start,
+		Limit: uint32(b.tasks), MaxScan: uint32(b.scan), MaxBytes: uint32(max(b.bytes, 0))}))
+	if err != nil {
+		return listPage{}, err
+	}
+	m := resp.Msg
+	if len(m.GetTasks()) > b.tasks || int(m.GetScanned()) > b.scan || (m.GetMore() && m.GetNext() < start) {
+		return listPage{}, fmt.Errorf("node %s answered beyond the request for partition %d", nd.ID, p)
+	}
+	pg := listPage{scanned: int(m.GetScanned()), more: m.GetMore(), next: m.GetNext()}
+	for _, v := range m.GetTasks() {
+		if v.GetId() < start || n.partition(v.GetId()) != p {
+			return listPage{}, fmt.Errorf("node %s answered task %d for partition %d", nd.ID, v.GetId(), p)
+		}
+		pg.add(v)
+	}
+	n.hints.set(p, m.GetLeader())
+	return pg, nil
+}
+
+func encodePageToken(p uint16, id uint64) string {
+	b := binary.BigEndian.AppendUint16(nil, p)
+	return base64.RawURLEncoding.EncodeToString(binary.BigEndian.AppendUint64(b, id))
+}
+
+func decodePageToken(tok string, partitions int) (uint16, uint64, error) {
+	if tok == "" {
+		return 0, 0, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil || len(b) != 10 || int(binary.BigEndian.Uint16(b)) >= partitions {
+		return 0, 0, invalid("pageToken", "not a token from a previous ListTasks")
+	}
+	return binary.BigEndian.Uint16(b), binary.BigEndian.Uint64(b[2:]), nil
+}
+
+func (s taskService) CountTasks(ctx context.Context, req *connect.Request[nornv1.CountTasksRequest]) (*connect.Response[nornv1.CountTasksResponse], error) {
+	n := s.n
+	f, err := newListFilter(req.Msg.GetQueue(), 0)
+	if err != nil {
+		return nil, err
+	}
+	if n.ring.Load() == nil {
+		return nil, errNotFormed
+	}
+	var local, remote []uint16
+	for p := range uint16(n.cfg.Partitions) {
+		if n.group(p) != nil {
+			local = append(local, p)
+		} else {
+			remote = append(remote, p)
+		}
+	}
+	// The other nodes count while this one does.
+	var remoteCounts []map[string]uint64
+	var remoteErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if len(remote) > 0 {
+			remoteCounts, remoteErr = n.countRemote(ctx, remote, f.queue)
+		}
+	}()
+	var localErr error
+	counts := make([]map[string]uint64, 0, n.cfg.Partitions)
+	for _, p := range local {
+		c, err := n.countPartition(p, f.queue)
+		if err != nil {
+			localErr = apiError(err)
+			break
+		}
+		counts = append(counts, c)
+	}
+	<-done
+	if localErr != nil {
+		return nil, localErr
+	}
+	if remoteErr != nil {
+		return nil, remoteErr
+	}
+	resp := &nornv1.CountTasksResponse{ByStatus: map[string]uint64{}}
+	for _, c := range append(counts, remoteCounts...) {
+		for k, v := range c {
+			resp.ByStatus[k] += v
+			resp.Total += v
+		}
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// countPartition counts partition p's tasks (of queue, or all) by status
+// name. It scans the partition.
+func (n *Node) countPartition(p uint16, queue string) (map[string]uint64, error) {
+	counts := map[string]uint64{}
+	now := n.cfg.Clock.Now().UnixMilli()
+	var start uint64
+	for {
+		batch, next, more, err := n.store.ScanTasks(p, start, 1024)
+		if err != nil {
+			return nil, err
+		}
+		for _, st := range batch {
+			if st.Task.Spec == nil || (queue != "" && st.Task.Spec.Queue != queue) {
+				continue
+			}
+			ts, err := n.withClaims(p, st.Task)
+			if err != nil {
+				return nil, err
+			}
+			counts[statusName(ts.status(now, n.depsDone))]++
+		}
+		if !more {
+			return counts, nil
+		}
+		start = next
+	}
+}
+
+// statusName is a status without its enum prefix ("READY").
+func statusName(s nornv1.TaskStatus) string {
+	return s.String()[len("TASK_STATUS_"):]
+}
+
+// countRemote counts partitions this node does not replicate on other
+// nodes, one CountPartitions call per node in parallel, and asks the
+// next replica of the partitions whose call failed. It returns one count
+// per partition.
+func (n *Node) countRemote(ctx context.Context, parts []uint16, queue string) ([]map[string]uint64, error) {
+	// Each partition's replicas in the order to ask them; a partition
+	// without a known leader goes to a node already asked for another,
+	// so that few nodes get one call each.
+	orders := map[uint16][]cluster.RingNode{}
+	chosen := map[string]bool{}
+	for _, p := range parts {
+		o := n.replicaOrder(p, chosen)
+		if len(o) > 0 {
+			chosen[o[0].ID] = true
+		}
+		orders[p] = o
+	}
+	type answer struct {
+		parts  []uint16
+		counts []*nornv1.PartitionCount
+		err    error
+	}
+	tried := map[uint16]int{}
+	lastErr := map[uint16]error{}
+	var out []map[string]uint64
+	for pending := parts; len(pending) > 0; {
+		plan := map[string][]uint16{}
+		nodes := map[string]cluster.RingNode{}
+		for _, p := range pending {
+			o := orders[p]
+			if tried[p] == len(o) {
+				return nil, partitionUnavailable(p, o, lastErr[p])
+			}
+			nd := o[tried[p]]
+			tried[p]++
+			plan[nd.ID] = append(plan[nd.ID], p)
+			nodes[nd.ID] = nd
+		}
+		answers := make(chan answer, len(plan))
+		for id, ps := range plan {
+			go func() {
+				counts, err := n.askCount(ctx, nodes[id], ps, queue)
+				answers <- answer{ps, counts, err}
+			}()
+		}
+		pending = nil
+		for range plan {
+			a := <-answers
+			if a.err != nil {
+				for _, p := range a.parts {
+					lastErr[p] = a.err
+				}
+				pending = append(pending, a.parts...)
+				continue
+			}
+			for i, c := range a.counts {
+				n.hints.set(a.parts[i], c.GetLeader())
+				out = append(out, c.GetByStatus())
+			}
+		}
+		slices.Sort(pending)
+	}
+	return out, nil
+}
+
+// askCount asks node nd to count partitions ps and checks that it
+// answered for exactly those.
+func (n *Node) askCount(ctx context.Context, nd cluster.RingNode, ps []uint16, queue string) ([]*nornv1.PartitionCount, error) {
+	cctx, cancel := context.WithTimeout(ctx, countTimeout)
+	defer cancel()
+	req := &nornv1.CountPartitionsRequest{Queue: queue}
+	for _, p := range ps {
+		req.Partitions = append(req.Partitions, uint32(p))
+	}
+	resp, err := n.peers.get(nd.APIAddr).peer.CountPartitions(cctx, peerRequest(n, req))
+	if err != nil {
+		return nil, err
+	}
+	counts := resp.Msg.GetCounts()
+	if !slices.EqualFunc(counts, req.Partitions, func(c *nornv1.PartitionCount, p uint32) bool { return c.GetPartition() == p }) {
+		return nil, fmt.Errorf("node %s did not answer for partitions %v", nd.ID, ps)
+	}
+	return counts, nil
+}
+
+// replicaOrder lists the up members of partition p's cohort other than
+// this node, in the order to ask them: the leader a peer last reported,
+// then members in prefer, then the others in random order.
+func (n *Node) replicaOrder(p uint16, prefer map[string]bool) []cluster.RingNode {
+	r := n.ring.Load()
+	alive := n.aliveSet()
+	hint := n.hints.get(p)
+	cohort := r.Cohort(int(p))
+	var leader, preferred, rest []cluster.RingNode
+	for _, i := range rand.Perm(len(cohort)) {
+		id := string(cohort[i])
+		nd, ok := r.Node(id)
+		switch {
+		case id == n.cfg.NodeID || !ok || !alive[id]:
+		case id == hint:
+			leader = append(leader, nd)
+		case prefer[id]:
+			preferred = append(preferred, nd)
+		default:
+			rest = append(rest, nd)
+		}
+	}
+	return slices.Concat(leader, preferred, rest)
+}
+
+// partitionUnavailable is the error of a list or count that no replica
+// of partition p answered; asked are the replicas tried.
+func partitionUnavailable(p uint16, asked []cluster.RingNode, lastErr error) error {
+	if len(asked) == 0 {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("partition %d: no replica is up", p))
+	}
+	ids := make([]string, len(asked))
+	for i, nd := range asked {
+		ids[i] = nd.ID
+	}
+	msg := fmt.Sprintf("partition %d: no replica answered (asked %s)", p, strings.Join(ids, ", "))
+	if lastErr != nil {
+		msg += ": " + errorMessage(lastErr)
+	}
+	return connect.NewError(connect.CodeUnavailable, errors.New(msg))
+}
+
+// leaderHints remembers the leaders that peers reported for partitions
+// this node does not replicate, so lists and counts ask them first.
+type leaderHints struct {
+	mu     sync.Mutex
+	leader map[uint16]string
+}
+
+func (h *leaderHints) get(p uint16) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.leader[p]
+}
+
+// set records p's leader ("" forgets it).
+func (h *leaderHints) set(p uint16, id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.leader == nil {
+		h.leader = map[uint16]string{}
+	}
+	h.leader[p] = id
+}
+
+// hostedPartition checks the partition field of a peer request: below
+// P, and replicated here (FAILED_PRECONDITION otherwise). It returns the
+// partition's group.
+func (n *Node) hostedPartition(field string, p uint32) (*claims.Group, error) {
+	if n.ring.Load() == nil {
+		return nil, errNotFormed
+	}
+	if p >= uint32(n.cfg.Partitions) {
+		return nil, invalid(field, "must be below %d, got %d", n.cfg.Partitions, p)
+	}
+	g := n.group(uint16(p))
+	if g == nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("%s: partition %d is not replicated on %s", field, p, n.cfg.NodeID))
+	}
+	return g, nil
+}
+
+func (s peerService) ListPartition(_ context.Context, req *connect.Request[nornv1.ListPartitionRequest]) (*connect.Response[nornv1.ListPartitionResponse], error) {
+	n, m := s.n, req.Msg
+	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	g, err := n.hostedPartition("partition", m.GetPartition())
+	if err != nil {
+		return nil, err
+	}
+	f, err := newListFilter(m.GetQueue(), m.GetStatus())
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range []struct {
+		field    string
+		got, max uint32
+	}{{"limit", m.GetLimit(), maxPageSize}, {"maxScan", m.GetMaxScan(), maxScanPerPage}, {"maxBytes", m.GetMaxBytes(), maxPageBytes}} {
+		if c.got > c.max {
+			return nil, invalid(c.field, "must be at most %d, got %d", c.max, c.got)
+		}
+	}
+	p := uint16(m.GetPartition())
+	pg, err := n.listLocal(p, f, m.GetStart(), listBudget{tasks: int(m.GetLimit()), scan: int(m.GetMaxScan()), bytes: int(m.GetMaxBytes())})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&nornv1.ListPartitionResponse{Tasks: pg.tasks, Scanned: uint32(pg.scanned),
+		More: pg.more, Next: pg.next, Leader: string(g.Leader())}), nil
+}
+
+func (s peerService) CountPartitions(_ context.Context, req *connect.Request[nornv1.CountPartitionsRequest]) (*connect.Response[nornv1.CountPartitionsResponse], error) {
+	n, m := s.n, req.Msg
+	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	f, err := newListFilter(m.GetQueue(), 0)
+	if err != nil {
+		return nil, err
+	}
+	ps := m.GetPartitions()
+	if len(ps) == 0 || len(ps) > n.cfg.Partitions {
+		return nil, invalid("partitions", "must hold 1 to %d partitions, got %d", n.cfg.Partitions, len(ps))
+	}
+	groups := make([]*claims.Group, len(ps))
+	seen := make([]bool, n.cfg.Partitions)
+	for i, p := range ps {
+		field := fmt.Sprintf("partitions[%d]", i)
+		if groups[i], err = n.hostedPartition(field, p); err != nil {
+			return nil, err
+		}
+		if seen[p] {
+			return nil, invalid(field, "partition %d is repeated", p)
+		}
+		seen[p] = true
+	}
+	out := make([]*nornv1.PartitionCount, len(ps))
+	for i, p := range ps {
+		counts, err := n.countPartition(uint16(p), f.queue)
+		if err != nil {
+			return nil, apiError(err)
+		}
+		out[i] = &nornv1.PartitionCount{Partition: p, ByStatus: counts, Leader: string(groups[i].Leader())}
+	}
+	return connect.NewResponse(&nornv1.CountPartitionsResponse{Counts: out}), nil
+}
