@@ -1,6 +1,7 @@
-// Package cluster holds what makes nodes one cluster: membership and
-// liveness over memberlist (Membership), and, still to come, the meta Raft
-// group holding the ring and the clock-sync detector.
+// Package cluster holds what makes nodes one cluster: membership, liveness
+// and clock offsets over memberlist (Membership), the ring (Ring, its
+// formation rule DecideFormation, SaveRing/LoadRing) and the meta Raft
+// group that holds it (Meta).
 //
 // Membership gossips each node's metadata (NodeMeta: node id, cluster id,
 // API and Raft addresses, ring epoch, version) and liveness. It never

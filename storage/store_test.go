@@ -738,3 +738,44 @@ func TestRetentionIndexAndDelete(t *testing.T) {
 	}
 	checkIndexes(t, s, 0)
 }
+
+// OnReady is called after commits that made tasks ready, once per
+// partition and queue, and not for tasks that went elsewhere.
+func TestOnReady(t *testing.T) {
+	type pq struct {
+		p     uint16
+		queue string
+	}
+	var got []pq
+	clk := &testClock{ms: t0}
+	s, err := Open(Config{Dir: "db", FS: vfs.NewMem(), Clock: clk, CacheBytes: 8 << 20,
+		OnReady: func(p uint16, queue string) { got = append(got, pq{p, queue}) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	expect := func(what string, want ...pq) {
+		t.Helper()
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: OnReady calls %v, want %v", what, got, want)
+		}
+		got = nil
+	}
+	mustMerge(t, s, 0, newTask(1, "q", 0), newTask(2, "q", 1))
+	expect("two ready tasks of one queue", pq{0, "q"})
+	mustMerge(t, s, 3, newTask(3, "r", 0))
+	expect("a ready task", pq{3, "r"})
+	delayed := newTask(4, "d", 0)
+	delayed.Spec.NotBeforeMs = t0 + 1000
+	mustMerge(t, s, 0, delayed)
+	expect("a delayed task")
+	mustMerge(t, s, 0, cancelOf(1, t0))
+	expect("a task leaving the ready index")
+	mustMerge(t, s, 0, newTask(2, "q", 1))
+	expect("a merge that changes nothing")
+	clk.set(t0 + 1000)
+	if n, err := s.PromoteDelayed(0, 10); n != 1 || err != nil {
+		t.Fatalf("promoted %d, %v", n, err)
+	}
+	expect("a promotion", pq{0, "d"})
+}
