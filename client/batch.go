@@ -22,24 +22,32 @@ const maxBatchBytes = 2 << 20
 // batch (see WithEnqueueBatching and WithCompleteBatching): a call joins
 // the open batch of its write quorum (or opens one), and a batch is sent
 // when it holds maxBatch items or maxBatchBytes, or linger after its first
-// call. Calls with different write quorums never share a batch. send must
-// answer every call of the batch.
+// call. Calls with different write quorums, or bound for different nodes
+// (leader hints), never share a batch. send must answer every call of the
+// batch.
 type coalescer[I, R any] struct {
 	method   string // for errors: "enqueue", "complete"
 	linger   time.Duration
 	maxBatch int
-	send     func(w uint32, calls []*pending[I, R])
+	send     func(key batchKey, calls []*pending[I, R])
 
 	mu     sync.Mutex
-	open   map[uint32]*batch[I, R] // the batch now filling, per write quorum
+	open   map[batchKey]*batch[I, R] // the batch now filling, per key
 	closed bool
 
 	inflight sync.WaitGroup // batches being sent
 }
 
+// batchKey is what the calls of one batch share: the write quorum, and
+// the node they should go to ("" for any; see leaderHints).
+type batchKey struct {
+	w      uint32
+	leader string
+}
+
 // batch is a group of calls sent in one RPC.
 type batch[I, R any] struct {
-	w     uint32
+	key   batchKey
 	calls []*pending[I, R]
 	bytes int
 	timer *time.Timer // fires linger after the first call
@@ -60,14 +68,14 @@ type callOutcome[R any] struct {
 // answer hands the call its outcome.
 func (p *pending[I, R]) answer(r R, err error) { p.done <- callOutcome[R]{r, err} }
 
-func newCoalescer[I, R any](method string, linger time.Duration, maxBatch int, send func(uint32, []*pending[I, R])) *coalescer[I, R] {
-	return &coalescer[I, R]{method: method, linger: linger, maxBatch: maxBatch, send: send, open: map[uint32]*batch[I, R]{}}
+func newCoalescer[I, R any](method string, linger time.Duration, maxBatch int, send func(batchKey, []*pending[I, R])) *coalescer[I, R] {
+	return &coalescer[I, R]{method: method, linger: linger, maxBatch: maxBatch, send: send, open: map[batchKey]*batch[I, R]{}}
 }
 
-// do adds one call (in, of encoded size bytes) to the open batch of quorum
-// w and waits for its outcome or for ctx. A caller that gives up before
-// its batch is sent is left out of it.
-func (b *coalescer[I, R]) do(ctx context.Context, w uint32, in I, size int) (R, error) {
+// do adds one call (in, of encoded size bytes) to the open batch of key
+// and waits for its outcome or for ctx. A caller that gives up before its
+// batch is sent is left out of it.
+func (b *coalescer[I, R]) do(ctx context.Context, key batchKey, in I, size int) (R, error) {
 	var zero R
 	if err := ctx.Err(); err != nil {
 		return zero, b.ctxError(err)
@@ -79,18 +87,18 @@ func (b *coalescer[I, R]) do(ctx context.Context, w uint32, in I, size int) (R, 
 		b.mu.Unlock()
 		return zero, wrapErr(b.method, ErrClosed)
 	}
-	cur := b.open[w]
+	cur := b.open[key]
 	if cur != nil && cur.bytes+size > maxBatchBytes {
 		b.flushLocked(cur)
 		cur = nil
 	}
 	if cur == nil {
-		cur = &batch[I, R]{w: w}
-		b.open[w] = cur
+		cur = &batch[I, R]{key: key}
+		b.open[key] = cur
 		cur.timer = time.AfterFunc(b.linger, func() {
 			b.mu.Lock()
 			defer b.mu.Unlock()
-			if b.open[w] == cur {
+			if b.open[key] == cur {
 				b.flushLocked(cur)
 			}
 		})
@@ -113,8 +121,8 @@ func (b *coalescer[I, R]) do(ctx context.Context, w uint32, in I, size int) (R, 
 // flushLocked closes bt to new calls and sends it without the calls whose
 // callers gave up. b.mu must be held.
 func (b *coalescer[I, R]) flushLocked(bt *batch[I, R]) {
-	if b.open[bt.w] == bt {
-		delete(b.open, bt.w)
+	if b.open[bt.key] == bt {
+		delete(b.open, bt.key)
 	}
 	bt.timer.Stop()
 	b.inflight.Add(1)
@@ -127,7 +135,7 @@ func (b *coalescer[I, R]) flushLocked(bt *batch[I, R]) {
 			}
 		}
 		if len(calls) > 0 {
-			b.send(bt.w, calls)
+			b.send(bt.key, calls)
 		}
 	}()
 }
@@ -193,7 +201,7 @@ func newEnqueueCoalescer(c *Client, linger time.Duration, maxBatch int) *coalesc
 
 // enqueue adds one Enqueue to the open batch and waits for its id.
 func (c *Client) enqueueCoalesced(ctx context.Context, spec *nornv1.TaskSpec, id uint64, w uint32) (uint64, error) {
-	return c.enqueues.do(ctx, w, enqueueCall{spec, id}, proto.Size(spec))
+	return c.enqueues.do(ctx, batchKey{w: w}, enqueueCall{spec, id}, proto.Size(spec))
 }
 
 // sendEnqueues sends one batch of Enqueue calls and hands every caller its
@@ -201,7 +209,8 @@ func (c *Client) enqueueCoalesced(ctx context.Context, spec *nornv1.TaskSpec, id
 // known. When the batch fails with an error that one bad task can cause
 // (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ALREADY_EXISTS), every task is
 // sent again on its own, so that only the bad one's caller sees the error.
-func (c *Client) sendEnqueues(w uint32, calls []*pending[enqueueCall, uint64]) {
+func (c *Client) sendEnqueues(key batchKey, calls []*pending[enqueueCall, uint64]) {
+	w := key.w
 	ctx, cancel := batchContext(c, calls)
 	defer cancel()
 
@@ -260,15 +269,16 @@ func newCompleteCoalescer(c *Client, linger time.Duration, maxBatch int) *coales
 }
 
 // sendCompletes sends one batch of Complete calls as a CompleteBatch
-// (retried as a whole: completes are idempotent) and hands every caller
-// its own outcome.
-func (c *Client) sendCompletes(w uint32, calls []*pending[*nornv1.CompleteRequest, struct{}]) {
+// (retried as a whole: completes are idempotent), to the batch's leader
+// when it has one, and hands every caller its own outcome.
+func (c *Client) sendCompletes(key batchKey, calls []*pending[*nornv1.CompleteRequest, struct{}]) {
+	w := key.w
 	ctx, cancel := batchContext(c, calls)
 	defer cancel()
 	if len(calls) == 1 {
 		in := calls[0].in
 		req := &nornv1.CompleteRequest{Id: in.Id, ClaimId: in.ClaimId, Result: in.Result, W: w}
-		calls[0].answer(struct{}{}, c.completeOne(ctx, req))
+		calls[0].answer(struct{}{}, c.completeOne(ctx, key.leader, req))
 		return
 	}
 	req := &nornv1.CompleteBatchRequest{W: w, Completions: make([]*nornv1.CompleteRequest, len(calls))}
@@ -276,7 +286,7 @@ func (c *Client) sendCompletes(w uint32, calls []*pending[*nornv1.CompleteReques
 		req.Completions[i] = p.in
 	}
 	var results []*nornv1.CompletionResult
-	err := c.call(ctx, "complete (batched)", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+	err := c.callAt(ctx, key.leader, "complete (batched)", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
 		resp, err := ep.tasks.CompleteBatch(ctx, connect.NewRequest(req))
 		if err == nil {
 			results = resp.Msg.GetResults()

@@ -36,6 +36,8 @@ type Client struct {
 	timeout time.Duration
 	w       uint32
 
+	hints leaderHints // leader hints of claimed tasks
+
 	enqueues  *coalescer[enqueueCall, uint64]               // nil unless WithEnqueueBatching
 	completes *coalescer[*nornv1.CompleteRequest, struct{}] // nil unless WithCompleteBatching
 

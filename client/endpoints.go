@@ -101,6 +101,19 @@ func (e *endpoints) pick(now time.Time, avoid *endpoint) *endpoint {
 // reports whether ep went from healthy to down: failures of calls that
 // were in flight together count once, so the backoff doubles once per
 // episode.
+// preferred returns the endpoint whose base is base if it is healthy, nil
+// otherwise (or when base is not one of the client's endpoints).
+func (e *endpoints) preferred(now time.Time, base string) *endpoint {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, ep := range e.list {
+		if ep.base == base && ep.healthy(now) {
+			return ep
+		}
+	}
+	return nil
+}
+
 func (e *endpoints) failed(ep *endpoint, now time.Time) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -312,3 +312,76 @@ func TestCloseStopsDiscovery(t *testing.T) {
 		t.Fatalf("%d discovery goroutines with discovery off, want %d", n, before)
 	}
 }
+
+// TestLeaderHints: Renew, Update, Complete (alone and coalesced), Yield
+// and Abort of a claimed task go to the node its claim named as leader,
+// not round robin: the other fakes do not know the task and would fail.
+func TestLeaderHints(t *testing.T) {
+	fs, addrs := newFakes(t, 3)
+	home := fs[1]
+	home.mu.Lock()
+	home.leader = true
+	home.mu.Unlock()
+	ctx := t.Context()
+	direct := newClient(t, home.addr, client.WithDiscovery(0))
+	for range 6 {
+		if _, err := direct.Enqueue(ctx, spec("p")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, batching := range []bool{false, true} {
+		opts := []client.Option{client.WithDiscovery(0)}
+		if batching {
+			opts = append(opts, client.WithCompleteBatching(time.Millisecond, 8))
+		}
+		c := newClient(t, strings.Join(addrs, ","), opts...)
+		var claimed []*nornv1.ClaimedTask
+		for len(claimed) < 3 {
+			got, err := c.Claim(ctx, client.ClaimRequest{Queue: "q", Max: 3 - len(claimed)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			claimed = append(claimed, got...)
+		}
+		for _, ct := range claimed {
+			if ct.GetLeader() != home.addr {
+				t.Fatalf("claim names leader %q, want %s", ct.GetLeader(), home.addr)
+			}
+			if _, err := c.Renew(ctx, ct.Task.Id, ct.ClaimId, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Update(ctx, &nornv1.UpdateRequest{Id: ct.Task.Id, ClaimId: ct.ClaimId, Seq: 1, Progress: 0.5}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var wg sync.WaitGroup
+		for _, ct := range claimed[:2] {
+			wg.Go(func() {
+				if err := c.Complete(ctx, ct.Task.Id, ct.ClaimId, nil); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		last := claimed[2]
+		if batching {
+			if err := c.Abort(ctx, last.Task.Id, last.ClaimId, &nornv1.TaskError{Code: "x"}); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := c.Yield(ctx, last.Task.Id, last.ClaimId, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []*fakeServer{fs[0], fs[2]} {
+		for _, m := range []string{"Renew", "Update", "Complete", "CompleteBatch", "Yield", "Abort"} {
+			if n := f.count(m); n != 0 {
+				t.Errorf("a node that is not the leader got %d %s calls", n, m)
+			}
+		}
+	}
+	for _, m := range []string{"Renew", "Update", "Complete", "CompleteBatch", "Yield", "Abort"} {
+		if home.count(m) == 0 {
+			t.Errorf("the leader got no %s call", m)
+		}
+	}
+}

@@ -41,6 +41,7 @@ type fakeServer struct {
 	claimedAt map[uint64]time.Time   // claim time per task
 	notH2     int                    // requests not made over HTTP/2
 	nodes     []*nornv1.NodeStatus   // what Status lists (setNodes)
+	leader    bool                   // claims name this node as the tasks' leader
 
 	// inject, when set, runs before every call (without mu) with the
 	// method name and request message; a non-nil error is the answer.
@@ -348,7 +349,11 @@ func (f *fakeServer) Claim(ctx context.Context, r *connect.Request[nornv1.ClaimR
 				t.claims = append(t.claims, ci)
 				t.status = nornv1.TaskStatus_TASK_STATUS_CLAIMED
 				f.claimedAt[t.id] = now
-				resp.Tasks = append(resp.Tasks, &nornv1.ClaimedTask{Task: t.view(), ClaimId: ci.ClaimId, Expiry: ci.Expiry})
+				ct := &nornv1.ClaimedTask{Task: t.view(), ClaimId: ci.ClaimId, Expiry: ci.Expiry}
+				if f.leader {
+					ct.Leader = f.addr
+				}
+				resp.Tasks = append(resp.Tasks, ct)
 			}
 			f.mu.Unlock()
 			return connect.NewResponse(resp), nil

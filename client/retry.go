@@ -132,13 +132,26 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // endpoint's health. ctx must already carry the call's timeout. The error
 // is wrapped for method.
 func (c *Client) do(ctx context.Context, method string, retry func(err error) bool, call func(ctx context.Context, ep *endpoint) error) error {
+	return c.doAt(ctx, "", method, retry, call)
+}
+
+// doAt is do whose first attempt goes to the node at API address leader
+// (a leader hint, host:port) when it is one of the client's healthy
+// endpoints; retries go elsewhere as usual.
+func (c *Client) doAt(ctx context.Context, leader, method string, retry func(err error) bool, call func(ctx context.Context, ep *endpoint) error) error {
 	if c.isClosed() {
 		return wrapErr(method, ErrClosed)
 	}
 	c.firstUse()
 	var prev *endpoint
 	for attempt := 1; ; attempt++ {
-		ep := c.eps.pick(time.Now(), prev)
+		var ep *endpoint
+		if attempt == 1 && leader != "" {
+			ep = c.eps.preferred(time.Now(), c.scheme+"://"+leader)
+		}
+		if ep == nil {
+			ep = c.eps.pick(time.Now(), prev)
+		}
 		err := call(ctx, ep)
 		c.observe(ctx, ep, err)
 		if err == nil {
@@ -157,7 +170,12 @@ func (c *Client) do(ctx context.Context, method string, retry func(err error) bo
 // call is do for the common case: a call of class rc with the client's
 // timeout.
 func (c *Client) call(ctx context.Context, method string, rc retryClass, fn func(ctx context.Context, ep *endpoint) error) error {
+	return c.callAt(ctx, "", method, rc, fn)
+}
+
+// callAt is call whose first attempt goes to leader when it can (doAt).
+func (c *Client) callAt(ctx context.Context, leader, method string, rc retryClass, fn func(ctx context.Context, ep *endpoint) error) error {
 	ctx, cancel := c.withTimeout(ctx, 0)
 	defer cancel()
-	return c.do(ctx, method, func(err error) bool { return retryable(rc, err) }, fn)
+	return c.doAt(ctx, leader, method, func(err error) bool { return retryable(rc, err) }, fn)
 }

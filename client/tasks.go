@@ -325,6 +325,9 @@ func (c *Client) Claim(ctx context.Context, r ClaimRequest) ([]*nornv1.ClaimedTa
 		}
 		return err
 	})
+	for _, ct := range out {
+		c.hints.note(ct.GetTask().GetId(), ct.GetLeader())
+	}
 	return out, err
 }
 
@@ -341,7 +344,7 @@ func (c *Client) Renew(ctx context.Context, id, claimID uint64, lease time.Durat
 		req.Lease = durationpb.New(lease)
 	}
 	var expiry time.Time
-	err := c.call(ctx, "renew", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+	err := c.callAt(ctx, c.hints.get(id, false), "renew", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
 		resp, err := ep.tasks.Renew(ctx, connect.NewRequest(req))
 		if err == nil {
 			expiry = resp.Msg.GetExpiry().AsTime()
@@ -363,7 +366,7 @@ func (c *Client) Update(ctx context.Context, req *nornv1.UpdateRequest) error {
 		req = proto.CloneOf(req)
 		req.W = c.w
 	}
-	return c.call(ctx, "update", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+	return c.callAt(ctx, c.hints.get(req.GetId(), false), "update", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.tasks.Update(ctx, connect.NewRequest(req))
 		return err
 	})
@@ -376,17 +379,18 @@ func (c *Client) Update(ctx context.Context, req *nornv1.UpdateRequest) error {
 //
 // With WithCompleteBatching, concurrent calls share CompleteBatch RPCs.
 func (c *Client) Complete(ctx context.Context, id, claimID uint64, result []byte) error {
+	leader := c.hints.get(id, true)
 	if c.completes != nil {
 		req := &nornv1.CompleteRequest{Id: id, ClaimId: claimID, Result: result}
-		_, err := c.completes.do(ctx, c.w, req, proto.Size(req))
+		_, err := c.completes.do(ctx, batchKey{w: c.w, leader: leader}, req, proto.Size(req))
 		return err
 	}
-	return c.completeOne(ctx, &nornv1.CompleteRequest{Id: id, ClaimId: claimID, Result: result, W: c.w})
+	return c.completeOne(ctx, leader, &nornv1.CompleteRequest{Id: id, ClaimId: claimID, Result: result, W: c.w})
 }
 
-// completeOne sends one Complete RPC, retried.
-func (c *Client) completeOne(ctx context.Context, req *nornv1.CompleteRequest) error {
-	return c.call(ctx, "complete", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+// completeOne sends one Complete RPC, first to leader if it can, retried.
+func (c *Client) completeOne(ctx context.Context, leader string, req *nornv1.CompleteRequest) error {
+	return c.callAt(ctx, leader, "complete", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.tasks.Complete(ctx, connect.NewRequest(req))
 		return err
 	})
@@ -397,7 +401,7 @@ func (c *Client) completeOne(ctx context.Context, req *nornv1.CompleteRequest) e
 // Retried (idempotent).
 func (c *Client) Abort(ctx context.Context, id, claimID uint64, errs ...*nornv1.TaskError) error {
 	req := &nornv1.AbortRequest{Id: id, ClaimId: claimID, Errors: errs, W: c.w}
-	return c.call(ctx, "abort", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+	return c.callAt(ctx, c.hints.get(id, true), "abort", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.tasks.Abort(ctx, connect.NewRequest(req))
 		return err
 	})
@@ -409,7 +413,7 @@ func (c *Client) Abort(ctx context.Context, id, claimID uint64, errs ...*nornv1.
 // one way or another.
 func (c *Client) Yield(ctx context.Context, id, claimID uint64, progress float64) error {
 	req := &nornv1.YieldRequest{Id: id, ClaimId: claimID, Progress: progress}
-	return c.call(ctx, "yield", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+	return c.callAt(ctx, c.hints.get(id, true), "yield", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.tasks.Yield(ctx, connect.NewRequest(req))
 		return err
 	})

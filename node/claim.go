@@ -270,7 +270,7 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) 
 			// record changed.
 			ts := loaded[o.ID]
 			ts.claims = o.Record
-			out = append(out, &nornv1.ClaimedTask{Task: n.view(ts), ClaimId: o.Claim.Token,
+			out = append(out, &nornv1.ClaimedTask{Task: n.view(ts), ClaimId: o.Claim.Token, Leader: n.cfg.APIAddr,
 				Expiry: timestamppb.New(time.UnixMilli(o.Claim.ExpiryMs))})
 		}
 	}

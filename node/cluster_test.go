@@ -117,6 +117,17 @@ func (m *member) stop() {
 	m.node = nil
 }
 
+// nodeIDAt returns the id of the member serving the API at addr, "" if
+// none does.
+func nodeIDAt(ms []*member, addr string) string {
+	for _, m := range ms {
+		if m.cfg.APIAddr == addr {
+			return m.cfg.NodeID
+		}
+	}
+	return ""
+}
+
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -381,6 +392,11 @@ func TestClusterClaimRouting(t *testing.T) {
 			}
 			if !want[ct.Task.Id] {
 				t.Fatalf("claimed unknown task %d", ct.Task.Id)
+			}
+			// The claim names the node that leads the task's partition.
+			p := m.node.partition(ct.Task.Id)
+			if l := ms[0].node.group(p).Leader(); ct.Leader == "" || string(l) != nodeIDAt(ms, ct.Leader) {
+				t.Fatalf("task %d: claim names leader %q, partition %d is led by %s", ct.Task.Id, ct.Leader, p, l)
 			}
 			got[ct.Task.Id] = ct.ClaimId
 		}

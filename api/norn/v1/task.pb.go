@@ -716,7 +716,13 @@ type ClaimedTask struct {
 	// When the lease runs out unless renewed, on the partition leader's
 	// clock. Renew well before it (about a third of the lease is a good
 	// interval) rather than comparing it with the worker's own clock.
-	Expiry        *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expiry,proto3" json:"expiry,omitempty"`
+	Expiry *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expiry,proto3" json:"expiry,omitempty"`
+	// The API address (host:port) of the node that leads the task's
+	// partition and granted the claim, whichever node answered the Claim.
+	// Renew, Update, Complete, Abort and Yield sent there are served without
+	// a forward; sent anywhere else they are forwarded (or, if it is gone,
+	// served by another replica). A hint: leadership can move.
+	Leader        string `protobuf:"bytes,4,opt,name=leader,proto3" json:"leader,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -772,6 +778,13 @@ func (x *ClaimedTask) GetExpiry() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *ClaimedTask) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
 var File_norn_v1_task_proto protoreflect.FileDescriptor
 
 const file_norn_v1_task_proto_rawDesc = "" +
@@ -822,11 +835,12 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"\tTaskError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x12\n" +
-	"\x04args\x18\x03 \x03(\tR\x04args\"\x7f\n" +
+	"\x04args\x18\x03 \x03(\tR\x04args\"\x97\x01\n" +
 	"\vClaimedTask\x12!\n" +
 	"\x04task\x18\x01 \x01(\v2\r.norn.v1.TaskR\x04task\x12\x19\n" +
 	"\bclaim_id\x18\x02 \x01(\x04R\aclaimId\x122\n" +
-	"\x06expiry\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06expiry*\xc1\x01\n" +
+	"\x06expiry\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06expiry\x12\x16\n" +
+	"\x06leader\x18\x04 \x01(\tR\x06leader*\xc1\x01\n" +
 	"\n" +
 	"TaskStatus\x12\x1b\n" +
 	"\x17TASK_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
