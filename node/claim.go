@@ -65,11 +65,13 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 		wait = 0
 	}
 	// Tasks of partitions this node does not replicate wake no local
-	// waiter: when there are such partitions, a waiting claim looks
-	// across the cluster again every recheckInterval.
+	// waiter, and a task can become ready at its leader without a
+	// wake-up here (a delayed task promoted there after this node
+	// promoted it, before this claim came): a waiting claim looks across
+	// the cluster again every ClaimRecheck.
 	var recheck <-chan time.Time
-	if !proxied && !n.replicatesAll(r) && wait > 0 {
-		t := time.NewTicker(recheckInterval)
+	if !proxied && len(r.Nodes) > 1 && wait > 0 {
+		t := time.NewTicker(n.cfg.ClaimRecheck)
 		defer t.Stop()
 		recheck = t.C
 	}
@@ -77,9 +79,11 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	defer timer.Stop()
 	// A replica can see a task become ready before the partition's
 	// leader does (a follower applies a yield, or promotes a delayed
-	// task, before the leader): a wake-up that finds nothing looks once
-	// more a monitor interval later, by which time the leader has too.
+	// task, before the leader): a wake-up that finds nothing looks again
+	// a monitor interval later, by which time the leader normally has
+	// too, and then at doubling intervals, settleLooks times at most.
 	var settle <-chan time.Time
+	settleIn, looks := n.cfg.MonitorInterval, 0
 	wokeUp := false
 	for {
 		woken := n.waiters.wait(m.GetQueue()) // before trying: no lost wake-up
@@ -94,8 +98,8 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 		if err != nil || len(got) > 0 || wait <= 0 {
 			return connect.NewResponse(&nornv1.ClaimResponse{Tasks: got}), err
 		}
-		if wokeUp && settle == nil && len(r.Nodes) > 1 {
-			settle = time.After(n.cfg.MonitorInterval)
+		if wokeUp && len(r.Nodes) > 1 {
+			settle, settleIn, looks = time.After(n.cfg.MonitorInterval), n.cfg.MonitorInterval, 0
 		}
 		wokeUp = false
 		select {
@@ -103,6 +107,10 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 			wokeUp = true
 		case <-settle:
 			settle = nil
+			if looks++; looks < settleLooks {
+				settleIn *= 2
+				settle = time.After(settleIn)
+			}
 		case <-recheck:
 		case <-timer.C:
 			wait = 0 // one last try
@@ -114,9 +122,9 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	}
 }
 
-// recheckInterval is how often a long-polling claim looks at other nodes
-// when some partitions are not replicated here (see Claim).
-const recheckInterval = time.Second
+// settleLooks bounds the looks after one wake-up that found nothing (see
+// Claim): at one, two, four and eight monitor intervals.
+const settleLooks = 4
 
 // replicatesAll reports whether this node replicates every partition.
 func (n *Node) replicatesAll(r *cluster.Ring) bool {

@@ -39,6 +39,12 @@ type Config struct {
 	MaxLease     time.Duration
 	// MaxWait bounds a Claim's long poll. Default 60 s.
 	MaxWait time.Duration
+	// ClaimRecheck is how often a long-polling claim on a cluster of
+	// several nodes looks across the cluster again even when nothing woke
+	// it: the safety net under the wake-ups (see Claim), and the only way
+	// to learn of tasks of partitions the node does not replicate.
+	// Default 2 s.
+	ClaimRecheck time.Duration
 	// Retention is how long a terminal task is kept after its terminal
 	// event; then the monitor deletes it. Default 7 days.
 	Retention time.Duration
@@ -112,6 +118,7 @@ func (c *Config) setDefaults() {
 	def(&c.DefaultLease, 30*time.Second)
 	def(&c.MaxLease, time.Hour)
 	def(&c.MaxWait, 60*time.Second)
+	def(&c.ClaimRecheck, 2*time.Second)
 	def(&c.Retention, 7*24*time.Hour)
 	def(&c.MonitorInterval, 250*time.Millisecond)
 	def(&c.RaftTimeout, time.Second)
