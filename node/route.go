@@ -268,6 +268,87 @@ func (n *Node) askReplica(ctx context.Context, p uint16, member string, ids []ui
 	return out, nil
 }
 
+// readStates returns the CRDT states of ids, all of partition p, as a
+// majority of p's replicas have them, merged by the join, in the order of
+// ids: nil for a task no replica that answered has. It is the batched
+// read of the dependency checker: claim records are ignored, and the
+// leader's answer is not waited for. This node's replica, when it is one, is read and repaired
+// before readStates returns; the other replicas found behind are repaired
+// in the background, and those that do not answer in time are not waited
+// for. UNAVAILABLE when fewer than a majority answered.
+func (n *Node) readStates(ctx context.Context, p uint16, ids []uint64) ([]*crdt.Task, error) {
+	rg := n.ring.Load()
+	if rg == nil {
+		return nil, errNotFormed
+	}
+	quorum := rg.Replication/2 + 1
+	cohort := rg.Cohort(int(p))
+	type batch struct {
+		answers []replicaAnswer
+		err     error
+	}
+	batches := make(chan batch, len(cohort))
+	local := false
+	for _, member := range cohort {
+		if string(member) == n.cfg.NodeID {
+			local = true
+			continue
+		}
+		go func() {
+			as, err := n.askReplica(ctx, p, string(member), ids)
+			batches <- batch{as, err}
+		}()
+	}
+	if local {
+		// Here, not in a goroutine: nothing reads the store after
+		// readStates returns.
+		as, err := n.askReplica(ctx, p, n.cfg.NodeID, ids)
+		batches <- batch{as, err}
+	}
+	var got [][]replicaAnswer
+	var lastErr error
+	for range cohort {
+		if len(got) >= quorum {
+			break
+		}
+		b := <-batches
+		if b.err != nil {
+			lastErr = b.err
+			continue
+		}
+		got = append(got, b.answers)
+	}
+	if len(got) < quorum {
+		return nil, readQuorumError(fmt.Sprintf("%d of %d replicas of partition %d answered", len(got), len(cohort), p), lastErr)
+	}
+	out := make([]*crdt.Task, len(ids))
+	answers := make([]replicaAnswer, len(got))
+	var behind []*crdt.Task // this node's replica is behind on these
+	for i := range ids {
+		var merged *crdt.Task
+		for j, as := range got {
+			a := as[i]
+			answers[j] = a
+			if a.state == nil {
+				continue
+			}
+			if merged == nil {
+				merged = a.state
+			} else if m, _, err := crdt.Join(merged, a.state); err == nil {
+				merged = m
+			}
+		}
+		if merged != nil && n.repairPeers(merged, answers) {
+			behind = append(behind, merged)
+		}
+		out[i] = merged
+	}
+	if len(behind) > 0 {
+		n.repairLocal(behind)
+	}
+	return out, nil
+}
+
 // readQuorumError is the UNAVAILABLE of a read that too few replicas
 // answered: what answered, and the last error a replica gave (if any).
 func readQuorumError(answered string, lastErr error) error {
