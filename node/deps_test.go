@@ -106,7 +106,10 @@ func TestDepWatchSchedule(t *testing.T) {
 // the dependant claimable (a waiting claim anywhere gets it), a cancelled
 // one aborts it.
 func TestClusterRemoteDependencies(t *testing.T) {
-	ms := testClusterWith(t, 4, nil)
+	// Leaders that stay put (the default Raft timeout, not the tests'
+	// 300ms): each case needs the dependant's leader to be the one that
+	// checks its dependency.
+	ms := testClusterWith(t, 4, func(_ int, cfg *Config) { cfg.RaftTimeout = time.Second })
 	ctx := context.Background()
 	const P = 8
 	r := ms[0].node.ring.Load()
@@ -182,7 +185,7 @@ func TestClusterRemoteDependencies(t *testing.T) {
 		if s := status(l, child).Status; s != nornv1.TaskStatus_TASK_STATUS_DELAYED {
 			t.Fatalf("dependant of a running task is %v", s)
 		}
-		got := claim(ctx, ms[0], "parent1", 0)
+		got := claim(ctx, ms[0], "parent1", 10*time.Second)
 		if len(got) != 1 || got[0].Task.Id != dep {
 			t.Fatalf("claimed %v, want the dependency %d", got, dep)
 		}
@@ -201,7 +204,8 @@ func TestClusterRemoteDependencies(t *testing.T) {
 		if len(got) != 1 || got[0].Task.Id != child {
 			t.Fatalf("claimed %v after the dependency completed, want %d", got, child)
 		}
-		t.Logf("claimable at %s after %v", other.cfg.NodeID, time.Since(start))
+		t.Logf("claimable at %s after %v (%s leads the dependant's partition, %s did)", other.cfg.NodeID, time.Since(start),
+			leader(pc).cfg.NodeID, l.cfg.NodeID)
 		// The dependant's leader learned it from the others (also when
 		// its leadership moved meanwhile to a replica of the dependency).
 		cached(t, l, dep, depCompleted)
