@@ -19,5 +19,7 @@
 // expiries and promotions close. The monitor (every MonitorInterval) first
 // extends live claims when the node gains a partition's leadership, then
 // expires claims whose lease plus skew buffer has passed, and promotes due
-// delayed tasks.
+// delayed tasks. A claim takes a task with dependencies once they are
+// COMPLETED, as the node's cache or replica says; dependencies neither
+// decides are read from the cluster in the background (deps.go).
 package node

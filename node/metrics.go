@@ -75,6 +75,13 @@ func (n *Node) writeMetrics(w io.Writer) {
 	}
 	counter("norn_spec_conflicts_total", "Merges that met two different specs for one task id (resolved by lowest digest).", n.specConflicts.Load())
 	counter("norn_read_repairs_total", "Replicas sent a task's merged state because a read found them behind.", n.readRepairs.Load())
+	gauge := func(name, help string, v int) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", name, help, name, name, v)
+	}
+	if n.deps != nil {
+		gauge("norn_dependencies_watched", "Dependencies of blocked tasks this node reads from their replicas in the background.", n.deps.watched())
+		gauge("norn_dependencies_cached", fmt.Sprintf("Dependencies this node knows terminal (cached for good, up to %d).", depCacheSize), n.deps.cache.len())
+	}
 	epoch := uint64(0)
 	if r := n.ring.Load(); r != nil {
 		epoch = r.Epoch

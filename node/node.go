@@ -51,6 +51,7 @@ type Node struct {
 	waiters  *queueWaiters
 	inflight inflightSet // tasks being claimed now
 	ender    *ender      // coalesced claim ends of finished tasks
+	deps     *depChecker // dependencies of blocked tasks (deps.go)
 
 	specConflicts atomic.Uint64 // merges that met two specs for one id
 	draining      chan struct{} // closed by StopWaiting
@@ -117,6 +118,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.extended = make([]bool, cfg.Partitions)
 	n.ender = newEnder(n)
+	n.deps = newDepChecker(n)
 	n.reconcileKick = make(chan struct{}, 1)
 	n.peers.n = n
 	if err := n.startCluster(); err != nil {
@@ -125,12 +127,16 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
-	n.stopped.Add(3)
+	n.stopped.Add(4)
 	go n.reconcile()
 	go n.monitor()
 	go func() {
 		defer n.stopped.Done()
 		n.ender.run(n.stop)
+	}()
+	go func() {
+		defer n.stopped.Done()
+		n.deps.run(n.stop)
 	}()
 	return n, nil
 }

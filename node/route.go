@@ -161,48 +161,13 @@ func (n *Node) read(ctx context.Context, id uint64, r int) (*taskState, error) {
 	cohort := rg.Cohort(int(p))
 	answers := make(chan replicaAnswer, len(cohort))
 	for _, member := range cohort {
-		id64 := id
-		if string(member) == n.cfg.NodeID {
-			go func() {
-				a := replicaAnswer{from: n.cfg.NodeID, leader: g.IsLeader()}
-				t, err := n.store.TaskState(p, id64)
-				switch {
-				case err == nil:
-					a.state = t
-				case !errors.Is(err, storage.ErrNotFound):
-					a.err = err
-				}
-				if a.err == nil {
-					a.record, a.err = n.claimRecord(p, id64)
-				}
-				answers <- a
-			}()
-			continue
-		}
-		nd, _ := rg.Node(string(member))
 		go func() {
-			cctx, cancel := context.WithTimeout(ctx, readTimeout)
-			defer cancel()
-			a := replicaAnswer{from: nd.ID}
-			resp, err := n.peers.get(nd.APIAddr).peer.Read(cctx, peerRequest(n, &nornv1.ReadRequest{Ids: []uint64{id64}}))
-			if err != nil {
-				a.err = err
-				answers <- a
-				return
+			a := replicaAnswer{from: string(member)}
+			as, err := n.askReplica(ctx, p, string(member), []uint64{id})
+			if err == nil {
+				a = as[0]
 			}
-			rt := resp.Msg.GetTasks()
-			if len(rt) != 1 {
-				a.err = fmt.Errorf("node %s answered %d tasks for 1", nd.ID, len(rt))
-				answers <- a
-				return
-			}
-			if len(rt[0].GetState()) > 0 {
-				a.state, a.err = crdt.Decode(rt[0].GetState())
-			}
-			if a.err == nil {
-				a.leader = rt[0].GetLeader()
-				a.record, a.err = decodeRecord(rt[0].GetClaimRecord())
-			}
+			a.err = err
 			answers <- a
 		}()
 	}
@@ -225,11 +190,7 @@ func (n *Node) read(ctx context.Context, id uint64, r int) (*taskState, error) {
 		}
 	}
 	if len(got) < r {
-		msg := fmt.Sprintf("read quorum not reached: %d of %d replicas answered (r=%d)", len(got), len(cohort), r)
-		if lastErr != nil {
-			msg += ": " + errorMessage(lastErr)
-		}
-		return nil, connect.NewError(connect.CodeUnavailable, errors.New(msg))
+		return nil, readQuorumError(fmt.Sprintf("%d of %d replicas answered (r=%d)", len(got), len(cohort), r), lastErr)
 	}
 	var merged *crdt.Task
 	var record *claims.Record
@@ -252,6 +213,152 @@ func (n *Node) read(ctx context.Context, id uint64, r int) (*taskState, error) {
 	return &taskState{p: p, task: merged, claims: record}, nil
 }
 
+// askReplica asks one cohort member of partition p for the states of ids
+// (all of p) and returns its answers in the order of ids: this node's
+// through its store (with its own claim records), another's through
+// PeerService.Read (with claim records when it leads p). A task the
+// replica does not have is an answer with a nil state.
+func (n *Node) askReplica(ctx context.Context, p uint16, member string, ids []uint64) ([]replicaAnswer, error) {
+	out := make([]replicaAnswer, len(ids))
+	if member == n.cfg.NodeID {
+		g := n.group(p)
+		leader := g != nil && g.IsLeader()
+		for i, id := range ids {
+			a := &out[i]
+			a.from, a.leader = member, leader
+			t, err := n.store.TaskState(p, id)
+			switch {
+			case err == nil:
+				a.state = t
+			case !errors.Is(err, storage.ErrNotFound):
+				return nil, err
+			}
+			if a.record, err = n.claimRecord(p, id); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+	nd, ok := n.ring.Load().Node(member)
+	if !ok {
+		return nil, fmt.Errorf("node %s is not in the ring", member)
+	}
+	cctx, cancel := context.WithTimeout(ctx, readTimeout)
+	defer cancel()
+	resp, err := n.peers.get(nd.APIAddr).peer.Read(cctx, peerRequest(n, &nornv1.ReadRequest{Ids: ids}))
+	if err != nil {
+		return nil, err
+	}
+	rt := resp.Msg.GetTasks()
+	if len(rt) != len(ids) {
+		return nil, fmt.Errorf("node %s answered %d tasks for %d", member, len(rt), len(ids))
+	}
+	for i := range ids {
+		a := &out[i]
+		a.from, a.leader = member, rt[i].GetLeader()
+		if len(rt[i].GetState()) > 0 {
+			if a.state, err = crdt.Decode(rt[i].GetState()); err != nil {
+				return nil, err
+			}
+		}
+		if a.record, err = decodeRecord(rt[i].GetClaimRecord()); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// readStates returns the CRDT states of ids, all of partition p, as a
+// majority of p's replicas have them, merged by the join, in the order of
+// ids: nil for a task no replica that answered has. It is the batched
+// read of the dependency checker: claim records are ignored, and the
+// leader's answer is not waited for. This node's replica, when it is one, is read and repaired
+// before readStates returns; the other replicas found behind are repaired
+// in the background, and those that do not answer in time are not waited
+// for. UNAVAILABLE when fewer than a majority answered.
+func (n *Node) readStates(ctx context.Context, p uint16, ids []uint64) ([]*crdt.Task, error) {
+	rg := n.ring.Load()
+	if rg == nil {
+		return nil, errNotFormed
+	}
+	quorum := rg.Replication/2 + 1
+	cohort := rg.Cohort(int(p))
+	type batch struct {
+		answers []replicaAnswer
+		err     error
+	}
+	batches := make(chan batch, len(cohort))
+	local := false
+	for _, member := range cohort {
+		if string(member) == n.cfg.NodeID {
+			local = true
+			continue
+		}
+		go func() {
+			as, err := n.askReplica(ctx, p, string(member), ids)
+			batches <- batch{as, err}
+		}()
+	}
+	if local {
+		// Here, not in a goroutine: nothing reads the store after
+		// readStates returns.
+		as, err := n.askReplica(ctx, p, n.cfg.NodeID, ids)
+		batches <- batch{as, err}
+	}
+	var got [][]replicaAnswer
+	var lastErr error
+	for range cohort {
+		if len(got) >= quorum {
+			break
+		}
+		b := <-batches
+		if b.err != nil {
+			lastErr = b.err
+			continue
+		}
+		got = append(got, b.answers)
+	}
+	if len(got) < quorum {
+		return nil, readQuorumError(fmt.Sprintf("%d of %d replicas of partition %d answered", len(got), len(cohort), p), lastErr)
+	}
+	out := make([]*crdt.Task, len(ids))
+	answers := make([]replicaAnswer, len(got))
+	var behind []*crdt.Task // this node's replica is behind on these
+	for i := range ids {
+		var merged *crdt.Task
+		for j, as := range got {
+			a := as[i]
+			answers[j] = a
+			if a.state == nil {
+				continue
+			}
+			if merged == nil {
+				merged = a.state
+			} else if m, _, err := crdt.Join(merged, a.state); err == nil {
+				merged = m
+			}
+		}
+		if merged != nil && n.repairPeers(merged, answers) {
+			behind = append(behind, merged)
+		}
+		out[i] = merged
+	}
+	if len(behind) > 0 {
+		n.repairLocal(behind)
+	}
+	return out, nil
+}
+
+// readQuorumError is the UNAVAILABLE of a read that too few replicas
+// answered: what answered, and the last error a replica gave (if any).
+func readQuorumError(answered string, lastErr error) error {
+	msg := "read quorum not reached: " + answered
+	if lastErr != nil {
+		msg += ": " + errorMessage(lastErr)
+	}
+	return connect.NewError(connect.CodeUnavailable, errors.New(msg))
+}
+
 // replicaAnswer is one replica's answer to a read.
 type replicaAnswer struct {
 	from   string // node id
@@ -265,6 +372,14 @@ type replicaAnswer struct {
 // it (read repair), in the background: this node's through its store,
 // the others' through their replica senders.
 func (n *Node) repair(merged *crdt.Task, answers []replicaAnswer) {
+	if n.repairPeers(merged, answers) {
+		go n.repairLocal([]*crdt.Task{merged})
+	}
+}
+
+// repairPeers is repair but for this node's replica: it reports whether
+// that is behind too, for the caller to repair (repairLocal).
+func (n *Node) repairPeers(merged *crdt.Task, answers []replicaAnswer) (localBehind bool) {
 	rg := n.ring.Load()
 	want := crdt.Digest(merged.Encode())
 	for _, a := range answers {
@@ -273,11 +388,7 @@ func (n *Node) repair(merged *crdt.Task, answers []replicaAnswer) {
 		}
 		n.readRepairs.Add(1)
 		if a.from == n.cfg.NodeID {
-			go func() {
-				if err := n.mergeLocal([]*crdt.Task{merged}); err != nil {
-					n.cfg.Logger.Warn("read repair failed", "id", merged.ID, "err", err)
-				}
-			}()
+			localBehind = true
 			continue
 		}
 		if nd, ok := rg.Node(a.from); ok {
@@ -287,5 +398,13 @@ func (n *Node) repair(merged *crdt.Task, answers []replicaAnswer) {
 				}
 			})
 		}
+	}
+	return localBehind
+}
+
+// repairLocal merges read states into this node's replicas.
+func (n *Node) repairLocal(merged []*crdt.Task) {
+	if err := n.mergeLocal(merged); err != nil {
+		n.cfg.Logger.Warn("read repair failed", "tasks", len(merged), "err", err)
 	}
 }

@@ -85,33 +85,6 @@ func (ts *taskState) status(nowMs int64, depsDone func([]uint64) bool) nornv1.Ta
 	return nornv1.TaskStatus_TASK_STATUS_READY
 }
 
-// depsDone reports whether every id is a COMPLETED task.
-func (n *Node) depsDone(ids []uint64) bool {
-	done, _ := n.depsState(ids)
-	return done
-}
-
-// depsState reports whether every id is a COMPLETED task, and the first
-// that ended otherwise (ABORTED or CANCELLED: it never will), or 0.
-func (n *Node) depsState(ids []uint64) (done bool, failed uint64) {
-	done = true
-	for _, id := range ids {
-		t, err := n.store.TaskState(n.partition(id), id)
-		if err != nil {
-			done = false
-			continue
-		}
-		ev, ok := t.Terminal()
-		switch {
-		case !ok:
-			done = false
-		case ev.Kind != crdt.Completed:
-			return false, id
-		}
-	}
-	return done, 0
-}
-
 func msTime(ms int64) *timestamppb.Timestamp {
 	if ms == 0 {
 		return nil

@@ -1,0 +1,283 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/ring"
+)
+
+// The cache holds at most its size, evicting the least recently used id;
+// putting an id it holds again does not grow it.
+func TestDepCacheBound(t *testing.T) {
+	c := newDepCache(3)
+	c.put(1, depCompleted)
+	c.put(2, depFailed)
+	c.put(3, depCompleted)
+	if o, ok := c.get(1); !ok || o != depCompleted { // 1 is now the most recent
+		t.Fatalf("get(1) = %v, %v", o, ok)
+	}
+	c.put(3, depCompleted)
+	c.put(4, depCompleted) // evicts 2, the least recently used
+	if c.len() != 3 {
+		t.Fatalf("len %d, want 3", c.len())
+	}
+	for _, tc := range []struct {
+		id   uint64
+		want depOutcome
+		ok   bool
+	}{{1, depCompleted, true}, {2, depUndecided, false}, {3, depCompleted, true}, {4, depCompleted, true}} {
+		if o, ok := c.get(tc.id); o != tc.want || ok != tc.ok {
+			t.Errorf("get(%d) = %v, %v; want %v, %v", tc.id, o, ok, tc.want, tc.ok)
+		}
+	}
+	for id := range uint64(1000) {
+		c.put(100+id, depFailed)
+		if c.len() > 3 {
+			t.Fatalf("len %d after %d puts, want at most 3", c.len(), id+1)
+		}
+	}
+}
+
+// The watch reads a dependency elsewhere at once, one with a replica here
+// after depRecheckHosted, then backs off to depRecheckMax; it holds at most
+// its max ids and forgets those no claim asked about for depForget.
+func TestDepWatchSchedule(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	w := depWatch{max: 3}
+	if !w.want(1, false, t0) || !w.want(2, true, t0) || w.want(1, false, t0) {
+		t.Fatal("want reports new ids wrong")
+	}
+	// Reads of id 1 (elsewhere): at once, then 250ms, 500ms, 1s, ... 5s apart.
+	var reads1, reads2 []time.Duration
+	for at := time.Duration(0); at <= 20*time.Second; at += 50 * time.Millisecond {
+		for _, id := range w.take(t0.Add(at)) {
+			if id == 1 {
+				reads1 = append(reads1, at)
+			} else {
+				reads2 = append(reads2, at)
+			}
+		}
+	}
+	ms := func(ds ...int) (out []time.Duration) {
+		for _, d := range ds {
+			out = append(out, time.Duration(d)*time.Millisecond)
+		}
+		return out
+	}
+	if want := ms(0, 250, 750, 1750, 3750, 7750, 12750, 17750); !slices.Equal(reads1, want) {
+		t.Errorf("reads of a dependency elsewhere at %v, want %v", reads1, want)
+	}
+	if want := ms(1000, 3000, 7000, 12000, 17000); !slices.Equal(reads2, want) {
+		t.Errorf("reads of a dependency with a replica here at %v, want %v", reads2, want)
+	}
+	if due, ok := w.next(); !ok || due != t0.Add(22*time.Second) {
+		t.Errorf("next due %v, %v", due, ok)
+	}
+	// Full: 3 and 4 do not both fit.
+	if !w.want(3, false, t0) || w.want(4, false, t0) || len(w.ids) != 3 {
+		t.Fatalf("watch of max 3 holds %d", len(w.ids))
+	}
+	w.settle(3)
+	// 2 is asked about again later than 1: 1 is forgotten first.
+	w.want(2, true, t0.Add(time.Minute))
+	w.take(t0.Add(depForget + time.Second))
+	if _, ok := w.ids[1]; ok || len(w.ids) != 1 {
+		t.Fatalf("after depForget the watch holds %v", w.ids)
+	}
+	w.take(t0.Add(time.Minute + depForget + time.Second))
+	if _, ok := w.next(); ok {
+		t.Fatalf("nothing asked about is still watched: %v", w.ids)
+	}
+}
+
+// TestClusterRemoteDependencies: on 4 nodes with N=3 a task's partition
+// leader may not replicate its dependency's partition, or its replica of
+// it may miss the completion. The leader learns the dependency's outcome
+// from a majority of its replicas in the background: a completed one makes
+// the dependant claimable (a waiting claim anywhere gets it), a cancelled
+// one aborts it.
+func TestClusterRemoteDependencies(t *testing.T) {
+	// Leaders that stay put (the default Raft timeout, not the tests'
+	// 300ms): each case needs the dependant's leader to be the one that
+	// checks its dependency.
+	ms := testClusterWith(t, 4, func(_ int, cfg *Config) { cfg.RaftTimeout = time.Second })
+	ctx := context.Background()
+	const P = 8
+	r := ms[0].node.ring.Load()
+	leader := func(p int) *member {
+		t.Helper()
+		var l *member
+		waitFor(t, 10*time.Second, fmt.Sprintf("a leader of partition %d", p), func() bool {
+			for _, m := range ms {
+				if g := m.node.group(uint16(p)); g != nil && g.IsLeader() {
+					l = m
+					return true
+				}
+			}
+			return false
+		})
+		return l
+	}
+	// pair returns partitions (of a dependency, of its dependant) such that
+	// the dependant's leader does (hosted) or does not replicate the
+	// dependency's partition.
+	pair := func(hosted bool) (pd, pc int, l *member) {
+		for pc := range P {
+			l := leader(pc)
+			for pd := range P {
+				if pd != pc && r.Hosts(pd, l.cfg.NodeID) == hosted {
+					return pd, pc, l
+				}
+			}
+		}
+		t.Fatalf("no partitions with hosted=%v", hosted)
+		return 0, 0, nil
+	}
+	next := uint64(1000)
+	idIn := func(p int) uint64 {
+		for ; ring.Partition(next, P) != p; next++ {
+		}
+		next++
+		return next - 1
+	}
+	enqueue := func(id uint64, queue string, deps ...uint64) {
+		t.Helper()
+		if _, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{
+			Id: id, Task: &nornv1.TaskSpec{Queue: queue, DependsOn: deps}, W: 3})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim := func(ctx context.Context, m *member, queue string, wait time.Duration) []*nornv1.ClaimedTask {
+		t.Helper()
+		resp, err := m.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: queue, Worker: "w", Max: 1,
+			Lease: durationpb.New(time.Minute), Wait: durationpb.New(wait)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.Tasks
+	}
+	status := func(m *member, id uint64) *nornv1.Task {
+		t.Helper()
+		resp, err := m.api.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.Task
+	}
+
+	t.Run("completed elsewhere", func(t *testing.T) {
+		pd, pc, l := pair(false)
+		dep, child := idIn(pd), idIn(pc)
+		enqueue(dep, "parent1")
+		enqueue(child, "child1", dep)
+		if got := claim(ctx, l, "child1", 0); len(got) != 0 {
+			t.Fatalf("dependant of a running task claimed: %v", got)
+		}
+		if s := status(l, child).Status; s != nornv1.TaskStatus_TASK_STATUS_DELAYED {
+			t.Fatalf("dependant of a running task is %v", s)
+		}
+		got := claim(ctx, ms[0], "parent1", 10*time.Second)
+		if len(got) != 1 || got[0].Task.Id != dep {
+			t.Fatalf("claimed %v, want the dependency %d", got, dep)
+		}
+		if _, err := ms[1].api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: dep, ClaimId: got[0].ClaimId, W: 3})); err != nil {
+			t.Fatal(err)
+		}
+		// A claim at a node that leads neither partition waits for it.
+		var other *member
+		for _, m := range ms {
+			if g := m.node.group(uint16(pd)); m != l && (g == nil || !g.IsLeader()) {
+				other = m
+			}
+		}
+		start := time.Now()
+		got = claim(ctx, other, "child1", 20*time.Second)
+		if len(got) != 1 || got[0].Task.Id != child {
+			t.Fatalf("claimed %v after the dependency completed, want %d", got, child)
+		}
+		t.Logf("claimable at %s after %v (%s leads the dependant's partition, %s did)", other.cfg.NodeID, time.Since(start),
+			leader(pc).cfg.NodeID, l.cfg.NodeID)
+		// The dependant's leader learned it from the others (also when
+		// its leadership moved meanwhile to a replica of the dependency).
+		cached(t, l, dep, depCompleted)
+	})
+
+	t.Run("missed by the local replica", func(t *testing.T) {
+		pd, pc, l := pair(true)
+		dep, child := idIn(pd), idIn(pc)
+		enqueue(dep, "parent2")
+		enqueue(child, "child2", dep)
+		// The completion reaches the two other replicas only.
+		done := &crdt.Task{ID: dep, Terminals: []crdt.Terminal{{At: ms[0].node.hlc.Now(), Kind: crdt.Completed}}}
+		for _, id := range r.Cohort(pd) {
+			if string(id) == l.cfg.NodeID {
+				continue
+			}
+			i := slices.IndexFunc(ms, func(m *member) bool { return m.cfg.NodeID == string(id) })
+			if err := ms[i].node.mergeLocal([]*crdt.Task{done}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		got := claim(ctx, l, "child2", 20*time.Second)
+		if len(got) != 1 || got[0].Task.Id != child {
+			t.Fatalf("claimed %v after the dependency completed, want %d", got, child)
+		}
+		t.Logf("claimable after %v", time.Since(start))
+		// The read repaired the leader's replica.
+		if ts, err := l.node.load(dep); err != nil || outcomeOf(ts.task) != depCompleted {
+			t.Fatalf("the leader's replica of the dependency: %v, %v", ts, err)
+		}
+	})
+
+	t.Run("cancelled elsewhere", func(t *testing.T) {
+		pd, pc, l := pair(false)
+		dep, child := idIn(pd), idIn(pc)
+		enqueue(dep, "parent3")
+		enqueue(child, "child3", dep)
+		if _, err := ms[2].api.Cancel(ctx, connect.NewRequest(&nornv1.CancelRequest{Id: dep, W: 3})); err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		claimed := make(chan []*nornv1.ClaimedTask, 1)
+		go func() {
+			resp, err := l.api.Claim(cctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "child3", Worker: "w", Max: 1,
+				Lease: durationpb.New(time.Minute), Wait: durationpb.New(20 * time.Second)}))
+			if err != nil {
+				claimed <- nil
+				return
+			}
+			claimed <- resp.Msg.Tasks
+		}()
+		waitFor(t, 15*time.Second, "the dependant aborted", func() bool {
+			return status(ms[3], child).Status == nornv1.TaskStatus_TASK_STATUS_ABORTED
+		})
+		cancel()
+		if got := <-claimed; len(got) != 0 {
+			t.Fatalf("dependant of a cancelled task claimed: %v", got)
+		}
+		cached(t, l, dep, depFailed)
+		got := status(l, child)
+		if len(got.Errors) != 1 || got.Errors[0].Code != "dependency_failed" || got.Errors[0].Args[0] != fmt.Sprint(dep) {
+			t.Fatalf("dependant of a cancelled task: %v", got)
+		}
+	})
+}
+
+// cached waits until m's dependency cache holds id with outcome want.
+func cached(t *testing.T, m *member, id uint64, want depOutcome) {
+	t.Helper()
+	waitFor(t, 10*time.Second, fmt.Sprintf("%s to cache dependency %d", m.cfg.NodeID, id), func() bool {
+		o, ok := m.node.deps.cache.get(id)
+		return ok && o == want
+	})
+}
