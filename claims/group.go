@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -47,6 +48,14 @@ type GroupConfig struct {
 	// RaftLogger receives hashicorp/raft's own logs; default warnings and
 	// above to standard error.
 	RaftLogger hclog.Logger
+	// OnLeaderChange, when set, is called after this replica's view of
+	// the group's leader changed: it lost its leader, learned of a new
+	// one, or became the leader itself. Calls come from one goroutine of
+	// the group, one at a time, until Shutdown; changes that happen while
+	// a call runs are reported by one more call, not one each (so a call
+	// reads IsLeader and Leader rather than count on being told each
+	// change). It must not wait for Shutdown.
+	OnLeaderChange func()
 }
 
 func (c *GroupConfig) setDefaults() {
@@ -91,6 +100,11 @@ func (c *GroupConfig) Validate() error {
 type Group struct {
 	p    uint16
 	raft *raft.Raft
+
+	observer *raft.Observer // nil without OnLeaderChange
+	stop     chan struct{}  // closed by Shutdown: the observer's goroutine ends
+	stopOnce sync.Once
+	watching sync.WaitGroup // the observer's goroutine
 }
 
 // StartGroup starts the partition's Raft group. With Bootstrap and an empty
@@ -134,7 +148,39 @@ func StartGroup(cfg GroupConfig) (*Group, error) {
 	if err != nil {
 		return nil, fmt.Errorf("claims: start partition %d: %w", cfg.Partition, err)
 	}
-	return &Group{p: cfg.Partition, raft: r}, nil
+	g := &Group{p: cfg.Partition, raft: r, stop: make(chan struct{})}
+	if cfg.OnLeaderChange != nil {
+		g.watchLeader(cfg.OnLeaderChange)
+	}
+	return g, nil
+}
+
+// watchLeader calls fn after each change of the leader this replica knows
+// (see GroupConfig.OnLeaderChange) until Shutdown.
+func (g *Group) watchLeader(fn func()) {
+	// One pending observation is enough: raft drops what does not fit,
+	// and the pending one makes fn run after the dropped change.
+	ch := make(chan raft.Observation, 1)
+	g.observer = raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	g.raft.RegisterObserver(g.observer)
+	g.watching.Go(func() {
+		for {
+			select {
+			case <-ch:
+				select {
+				case <-g.stop:
+					return
+				default:
+					fn()
+				}
+			case <-g.stop:
+				return
+			}
+		}
+	})
 }
 
 // Propose replicates cmd through the group and returns its outcomes once
@@ -173,9 +219,18 @@ func (g *Group) Stats() map[string]string { return g.raft.Stats() }
 // Raft returns the underlying group, for membership changes and tests.
 func (g *Group) Raft() *raft.Raft { return g.raft }
 
-// Shutdown stops the group. The caller closes the transport and the store
-// afterwards.
-func (g *Group) Shutdown() error { return g.raft.Shutdown().Error() }
+// Shutdown stops the group; no OnLeaderChange call runs once it returns.
+// The caller closes the transport and the store afterwards.
+func (g *Group) Shutdown() error {
+	g.stopOnce.Do(func() {
+		if g.observer != nil {
+			g.raft.DeregisterObserver(g.observer)
+		}
+		close(g.stop)
+	})
+	g.watching.Wait()
+	return g.raft.Shutdown().Error()
+}
 
 // Leader returns the id of the group's leader as this replica knows it,
 // "" when there is none (an election is under way).

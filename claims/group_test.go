@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,7 +25,7 @@ type testNode struct {
 	trans *raft.InmemTransport
 }
 
-func startTestNode(t *testing.T, dir string, snapshotThreshold uint64) *testNode {
+func startTestNode(t *testing.T, dir string, snapshotThreshold uint64, tune ...func(*GroupConfig)) *testNode {
 	t.Helper()
 	st, err := storage.Open(storage.Config{Dir: dir + "/db"})
 	if err != nil {
@@ -36,7 +37,7 @@ func startTestNode(t *testing.T, dir string, snapshotThreshold uint64) *testNode
 	}
 	_, trans := raft.NewInmemTransport("n1")
 	rs := st.RaftStore(3)
-	g, err := StartGroup(GroupConfig{
+	cfg := GroupConfig{
 		Partition: 3, LocalID: "n1", KV: st, Log: rs, Stable: rs, Snapshots: snaps, Transport: trans,
 		Bootstrap:        true,
 		HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
@@ -44,7 +45,11 @@ func startTestNode(t *testing.T, dir string, snapshotThreshold uint64) *testNode
 		SnapshotThreshold: snapshotThreshold,
 		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
 		RaftLogger:        hclog.NewNullLogger(),
-	})
+	}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	g, err := StartGroup(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,5 +245,27 @@ func TestFSMSkipsReplayedEntries(t *testing.T) {
 	}
 	if a, _ := st.ClaimFSMApplied(3); a != 5 {
 		t.Fatalf("applied = %d, want 5", a)
+	}
+}
+
+// OnLeaderChange runs when the replica elects itself, and never after
+// Shutdown returns.
+func TestGroupOnLeaderChange(t *testing.T) {
+	var calls atomic.Int32
+	n := startTestNode(t, t.TempDir(), 0, func(cfg *GroupConfig) {
+		cfg.OnLeaderChange = func() { calls.Add(1) }
+	})
+	deadline := time.Now().Add(5 * time.Second)
+	for calls.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no OnLeaderChange call after the replica elected itself")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	n.stop(t)
+	before := calls.Load()
+	time.Sleep(50 * time.Millisecond)
+	if after := calls.Load(); after != before {
+		t.Fatalf("%d OnLeaderChange calls after Shutdown", after-before)
 	}
 }

@@ -278,6 +278,10 @@ func (n *Node) startGroups(r *cluster.Ring) error {
 			HeartbeatTimeout: n.cfg.RaftTimeout, ElectionTimeout: n.cfg.RaftTimeout,
 			LeaderLeaseTimeout: n.cfg.RaftTimeout / 2,
 			Logger:             n.cfg.Logger, RaftLogger: rl.Named(fmt.Sprintf("p%d", p)),
+			// The partition's ready tasks become claimable when it gets a
+			// leader (here or elsewhere) after having none: waiting claims
+			// look again (a change that finds nothing costs one look).
+			OnLeaderChange: n.waiters.notifyAll,
 		})
 		if err != nil {
 			return fail(err)

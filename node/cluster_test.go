@@ -309,42 +309,13 @@ func TestClusterLongPollWakesAcrossNodes(t *testing.T) {
 		})
 		return leader, other
 	}
-	// waitingClaim starts a claim with a long wait at m, returns once it
-	// waits, and delivers what it got.
 	const longWait = 30 * time.Second
 	waitingClaim := func(m *member, queue string) <-chan []*nornv1.ClaimedTask {
-		got := make(chan []*nornv1.ClaimedTask, 1)
-		go func() {
-			resp, err := m.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{
-				Queue: queue, Worker: "waiter", Max: 1, Lease: durationpb.New(time.Minute), Wait: durationpb.New(longWait)}))
-			if err != nil {
-				t.Error(err)
-				got <- nil
-				return
-			}
-			got <- resp.Msg.Tasks
-		}()
-		waitFor(t, 10*time.Second, "the claim to wait", func() bool {
-			m.node.waiters.mu.Lock()
-			defer m.node.waiters.mu.Unlock()
-			_, waiting := m.node.waiters.chans[queue]
-			return waiting
-		})
-		return got
+		return startWaitingClaim(t, m, queue, longWait)
 	}
-	// woken checks the waiting claim got id well before its wait ran out
-	// (a claim that is never woken gets it only at the end, by its last
-	// look).
 	woken := func(got <-chan []*nornv1.ClaimedTask, id uint64) {
 		t.Helper()
-		select {
-		case c := <-got:
-			if len(c) != 1 || c[0].Task.Id != id {
-				t.Fatalf("the waiting claim got %v, want task %d", c, id)
-			}
-		case <-time.After(longWait / 2):
-			t.Fatal("the waiting claim was not woken")
-		}
+		wantWoken(t, got, id, longWait)
 	}
 
 	id := enqueue(&nornv1.TaskSpec{Queue: "yielded"})
@@ -373,6 +344,78 @@ func TestClusterLongPollWakesAcrossNodes(t *testing.T) {
 	later := enqueue(&nornv1.TaskSpec{Queue: "delayed", NotBefore: timestamppb.New(time.Now().Add(3 * time.Second))})
 	_, other = roles(later)
 	woken(waitingClaim(other, "delayed"), later)
+}
+
+// startWaitingClaim starts a claim of one task of queue at m that waits
+// up to wait, returns once the claim waits (or answered), and delivers
+// what it got (nil after an error, which fails t).
+func startWaitingClaim(t *testing.T, m *member, queue string, wait time.Duration) <-chan []*nornv1.ClaimedTask {
+	t.Helper()
+	got := make(chan []*nornv1.ClaimedTask, 1)
+	go func() {
+		resp, err := m.api.Claim(context.Background(), connect.NewRequest(&nornv1.ClaimRequest{
+			Queue: queue, Worker: "waiter", Max: 1, Lease: durationpb.New(time.Minute), Wait: durationpb.New(wait)}))
+		if err != nil {
+			t.Error(err)
+			got <- nil
+			return
+		}
+		got <- resp.Msg.Tasks
+	}()
+	waitFor(t, 10*time.Second, "the claim to wait", func() bool {
+		m.node.waiters.mu.Lock()
+		defer m.node.waiters.mu.Unlock()
+		_, waiting := m.node.waiters.chans[queue]
+		return waiting || len(got) > 0
+	})
+	return got
+}
+
+// wantWoken checks that a claim started with startWaitingClaim and wait
+// got task id well before its wait ran out (a claim that is never woken
+// gets it only at the end, by its last look).
+func wantWoken(t *testing.T, got <-chan []*nornv1.ClaimedTask, id uint64, wait time.Duration) {
+	t.Helper()
+	select {
+	case c := <-got:
+		if len(c) != 1 || c[0].Task.Id != id {
+			t.Fatalf("the waiting claim got %v, want task %d", c, id)
+		}
+	case <-time.After(wait / 2):
+		t.Fatal("the waiting claim was not woken")
+	}
+}
+
+// A claim long-polling while the task's partition has no leader (its
+// leader just stopped) wakes when the survivors elect a new one, not when
+// its wait runs out.
+func TestClusterLongPollWakesOnNewLeader(t *testing.T) {
+	ms := testCluster(t, 3)
+	resp, err := ms[0].api.Enqueue(context.Background(), connect.NewRequest(&nornv1.EnqueueRequest{
+		Task: &nornv1.TaskSpec{Queue: "orphaned"}, W: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.Id
+	p := ms[0].node.partition(id)
+	var leader *member
+	var survivors []*member
+	for _, m := range ms {
+		if m.node.group(p).IsLeader() {
+			leader = m
+		} else {
+			survivors = append(survivors, m)
+		}
+	}
+	if leader == nil {
+		t.Fatalf("partition %d has no leader", p)
+	}
+	leader.stop()
+	// The survivors elect a leader a Raft timeout (300 ms) or more after
+	// the last heartbeat: the claim looks first while there is none.
+	const wait = 20 * time.Second
+	got := startWaitingClaim(t, survivors[0], "orphaned", wait)
+	wantWoken(t, got, id, wait)
 }
 
 // Claims go through each partition's leader whichever node is asked;
@@ -511,10 +554,13 @@ func TestClusterLeaderFailover(t *testing.T) {
 		}
 		ids = append(ids, resp.Msg.Id)
 	}
+	// A partition can lose its new leader again (a survivor that stalls
+	// past the leader lease steps down): long-poll until a deadline.
 	claimed := 0
-	for round := 0; claimed < len(ids) && round < 20; round++ {
+	deadline := time.Now().Add(10 * time.Second)
+	for round := 0; claimed < len(ids) && time.Now().Before(deadline); round++ {
 		resp, err := survivors[round%2].api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{
-			Queue: "f", Worker: "w", Max: 10}))
+			Queue: "f", Worker: "w", Max: 10, Wait: durationpb.New(time.Second)}))
 		if err != nil {
 			t.Fatal(err)
 		}
