@@ -388,9 +388,9 @@ func wantWoken(t *testing.T, got <-chan []*nornv1.ClaimedTask, id uint64, wait t
 
 // A claim long-polling while the task's partition has no leader (its
 // leader just stopped) wakes when the survivors elect a new one, not when
-// its wait runs out.
+// its wait runs out (the safety-net recheck is off).
 func TestClusterLongPollWakesOnNewLeader(t *testing.T) {
-	ms := testCluster(t, 3)
+	ms := testClusterWith(t, 3, func(_ int, cfg *Config) { cfg.ClaimRecheck = time.Hour })
 	resp, err := ms[0].api.Enqueue(context.Background(), connect.NewRequest(&nornv1.EnqueueRequest{
 		Task: &nornv1.TaskSpec{Queue: "orphaned"}, W: 3}))
 	if err != nil {
@@ -400,16 +400,17 @@ func TestClusterLongPollWakesOnNewLeader(t *testing.T) {
 	p := ms[0].node.partition(id)
 	var leader *member
 	var survivors []*member
-	for _, m := range ms {
-		if m.node.group(p).IsLeader() {
-			leader = m
-		} else {
-			survivors = append(survivors, m)
+	waitFor(t, 10*time.Second, "a leader", func() bool {
+		leader, survivors = nil, nil
+		for _, m := range ms {
+			if m.node.group(p).IsLeader() {
+				leader = m
+			} else {
+				survivors = append(survivors, m)
+			}
 		}
-	}
-	if leader == nil {
-		t.Fatalf("partition %d has no leader", p)
-	}
+		return leader != nil
+	})
 	leader.stop()
 	// The survivors elect a leader a Raft timeout (300 ms) or more after
 	// the last heartbeat: the claim looks first while there is none.
