@@ -1,6 +1,7 @@
 package claims
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,12 @@ import (
 // ErrNotLeader is returned by Propose on a replica that does not lead the
 // partition's group.
 var ErrNotLeader = errors.New("claims: not the partition's leader")
+
+// ErrOutcomeUnknown is wrapped, with ErrNotLeader, in Propose's error for
+// a claim whose leader was deposed before the claim committed and that
+// could not learn in time whether the next leader committed it: then its
+// tasks may be claimed by no one until the lease ends.
+var ErrOutcomeUnknown = errors.New("claims: whether the claim took effect is unknown")
 
 // GroupConfig configures one partition's Raft group.
 type GroupConfig struct {
@@ -100,6 +107,8 @@ func (c *GroupConfig) Validate() error {
 type Group struct {
 	p    uint16
 	raft *raft.Raft
+	fsm  *fsm
+	logs raft.LogStore
 
 	observer *raft.Observer // nil without OnLeaderChange
 	stop     chan struct{}  // closed by Shutdown: the observer's goroutine ends
@@ -148,7 +157,7 @@ func StartGroup(cfg GroupConfig) (*Group, error) {
 	if err != nil {
 		return nil, fmt.Errorf("claims: start partition %d: %w", cfg.Partition, err)
 	}
-	g := &Group{p: cfg.Partition, raft: r, stop: make(chan struct{})}
+	g := &Group{p: cfg.Partition, raft: r, fsm: f, logs: cfg.Log, stop: make(chan struct{})}
 	if cfg.OnLeaderChange != nil {
 		g.watchLeader(cfg.OnLeaderChange)
 	}
@@ -184,12 +193,37 @@ func (g *Group) watchLeader(fn func()) {
 }
 
 // Propose replicates cmd through the group and returns its outcomes once
-// the entry is committed and applied. It fails with ErrNotLeader on a
-// follower (or a leader deposed before the entry committed: then the
-// command may or may not have taken effect).
+// the entry is committed and applied, waiting at most timeout. It fails
+// with ErrNotLeader on a follower, and on a leader deposed before the
+// entry committed: then the entry is in its log and perhaps in others',
+// and the next leader may still commit it.
+//
+// For OpClaim Propose then waits, within timeout, for this replica to
+// learn the entry's fate from the next leader, and returns its outcomes
+// when it took effect: a claim the FSM granted must reach the caller, or
+// its tasks stay claimed by no one until the lease ends. It fails with
+// ErrNotLeader when the claim did not take effect, and also with
+// ErrOutcomeUnknown when its fate is still unknown at the timeout. (Other
+// commands are safe to repeat, or the next leader's monitor does them
+// again.)
 func (g *Group) Propose(cmd *Command, timeout time.Duration) ([]Outcome, error) {
-	fut := g.raft.Apply(cmd.Encode(), timeout)
-	if err := fut.Error(); err != nil {
+	deadline := time.Now().Add(timeout)
+	term := g.raft.CurrentTerm()
+	data := cmd.Encode()
+	fut := g.raft.Apply(data, timeout)
+	err := fut.Error()
+	if errors.Is(err, raft.ErrLeadershipLost) && cmd.Op == OpClaim {
+		fate := g.fate(fut.Index(), term, data, time.Until(deadline))
+		switch {
+		case fate.applied:
+			return fate.res.Outcomes, fate.res.Err
+		case fate.known:
+			return nil, fmt.Errorf("%w (partition %d): %v; the claim did not take effect", ErrNotLeader, g.p, err)
+		default:
+			return nil, fmt.Errorf("%w (partition %d): %v; %w", ErrNotLeader, g.p, err, ErrOutcomeUnknown)
+		}
+	}
+	if err != nil {
 		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
 			return nil, fmt.Errorf("%w (partition %d): %v", ErrNotLeader, g.p, err)
 		}
@@ -201,6 +235,58 @@ func (g *Group) Propose(cmd *Command, timeout time.Duration) ([]Outcome, error) 
 	}
 	return res.Outcomes, res.Err
 }
+
+// fate waits up to wait for what becomes of the entry this replica
+// appended at idx as the leader of term, with data, before it lost the
+// leadership. The entry is the one of idx and term in this replica's log
+// when its data is data (a term has one leader); else it cannot be told
+// apart and its fate is unknown. Once idx is committed (Raft's applied
+// index reaches it) the entry there is final: when it is another one,
+// ours did not take effect; when it is ours, the FSM reports its result.
+func (g *Group) fate(idx, term uint64, data []byte, wait time.Duration) entryFate {
+	ours := func() (bool, error) {
+		var l raft.Log
+		if err := g.logs.GetLog(idx, &l); err != nil {
+			return false, err
+		}
+		return l.Term == term && l.Type == raft.LogCommand && bytes.Equal(l.Data, data), nil
+	}
+	if idx == 0 || wait <= 0 {
+		return entryFate{}
+	}
+	if ok, err := ours(); err != nil || !ok {
+		return entryFate{}
+	}
+	ch, ok := g.fsm.watch(idx, term)
+	if !ok {
+		return entryFate{} // applied already: too late to learn its result
+	}
+	defer g.fsm.unwatch(idx, ch)
+	timeout := time.NewTimer(wait)
+	defer timeout.Stop()
+	poll := time.NewTicker(fatePoll)
+	defer poll.Stop()
+	for {
+		select {
+		case f := <-ch:
+			return f
+		case <-poll.C:
+			if g.raft.AppliedIndex() >= idx {
+				if ok, err := ours(); err == nil && !ok {
+					return entryFate{known: true}
+				}
+			}
+		case <-timeout.C:
+			return entryFate{}
+		case <-g.stop:
+			return entryFate{}
+		}
+	}
+}
+
+// fatePoll is how often fate looks whether the entry's index is
+// committed.
+const fatePoll = 10 * time.Millisecond
 
 // IsLeader reports whether this replica leads the group now.
 func (g *Group) IsLeader() bool { return g.raft.State() == raft.Leader }

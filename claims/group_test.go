@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,7 +26,8 @@ type testNode struct {
 	trans *raft.InmemTransport
 }
 
-func startTestNode(t *testing.T, dir string, snapshotThreshold uint64, tune ...func(*GroupConfig)) *testNode {
+// openStores opens a node's store and snapshot store in dir.
+func openStores(t *testing.T, dir string) (*storage.Store, raft.SnapshotStore) {
 	t.Helper()
 	st, err := storage.Open(storage.Config{Dir: dir + "/db"})
 	if err != nil {
@@ -35,6 +37,12 @@ func startTestNode(t *testing.T, dir string, snapshotThreshold uint64, tune ...f
 	if err != nil {
 		t.Fatal(err)
 	}
+	return st, snaps
+}
+
+func startTestNode(t *testing.T, dir string, snapshotThreshold uint64, tune ...func(*GroupConfig)) *testNode {
+	t.Helper()
+	st, snaps := openStores(t, dir)
 	_, trans := raft.NewInmemTransport("n1")
 	rs := st.RaftStore(3)
 	cfg := GroupConfig{
@@ -267,5 +275,217 @@ func TestGroupOnLeaderChange(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if after := calls.Load(); after != before {
 		t.Fatalf("%d OnLeaderChange calls after Shutdown", after-before)
+	}
+}
+
+// flakyTransport is an in-memory transport whose outgoing calls can fail:
+// with lose set, AppendEntries reaches the peer but its answer is lost
+// (the peers store the entries, this leader hears nothing back); with cut
+// set, AppendEntries and votes do not leave at all.
+type flakyTransport struct {
+	*raft.InmemTransport
+	lose, cut atomic.Bool
+}
+
+var errLost = errors.New("flakyTransport: lost")
+
+// AppendEntriesPipeline makes Raft replicate with AppendEntries.
+func (t *flakyTransport) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
+	return nil, raft.ErrPipelineReplicationNotSupported
+}
+
+func (t *flakyTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	if t.cut.Load() {
+		return errLost
+	}
+	err := t.InmemTransport.AppendEntries(id, target, args, resp)
+	if t.lose.Load() {
+		return errLost
+	}
+	return err
+}
+
+func (t *flakyTransport) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
+	if t.cut.Load() {
+		return errLost
+	}
+	return t.InmemTransport.RequestVote(id, target, args, resp)
+}
+
+func (t *flakyTransport) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
+	if t.cut.Load() {
+		return errLost
+	}
+	return t.InmemTransport.RequestPreVote(id, target, args, resp)
+}
+
+// startCohort starts partition 3's group on three nodes over flaky
+// transports.
+func startCohort(t *testing.T) ([]*testNode, []*flakyTransport) {
+	t.Helper()
+	ids := []raft.ServerID{"n1", "n2", "n3"}
+	var servers []raft.Server
+	trans := make([]*flakyTransport, len(ids))
+	for i, id := range ids {
+		_, tr := raft.NewInmemTransport(raft.ServerAddress(id))
+		trans[i] = &flakyTransport{InmemTransport: tr}
+		servers = append(servers, raft.Server{ID: id, Address: raft.ServerAddress(id)})
+	}
+	for i := range trans {
+		for j := range trans {
+			if i != j {
+				trans[i].Connect(raft.ServerAddress(ids[j]), trans[j].InmemTransport)
+			}
+		}
+	}
+	ns := make([]*testNode, len(ids))
+	for i, id := range ids {
+		dir := t.TempDir()
+		st, snaps := openStores(t, dir)
+		rs := st.RaftStore(3)
+		g, err := StartGroup(GroupConfig{
+			Partition: 3, LocalID: id, KV: st, Log: rs, Stable: rs, Snapshots: snaps, Transport: trans[i],
+			Bootstrap: i == 0, Servers: servers,
+			HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+			LeaderLeaseTimeout: 150 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
+			Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+			RaftLogger: hclog.NewNullLogger(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns[i] = &testNode{dir: dir, store: st, group: g, trans: trans[i].InmemTransport}
+		t.Cleanup(func() { ns[i].stop(t) })
+	}
+	return ns, trans
+}
+
+// settledLeader waits for a leader whose configuration every replica
+// applied (so that the others can elect the next one) and returns it.
+func settledLeader(t *testing.T, ns []*testNode) int {
+	t.Helper()
+	for {
+		leader := -1
+		waitUntil(t, "a leader", func() bool {
+			for i, n := range ns {
+				if n.group.IsLeader() && n.group.Barrier(time.Second) == nil {
+					leader = i
+					return true
+				}
+			}
+			return false
+		})
+		idx := ns[leader].group.Raft().AppliedIndex()
+		waitUntil(t, "the replicas to apply the leader's log", func() bool {
+			for _, n := range ns {
+				if n.group.Raft().AppliedIndex() < idx {
+					return false
+				}
+			}
+			return true
+		})
+		if ns[leader].group.IsLeader() {
+			return leader
+		}
+	}
+}
+
+// proposeCut sets mode on the leader's transport and proposes a claim of
+// task 7 there until the proposal reaches the leader's log (a loaded
+// machine can depose the leader first); with heal, it clears mode once
+// the leader stepped down. It returns the former leader and Propose's
+// error.
+func proposeCut(t *testing.T, ns []*testNode, trans []*flakyTransport, mode func(*flakyTransport) *atomic.Bool, heal bool) (int, error) {
+	t.Helper()
+	for {
+		l := settledLeader(t, ns)
+		mode(trans[l]).Store(true)
+		done := proposeAsync(ns[l], claimCmd(time.Now().UnixMilli(), 60_000, 7))
+		if heal {
+			waitUntil(t, "the leader to step down", func() bool { return !ns[l].group.IsLeader() })
+			mode(trans[l]).Store(false)
+		}
+		err := <-done
+		if err == nil || !strings.Contains(err.Error(), raft.ErrNotLeader.Error()) { // not deposed meanwhile
+			return l, err
+		}
+		mode(trans[l]).Store(false)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// proposeAsync proposes cmd at n and delivers the answer.
+func proposeAsync(n *testNode, cmd Command) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		outs, err := n.group.Propose(&cmd, 10*time.Second)
+		if err == nil && (len(outs) != 1 || outs[0].Err != nil) {
+			err = fmt.Errorf("outcomes %+v", outs)
+		}
+		done <- err
+	}()
+	return done
+}
+
+// claimedOn returns the live claim of task id in n's FSM, nil when none.
+func claimedOn(t *testing.T, n *testNode, id uint64) *Claim {
+	t.Helper()
+	b, err := n.store.ClaimFSMRecord(3, id)
+	if errors.Is(err, storage.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := DecodeRecord(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := r.Live()
+	return c
+}
+
+// A leader deposed before it hears its followers' acks does not know
+// whether its claim took effect; the followers have the entry and the
+// next leader commits it. Propose learns that and returns the claim:
+// before, it failed with ErrNotLeader while the FSM had granted the claim,
+// and the task stayed claimed by no one until the lease ran out.
+func TestProposeAfterLeadershipLossReturnsCommittedOutcome(t *testing.T) {
+	ns, trans := startCohort(t)
+	l, err := proposeCut(t, ns, trans, func(t *flakyTransport) *atomic.Bool { return &t.lose }, true)
+	if err != nil {
+		granted := func() bool { return claimedOn(t, ns[(l+1)%3], 7) != nil }
+		time.Sleep(2 * time.Second)
+		t.Fatalf("propose: %v (and the claim was granted: %v)", err, granted())
+	}
+	for _, n := range ns {
+		waitUntil(t, "the claim on every replica", func() bool { return claimedOn(t, n, 7) != nil })
+	}
+}
+
+// An entry that reached no follower is overwritten by the next leader:
+// Propose at the deposed leader fails with ErrNotLeader as soon as its
+// replica learns that (the next leader's first entry takes the index, and
+// is no command), not with ErrOutcomeUnknown at its timeout.
+func TestProposeAfterLeadershipLossReportsLostEntry(t *testing.T) {
+	ns, trans := startCohort(t)
+	_, err := proposeCut(t, ns, trans, func(t *flakyTransport) *atomic.Bool { return &t.cut }, false)
+	if !errors.Is(err, ErrNotLeader) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("propose: %v, want ErrNotLeader (the claim did not take effect)", err)
+	}
+	for _, n := range ns {
+		if c := claimedOn(t, n, 7); c != nil {
+			t.Fatalf("claim %+v granted", c)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 
 	"github.com/hashicorp/raft"
 
@@ -52,6 +53,94 @@ type fsm struct {
 	// only this FSM writes it, from Raft's single FSM goroutine.
 	applied      uint64
 	appliedKnown bool
+
+	// watches are the entries whose fate a Propose waits for, by index
+	// (see watch); passed is the highest index this FSM has applied,
+	// skipped or restored since it started.
+	watchMu sync.Mutex
+	watches map[uint64]entryWatch
+	passed  uint64
+}
+
+// entryWatch waits for the entry of one index and term.
+type entryWatch struct {
+	term uint64
+	ch   chan entryFate // buffered: the FSM never waits for the watcher
+}
+
+// entryFate is what became of a watched entry: applied, with its result;
+// or known not to be (another entry took its index); or unknown (the FSM
+// passed the index without applying it, by a snapshot or a replay).
+type entryFate struct {
+	applied bool
+	res     *Result
+	known   bool
+}
+
+// watch returns a channel that gets the fate of the entry of index idx
+// and term once the FSM reaches idx; false when it has already.
+func (f *fsm) watch(idx, term uint64) (<-chan entryFate, bool) {
+	f.watchMu.Lock()
+	defer f.watchMu.Unlock()
+	if idx <= f.passed {
+		return nil, false
+	}
+	if f.watches == nil {
+		f.watches = map[uint64]entryWatch{}
+	}
+	w := entryWatch{term: term, ch: make(chan entryFate, 1)}
+	f.watches[idx] = w
+	return w.ch, true
+}
+
+// unwatch drops the watch of idx that returned ch, if still there.
+func (f *fsm) unwatch(idx uint64, ch <-chan entryFate) {
+	f.watchMu.Lock()
+	defer f.watchMu.Unlock()
+	if w, ok := f.watches[idx]; ok && (<-chan entryFate)(w.ch) == ch {
+		delete(f.watches, idx)
+	}
+}
+
+// settle tells the watches of the entries of a batch ApplyBatch is done
+// with what became of them: an entry of the watched term is the watched
+// entry (one index and term, one entry), applied when it has a result.
+// (Raft hands the FSM commands only: Group.fate learns from the log that
+// a watched index holds another kind of entry.)
+func (f *fsm) settle(logs []*raft.Log, out []any) {
+	f.watchMu.Lock()
+	defer f.watchMu.Unlock()
+	for i, l := range logs {
+		f.passed = max(f.passed, l.Index)
+		w, ok := f.watches[l.Index]
+		if !ok {
+			continue
+		}
+		delete(f.watches, l.Index)
+		res, _ := out[i].(*Result)
+		switch {
+		case l.Term != w.term:
+			w.ch <- entryFate{known: true}
+		case res != nil:
+			w.ch <- entryFate{applied: true, res: res, known: true}
+		default:
+			w.ch <- entryFate{} // a replay: applied before, outcome unknown
+		}
+	}
+}
+
+// passTo tells the watches of indexes up to idx, which a snapshot
+// covered, that their entries' fate is unknown.
+func (f *fsm) passTo(idx uint64) {
+	f.watchMu.Lock()
+	defer f.watchMu.Unlock()
+	f.passed = max(f.passed, idx)
+	for i, w := range f.watches {
+		if i <= idx {
+			delete(f.watches, i)
+			w.ch <- entryFate{}
+		}
+	}
 }
 
 var _ raft.BatchingFSM = (*fsm)(nil)
@@ -61,8 +150,14 @@ func (f *fsm) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
 
 // ApplyBatch applies entries in order and commits their effects in one
 // batch. Entries already applied (index <= the stored applied index) get a
-// nil response.
+// nil response. Then it settles the watches of the entries.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
+	out := f.applyBatch(logs)
+	f.settle(logs, out)
+	return out
+}
+
+func (f *fsm) applyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
 	applied, err := f.appliedIndex()
 	if err != nil {
@@ -250,5 +345,6 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	f.applied, f.appliedKnown = applied, true
+	f.passTo(applied)
 	return nil
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -87,7 +88,7 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	wokeUp := false
 	for {
 		woken := n.waiters.wait(m.GetQueue()) // before trying: no lost wake-up
-		got, err := n.tryClaim(m.GetQueue(), m.GetWorker(), lease, limit)
+		got, err := n.tryClaim(m.GetQueue(), m.GetWorker(), lease, limit, claimProposeTimeout(ctx))
 		if err == nil && len(got) < limit && !proxied && len(r.Nodes) > 1 {
 			more, perr := n.proxyClaim(ctx, m, limit-len(got))
 			got = append(got, more...)
@@ -184,17 +185,27 @@ func (n *Node) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, limit int
 	return out, nil
 }
 
+// claimProposeTimeout bounds a claim's proposals: proposeTimeout, or less
+// to answer before the request's deadline (a deposed leader waits for its
+// claim's fate, see claims.Group.Propose).
+func claimProposeTimeout(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return max(min(proposeTimeout, time.Until(dl)-100*time.Millisecond), time.Millisecond)
+	}
+	return proposeTimeout
+}
+
 // claimRounds bounds how often tryClaim picks again when candidates were
 // taken by concurrent claims meanwhile.
 const claimRounds = 3
 
 // tryClaim claims up to limit ready tasks of queue: the best heads (priority,
 // then age) across the partitions this node leads, one Raft entry per
-// partition, proposed concurrently.
-func (n *Node) tryClaim(queue, worker string, lease time.Duration, limit int) ([]*nornv1.ClaimedTask, error) {
+// partition, proposed concurrently, each within timeout.
+func (n *Node) tryClaim(queue, worker string, lease time.Duration, limit int, timeout time.Duration) ([]*nornv1.ClaimedTask, error) {
 	var out []*nornv1.ClaimedTask
 	for round := 0; round < claimRounds && len(out) < limit; round++ {
-		got, contended, err := n.claimRound(queue, worker, lease, limit-len(out))
+		got, contended, err := n.claimRound(queue, worker, lease, limit-len(out), timeout)
 		if err != nil && len(out) == 0 && len(got) == 0 {
 			return nil, err
 		}
@@ -212,8 +223,9 @@ func (n *Node) tryClaim(queue, worker string, lease time.Duration, limit int) ([
 // claimRound picks up to limit candidates and proposes them. contended
 // reports that some candidates were skipped because a concurrent claim on
 // this node was proposing them, or were refused by the FSM, so another
-// round may find more.
-func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) (out []*nornv1.ClaimedTask, contended bool, err error) {
+// round may find more. A partition whose leadership this node lost while
+// proposing gives nothing, as one it does not lead.
+func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int, timeout time.Duration) (out []*nornv1.ClaimedTask, contended bool, err error) {
 	var leading []uint16
 	for p, g := range n.groupList() {
 		if g != nil && g.IsLeader() {
@@ -259,12 +271,19 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int) 
 	for p, cands := range byPart {
 		cmd := &claims.Command{Op: claims.OpClaim, NowMs: now, Worker: worker, LeaseMs: lease.Milliseconds(), Candidates: cands}
 		go func() {
-			outs, err := n.group(p).Propose(cmd, proposeTimeout)
+			outs, err := n.group(p).Propose(cmd, timeout)
+			if errors.Is(err, claims.ErrOutcomeUnknown) {
+				n.cfg.Logger.Warn("a claim's leader was deposed and its fate is unknown: its tasks may stay claimed until the lease ends",
+					"partition", p, "tasks", len(cands), "err", err)
+			}
 			results <- result{outs, err}
 		}()
 	}
 	for range byPart {
 		r := <-results
+		if errors.Is(r.err, claims.ErrNotLeader) {
+			continue // the partition has no leader here now
+		}
 		if r.err != nil {
 			err = apiError(r.err) // the rest stays ready
 			continue
