@@ -15,7 +15,6 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/claims"
-	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
 )
 
@@ -82,9 +81,9 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	// leader does (a follower applies a yield, or promotes a delayed
 	// task, before the leader): a wake-up that finds nothing looks again
 	// a monitor interval later, by which time the leader normally has
-	// too, and then at doubling intervals, settleLooks times at most.
+	// too, and then at doubling intervals up to maxSettle intervals.
 	var settle <-chan time.Time
-	settleIn, looks := n.cfg.MonitorInterval, 0
+	var settleIn time.Duration // the delay of the pending look
 	wokeUp := false
 	for {
 		woken := n.waiters.wait(m.GetQueue()) // before trying: no lost wake-up
@@ -100,7 +99,8 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 			return connect.NewResponse(&nornv1.ClaimResponse{Tasks: got}), err
 		}
 		if wokeUp && len(r.Nodes) > 1 {
-			settle, settleIn, looks = time.After(n.cfg.MonitorInterval), n.cfg.MonitorInterval, 0
+			settleIn = n.cfg.MonitorInterval
+			settle = time.After(settleIn)
 		}
 		wokeUp = false
 		select {
@@ -108,7 +108,7 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 			wokeUp = true
 		case <-settle:
 			settle = nil
-			if looks++; looks < settleLooks {
+			if settleIn < maxSettle*n.cfg.MonitorInterval {
 				settleIn *= 2
 				settle = time.After(settleIn)
 			}
@@ -123,19 +123,9 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	}
 }
 
-// settleLooks bounds the looks after one wake-up that found nothing (see
+// maxSettle bounds the looks after one wake-up that found nothing (see
 // Claim): at one, two, four and eight monitor intervals.
-const settleLooks = 4
-
-// replicatesAll reports whether this node replicates every partition.
-func (n *Node) replicatesAll(r *cluster.Ring) bool {
-	for p := range r.Partitions {
-		if !r.Hosts(p, n.cfg.NodeID) {
-			return false
-		}
-	}
-	return true
-}
+const maxSettle = 8
 
 // leadsAny reports whether this node leads some partition.
 func (n *Node) leadsAny() bool {

@@ -90,13 +90,9 @@ func startMember(t *testing.T, cfg Config) *member {
 		ln.Close()
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: n.Handler(), Protocols: new(http.Protocols)}
-	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: n.Handler(), Protocols: serverProtocols()}
 	go srv.Serve(ln)
-	proto := new(http.Protocols)
-	proto.SetUnencryptedHTTP2(true)
-	hc := &http.Client{Transport: &http.Transport{Protocols: proto}}
+	hc := h2cClient()
 	m := &member{t: t, cfg: cfg, node: n, srv: srv, ln: ln,
 		api:  nornv1connect.NewTaskServiceClient(hc, "http://"+cfg.APIAddr, connect.WithGRPC()),
 		peer: nornv1connect.NewPeerServiceClient(hc, "http://"+cfg.APIAddr, connect.WithGRPC()),
@@ -115,6 +111,24 @@ func (m *member) stop() {
 		m.t.Logf("close %s: %v", m.cfg.NodeID, err)
 	}
 	m.node = nil
+}
+
+// partitionRoles waits until one of ms leads partition p and returns it
+// and the others.
+func partitionRoles(t *testing.T, ms []*member, p uint16) (leader *member, others []*member) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "a leader", func() bool {
+		leader, others = nil, nil
+		for _, m := range ms {
+			if m.node.group(p).IsLeader() {
+				leader = m
+			} else {
+				others = append(others, m)
+			}
+		}
+		return leader != nil
+	})
+	return leader, others
 }
 
 // nodeIDAt returns the id of the member serving the API at addr, "" if
@@ -304,19 +318,8 @@ func TestClusterLongPollWakesAcrossNodes(t *testing.T) {
 	}
 	// roles returns the member leading id's partition and one that does not.
 	roles := func(id uint64) (leader, other *member) {
-		p := ms[0].node.partition(id)
-		waitFor(t, 10*time.Second, "a leader", func() bool {
-			leader, other = nil, nil
-			for _, m := range ms {
-				if m.node.group(p).IsLeader() {
-					leader = m
-				} else {
-					other = m
-				}
-			}
-			return leader != nil
-		})
-		return leader, other
+		leader, others := partitionRoles(t, ms, ms[0].node.partition(id))
+		return leader, others[len(others)-1]
 	}
 	const longWait = 30 * time.Second
 	waitingClaim := func(m *member, queue string) <-chan []*nornv1.ClaimedTask {
@@ -407,19 +410,7 @@ func TestClusterLongPollWakesOnNewLeader(t *testing.T) {
 	}
 	id := resp.Msg.Id
 	p := ms[0].node.partition(id)
-	var leader *member
-	var survivors []*member
-	waitFor(t, 10*time.Second, "a leader", func() bool {
-		leader, survivors = nil, nil
-		for _, m := range ms {
-			if m.node.group(p).IsLeader() {
-				leader = m
-			} else {
-				survivors = append(survivors, m)
-			}
-		}
-		return leader != nil
-	})
+	leader, survivors := partitionRoles(t, ms, p)
 	leader.stop()
 	// The survivors elect a leader a Raft timeout (300 ms) or more after
 	// the last heartbeat: the claim looks first while there is none.

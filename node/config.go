@@ -161,6 +161,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("node: machine id %d must be below %d", c.MachineID, 1<<16/idGenerators)
 	case c.Retention < 0:
 		return errors.New("node: retention must not be negative")
+	case c.MonitorInterval < 0 || c.ClaimRecheck < 0 || c.MaxWait < 0:
+		return errors.New("node: monitor interval, claim recheck and max wait must not be negative")
 	case c.SkewBuffer < 0 || c.LeaseGrace < 0:
 		return errors.New("node: skew buffer and lease grace must not be negative")
 	case c.DefaultLease <= 0 || c.MaxLease < c.DefaultLease:

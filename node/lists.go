@@ -483,10 +483,16 @@ func (n *Node) hostedPartition(field string, p uint32) (*claims.Group, error) {
 	}
 	g := n.group(uint16(p))
 	if g == nil {
-		return nil, connect.NewError(connect.CodeFailedPrecondition,
-			fmt.Errorf("%s: partition %d is not replicated on %s", field, p, n.cfg.NodeID))
+		return nil, n.notReplicated(field, uint16(p))
 	}
 	return g, nil
+}
+
+// notReplicated is the FAILED_PRECONDITION a peer gets for asking about
+// partition p (through field) of a node that does not replicate it.
+func (n *Node) notReplicated(field string, p uint16) error {
+	return connect.NewError(connect.CodeFailedPrecondition,
+		fmt.Errorf("%s: partition %d is not replicated on %s", field, p, n.cfg.NodeID))
 }
 
 func (s peerService) ListPartition(_ context.Context, req *connect.Request[nornv1.ListPartitionRequest]) (*connect.Response[nornv1.ListPartitionResponse], error) {

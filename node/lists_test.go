@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/ring"
 )
 
@@ -316,4 +317,14 @@ func TestClusterListsAcrossNodes(t *testing.T) {
 			t.Fatalf("count with the other replicas down: %v (want UNAVAILABLE naming one of %v)", err, missing)
 		}
 	})
+}
+
+// replicatesAll reports whether this node replicates every partition.
+func (n *Node) replicatesAll(r *cluster.Ring) bool {
+	for p := range r.Partitions {
+		if !r.Hosts(p, n.cfg.NodeID) {
+			return false
+		}
+	}
+	return true
 }

@@ -82,21 +82,32 @@ func newHarness(t testing.TB, dir string, clock *fakeClock) *harness {
 		t.Fatal(err)
 	}
 	srv := httptest.NewUnstartedServer(n.Handler())
-	srv.Config.Protocols = new(http.Protocols) // as nornd serves: HTTP/1.1 and h2c
-	srv.Config.Protocols.SetHTTP1(true)
-	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = serverProtocols()
 	srv.Start()
 	h := &harness{t: t, dir: dir, clock: clock, node: n, srv: srv}
-	// HTTP/2 with prior knowledge (h2c), as the client library speaks it.
-	proto := new(http.Protocols)
-	proto.SetUnencryptedHTTP2(true)
-	hc := &http.Client{Transport: &http.Transport{Protocols: proto}}
+	hc := h2cClient()
 	h.hc = hc
 	h.api = nornv1connect.NewTaskServiceClient(hc, srv.URL, connect.WithGRPC())
 	h.admin = nornv1connect.NewAdminServiceClient(hc, srv.URL)
 	n.monitorOnce() // the leaderships' first pass: extend live claims
 	t.Cleanup(h.close)
 	return h
+}
+
+// serverProtocols are what nornd serves: HTTP/1.1 and h2c.
+func serverProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
+}
+
+// h2cClient speaks HTTP/2 with prior knowledge (h2c), as the client
+// library does.
+func h2cClient() *http.Client {
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: p}}
 }
 
 func (h *harness) close() {

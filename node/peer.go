@@ -170,8 +170,7 @@ func (s peerService) Replicate(_ context.Context, req *connect.Request[nornv1.Re
 			return nil, invalid(fmt.Sprintf("tasks[%d]", i), "%v", err)
 		}
 		if p := n.partition(t.ID); n.group(p) == nil {
-			return nil, connect.NewError(connect.CodeFailedPrecondition,
-				fmt.Errorf("tasks[%d]: partition %d of task %d is not replicated on %s", i, p, t.ID, n.cfg.NodeID))
+			return nil, n.notReplicated(fmt.Sprintf("tasks[%d]", i), p)
 		}
 		tasks[i] = t
 	}
@@ -201,8 +200,7 @@ func (s peerService) Read(_ context.Context, req *connect.Request[nornv1.ReadReq
 		p := n.partition(id)
 		g := n.group(p)
 		if g == nil {
-			return nil, connect.NewError(connect.CodeFailedPrecondition,
-				fmt.Errorf("ids[%d]: partition %d of task %d is not replicated on %s", i, p, id, n.cfg.NodeID))
+			return nil, n.notReplicated(fmt.Sprintf("ids[%d]", i), p)
 		}
 		rt := &nornv1.ReplicaTask{Leader: g.IsLeader()}
 		t, err := n.store.TaskState(p, id)
