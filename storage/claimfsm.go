@@ -290,7 +290,7 @@ func (s *Store) PromoteDelayed(p uint16, limit int) (int, error) {
 			if ti.m.state != IndexDelayed || ti.task.Spec.NotBeforeMs > now {
 				continue // claimed or promoted meanwhile
 			}
-			ch, err := moveIndex(b, p, id, ti.m, ti.task.Spec, meta{state: IndexReady}, ti.task.Spec)
+			ch, err := s.moveIndex(b, p, id, ti.m, ti.task.Spec, meta{state: IndexReady}, ti.task.Spec)
 			if err != nil {
 				return nil, err
 			}
@@ -405,7 +405,7 @@ func (s *Store) moveClaims(b *pebble.Batch, p uint16, moves []IndexMove) ([]read
 		if ti.metaFound && next == ti.m {
 			continue
 		}
-		ch, err := moveIndex(b, p, id, ti.m, spec, next, spec)
+		ch, err := s.moveIndex(b, p, id, ti.m, spec, next, spec)
 		if err != nil {
 			return nil, err
 		}

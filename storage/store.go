@@ -63,6 +63,8 @@ type Store struct {
 
 	stripes [lockStripes]sync.Mutex
 
+	horizons idHorizons // ids above which no task or meta is stored
+
 	headsMu      sync.Mutex
 	heads        map[queueKey]*readyHead
 	headCacheLen int // keys per queue head cache; tests lower it
@@ -281,15 +283,27 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 	var batch *pebble.Batch
 	var changes []readyChange
 	byKey := make(map[key]MergeResult, len(order))
-	for _, k := range order {
+	// Which tasks are new here, decided for all before any horizon rises.
+	unseen := make([]bool, len(order))
+	for i, k := range order {
+		var err error
+		if unseen[i], err = s.horizons.above(s.db, k.p, k.id); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	for i, k := range order {
 		in := merged[k]
 		res := MergeResult{ID: k.id, SpecConflict: conflicts[k]}
-		old, err := s.getTask(k.p, k.id)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			old = nil
-		case err != nil:
-			return nil, nil, nil, err
+		var old *StoredTask
+		var err error
+		if !unseen[i] {
+			old, err = s.getTask(k.p, k.id)
+			switch {
+			case errors.Is(err, ErrNotFound):
+				old = nil
+			case err != nil:
+				return nil, nil, nil, err
+			}
 		}
 		out := in
 		if old != nil {
@@ -325,14 +339,16 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		if old != nil {
 			oldMeta = meta{state: old.Index, expiryMs: old.ExpiryMs}
 			oldSpec = old.Task.Spec
-		} else if oldMeta, _, err = s.getMeta(k.p, k.id); err != nil {
-			return nil, nil, nil, err
+		} else if !unseen[i] {
+			if oldMeta, _, err = s.getMeta(k.p, k.id); err != nil {
+				return nil, nil, nil, err
+			}
 		}
 		if err := moveTerminalKey(batch, k.p, k.id, old, out); err != nil {
 			return nil, nil, nil, err
 		}
 		newMeta := placeAfterMerge(oldMeta, oldSpec, out, now)
-		ins, err := moveIndex(batch, k.p, k.id, oldMeta, oldSpec, newMeta, out.Spec)
+		ins, err := s.moveIndex(batch, k.p, k.id, oldMeta, oldSpec, newMeta, out.Spec)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -478,8 +494,14 @@ type readyChange struct {
 
 // moveIndex writes into b the new meta value and the index changes from
 // (old, oldSpec) to (new, newSpec). It returns the ready-index changes.
-func moveIndex(b *pebble.Batch, p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec) ([]readyChange, error) {
+func (s *Store) moveIndex(b *pebble.Batch, p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec) ([]readyChange, error) {
 	oldKey, newKey := indexKey(p, id, old, oldSpec), indexKey(p, id, new, newSpec)
+	// Every write of a task (prepareMerge) or a meta comes here: raise the
+	// horizon before the batch is applied. A meta can be written for a
+	// task not stored here (a claim recorded first).
+	if err := s.horizons.note(s.db, p, id); err != nil {
+		return nil, err
+	}
 	if err := b.Set(metaKey(p, id), new.encode(), nil); err != nil {
 		return nil, err
 	}

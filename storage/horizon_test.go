@@ -1,0 +1,59 @@
+package storage
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// TestMergeAboveHorizon checks the reads a merge skips for ids above the
+// partition's horizon never hide stored state: a claim recorded before its
+// task arrived, and tasks stored before a restart (the horizon is then
+// loaded from disk).
+func TestMergeAboveHorizon(t *testing.T) {
+	fs := vfs.NewMem()
+	s, _ := openTestStore(t, fs, "db")
+	mustMerge(t, s, 0, newTask(1, "q", 0)) // loads the horizon
+	// A claim of an id no replica state has reached yet, then its task.
+	if err := s.MarkClaimed(0, []ClaimMark{{100, t0 + 50}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustMerge(t, s, 0, newTask(100, "q", 0))[0]; r.Existed {
+		t.Fatalf("merge after a claim only: %+v, want a new task", r)
+	}
+	if st, _ := s.GetTask(0, 100); st.Index != IndexClaimed || st.ExpiryMs != t0+50 {
+		t.Fatalf("task claimed before it arrived: %+v, want claimed until %d", st, t0+50)
+	}
+	mustMerge(t, s, 0, newTask(5, "q", 0), newTask(10, "q", 0))
+	checkIndexes(t, s, 0)
+	if err := s.MarkClaimed(0, []ClaimMark{{200, t0 + 60}}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s.db = nil
+
+	s, _ = openTestStore(t, fs, "db")
+	// The first merge after the restart is of the highest stored id (a
+	// meta without state); then of a task stored before the restart.
+	mustMerge(t, s, 0, newTask(200, "q", 0))
+	if st, _ := s.GetTask(0, 200); st.Index != IndexClaimed || st.ExpiryMs != t0+60 {
+		t.Fatalf("after restart, task claimed before it arrived: %+v", st)
+	}
+	if r := mustMerge(t, s, 0, cancelOf(10, t0+5))[0]; !r.Existed {
+		t.Fatalf("cancel of a task stored before the restart: %+v, want joined", r)
+	}
+	st, _ := s.GetTask(0, 10)
+	if _, terminal := st.Task.Terminal(); !terminal || st.Task.Spec == nil || st.Index != IndexNone {
+		t.Fatalf("joined task %+v, want its spec and the cancel, in no index", st)
+	}
+	// Ids above and below the horizon in one batch, highest first.
+	res := mustMerge(t, s, 0, newTask(300, "q", 0), newTask(5, "q", 0), newTask(250, "q", 0))
+	if res[0].Existed || !res[1].Existed || res[2].Existed {
+		t.Fatalf("mixed batch: %+v, want only id 5 existing", res)
+	}
+	if got := headIDs(t, s, 0, "q", 10); !slices.Equal(got, []uint64{1, 5, 250, 300}) {
+		t.Fatalf("ready = %v, want [1 5 250 300]", got)
+	}
+	checkIndexes(t, s, 0)
+}
