@@ -119,7 +119,7 @@ func (c *Client) statusOf(ctx context.Context, ep *endpoint) (*nornv1.StatusResp
 	}
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	resp, err := ep.admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{}))
+	resp, err := ep.admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{SkipCounts: true}))
 	if err != nil {
 		return nil, err
 	}

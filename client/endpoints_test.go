@@ -8,10 +8,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/client"
@@ -224,6 +226,15 @@ func TestDiscoveryLearnsNodes(t *testing.T) {
 		node("e", closedAddr(t), "left"),
 		node("f", "0.0.0.0:7400", "alive"), // not dialable from here
 	)
+	// Discovery needs only the nodes: it must not make every node count
+	// its tasks.
+	var counted atomic.Int32
+	a.setInject(func(m string, req proto.Message) error {
+		if r, ok := req.(*nornv1.StatusRequest); ok && !r.SkipCounts {
+			counted.Add(1)
+		}
+		return nil
+	})
 	c := newClient(t, a.addr)
 	if got := c.Endpoints(); !slices.Equal(got, []string{"http://" + addrs[0]}) {
 		t.Fatalf("Endpoints before the first call = %v", got)
@@ -238,6 +249,9 @@ func TestDiscoveryLearnsNodes(t *testing.T) {
 	want = append(want, min("http://"+addrs[1], "http://"+addrs[2]), max("http://"+addrs[1], "http://"+addrs[2]))
 	if got := c.Endpoints(); !slices.Equal(got, want) {
 		t.Fatalf("Endpoints = %v, want %v", got, want)
+	}
+	if n := counted.Load(); n != 0 {
+		t.Fatalf("discovery asked for task counts %d times", n)
 	}
 }
 

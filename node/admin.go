@@ -18,7 +18,7 @@ type adminService struct{ n *Node }
 
 var _ nornv1connect.AdminServiceHandler = adminService{}
 
-func (a adminService) Status(context.Context, *connect.Request[nornv1.StatusRequest]) (*connect.Response[nornv1.StatusResponse], error) {
+func (a adminService) Status(_ context.Context, req *connect.Request[nornv1.StatusRequest]) (*connect.Response[nornv1.StatusResponse], error) {
 	n := a.n
 	resp := &nornv1.StatusResponse{
 		NodeId:  n.cfg.NodeID,
@@ -43,11 +43,13 @@ func (a adminService) Status(context.Context, *connect.Request[nornv1.StatusRequ
 		for _, id := range r.Cohort(p) {
 			ps.Cohort = append(ps.Cohort, string(id))
 		}
-		counts, err := n.countPartition(uint16(p), "")
-		if err != nil {
-			return nil, apiError(err)
+		if !req.Msg.GetSkipCounts() {
+			counts, err := n.countPartition(uint16(p), "")
+			if err != nil {
+				return nil, apiError(err)
+			}
+			ps.Counts = counts
 		}
-		ps.Counts = counts
 		resp.Partitions = append(resp.Partitions, ps)
 	}
 	return connect.NewResponse(resp), nil

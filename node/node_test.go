@@ -785,6 +785,15 @@ func TestCountListStatus(t *testing.T) {
 	if total != 26 {
 		t.Fatalf("status counts %d tasks, want 26", total)
 	}
+	st, err = h.admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{SkipCounts: true}))
+	if err != nil || len(st.Msg.Partitions) != 8 {
+		t.Fatalf("status without counts: %v, %v", st.Msg, err)
+	}
+	for _, p := range st.Msg.Partitions {
+		if len(p.Counts) != 0 {
+			t.Fatalf("status with skip_counts counted partition %d: %v", p.Id, p.Counts)
+		}
+	}
 }
 
 // TestCompleteBatch: one CompleteBatch completes many tasks; each

@@ -24,9 +24,13 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// StatusRequest is the request of AdminService.Status. It has no fields.
+// StatusRequest is the request of AdminService.Status.
 type StatusRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Leave out each partition's task counts. Counting reads every task the
+	// node stores, so a caller that needs only the nodes and the ring (the
+	// client library's discovery) sets it.
+	SkipCounts    bool `protobuf:"varint,1,opt,name=skip_counts,json=skipCounts,proto3" json:"skip_counts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -59,6 +63,13 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
 	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *StatusRequest) GetSkipCounts() bool {
+	if x != nil {
+		return x.SkipCounts
+	}
+	return false
 }
 
 // StatusResponse is the response of AdminService.Status.
@@ -176,7 +187,8 @@ type PartitionStatus struct {
 	RaftState string `protobuf:"bytes,6,opt,name=raft_state,json=raftState,proto3" json:"raft_state,omitempty"`
 	// Number of tasks in this replica of the partition per status, keyed
 	// like CountTasksResponse.by_status ("READY", "DELAYED", ...). A status
-	// with no task may be missing. Values are JSON strings.
+	// with no task may be missing. Values are JSON strings. Empty when the
+	// request set skip_counts.
 	Counts        map[string]uint64 `protobuf:"bytes,7,rep,name=counts,proto3" json:"counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -344,8 +356,10 @@ var File_norn_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1bnorn/v1/admin_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\"\x0f\n" +
-	"\rStatusRequest\"\xfa\x01\n" +
+	"\x1bnorn/v1/admin_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\"0\n" +
+	"\rStatusRequest\x12\x1f\n" +
+	"\vskip_counts\x18\x01 \x01(\bR\n" +
+	"skipCounts\"\xfa\x01\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x121\n" +
