@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -81,7 +82,7 @@ func (s *Store) ApplyClaimFSM(p uint16, u ClaimFSMUpdate, sync bool) error {
 		var err error
 		if r.Value == nil {
 			err = b.Delete(fsmRecordKey(p, r.ID), nil)
-		} else {
+		} else if err = s.recordHorizons.note(s.db, p, r.ID); err == nil {
 			err = b.Set(fsmRecordKey(p, r.ID), r.Value, nil)
 		}
 		if err != nil {
@@ -124,8 +125,13 @@ func (s *Store) ClaimFSMApplied(p uint16) (uint64, error) {
 }
 
 // ClaimFSMRecord returns the FSM record of id in partition p, or
-// ErrNotFound. The caller owns the returned slice.
+// ErrNotFound. The caller owns the returned slice. A read concurrent with
+// the FSM's commit of id's record may see it or not.
 func (s *Store) ClaimFSMRecord(p uint16, id uint64) ([]byte, error) {
+	// Most first claims are of ids above every recorded one: no read.
+	if above, err := s.recordHorizons.above(s.db, p, id); err != nil || above {
+		return nil, cmp.Or(err, ErrNotFound)
+	}
 	return s.get(fsmRecordKey(p, id))
 }
 
@@ -224,6 +230,9 @@ func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, l
 		return err
 	}
 	for _, r := range records {
+		if err := s.recordHorizons.note(s.db, p, r.ID); err != nil {
+			return err
+		}
 		if err := b.Set(fsmRecordKey(p, r.ID), r.Value, nil); err != nil {
 			return err
 		}

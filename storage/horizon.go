@@ -7,26 +7,45 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 )
 
-// idHorizons tracks, per partition, an upper bound of the ids whose task or
-// meta key may be stored: every such key is at or below its partition's
-// horizon. A merge of an id above the horizon is of a task this replica
-// has never seen, so it skips the two point reads (state and meta) that a
-// read-modify-write would otherwise do; that is the common case for
-// enqueues, whose sonyflake ids grow with time.
+// idHorizons tracks, per partition, an upper bound of the ids that have a
+// key of one kind stored: task state or meta (Store.horizons), or a claim
+// FSM record (Store.recordHorizons). Every such key is at or below its
+// partition's horizon, so a read of an id above it can answer "not stored"
+// without a point read. That is the common case: sonyflake ids grow with
+// time, so enqueues merge tasks no replica has seen (saving two reads per
+// replica), and first claims read records that do not exist yet.
 //
 // The horizon only grows. Deletes leave it where it is, which costs a read
 // but never correctness. It is loaded lazily, once per partition, from the
-// last task and meta keys on disk.
+// last keys on disk.
 //
-// Correctness rests on two rules: every write of a task or meta key raises
-// the horizon (note, in Store.moveIndex, which every such write goes
-// through) before its batch becomes visible, while the writer
-// holds the id's lock; and a merge tests the horizon (above) under the same
-// lock. A later writer of the same id therefore sees the horizon at or above
-// it.
+// Correctness rests on two rules: every write of a tracked key raises the
+// horizon (note) before its batch becomes visible; and the writer that
+// tests the horizon (above) before a read-modify-write holds what orders
+// it after earlier writers of the id: the id's lock for task state and
+// meta (every such write goes through Store.moveIndex, which notes), the
+// partition's FSM apply order for records. A reader without either sees
+// a state the id had at some point during its call.
 type idHorizons struct {
+	// spans returns the key ranges [lo, hi) of partition p whose keys end
+	// in the ids tracked (each range in id order).
+	spans func(p uint16) [][2][]byte
+
 	mu  sync.Mutex
 	max map[uint16]uint64 // absent: not loaded yet
+}
+
+// stateSpans are the task state and meta keys of p.
+func stateSpans(p uint16) [][2][]byte {
+	tlo, thi := tagSpan(p, tagTask)
+	mlo, mhi := tagSpan(p, tagMeta)
+	return [][2][]byte{{tlo, thi}, {mlo, mhi}}
+}
+
+// recordSpans are the claim FSM's record keys of p.
+func recordSpans(p uint16) [][2][]byte {
+	prefix := append(partitionPrefix(p, tagClaimFSM), fsmRecord)
+	return [][2][]byte{{prefix, prefixEnd(prefix)}}
 }
 
 // above reports whether id is above partition p's horizon, that is, whether
@@ -58,8 +77,8 @@ func (h *idHorizons) loadLocked(db *pebble.DB, p uint16) (uint64, error) {
 		return m, nil
 	}
 	var m uint64
-	for _, tag := range []byte{tagTask, tagMeta} {
-		last, found, err := lastID(db, p, tag)
+	for _, span := range h.spans(p) {
+		last, found, err := lastID(db, span[0], span[1])
 		if err != nil {
 			return 0, err
 		}
@@ -74,10 +93,8 @@ func (h *idHorizons) loadLocked(db *pebble.DB, p uint16) (uint64, error) {
 	return m, nil
 }
 
-// lastID returns the largest id stored under one id-keyed tag of partition
-// p.
-func lastID(db *pebble.DB, p uint16, tag byte) (uint64, bool, error) {
-	lo, hi := tagSpan(p, tag)
+// lastID returns the id at the end of the last key in [lo, hi).
+func lastID(db *pebble.DB, lo, hi []byte) (uint64, bool, error) {
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return 0, false, err

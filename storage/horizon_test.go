@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"errors"
 	"slices"
 	"testing"
 
@@ -56,4 +57,53 @@ func TestMergeAboveHorizon(t *testing.T) {
 		t.Fatalf("ready = %v, want [1 5 250 300]", got)
 	}
 	checkIndexes(t, s, 0)
+}
+
+// TestClaimFSMRecordAboveHorizon checks claim FSM records stay readable
+// whatever the record horizon says: written after it was loaded, below it,
+// and after a restart.
+func TestClaimFSMRecordAboveHorizon(t *testing.T) {
+	fs := vfs.NewMem()
+	s, _ := openTestStore(t, fs, "db")
+	if _, err := s.ClaimFSMRecord(0, 1); !errors.Is(err, ErrNotFound) { // loads the horizon
+		t.Fatalf("record of an unclaimed task: %v", err)
+	}
+	apply := func(index uint64, recs ...FSMRecord) {
+		t.Helper()
+		if err := s.ApplyClaimFSM(0, ClaimFSMUpdate{AppliedIndex: index, Records: recs}, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := func(id uint64, v string) {
+		t.Helper()
+		got, err := s.ClaimFSMRecord(0, id)
+		if v == "" {
+			if !errors.Is(err, ErrNotFound) {
+				t.Fatalf("record %d: %q, %v; want none", id, got, err)
+			}
+			return
+		}
+		if err != nil || string(got) != v {
+			t.Fatalf("record %d: %q, %v; want %q", id, got, err, v)
+		}
+	}
+	apply(1, FSMRecord{ID: 50, Value: []byte("a")})
+	want(50, "a")
+	apply(2, FSMRecord{ID: 20, Value: []byte("b")}, FSMRecord{ID: 50, Value: nil})
+	want(20, "b")
+	want(50, "")
+	want(60, "")
+	s.Close()
+	s.db = nil
+
+	s, _ = openTestStore(t, fs, "db")
+	want(20, "b")
+	apply(3, FSMRecord{ID: 70, Value: []byte("c")})
+	want(70, "c")
+	// A snapshot restore writes records too.
+	if err := s.RestoreClaimFSM(0, 9, []FSMRecord{{ID: 90, Value: []byte("d")}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	want(90, "d")
+	want(20, "")
 }

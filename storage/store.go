@@ -63,7 +63,8 @@ type Store struct {
 
 	stripes [lockStripes]sync.Mutex
 
-	horizons idHorizons // ids above which no task or meta is stored
+	horizons       idHorizons // ids above which no task or meta is stored
+	recordHorizons idHorizons // ids above which no claim FSM record is stored
 
 	headsMu      sync.Mutex
 	heads        map[queueKey]*readyHead
@@ -113,7 +114,8 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("storage: open %s: %w", cfg.Dir, err)
 	}
-	return &Store{db: db, clock: cfg.Clock, onReady: cfg.OnReady, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen}, nil
+	return &Store{db: db, clock: cfg.Clock, onReady: cfg.OnReady, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen,
+		horizons: idHorizons{spans: stateSpans}, recordHorizons: idHorizons{spans: recordSpans}}, nil
 }
 
 // Close closes the database. Calls after Close fail or panic as Pebble does;
