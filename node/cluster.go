@@ -287,8 +287,14 @@ func (n *Node) startGroups(r *cluster.Ring) error {
 			return fail(err)
 		}
 		ps.groups[p] = g
+		// The partition's Merkle tree, built from the segment index, then
+		// kept current by every write.
+		if err := n.ae.Add(uint16(p)); err != nil {
+			return fail(fmt.Errorf("node: tree of partition %d: %w", p, err))
+		}
 	}
 	n.parts.Store(ps)
+	n.kickAntiEntropy()
 	return nil
 }
 
@@ -306,6 +312,7 @@ func (n *Node) stopGroups(ps *partitions) error {
 		}
 		if ps.groups[p] != nil {
 			errs = append(errs, ps.groups[p].Shutdown())
+			n.ae.Remove(uint16(p))
 		}
 	}
 	return errors.Join(errs...)

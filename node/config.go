@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"fmt"
+	"github.com/norn-dev/norn/antientropy"
 	"log/slog"
 	"time"
 
@@ -51,6 +52,25 @@ type Config struct {
 	// MonitorInterval is how often the monitor looks for expired claims and
 	// due delayed tasks. Default 250 ms.
 	MonitorInterval time.Duration
+	// AntiEntropyInterval is how often the node compares the partitions it
+	// shares with each other node (their Merkle tree roots), when the last
+	// round found them equal; a fifth of it after a round that found
+	// differences. Jittered by 20%. Default 10 s.
+	AntiEntropyInterval time.Duration
+	// AntiEntropySettle is how long an exchange waits before comparing the
+	// entries of differing segments a second time; only tasks that differ
+	// both times are transferred (writes in flight are not differences).
+	// Default 500 ms.
+	AntiEntropySettle time.Duration
+	// AntiEntropyTimeout bounds one exchange with one peer. Default 30 s.
+	AntiEntropyTimeout time.Duration
+	// AntiEntropyRate bounds the bytes per second anti-entropy sends and
+	// asks for, over all peers. Default 16 MiB/s.
+	AntiEntropyRate int
+	// TreeLeafBits sizes every partition's Merkle tree: 2^TreeLeafBits
+	// leaves (4 to 16). Every node of a cluster must use the same.
+	// Default 14 (137 KiB per partition replica).
+	TreeLeafBits int
 	// Limits bounds request fields. Default crdt.DefaultLimits.
 	Limits crdt.Limits
 	// MaxRequestBytes bounds a request body. Default 4 MiB.
@@ -121,6 +141,15 @@ func (c *Config) setDefaults() {
 	def(&c.ClaimRecheck, 2*time.Second)
 	def(&c.Retention, 7*24*time.Hour)
 	def(&c.MonitorInterval, 250*time.Millisecond)
+	def(&c.AntiEntropyInterval, 10*time.Second)
+	def(&c.AntiEntropySettle, 500*time.Millisecond)
+	def(&c.AntiEntropyTimeout, 30*time.Second)
+	if c.AntiEntropyRate == 0 {
+		c.AntiEntropyRate = 16 << 20
+	}
+	if c.TreeLeafBits == 0 {
+		c.TreeLeafBits = antientropy.DefaultLeafBits
+	}
 	def(&c.RaftTimeout, time.Second)
 	def(&c.WriteTimeout, 5*time.Second)
 	if c.RaftAddr == "" {
@@ -163,6 +192,10 @@ func (c *Config) Validate() error {
 		return errors.New("node: retention must not be negative")
 	case c.MonitorInterval < 0 || c.ClaimRecheck < 0 || c.MaxWait < 0:
 		return errors.New("node: monitor interval, claim recheck and max wait must not be negative")
+	case c.AntiEntropyInterval < 0 || c.AntiEntropySettle < 0 || c.AntiEntropyTimeout < 0 || c.AntiEntropyRate < 0:
+		return errors.New("node: anti-entropy interval, settle, timeout and rate must not be negative")
+	case c.TreeLeafBits < antientropy.MinLeafBits || c.TreeLeafBits > antientropy.MaxLeafBits:
+		return fmt.Errorf("node: tree leaf bits %d: want %d to %d", c.TreeLeafBits, antientropy.MinLeafBits, antientropy.MaxLeafBits)
 	case c.SkewBuffer < 0 || c.LeaseGrace < 0:
 		return errors.New("node: skew buffer and lease grace must not be negative")
 	case c.DefaultLease <= 0 || c.MaxLease < c.DefaultLease:

@@ -49,6 +49,9 @@ func (n *Node) monitorOnce() {
 		}
 		if !g.IsLeader() {
 			extended[p] = false
+			// Every replica deletes its terminal tasks past retention, so
+			// that replicas agree (anti-entropy compares what is kept).
+			n.deleteExpiredTasks(uint16(p))
 			continue
 		}
 		if !extended[p] {
@@ -136,26 +139,10 @@ func (n *Node) expireClaims(p uint16) {
 }
 
 // deleteExpiredTasks deletes the partition's terminal tasks whose terminal
-// event is older than the retention: first the claim FSM's records,
-// through Raft, then the task states.
+// event is older than the retention (expireBefore: on the leader the claim
+// FSM forgets their records first).
 func (n *Node) deleteExpiredTasks(p uint16) {
-	horizon := n.cfg.Clock.Now().Add(-n.cfg.Retention).UnixMilli()
-	due, err := n.store.TerminalBefore(p, horizon, monitorBatch)
-	if err != nil || len(due) == 0 {
-		if err != nil {
-			n.cfg.Logger.Warn("scanning for expired tasks failed", "partition", p, "err", err)
-		}
-		return
-	}
-	cmd := &claims.Command{Op: claims.OpForget, NowMs: n.cfg.Clock.Now().UnixMilli()}
-	for _, d := range due {
-		cmd.IDs = append(cmd.IDs, d.ID)
-	}
-	if _, err := n.group(p).Propose(cmd, proposeTimeout); err != nil {
-		n.cfg.Logger.Warn("forgetting expired tasks failed", "partition", p, "err", err)
-		return
-	}
-	if err := n.store.DeleteTasks(p, cmd.IDs); err != nil {
+	if err := n.expireBefore(p, n.retentionHorizon()); err != nil {
 		n.cfg.Logger.Warn("deleting expired tasks failed", "partition", p, "err", err)
 	}
 }

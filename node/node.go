@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"fmt"
+	"github.com/norn-dev/norn/antientropy"
 	"os"
 	"path/filepath"
 	"sync"
@@ -52,6 +53,10 @@ type Node struct {
 	inflight inflightSet // tasks being claimed now
 	ender    *ender      // coalesced claim ends of finished tasks
 	deps     *depChecker // dependencies of blocked tasks (deps.go)
+
+	ae      *antientropy.Replica // Merkle trees and exchanges (antientropy.go)
+	aeStats aeStats
+	aeKick  chan struct{}
 
 	specConflicts atomic.Uint64 // merges that met two specs for one id
 	draining      chan struct{} // closed by StopWaiting
@@ -121,15 +126,22 @@ func New(cfg Config) (*Node, error) {
 	n.deps = newDepChecker(n)
 	n.reconcileKick = make(chan struct{}, 1)
 	n.peers.n = n
+	n.aeKick = make(chan struct{}, 1)
+	if n.ae, err = n.newAntiEntropy(); err != nil {
+		store.Close()
+		lock.release()
+		return nil, err
+	}
 	if err := n.startCluster(); err != nil {
 		n.stopCluster()
 		store.Close()
 		lock.release()
 		return nil, err
 	}
-	n.stopped.Add(4)
+	n.stopped.Add(5)
 	go n.reconcile()
 	go n.monitor()
+	go n.antiEntropyLoop()
 	go func() {
 		defer n.stopped.Done()
 		n.ender.run(n.stop)

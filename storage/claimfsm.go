@@ -261,7 +261,7 @@ func (s *Store) MarkClaimed(p uint16, marks []ClaimMark) error {
 		moves[i] = IndexMove{ID: m.ID, Claimed: true, ExpiryMs: m.ExpiryMs}
 		ids[i] = m.ID
 	}
-	return s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) { return s.moveClaims(b, p, moves) })
+	return s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) { return s.moveClaims(b, p, moves) }, nil)
 }
 
 // ReleaseClaims ends claims in partition p's claimed index: each task goes
@@ -272,7 +272,7 @@ func (s *Store) ReleaseClaims(p uint16, ids []uint64) error {
 	for i, id := range ids {
 		moves[i] = IndexMove{ID: id}
 	}
-	return s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) { return s.moveClaims(b, p, moves) })
+	return s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) { return s.moveClaims(b, p, moves) }, nil)
 }
 
 // PromoteDelayed moves up to limit delayed tasks of partition p whose
@@ -307,13 +307,15 @@ func (s *Store) PromoteDelayed(p uint16, limit int) (int, error) {
 			moved++
 		}
 		return changes, nil
-	})
+	}, nil)
 	return moved, err
 }
 
 // commitMoves locks ids, lets fill write index moves into a batch, commits
-// it synced, and updates the head caches.
-func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *pebble.Batch) ([]readyChange, error)) error {
+// it synced, and updates the head caches. fill may record digest changes
+// (deletions) in *digests, reported to the sinks after the commit; nil
+// digests for fills that change no digest.
+func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *pebble.Batch) ([]readyChange, error), digests *[]digestChange) error {
 	unlock := s.lockIDs(ids)
 	defer unlock()
 	b := s.db.NewBatch()
@@ -328,6 +330,9 @@ func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *pebble.Batch) (
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("storage: commit: %w", err)
 	}
+	if digests != nil {
+		s.notifyDigests(*digests)
+	}
 	unlock()
 	s.noteReadyChanges(changes)
 	return nil
@@ -337,6 +342,7 @@ func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *pebble.Batch) (
 // when not stored here) and meta.
 type taskIndex struct {
 	task      *crdt.Task
+	digest    uint64 // of task, when stored
 	m         meta
 	metaFound bool
 }
@@ -344,7 +350,7 @@ type taskIndex struct {
 func (s *Store) loadIndex(p uint16, id uint64) (taskIndex, error) {
 	st, err := s.getTask(p, id)
 	if err == nil {
-		return taskIndex{task: st.Task, m: meta{state: st.Index, expiryMs: st.ExpiryMs}, metaFound: true}, nil
+		return taskIndex{task: st.Task, digest: st.Digest, m: meta{state: st.Index, expiryMs: st.ExpiryMs}, metaFound: true}, nil
 	}
 	if !errors.Is(err, ErrNotFound) {
 		return taskIndex{}, err

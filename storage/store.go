@@ -64,6 +64,8 @@ type Store struct {
 	stripes [lockStripes]sync.Mutex
 
 	horizons       idHorizons // ids above which no task or meta is stored
+	digests        digestSinks
+	deleteHorizon  deleteHorizon
 	recordHorizons idHorizons // ids above which no claim FSM record is stored
 
 	headsMu      sync.Mutex
@@ -230,7 +232,7 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 	}
 	unlock := s.lockIDs(ids)
 
-	results, batch, changes, err := s.prepareMerge(items)
+	results, batch, changes, digests, err := s.prepareMerge(items)
 	if err != nil {
 		unlock()
 		return nil, err
@@ -249,6 +251,9 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 	// batch instead of waiting out its fsync. Pebble makes a batch visible
 	// before its WAL sync either way.
 	err = s.db.ApplyNoSyncWait(batch, pebble.Sync)
+	if err == nil {
+		s.notifyDigests(digests)
+	}
 	unlock()
 	if err == nil {
 		s.noteReadyChanges(changes)
@@ -263,7 +268,7 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 
 // prepareMerge reads the stored states, joins, and builds the batch. It
 // returns a nil batch when no state changed. The caller holds the stripes.
-func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, []readyChange, error) {
+func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, []readyChange, []digestChange, error) {
 	type key struct {
 		p  uint16
 		id uint64
@@ -282,7 +287,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		}
 		j, conflict, err := crdt.Join(prev, it.Task)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		merged[k] = j
 		conflicts[k] = conflicts[k] || conflict
@@ -291,13 +296,14 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 	now := s.clock.Now().UnixMilli()
 	var batch *pebble.Batch
 	var changes []readyChange
+	var digests []digestChange
 	byKey := make(map[key]MergeResult, len(order))
 	// Which tasks are new here, decided for all before any horizon rises.
 	unseen := make([]bool, len(order))
 	for i, k := range order {
 		var err error
 		if unseen[i], err = s.horizons.above(s.db, k.p, k.id); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 	}
 	for i, k := range order {
@@ -311,7 +317,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 			case errors.Is(err, ErrNotFound):
 				old = nil
 			case err != nil:
-				return nil, nil, nil, err
+				return nil, nil, nil, nil, err
 			}
 		}
 		out := in
@@ -319,7 +325,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 			res.Existed, res.OldDigest = true, old.Digest
 			j, conflict, err := crdt.Join(old.Task, in)
 			if err != nil {
-				return nil, nil, nil, err
+				return nil, nil, nil, nil, err
 			}
 			out = j
 			res.SpecConflict = res.SpecConflict || conflict
@@ -332,16 +338,20 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		if !res.Changed() {
 			continue
 		}
+		if old == nil && s.pastHorizon(out) {
+			continue // deleted by retention: not brought back
+		}
+		digests = append(digests, digestChange{p: k.p, id: k.id, old: res.OldDigest, had: res.Existed, new: res.NewDigest, has: true})
 		if batch == nil {
 			batch = s.db.NewBatch()
 		}
 		if err := batch.Set(taskKey(k.p, k.id), enc, nil); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		var dig [8]byte
 		binary.BigEndian.PutUint64(dig[:], res.NewDigest)
 		if err := batch.Set(segmentKey(k.p, Segment(k.id), k.id), dig[:], nil); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		var oldMeta meta
 		var oldSpec *crdt.Spec
@@ -350,16 +360,16 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 			oldSpec = old.Task.Spec
 		} else if !unseen[i] {
 			if oldMeta, _, err = s.getMeta(k.p, k.id); err != nil {
-				return nil, nil, nil, err
+				return nil, nil, nil, nil, err
 			}
 		}
 		if err := moveTerminalKey(batch, k.p, k.id, old, out); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		newMeta := placeAfterMerge(oldMeta, oldSpec, out, now)
 		ins, err := s.moveIndex(batch, k.p, k.id, oldMeta, oldSpec, newMeta, out.Spec)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		changes = append(changes, ins...)
 	}
@@ -367,7 +377,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 	for i, it := range items {
 		results[i] = byKey[key{it.Partition, it.Task.ID}]
 	}
-	return results, batch, changes, nil
+	return results, batch, changes, digests, nil
 }
 
 // terminalKey is the retention index key of a terminal task: the wall time
@@ -413,6 +423,7 @@ func (s *Store) TerminalBefore(p uint16, ms int64, limit int) ([]DueEntry, error
 // entries and segment entry, in one synced batch. The claim FSM's records
 // are the FSM's to delete (through Raft). Missing ids are skipped.
 func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
+	var digests []digestChange
 	return s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) {
 		var changes []readyChange
 		for _, id := range ids {
@@ -426,6 +437,7 @@ func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 			var spec *crdt.Spec
 			if ti.task != nil {
 				spec = ti.task.Spec
+				digests = append(digests, digestChange{p: p, id: id, old: ti.digest, had: true})
 				for _, k := range [][]byte{taskKey(p, id), segmentKey(p, Segment(id), id), terminalKey(p, ti.task)} {
 					if k != nil {
 						if err := b.Delete(k, nil); err != nil {
@@ -447,7 +459,7 @@ func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 			}
 		}
 		return changes, nil
-	})
+	}, &digests)
 }
 
 // cloneNormalized returns t in canonical form without modifying the
@@ -692,7 +704,8 @@ func idFromKey(k []byte) uint64 { return binary.BigEndian.Uint64(k[len(k)-8:]) }
 
 // DropPartition deletes every key of partition p (tasks, indexes, Raft log
 // and claim state) with one range delete, synced. The caller must have
-// stopped everything that writes to p first.
+// stopped everything that writes to p first, and its digest sink
+// (UntrackDigests).
 func (s *Store) DropPartition(p uint16) error {
 	start, end := partitionSpan(p)
 	if err := s.db.DeleteRange(start, end, pebble.Sync); err != nil {

@@ -25,6 +25,351 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// TreeRootsRequest is the request of PeerService.TreeRoots.
+type TreeRootsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Partitions the receiver replicates, without repeats. 1 to 65,536.
+	Partitions []uint32 `protobuf:"varint,1,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	// The caller's retention horizon (Unix ms): terminal tasks whose
+	// deciding event is older count as deleted.
+	DeleteHorizonMs int64 `protobuf:"varint,2,opt,name=delete_horizon_ms,json=deleteHorizonMs,proto3" json:"delete_horizon_ms,omitempty"`
+	// The caller's tree size (leaves = 2^leaf_bits). Trees of different
+	// sizes cannot be compared: the receiver answers FAILED_PRECONDITION.
+	LeafBits      uint32 `protobuf:"varint,3,opt,name=leaf_bits,json=leafBits,proto3" json:"leaf_bits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TreeRootsRequest) Reset() {
+	*x = TreeRootsRequest{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeRootsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeRootsRequest) ProtoMessage() {}
+
+func (x *TreeRootsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeRootsRequest.ProtoReflect.Descriptor instead.
+func (*TreeRootsRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *TreeRootsRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *TreeRootsRequest) GetDeleteHorizonMs() int64 {
+	if x != nil {
+		return x.DeleteHorizonMs
+	}
+	return 0
+}
+
+func (x *TreeRootsRequest) GetLeafBits() uint32 {
+	if x != nil {
+		return x.LeafBits
+	}
+	return 0
+}
+
+// TreeRootsResponse is the response of PeerService.TreeRoots.
+type TreeRootsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The receiver's tree roots, one per requested partition, in request
+	// order, taken after deleting up to delete_horizon_ms.
+	Roots []uint64 `protobuf:"fixed64,1,rep,packed,name=roots,proto3" json:"roots,omitempty"`
+	// The horizon both sides use: the later of the caller's and the
+	// receiver's. The caller deletes up to it before comparing.
+	DeleteHorizonMs int64 `protobuf:"varint,2,opt,name=delete_horizon_ms,json=deleteHorizonMs,proto3" json:"delete_horizon_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TreeRootsResponse) Reset() {
+	*x = TreeRootsResponse{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeRootsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeRootsResponse) ProtoMessage() {}
+
+func (x *TreeRootsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeRootsResponse.ProtoReflect.Descriptor instead.
+func (*TreeRootsResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TreeRootsResponse) GetRoots() []uint64 {
+	if x != nil {
+		return x.Roots
+	}
+	return nil
+}
+
+func (x *TreeRootsResponse) GetDeleteHorizonMs() int64 {
+	if x != nil {
+		return x.DeleteHorizonMs
+	}
+	return 0
+}
+
+// TreeNodesRequest is the request of PeerService.TreeNodes.
+type TreeNodesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A partition the receiver replicates.
+	Partition uint32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The tree level: 0 is the root, each level below has 16 times the
+	// nodes (the first level below the root may have fewer).
+	Level uint32 `protobuf:"varint,2,opt,name=level,proto3" json:"level,omitempty"`
+	// Node indexes within the level, each below its width. 1 to 65,536.
+	Nodes         []uint32 `protobuf:"varint,3,rep,packed,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TreeNodesRequest) Reset() {
+	*x = TreeNodesRequest{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeNodesRequest) ProtoMessage() {}
+
+func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeNodesRequest.ProtoReflect.Descriptor instead.
+func (*TreeNodesRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TreeNodesRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *TreeNodesRequest) GetLevel() uint32 {
+	if x != nil {
+		return x.Level
+	}
+	return 0
+}
+
+func (x *TreeNodesRequest) GetNodes() []uint32 {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// TreeNodesResponse is the response of PeerService.TreeNodes.
+type TreeNodesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One hash per requested node, in request order.
+	Hashes        []uint64 `protobuf:"fixed64,1,rep,packed,name=hashes,proto3" json:"hashes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TreeNodesResponse) Reset() {
+	*x = TreeNodesResponse{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TreeNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TreeNodesResponse) ProtoMessage() {}
+
+func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TreeNodesResponse.ProtoReflect.Descriptor instead.
+func (*TreeNodesResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TreeNodesResponse) GetHashes() []uint64 {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+// SegmentEntriesRequest is the request of PeerService.SegmentEntries.
+type SegmentEntriesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A partition the receiver replicates.
+	Partition uint32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Leaf indexes of its tree, each below the leaf count. 1 to 4,096.
+	Leaves        []uint32 `protobuf:"varint,2,rep,packed,name=leaves,proto3" json:"leaves,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SegmentEntriesRequest) Reset() {
+	*x = SegmentEntriesRequest{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SegmentEntriesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SegmentEntriesRequest) ProtoMessage() {}
+
+func (x *SegmentEntriesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SegmentEntriesRequest.ProtoReflect.Descriptor instead.
+func (*SegmentEntriesRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SegmentEntriesRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *SegmentEntriesRequest) GetLeaves() []uint32 {
+	if x != nil {
+		return x.Leaves
+	}
+	return nil
+}
+
+// SegmentEntriesResponse is the response of PeerService.SegmentEntries:
+// every task the receiver stores under the requested leaves.
+type SegmentEntriesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Task ids, in (segment, id) order per leaf, leaves in request order.
+	Ids []uint64 `protobuf:"fixed64,1,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	// The state digest of each task in ids (same length).
+	Digests       []uint64 `protobuf:"fixed64,2,rep,packed,name=digests,proto3" json:"digests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SegmentEntriesResponse) Reset() {
+	*x = SegmentEntriesResponse{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SegmentEntriesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SegmentEntriesResponse) ProtoMessage() {}
+
+func (x *SegmentEntriesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SegmentEntriesResponse.ProtoReflect.Descriptor instead.
+func (*SegmentEntriesResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SegmentEntriesResponse) GetIds() []uint64 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *SegmentEntriesResponse) GetDigests() []uint64 {
+	if x != nil {
+		return x.Digests
+	}
+	return nil
+}
+
 // ReplicateRequest is the request of PeerService.Replicate.
 type ReplicateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -37,7 +382,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +394,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +407,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{0}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReplicateRequest) GetTasks() [][]byte {
@@ -81,7 +426,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -93,7 +438,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -106,7 +451,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{1}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{7}
 }
 
 // ReadRequest is the request of PeerService.Read.
@@ -120,7 +465,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -132,7 +477,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -145,7 +490,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{2}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReadRequest) GetIds() []uint64 {
@@ -167,7 +512,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -179,7 +524,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -192,7 +537,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{3}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReadResponse) GetTasks() []*ReplicaTask {
@@ -219,7 +564,7 @@ type ReplicaTask struct {
 
 func (x *ReplicaTask) Reset() {
 	*x = ReplicaTask{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -231,7 +576,7 @@ func (x *ReplicaTask) String() string {
 func (*ReplicaTask) ProtoMessage() {}
 
 func (x *ReplicaTask) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -244,7 +589,7 @@ func (x *ReplicaTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaTask.ProtoReflect.Descriptor instead.
 func (*ReplicaTask) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{4}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReplicaTask) GetState() []byte {
@@ -277,7 +622,7 @@ type GetRingRequest struct {
 
 func (x *GetRingRequest) Reset() {
 	*x = GetRingRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +634,7 @@ func (x *GetRingRequest) String() string {
 func (*GetRingRequest) ProtoMessage() {}
 
 func (x *GetRingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +647,7 @@ func (x *GetRingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRingRequest.ProtoReflect.Descriptor instead.
 func (*GetRingRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{5}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{11}
 }
 
 // GetRingResponse is the response of PeerService.GetRing.
@@ -316,7 +661,7 @@ type GetRingResponse struct {
 
 func (x *GetRingResponse) Reset() {
 	*x = GetRingResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -328,7 +673,7 @@ func (x *GetRingResponse) String() string {
 func (*GetRingResponse) ProtoMessage() {}
 
 func (x *GetRingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -341,7 +686,7 @@ func (x *GetRingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRingResponse.ProtoReflect.Descriptor instead.
 func (*GetRingResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{6}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetRingResponse) GetRing() []byte {
@@ -381,7 +726,7 @@ type ListPartitionRequest struct {
 
 func (x *ListPartitionRequest) Reset() {
 	*x = ListPartitionRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -393,7 +738,7 @@ func (x *ListPartitionRequest) String() string {
 func (*ListPartitionRequest) ProtoMessage() {}
 
 func (x *ListPartitionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -406,7 +751,7 @@ func (x *ListPartitionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartitionRequest.ProtoReflect.Descriptor instead.
 func (*ListPartitionRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{7}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListPartitionRequest) GetPartition() uint32 {
@@ -478,7 +823,7 @@ type ListPartitionResponse struct {
 
 func (x *ListPartitionResponse) Reset() {
 	*x = ListPartitionResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +835,7 @@ func (x *ListPartitionResponse) String() string {
 func (*ListPartitionResponse) ProtoMessage() {}
 
 func (x *ListPartitionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +848,7 @@ func (x *ListPartitionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartitionResponse.ProtoReflect.Descriptor instead.
 func (*ListPartitionResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{8}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListPartitionResponse) GetTasks() []*Task {
@@ -557,7 +902,7 @@ type CountPartitionsRequest struct {
 
 func (x *CountPartitionsRequest) Reset() {
 	*x = CountPartitionsRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -569,7 +914,7 @@ func (x *CountPartitionsRequest) String() string {
 func (*CountPartitionsRequest) ProtoMessage() {}
 
 func (x *CountPartitionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -582,7 +927,7 @@ func (x *CountPartitionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountPartitionsRequest.ProtoReflect.Descriptor instead.
 func (*CountPartitionsRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{9}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CountPartitionsRequest) GetPartitions() []uint32 {
@@ -610,7 +955,7 @@ type CountPartitionsResponse struct {
 
 func (x *CountPartitionsResponse) Reset() {
 	*x = CountPartitionsResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -622,7 +967,7 @@ func (x *CountPartitionsResponse) String() string {
 func (*CountPartitionsResponse) ProtoMessage() {}
 
 func (x *CountPartitionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -635,7 +980,7 @@ func (x *CountPartitionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountPartitionsResponse.ProtoReflect.Descriptor instead.
 func (*CountPartitionsResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{10}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CountPartitionsResponse) GetCounts() []*PartitionCount {
@@ -660,7 +1005,7 @@ type PartitionCount struct {
 
 func (x *PartitionCount) Reset() {
 	*x = PartitionCount{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -672,7 +1017,7 @@ func (x *PartitionCount) String() string {
 func (*PartitionCount) ProtoMessage() {}
 
 func (x *PartitionCount) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -685,7 +1030,7 @@ func (x *PartitionCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionCount.ProtoReflect.Descriptor instead.
 func (*PartitionCount) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{11}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PartitionCount) GetPartition() uint32 {
@@ -713,7 +1058,28 @@ var File_norn_v1_peer_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1anorn/v1/peer_service.proto\x12\anorn.v1\x1a\x12norn/v1/task.proto\"(\n" +
+	"\x1anorn/v1/peer_service.proto\x12\anorn.v1\x1a\x12norn/v1/task.proto\"{\n" +
+	"\x10TreeRootsRequest\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x01 \x03(\rR\n" +
+	"partitions\x12*\n" +
+	"\x11delete_horizon_ms\x18\x02 \x01(\x03R\x0fdeleteHorizonMs\x12\x1b\n" +
+	"\tleaf_bits\x18\x03 \x01(\rR\bleafBits\"U\n" +
+	"\x11TreeRootsResponse\x12\x14\n" +
+	"\x05roots\x18\x01 \x03(\x06R\x05roots\x12*\n" +
+	"\x11delete_horizon_ms\x18\x02 \x01(\x03R\x0fdeleteHorizonMs\"\\\n" +
+	"\x10TreeNodesRequest\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05level\x18\x02 \x01(\rR\x05level\x12\x14\n" +
+	"\x05nodes\x18\x03 \x03(\rR\x05nodes\"+\n" +
+	"\x11TreeNodesResponse\x12\x16\n" +
+	"\x06hashes\x18\x01 \x03(\x06R\x06hashes\"M\n" +
+	"\x15SegmentEntriesRequest\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x16\n" +
+	"\x06leaves\x18\x02 \x03(\rR\x06leaves\"D\n" +
+	"\x16SegmentEntriesResponse\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\x06R\x03ids\x12\x18\n" +
+	"\adigests\x18\x02 \x03(\x06R\adigests\"(\n" +
 	"\x10ReplicateRequest\x12\x14\n" +
 	"\x05tasks\x18\x01 \x03(\fR\x05tasks\"\x13\n" +
 	"\x11ReplicateResponse\"\x1f\n" +
@@ -755,13 +1121,16 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x06leader\x18\x03 \x01(\tR\x06leader\x1a;\n" +
 	"\rByStatusEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xea\x02\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xc5\x04\n" +
 	"\vPeerService\x12B\n" +
 	"\tReplicate\x12\x19.norn.v1.ReplicateRequest\x1a\x1a.norn.v1.ReplicateResponse\x123\n" +
 	"\x04Read\x12\x14.norn.v1.ReadRequest\x1a\x15.norn.v1.ReadResponse\x12<\n" +
 	"\aGetRing\x12\x17.norn.v1.GetRingRequest\x1a\x18.norn.v1.GetRingResponse\x12N\n" +
 	"\rListPartition\x12\x1d.norn.v1.ListPartitionRequest\x1a\x1e.norn.v1.ListPartitionResponse\x12T\n" +
-	"\x0fCountPartitions\x12\x1f.norn.v1.CountPartitionsRequest\x1a .norn.v1.CountPartitionsResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"\x0fCountPartitions\x12\x1f.norn.v1.CountPartitionsRequest\x1a .norn.v1.CountPartitionsResponse\x12B\n" +
+	"\tTreeRoots\x12\x19.norn.v1.TreeRootsRequest\x1a\x1a.norn.v1.TreeRootsResponse\x12B\n" +
+	"\tTreeNodes\x12\x19.norn.v1.TreeNodesRequest\x1a\x1a.norn.v1.TreeNodesResponse\x12Q\n" +
+	"\x0eSegmentEntries\x12\x1e.norn.v1.SegmentEntriesRequest\x1a\x1f.norn.v1.SegmentEntriesResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_peer_service_proto_rawDescOnce sync.Once
@@ -775,42 +1144,54 @@ func file_norn_v1_peer_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_peer_service_proto_rawDescData
 }
 
-var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_norn_v1_peer_service_proto_goTypes = []any{
-	(*ReplicateRequest)(nil),        // 0: norn.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),       // 1: norn.v1.ReplicateResponse
-	(*ReadRequest)(nil),             // 2: norn.v1.ReadRequest
-	(*ReadResponse)(nil),            // 3: norn.v1.ReadResponse
-	(*ReplicaTask)(nil),             // 4: norn.v1.ReplicaTask
-	(*GetRingRequest)(nil),          // 5: norn.v1.GetRingRequest
-	(*GetRingResponse)(nil),         // 6: norn.v1.GetRingResponse
-	(*ListPartitionRequest)(nil),    // 7: norn.v1.ListPartitionRequest
-	(*ListPartitionResponse)(nil),   // 8: norn.v1.ListPartitionResponse
-	(*CountPartitionsRequest)(nil),  // 9: norn.v1.CountPartitionsRequest
-	(*CountPartitionsResponse)(nil), // 10: norn.v1.CountPartitionsResponse
-	(*PartitionCount)(nil),          // 11: norn.v1.PartitionCount
-	nil,                             // 12: norn.v1.PartitionCount.ByStatusEntry
-	(TaskStatus)(0),                 // 13: norn.v1.TaskStatus
-	(*Task)(nil),                    // 14: norn.v1.Task
+	(*TreeRootsRequest)(nil),        // 0: norn.v1.TreeRootsRequest
+	(*TreeRootsResponse)(nil),       // 1: norn.v1.TreeRootsResponse
+	(*TreeNodesRequest)(nil),        // 2: norn.v1.TreeNodesRequest
+	(*TreeNodesResponse)(nil),       // 3: norn.v1.TreeNodesResponse
+	(*SegmentEntriesRequest)(nil),   // 4: norn.v1.SegmentEntriesRequest
+	(*SegmentEntriesResponse)(nil),  // 5: norn.v1.SegmentEntriesResponse
+	(*ReplicateRequest)(nil),        // 6: norn.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),       // 7: norn.v1.ReplicateResponse
+	(*ReadRequest)(nil),             // 8: norn.v1.ReadRequest
+	(*ReadResponse)(nil),            // 9: norn.v1.ReadResponse
+	(*ReplicaTask)(nil),             // 10: norn.v1.ReplicaTask
+	(*GetRingRequest)(nil),          // 11: norn.v1.GetRingRequest
+	(*GetRingResponse)(nil),         // 12: norn.v1.GetRingResponse
+	(*ListPartitionRequest)(nil),    // 13: norn.v1.ListPartitionRequest
+	(*ListPartitionResponse)(nil),   // 14: norn.v1.ListPartitionResponse
+	(*CountPartitionsRequest)(nil),  // 15: norn.v1.CountPartitionsRequest
+	(*CountPartitionsResponse)(nil), // 16: norn.v1.CountPartitionsResponse
+	(*PartitionCount)(nil),          // 17: norn.v1.PartitionCount
+	nil,                             // 18: norn.v1.PartitionCount.ByStatusEntry
+	(TaskStatus)(0),                 // 19: norn.v1.TaskStatus
+	(*Task)(nil),                    // 20: norn.v1.Task
 }
 var file_norn_v1_peer_service_proto_depIdxs = []int32{
-	4,  // 0: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
-	13, // 1: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
-	14, // 2: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
-	11, // 3: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
-	12, // 4: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
-	0,  // 5: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
-	2,  // 6: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
-	5,  // 7: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
-	7,  // 8: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
-	9,  // 9: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
-	1,  // 10: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
-	3,  // 11: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
-	6,  // 12: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
-	8,  // 13: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
-	10, // 14: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
+	10, // 0: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
+	19, // 1: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
+	20, // 2: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
+	17, // 3: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
+	18, // 4: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
+	6,  // 5: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
+	8,  // 6: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
+	11, // 7: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
+	13, // 8: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
+	15, // 9: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
+	0,  // 10: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
+	2,  // 11: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
+	4,  // 12: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
+	7,  // 13: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
+	9,  // 14: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
+	12, // 15: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
+	14, // 16: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
+	16, // 17: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
+	1,  // 18: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
+	3,  // 19: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
+	5,  // 20: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
+	13, // [13:21] is the sub-list for method output_type
+	5,  // [5:13] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name
@@ -828,7 +1209,7 @@ func file_norn_v1_peer_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_peer_service_proto_rawDesc), len(file_norn_v1_peer_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -49,6 +49,13 @@ const (
 	// PeerServiceCountPartitionsProcedure is the fully-qualified name of the PeerService's
 	// CountPartitions RPC.
 	PeerServiceCountPartitionsProcedure = "/norn.v1.PeerService/CountPartitions"
+	// PeerServiceTreeRootsProcedure is the fully-qualified name of the PeerService's TreeRoots RPC.
+	PeerServiceTreeRootsProcedure = "/norn.v1.PeerService/TreeRoots"
+	// PeerServiceTreeNodesProcedure is the fully-qualified name of the PeerService's TreeNodes RPC.
+	PeerServiceTreeNodesProcedure = "/norn.v1.PeerService/TreeNodes"
+	// PeerServiceSegmentEntriesProcedure is the fully-qualified name of the PeerService's
+	// SegmentEntries RPC.
+	PeerServiceSegmentEntriesProcedure = "/norn.v1.PeerService/SegmentEntries"
 )
 
 // PeerServiceClient is a client for the norn.v1.PeerService service.
@@ -72,6 +79,16 @@ type PeerServiceClient interface {
 	// replicates, one entry per partition. A node counts the partitions it
 	// does not replicate with this call, one call per peer.
 	CountPartitions(context.Context, *connect.Request[v1.CountPartitionsRequest]) (*connect.Response[v1.CountPartitionsResponse], error)
+	// TreeRoots starts anti-entropy for partitions both nodes replicate: it
+	// agrees on the retention horizon (the receiver first deletes its
+	// terminal tasks older than the agreed one) and returns the receiver's
+	// Merkle tree roots. See docs/ARCHITECTURE.md, antientropy.
+	TreeRoots(context.Context, *connect.Request[v1.TreeRootsRequest]) (*connect.Response[v1.TreeRootsResponse], error)
+	// TreeNodes returns hashes of one level of a partition's tree.
+	TreeNodes(context.Context, *connect.Request[v1.TreeNodesRequest]) (*connect.Response[v1.TreeNodesResponse], error)
+	// SegmentEntries returns the (id, digest) pairs of the tasks under some
+	// leaves of a partition's tree.
+	SegmentEntries(context.Context, *connect.Request[v1.SegmentEntriesRequest]) (*connect.Response[v1.SegmentEntriesResponse], error)
 }
 
 // NewPeerServiceClient constructs a client for the norn.v1.PeerService service. By default, it uses
@@ -115,6 +132,24 @@ func NewPeerServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(peerServiceMethods.ByName("CountPartitions")),
 			connect.WithClientOptions(opts...),
 		),
+		treeRoots: connect.NewClient[v1.TreeRootsRequest, v1.TreeRootsResponse](
+			httpClient,
+			baseURL+PeerServiceTreeRootsProcedure,
+			connect.WithSchema(peerServiceMethods.ByName("TreeRoots")),
+			connect.WithClientOptions(opts...),
+		),
+		treeNodes: connect.NewClient[v1.TreeNodesRequest, v1.TreeNodesResponse](
+			httpClient,
+			baseURL+PeerServiceTreeNodesProcedure,
+			connect.WithSchema(peerServiceMethods.ByName("TreeNodes")),
+			connect.WithClientOptions(opts...),
+		),
+		segmentEntries: connect.NewClient[v1.SegmentEntriesRequest, v1.SegmentEntriesResponse](
+			httpClient,
+			baseURL+PeerServiceSegmentEntriesProcedure,
+			connect.WithSchema(peerServiceMethods.ByName("SegmentEntries")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -125,6 +160,9 @@ type peerServiceClient struct {
 	getRing         *connect.Client[v1.GetRingRequest, v1.GetRingResponse]
 	listPartition   *connect.Client[v1.ListPartitionRequest, v1.ListPartitionResponse]
 	countPartitions *connect.Client[v1.CountPartitionsRequest, v1.CountPartitionsResponse]
+	treeRoots       *connect.Client[v1.TreeRootsRequest, v1.TreeRootsResponse]
+	treeNodes       *connect.Client[v1.TreeNodesRequest, v1.TreeNodesResponse]
+	segmentEntries  *connect.Client[v1.SegmentEntriesRequest, v1.SegmentEntriesResponse]
 }
 
 // Replicate calls norn.v1.PeerService.Replicate.
@@ -152,6 +190,21 @@ func (c *peerServiceClient) CountPartitions(ctx context.Context, req *connect.Re
 	return c.countPartitions.CallUnary(ctx, req)
 }
 
+// TreeRoots calls norn.v1.PeerService.TreeRoots.
+func (c *peerServiceClient) TreeRoots(ctx context.Context, req *connect.Request[v1.TreeRootsRequest]) (*connect.Response[v1.TreeRootsResponse], error) {
+	return c.treeRoots.CallUnary(ctx, req)
+}
+
+// TreeNodes calls norn.v1.PeerService.TreeNodes.
+func (c *peerServiceClient) TreeNodes(ctx context.Context, req *connect.Request[v1.TreeNodesRequest]) (*connect.Response[v1.TreeNodesResponse], error) {
+	return c.treeNodes.CallUnary(ctx, req)
+}
+
+// SegmentEntries calls norn.v1.PeerService.SegmentEntries.
+func (c *peerServiceClient) SegmentEntries(ctx context.Context, req *connect.Request[v1.SegmentEntriesRequest]) (*connect.Response[v1.SegmentEntriesResponse], error) {
+	return c.segmentEntries.CallUnary(ctx, req)
+}
+
 // PeerServiceHandler is an implementation of the norn.v1.PeerService service.
 type PeerServiceHandler interface {
 	// Replicate merges task states into the receiver's replicas with the
@@ -173,6 +226,16 @@ type PeerServiceHandler interface {
 	// replicates, one entry per partition. A node counts the partitions it
 	// does not replicate with this call, one call per peer.
 	CountPartitions(context.Context, *connect.Request[v1.CountPartitionsRequest]) (*connect.Response[v1.CountPartitionsResponse], error)
+	// TreeRoots starts anti-entropy for partitions both nodes replicate: it
+	// agrees on the retention horizon (the receiver first deletes its
+	// terminal tasks older than the agreed one) and returns the receiver's
+	// Merkle tree roots. See docs/ARCHITECTURE.md, antientropy.
+	TreeRoots(context.Context, *connect.Request[v1.TreeRootsRequest]) (*connect.Response[v1.TreeRootsResponse], error)
+	// TreeNodes returns hashes of one level of a partition's tree.
+	TreeNodes(context.Context, *connect.Request[v1.TreeNodesRequest]) (*connect.Response[v1.TreeNodesResponse], error)
+	// SegmentEntries returns the (id, digest) pairs of the tasks under some
+	// leaves of a partition's tree.
+	SegmentEntries(context.Context, *connect.Request[v1.SegmentEntriesRequest]) (*connect.Response[v1.SegmentEntriesResponse], error)
 }
 
 // NewPeerServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -212,6 +275,24 @@ func NewPeerServiceHandler(svc PeerServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(peerServiceMethods.ByName("CountPartitions")),
 		connect.WithHandlerOptions(opts...),
 	)
+	peerServiceTreeRootsHandler := connect.NewUnaryHandler(
+		PeerServiceTreeRootsProcedure,
+		svc.TreeRoots,
+		connect.WithSchema(peerServiceMethods.ByName("TreeRoots")),
+		connect.WithHandlerOptions(opts...),
+	)
+	peerServiceTreeNodesHandler := connect.NewUnaryHandler(
+		PeerServiceTreeNodesProcedure,
+		svc.TreeNodes,
+		connect.WithSchema(peerServiceMethods.ByName("TreeNodes")),
+		connect.WithHandlerOptions(opts...),
+	)
+	peerServiceSegmentEntriesHandler := connect.NewUnaryHandler(
+		PeerServiceSegmentEntriesProcedure,
+		svc.SegmentEntries,
+		connect.WithSchema(peerServiceMethods.ByName("SegmentEntries")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/norn.v1.PeerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case PeerServiceReplicateProcedure:
@@ -224,6 +305,12 @@ func NewPeerServiceHandler(svc PeerServiceHandler, opts ...connect.HandlerOption
 			peerServiceListPartitionHandler.ServeHTTP(w, r)
 		case PeerServiceCountPartitionsProcedure:
 			peerServiceCountPartitionsHandler.ServeHTTP(w, r)
+		case PeerServiceTreeRootsProcedure:
+			peerServiceTreeRootsHandler.ServeHTTP(w, r)
+		case PeerServiceTreeNodesProcedure:
+			peerServiceTreeNodesHandler.ServeHTTP(w, r)
+		case PeerServiceSegmentEntriesProcedure:
+			peerServiceSegmentEntriesHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -251,4 +338,16 @@ func (UnimplementedPeerServiceHandler) ListPartition(context.Context, *connect.R
 
 func (UnimplementedPeerServiceHandler) CountPartitions(context.Context, *connect.Request[v1.CountPartitionsRequest]) (*connect.Response[v1.CountPartitionsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.CountPartitions is not implemented"))
+}
+
+func (UnimplementedPeerServiceHandler) TreeRoots(context.Context, *connect.Request[v1.TreeRootsRequest]) (*connect.Response[v1.TreeRootsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.TreeRoots is not implemented"))
+}
+
+func (UnimplementedPeerServiceHandler) TreeNodes(context.Context, *connect.Request[v1.TreeNodesRequest]) (*connect.Response[v1.TreeNodesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.TreeNodes is not implemented"))
+}
+
+func (UnimplementedPeerServiceHandler) SegmentEntries(context.Context, *connect.Request[v1.SegmentEntriesRequest]) (*connect.Response[v1.SegmentEntriesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.SegmentEntries is not implemented"))
 }

@@ -1,0 +1,361 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/time/rate"
+
+	"github.com/norn-dev/norn/antientropy"
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/ring"
+)
+
+// aeStats are the node's anti-entropy counters (metrics.go).
+type aeStats struct {
+	exchanges, failures  atomic.Uint64
+	differing, leaves    atomic.Uint64
+	pushed, pulled       atomic.Uint64
+	bytesSent, bytesRecv atomic.Uint64
+
+	mu        sync.Mutex
+	converged map[uint16]time.Time // last exchange that found (or left) a partition's replicas equal
+}
+
+func (s *aeStats) record(st antientropy.Stats, err error, now time.Time) {
+	s.exchanges.Add(1)
+	if err != nil {
+		s.failures.Add(1)
+	}
+	s.differing.Add(uint64(st.Differing))
+	s.leaves.Add(uint64(st.Leaves))
+	s.pushed.Add(uint64(st.Pushed))
+	s.pulled.Add(uint64(st.Pulled))
+	s.bytesSent.Add(uint64(st.BytesSent))
+	s.bytesRecv.Add(uint64(st.BytesRecv))
+	s.mu.Lock()
+	if s.converged == nil {
+		s.converged = map[uint16]time.Time{}
+	}
+	for _, p := range st.Converged {
+		s.converged[p] = now
+	}
+	s.mu.Unlock()
+}
+
+// newAntiEntropy builds the node's anti-entropy replica (trees are added
+// with the partition groups).
+func (n *Node) newAntiEntropy() (*antientropy.Replica, error) {
+	return antientropy.NewReplica(antientropy.ReplicaConfig{
+		Store:    n.store,
+		LeafBits: n.cfg.TreeLeafBits,
+		Horizon:  n.retentionHorizon,
+		Expire:   n.expireBefore,
+		Merge: func(_ uint16, tasks []*crdt.Task) error {
+			return n.mergeLocal(tasks)
+		},
+	})
+}
+
+// retentionHorizon is now minus the retention (Unix ms): terminal tasks
+// older than that are deleted.
+func (n *Node) retentionHorizon() int64 {
+	return n.cfg.Clock.Now().Add(-n.cfg.Retention).UnixMilli()
+}
+
+// expireBefore deletes partition p's terminal tasks older than ms. On the
+// partition's leader the claim FSM forgets their records first, through
+// Raft; other replicas delete their task states alone.
+func (n *Node) expireBefore(p uint16, ms int64) error {
+	n.store.RaiseDeleteHorizon(ms)
+	g := n.group(p)
+	if g == nil || !g.IsLeader() {
+		_, err := n.store.DeleteTerminalBefore(p, ms, monitorBatch)
+		return err
+	}
+	for {
+		due, err := n.store.TerminalBefore(p, ms-1, monitorBatch)
+		if err != nil || len(due) == 0 {
+			return err
+		}
+		cmd := &claims.Command{Op: claims.OpForget, NowMs: n.cfg.Clock.Now().UnixMilli()}
+		for _, d := range due {
+			cmd.IDs = append(cmd.IDs, d.ID)
+		}
+		if _, err := g.Propose(cmd, proposeTimeout); err != nil {
+			return fmt.Errorf("forgetting expired tasks: %w", err)
+		}
+		if err := n.store.DeleteTasks(p, cmd.IDs); err != nil {
+			return err
+		}
+		if len(due) < monitorBatch {
+			return nil
+		}
+	}
+}
+
+// antiEntropyLoop exchanges, with every other node, the partitions both
+// replicate: one round per peer every AntiEntropyInterval (a fifth of it
+// after a round that found differences, and right away when the node
+// starts or its partitions change), jittered, until Close.
+func (n *Node) antiEntropyLoop() {
+	defer n.stopped.Done()
+	limiter := rate.NewLimiter(rate.Limit(n.cfg.AntiEntropyRate), max(n.cfg.AntiEntropyRate, 1<<20))
+	next := map[string]time.Time{} // peer id -> when its next round is due
+	timer := time.NewTimer(time.Second)
+	defer timer.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-n.aeKick:
+			clear(next)
+		case <-timer.C:
+		}
+		r := n.ring.Load()
+		soonest := n.cfg.AntiEntropyInterval
+		if r != nil {
+			now := time.Now()
+			for _, peerID := range n.aePeers(r) {
+				due, ok := next[peerID]
+				if ok && now.Before(due) {
+					soonest = min(soonest, due.Sub(now))
+					continue
+				}
+				differed := n.exchangeWith(r, peerID, limiter)
+				wait := n.cfg.AntiEntropyInterval
+				if differed {
+					wait /= 5
+				}
+				wait = jitter(wait)
+				next[peerID] = time.Now().Add(wait)
+				soonest = min(soonest, wait)
+			}
+		}
+		timer.Reset(max(soonest, 10*time.Millisecond))
+	}
+}
+
+// kickAntiEntropy asks for a round with every peer now (never blocks).
+func (n *Node) kickAntiEntropy() {
+	select {
+	case n.aeKick <- struct{}{}:
+	default:
+	}
+}
+
+// jitter spreads d by ±20%.
+func jitter(d time.Duration) time.Duration {
+	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
+}
+
+// aePeers returns the other ring nodes that share a partition with this
+// node, in id order.
+func (n *Node) aePeers(r *cluster.Ring) []string {
+	seen := map[string]bool{}
+	for p := range r.Partitions {
+		cohort := r.Cohort(p)
+		if !slices.Contains(cohort, ring.NodeID(n.cfg.NodeID)) {
+			continue
+		}
+		for _, id := range cohort {
+			if string(id) != n.cfg.NodeID {
+				seen[string(id)] = true
+			}
+		}
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// sharedPartitions returns the partitions this node and peerID both
+// replicate and this node has a tree of.
+func (n *Node) sharedPartitions(r *cluster.Ring, peerID string) []uint16 {
+	var parts []uint16
+	for p := range r.Partitions {
+		cohort := r.Cohort(p)
+		if slices.Contains(cohort, ring.NodeID(n.cfg.NodeID)) && slices.Contains(cohort, ring.NodeID(peerID)) && n.ae.Tree(uint16(p)) != nil {
+			parts = append(parts, uint16(p))
+		}
+	}
+	return parts
+}
+
+// exchangeWith runs one anti-entropy round with peerID, if it is up. It
+// reports whether any partition differed.
+func (n *Node) exchangeWith(r *cluster.Ring, peerID string, limiter *rate.Limiter) bool {
+	nd, ok := r.Node(peerID)
+	if !ok || !n.memberUp(peerID) {
+		return false
+	}
+	parts := n.sharedPartitions(r, peerID)
+	if len(parts) == 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.AntiEntropyTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-n.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	opt := antientropy.Options{
+		Settle: n.cfg.AntiEntropySettle,
+		Pace: func(ctx context.Context, bytes int) error {
+			return limiter.WaitN(ctx, min(max(bytes, 1), limiter.Burst()))
+		},
+	}
+	st, err := n.ae.Exchange(ctx, &aePeer{n: n, p: n.peers.get(nd.APIAddr)}, parts, opt)
+	n.aeStats.record(st, err, time.Now())
+	if err != nil && !errors.Is(err, context.Canceled) {
+		n.cfg.Logger.Warn("anti-entropy exchange failed", "peer", peerID, "err", err)
+	}
+	if st.Pushed+st.Pulled > 0 {
+		n.cfg.Logger.Info("anti-entropy repaired replicas", "peer", peerID, "partitions", st.Differing,
+			"pushed", st.Pushed, "pulled", st.Pulled)
+	}
+	return st.Differing > 0
+}
+
+// memberUp reports whether gossip sees id alive or suspect.
+func (n *Node) memberUp(id string) bool {
+	for _, m := range n.members.Members() {
+		if m.ID == id {
+			return m.State.Up()
+		}
+	}
+	return false
+}
+
+// aePeer is antientropy.Peer over PeerService.
+type aePeer struct {
+	n *Node
+	p *peer
+}
+
+func (a *aePeer) TreeRoots(ctx context.Context, req *nornv1.TreeRootsRequest) (*nornv1.TreeRootsResponse, error) {
+	resp, err := a.p.peer.TreeRoots(ctx, peerRequest(a.n, req))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+func (a *aePeer) TreeNodes(ctx context.Context, req *nornv1.TreeNodesRequest) (*nornv1.TreeNodesResponse, error) {
+	resp, err := a.p.peer.TreeNodes(ctx, peerRequest(a.n, req))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+func (a *aePeer) SegmentEntries(ctx context.Context, req *nornv1.SegmentEntriesRequest) (*nornv1.SegmentEntriesResponse, error) {
+	resp, err := a.p.peer.SegmentEntries(ctx, peerRequest(a.n, req))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+func (a *aePeer) ReadStates(ctx context.Context, _ uint16, ids []uint64) ([]*crdt.Task, int, error) {
+	resp, err := a.p.peer.Read(ctx, peerRequest(a.n, &nornv1.ReadRequest{Ids: ids}))
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(resp.Msg.Tasks) != len(ids) {
+		return nil, 0, fmt.Errorf("read %d answers for %d ids", len(resp.Msg.Tasks), len(ids))
+	}
+	out := make([]*crdt.Task, len(ids))
+	bytes := 0
+	for i, rt := range resp.Msg.Tasks {
+		bytes += len(rt.State)
+		if len(rt.State) == 0 {
+			continue
+		}
+		t, err := crdt.Decode(rt.State)
+		if err == nil {
+			err = validateTask(t, a.n.cfg.Limits)
+		}
+		if err != nil {
+			return nil, bytes, fmt.Errorf("state of %d from %s: %w", ids[i], a.p.addr, err)
+		}
+		out[i] = t
+	}
+	return out, bytes, nil
+}
+
+func (a *aePeer) Push(ctx context.Context, _ uint16, tasks []*crdt.Task) (int, error) {
+	req := &nornv1.ReplicateRequest{Tasks: make([][]byte, len(tasks))}
+	bytes := 0
+	for i, t := range tasks {
+		req.Tasks[i] = t.Encode()
+		bytes += len(req.Tasks[i])
+	}
+	_, err := a.p.peer.Replicate(ctx, peerRequest(a.n, req))
+	return bytes, err
+}
+
+// aeError maps an antientropy serve error to a connect error.
+func aeError(err error) error {
+	switch {
+	case errors.Is(err, antientropy.ErrNotReplicated), errors.Is(err, antientropy.ErrTreeSize):
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	default:
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	}
+}
+
+func (s peerService) TreeRoots(_ context.Context, req *connect.Request[nornv1.TreeRootsRequest]) (*connect.Response[nornv1.TreeRootsResponse], error) {
+	n := s.n
+	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	if n.ring.Load() == nil {
+		return nil, errNotFormed
+	}
+	resp, err := n.ae.ServeTreeRoots(req.Msg)
+	if err != nil {
+		return nil, aeError(err)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s peerService) TreeNodes(_ context.Context, req *connect.Request[nornv1.TreeNodesRequest]) (*connect.Response[nornv1.TreeNodesResponse], error) {
+	n := s.n
+	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	resp, err := n.ae.ServeTreeNodes(req.Msg)
+	if err != nil {
+		return nil, aeError(err)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s peerService) SegmentEntries(_ context.Context, req *connect.Request[nornv1.SegmentEntriesRequest]) (*connect.Response[nornv1.SegmentEntriesResponse], error) {
+	n := s.n
+	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	resp, err := n.ae.ServeSegmentEntries(req.Msg)
+	if err != nil {
+		return nil, aeError(err)
+	}
+	return connect.NewResponse(resp), nil
+}
