@@ -2,15 +2,19 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/cluster"
 )
 
 // adminService implements norn.v1.AdminService.
@@ -18,7 +22,7 @@ type adminService struct{ n *Node }
 
 var _ nornv1connect.AdminServiceHandler = adminService{}
 
-func (a adminService) Status(_ context.Context, req *connect.Request[nornv1.StatusRequest]) (*connect.Response[nornv1.StatusResponse], error) {
+func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.StatusRequest]) (*connect.Response[nornv1.StatusResponse], error) {
 	n := a.n
 	resp := &nornv1.StatusResponse{
 		NodeId:  n.cfg.NodeID,
@@ -31,6 +35,10 @@ func (a adminService) Status(_ context.Context, req *connect.Request[nornv1.Stat
 		return connect.NewResponse(resp), nil
 	}
 	resp.RingEpoch = r.Epoch
+	var peerRoots map[string]peerRootsAnswer
+	if !req.Msg.GetSkipCounts() {
+		peerRoots = n.peerRoots(ctx, r)
+	}
 	for p, g := range n.groupList() {
 		if g == nil {
 			continue
@@ -49,6 +57,7 @@ func (a adminService) Status(_ context.Context, req *connect.Request[nornv1.Stat
 				return nil, apiError(err)
 			}
 			ps.Counts = counts
+			ps.ReplicaRoots, ps.ReplicasAgree = n.replicaRoots(r, uint16(p), peerRoots)
 		}
 		resp.Partitions = append(resp.Partitions, ps)
 	}
@@ -90,4 +99,87 @@ func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
 	}
 	slices.SortFunc(out, func(a, b *nornv1.NodeStatus) int { return strings.Compare(a.Id, b.Id) })
 	return out
+}
+
+// peerRootsAnswer is one peer's TreeRoots answer for the partitions it
+// shares with this node.
+type peerRootsAnswer struct {
+	roots map[uint16]uint64
+	err   error
+}
+
+// statusRootsTimeout bounds the TreeRoots calls of one Status.
+const statusRootsTimeout = 2 * time.Second
+
+// peerRoots asks every other node sharing partitions with this one for its
+// tree roots, in parallel.
+func (n *Node) peerRoots(ctx context.Context, r *cluster.Ring) map[string]peerRootsAnswer {
+	ctx, cancel := context.WithTimeout(ctx, statusRootsTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	out := map[string]peerRootsAnswer{}
+	for _, id := range n.aePeers(r) {
+		nd, ok := r.Node(id)
+		parts := n.sharedPartitions(r, id)
+		if !ok || len(parts) == 0 {
+			continue
+		}
+		wg.Go(func() {
+			ans := peerRootsAnswer{roots: map[uint16]uint64{}}
+			req := &nornv1.TreeRootsRequest{LeafBits: uint32(n.ae.LeafBits())}
+			for _, p := range parts {
+				req.Partitions = append(req.Partitions, uint32(p))
+			}
+			resp, err := n.peers.get(nd.APIAddr).peer.TreeRoots(ctx, peerRequest(n, req))
+			switch {
+			case err != nil:
+				ans.err = err
+			case len(resp.Msg.Roots) != len(parts):
+				ans.err = fmt.Errorf("%d roots for %d partitions", len(resp.Msg.Roots), len(parts))
+			default:
+				for i, p := range parts {
+					ans.roots[p] = resp.Msg.Roots[i]
+				}
+			}
+			mu.Lock()
+			out[id] = ans
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// replicaRoots lists the roots of partition p's replicas: this node's and
+// the peers' answers.
+func (n *Node) replicaRoots(r *cluster.Ring, p uint16, peers map[string]peerRootsAnswer) ([]*nornv1.ReplicaRoot, bool) {
+	var out []*nornv1.ReplicaRoot
+	agree := true
+	var mine uint64
+	if t := n.ae.Tree(p); t != nil {
+		mine = t.Root()
+	}
+	for _, id := range r.Cohort(int(p)) {
+		rr := &nornv1.ReplicaRoot{NodeId: string(id)}
+		ans, ok := peers[string(id)]
+		switch {
+		case string(id) == n.cfg.NodeID:
+			rr.Root = mine
+		case !ok:
+			rr.Error = "not asked"
+		case ans.err != nil:
+			rr.Error = ans.err.Error()
+		default:
+			root, ok := ans.roots[p]
+			if !ok {
+				rr.Error = "no root"
+			} else {
+				rr.Root = root
+			}
+		}
+		agree = agree && rr.Error == "" && rr.Root == mine
+		out = append(out, rr)
+	}
+	return out, agree
 }

@@ -172,15 +172,38 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 		}
 	}
 	statuses := sortedStatuses(keys)
-	fmt.Fprintf(w, "\nPARTITION\tCOHORT\tLEADER\tTERM\tINDEX\tSTATE\t%s\n", strings.Join(statuses, "\t"))
+	fmt.Fprintf(w, "\nPARTITION\tCOHORT\tLEADER\tTERM\tINDEX\tSTATE\tREPLICAS\t%s\n", strings.Join(statuses, "\t"))
 	for _, p := range st.GetPartitions() {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%d\t%s", p.GetId(), dash(strings.Join(p.GetCohort(), ",")), dash(p.GetLeader()),
-			p.GetRaftTerm(), p.GetRaftIndex(), dash(p.GetRaftState()))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%d\t%s\t%s", p.GetId(), dash(strings.Join(p.GetCohort(), ",")), dash(p.GetLeader()),
+			p.GetRaftTerm(), p.GetRaftIndex(), dash(p.GetRaftState()), replicaRoots(p))
 		for _, s := range statuses {
 			fmt.Fprintf(w, "\t%d", p.GetCounts()[s])
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// replicaRoots summarizes a partition's replica tree roots: "agree" and
+// the root when every replica has the same, else each replica's root (or
+// "?" when it did not answer).
+func replicaRoots(p *nornv1.PartitionStatus) string {
+	rs := p.GetReplicaRoots()
+	if len(rs) == 0 {
+		return "-"
+	}
+	short := func(r uint64) string { return fmt.Sprintf("%016x", r)[:8] }
+	if p.GetReplicasAgree() {
+		return "agree " + short(rs[0].GetRoot())
+	}
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		v := short(r.GetRoot())
+		if r.GetError() != "" {
+			v = "?"
+		}
+		parts[i] = r.GetNodeId() + ":" + v
+	}
+	return "DIFFER " + strings.Join(parts, ",")
 }
 
 // statusName is a TaskStatus without its prefix ("READY").

@@ -189,7 +189,14 @@ type PartitionStatus struct {
 	// like CountTasksResponse.by_status ("READY", "DELAYED", ...). A status
 	// with no task may be missing. Values are JSON strings. Empty when the
 	// request set skip_counts.
-	Counts        map[string]uint64 `protobuf:"bytes,7,rep,name=counts,proto3" json:"counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Counts map[string]uint64 `protobuf:"bytes,7,rep,name=counts,proto3" json:"counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The Merkle tree root of each replica of the partition: this node's
+	// and each other cohort member's, as it answers right now (anti-entropy
+	// makes them equal). Empty when the request set skip_counts.
+	ReplicaRoots []*ReplicaRoot `protobuf:"bytes,8,rep,name=replica_roots,json=replicaRoots,proto3" json:"replica_roots,omitempty"`
+	// Whether every replica answered with the same root (replicas agree).
+	// False when a replica did not answer.
+	ReplicasAgree bool `protobuf:"varint,9,opt,name=replicas_agree,json=replicasAgree,proto3" json:"replicas_agree,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -273,6 +280,84 @@ func (x *PartitionStatus) GetCounts() map[string]uint64 {
 	return nil
 }
 
+func (x *PartitionStatus) GetReplicaRoots() []*ReplicaRoot {
+	if x != nil {
+		return x.ReplicaRoots
+	}
+	return nil
+}
+
+func (x *PartitionStatus) GetReplicasAgree() bool {
+	if x != nil {
+		return x.ReplicasAgree
+	}
+	return false
+}
+
+// ReplicaRoot is one replica's Merkle tree root of a partition.
+type ReplicaRoot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The replica's node id.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The root (0 for an empty partition). A JSON string.
+	Root uint64 `protobuf:"fixed64,2,opt,name=root,proto3" json:"root,omitempty"`
+	// Why the replica did not answer; then root is unset.
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaRoot) Reset() {
+	*x = ReplicaRoot{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaRoot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaRoot) ProtoMessage() {}
+
+func (x *ReplicaRoot) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaRoot.ProtoReflect.Descriptor instead.
+func (*ReplicaRoot) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReplicaRoot) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ReplicaRoot) GetRoot() uint64 {
+	if x != nil {
+		return x.Root
+	}
+	return 0
+}
+
+func (x *ReplicaRoot) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // NodeStatus is one cluster node as the answering node sees it.
 type NodeStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -296,7 +381,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -308,7 +393,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -321,7 +406,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{3}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -369,7 +454,7 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
 	"partitions\x18\x05 \x03(\v2\x18.norn.v1.PartitionStatusR\n" +
 	"partitions\x12)\n" +
-	"\x05nodes\x18\x06 \x03(\v2\x13.norn.v1.NodeStatusR\x05nodes\"\xa5\x02\n" +
+	"\x05nodes\x18\x06 \x03(\v2\x13.norn.v1.NodeStatusR\x05nodes\"\x87\x03\n" +
 	"\x0fPartitionStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x16\n" +
@@ -379,10 +464,16 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"raft_index\x18\x05 \x01(\x04R\traftIndex\x12\x1d\n" +
 	"\n" +
 	"raft_state\x18\x06 \x01(\tR\traftState\x12<\n" +
-	"\x06counts\x18\a \x03(\v2$.norn.v1.PartitionStatus.CountsEntryR\x06counts\x1a9\n" +
+	"\x06counts\x18\a \x03(\v2$.norn.v1.PartitionStatus.CountsEntryR\x06counts\x129\n" +
+	"\rreplica_roots\x18\b \x03(\v2\x14.norn.v1.ReplicaRootR\freplicaRoots\x12%\n" +
+	"\x0ereplicas_agree\x18\t \x01(\bR\rreplicasAgree\x1a9\n" +
 	"\vCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x91\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"P\n" +
+	"\vReplicaRoot\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04root\x18\x02 \x01(\x06R\x04root\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\x91\x01\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
@@ -405,28 +496,30 @@ func file_norn_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_admin_service_proto_rawDescData
 }
 
-var file_norn_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_norn_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_norn_v1_admin_service_proto_goTypes = []any{
 	(*StatusRequest)(nil),       // 0: norn.v1.StatusRequest
 	(*StatusResponse)(nil),      // 1: norn.v1.StatusResponse
 	(*PartitionStatus)(nil),     // 2: norn.v1.PartitionStatus
-	(*NodeStatus)(nil),          // 3: norn.v1.NodeStatus
-	nil,                         // 4: norn.v1.PartitionStatus.CountsEntry
-	(*durationpb.Duration)(nil), // 5: google.protobuf.Duration
+	(*ReplicaRoot)(nil),         // 3: norn.v1.ReplicaRoot
+	(*NodeStatus)(nil),          // 4: norn.v1.NodeStatus
+	nil,                         // 5: norn.v1.PartitionStatus.CountsEntry
+	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
 }
 var file_norn_v1_admin_service_proto_depIdxs = []int32{
-	5, // 0: norn.v1.StatusResponse.uptime:type_name -> google.protobuf.Duration
+	6, // 0: norn.v1.StatusResponse.uptime:type_name -> google.protobuf.Duration
 	2, // 1: norn.v1.StatusResponse.partitions:type_name -> norn.v1.PartitionStatus
-	3, // 2: norn.v1.StatusResponse.nodes:type_name -> norn.v1.NodeStatus
-	4, // 3: norn.v1.PartitionStatus.counts:type_name -> norn.v1.PartitionStatus.CountsEntry
-	5, // 4: norn.v1.NodeStatus.clock_offset:type_name -> google.protobuf.Duration
-	0, // 5: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
-	1, // 6: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	4, // 2: norn.v1.StatusResponse.nodes:type_name -> norn.v1.NodeStatus
+	5, // 3: norn.v1.PartitionStatus.counts:type_name -> norn.v1.PartitionStatus.CountsEntry
+	3, // 4: norn.v1.PartitionStatus.replica_roots:type_name -> norn.v1.ReplicaRoot
+	6, // 5: norn.v1.NodeStatus.clock_offset:type_name -> google.protobuf.Duration
+	0, // 6: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
+	1, // 7: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
+	7, // [7:8] is the sub-list for method output_type
+	6, // [6:7] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_admin_service_proto_init() }
@@ -440,7 +533,7 @@ func file_norn_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_admin_service_proto_rawDesc), len(file_norn_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
