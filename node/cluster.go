@@ -232,6 +232,9 @@ func (n *Node) adopt(r *cluster.Ring) error {
 	if !slices.EqualFunc(cur.Placement.Cohorts, r.Placement.Cohorts, slices.Equal) {
 		n.cfg.Logger.Warn("the placement changed; moving partitions comes with rebalancing", "epoch", r.Epoch)
 	}
+	// A new ring may bring a partition a new member (or a member a new
+	// address): compare with every peer now.
+	n.kickAntiEntropy()
 	return nil
 }
 
