@@ -92,6 +92,8 @@ type directPeer struct {
 	read    []uint64 // ids asked for by ReadStates
 	sent    []uint64 // ids ReadStates answered with a state
 	pushed  []uint64 // ids of the states pushed
+	// respBytes is the encoded size of every response sent.
+	respBytes int
 }
 
 var _ Peer = (*directPeer)(nil)
@@ -128,7 +130,10 @@ func serve[Req, Resp proto.Message](d *directPeer, req Req, fn func(Req) (Resp, 
 	if d.tamper != nil {
 		d.tamper(resp)
 	}
-	out, _, err := wire(resp)
+	out, n, err := wire(resp)
+	d.mu.Lock()
+	d.respBytes += n
+	d.mu.Unlock()
 	return out, err
 }
 
@@ -192,6 +197,7 @@ func (d *directPeer) ReadStates(_ context.Context, p uint16, ids []uint64) ([]*c
 	d.mu.Lock()
 	d.read = append(d.read, ids...)
 	d.sent = append(d.sent, sent...)
+	d.respBytes += n
 	d.mu.Unlock()
 	return out, n, nil
 }
@@ -229,7 +235,7 @@ func (d *directPeer) Push(_ context.Context, p uint16, tasks []*crdt.Task) (int,
 // reset forgets what the peer recorded.
 func (d *directPeer) reset() {
 	d.mu.Lock()
-	d.entries, d.read, d.sent, d.pushed = 0, nil, nil, nil
+	d.entries, d.read, d.sent, d.pushed, d.respBytes = 0, nil, nil, nil, 0
 	d.mu.Unlock()
 }
 
