@@ -253,8 +253,9 @@ func sorted16(ps []uint16) []uint16 {
 
 // TestExchangeSettle: a write that reaches the peer between the two
 // comparisons (in flight to both replicas when the exchange started) is
-// not transferred when Settle is set; a real difference still is. Without
-// Settle the same race transfers it.
+// not transferred when Settle is set, nor is one that reaches this replica
+// only then; a real difference still is. Without Settle the first race
+// transfers the write.
 func TestExchangeSettle(t *testing.T) {
 	for _, settle := range []time.Duration{0, time.Millisecond} {
 		t.Run(fmt.Sprint("settle=", settle), func(t *testing.T) {
@@ -269,9 +270,22 @@ func TestExchangeSettle(t *testing.T) {
 			inFlight := newTask(rng.Uint64()) // on a, on its way to b
 			lost := newTask(rng.Uint64())     // on a only: b missed it
 			mergeAll(t, a.store, 0, inFlight, lost)
+			// late is written to a after the first comparison, in a leaf
+			// that differs (lost's): only the second comparison sees it
+			// (a reads its own entries after b's answer).
+			leaf := a.r.Tree(0).Leaf(storage.Segment(lost.ID))
+			late := newTask(rng.Uint64())
+			for a.r.Tree(0).Leaf(storage.Segment(late.ID)) != leaf {
+				late = newTask(rng.Uint64())
+			}
 			b.peer.afterEntries = func(n int) {
 				if n == 1 {
 					mergeAll(t, b.store, 0, inFlight)
+				}
+			}
+			b.peer.beforeEntries = func(n int) {
+				if n == 2 {
+					mergeAll(t, a.store, 0, late)
 				}
 			}
 			st, err := a.r.Exchange(context.Background(), b.peer, []uint16{0}, Options{Settle: settle})
@@ -285,6 +299,9 @@ func TestExchangeSettle(t *testing.T) {
 			if got := sorted(b.peer.read); !slices.Equal(got, want) || st.Pulled != len(want)-1 {
 				t.Fatalf("transferred %v (%d pulled), want %v", got, st.Pulled, want)
 			}
+			// late's own write reaches both.
+			mergeAll(t, a.store, 0, late)
+			mergeAll(t, b.store, 0, late)
 			if sa, sb := stored(t, a.store, 0), stored(t, b.store, 0); !maps.Equal(sa, sb) || a.r.Tree(0).Root() != b.r.Tree(0).Root() {
 				t.Fatal("replicas differ after the exchange")
 			}

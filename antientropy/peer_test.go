@@ -80,9 +80,10 @@ type directPeer struct {
 	r     *Replica
 	store *storage.Store
 
-	// afterEntries, if set, runs after the peer answered its n-th
-	// SegmentEntries call (n from 1).
-	afterEntries func(n int)
+	// beforeEntries and afterEntries, if set, run before and after the
+	// peer answers its n-th SegmentEntries call (n from 1). The caller
+	// reads its own entries after the peer's answer.
+	beforeEntries, afterEntries func(n int)
 	// tamper, if set, may change a response before it is returned (a
 	// misbehaving peer).
 	tamper func(resp proto.Message)
@@ -146,11 +147,14 @@ func (d *directPeer) TreeNodes(_ context.Context, req *nornv1.TreeNodesRequest) 
 }
 
 func (d *directPeer) SegmentEntries(_ context.Context, req *nornv1.SegmentEntriesRequest) (*nornv1.SegmentEntriesResponse, error) {
-	resp, err := serve(d, req, d.r.ServeSegmentEntries)
 	d.mu.Lock()
 	d.entries++
 	n := d.entries
 	d.mu.Unlock()
+	if d.beforeEntries != nil {
+		d.beforeEntries(n)
+	}
+	resp, err := serve(d, req, d.r.ServeSegmentEntries)
 	if err == nil && d.afterEntries != nil {
 		d.afterEntries(n)
 	}

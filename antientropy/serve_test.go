@@ -34,6 +34,14 @@ func TestNewReplicaConfig(t *testing.T) {
 	if n, bytes := r.Partitions(); n != 0 || bytes != 0 {
 		t.Fatalf("new replica: %d partitions, %d bytes", n, bytes)
 	}
+	for _, p := range []uint16{0, 7, 7} {
+		if err := r.Add(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, bytes := r.Partitions(); n != 2 || bytes != 2*r.Tree(0).Bytes() {
+		t.Fatalf("2 partitions: Partitions() = %d, %d bytes", n, bytes)
+	}
 }
 
 // TestServeBadRequests: every malformed request to a Serve method is an
