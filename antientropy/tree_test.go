@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/norn-dev/norn/crdt"
@@ -497,32 +498,51 @@ func TestTrackDigestsMatchesIncremental(t *testing.T) {
 // twice. Run it with -race.
 func TestTreeFollowsConcurrentWrites(t *testing.T) {
 	s := newSide(t, sideConfig{leafBits: 8})
+	rng := rand.New(rand.NewPCG(6, 6))
+	var base []*crdt.Task
+	for range 3000 { // enough entries for each Add's scan to take a while
+		base = append(base, newTask(rng.Uint64()))
+	}
+	mergeAll(t, s.store, 0, base...)
+
+	var written atomic.Int64
+	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for w := range 4 {
+	for w := range 2 {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 6))
-			for range 40 {
-				var batch []*crdt.Task
-				for range 10 {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var items []storage.MergeItem
+				for range 5 {
 					id := rng.Uint64()
-					batch = append(batch, newTask(id), terminalOf(id, t0, crdt.Cancelled, 0))
+					items = append(items, storage.MergeItem{Task: newTask(id)},
+						storage.MergeItem{Task: terminalOf(id, t0, crdt.Cancelled, 0)})
 				}
-				items := make([]storage.MergeItem, len(batch))
-				for i, x := range batch {
-					items[i] = storage.MergeItem{Partition: 0, Task: x}
-				}
+				// An earlier task changes too.
+				items = append(items, storage.MergeItem{Task: updateOf(base[rng.IntN(len(base))].ID, 1, rng.Uint64N(1000))})
 				if _, err := s.store.MergeTasks(items); err != nil {
 					t.Error(err)
 					return
 				}
+				written.Add(1)
 			}
 		})
 	}
-	for range 5 {
+	for range 10 {
+		// Let some writes through, then rebuild while they continue.
+		for n := written.Load(); written.Load() < n+3; {
+			runtime.Gosched()
+		}
 		if err := s.r.Add(0); err != nil {
 			t.Fatal(err)
 		}
 	}
+	close(stop)
 	wg.Wait()
 	if want := bruteRoot(stored(t, s.store, 0)); s.r.Tree(0).Root() != want {
 		t.Fatalf("root %x after concurrent writes, brute force %x", s.r.Tree(0).Root(), want)
