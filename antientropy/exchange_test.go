@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -504,4 +505,46 @@ func TestExchangeStaleStateNotStored(t *testing.T) {
 			t.Fatalf("B holds %d tasks", len(got))
 		}
 	})
+}
+
+// TestExchangeConcurrent: exchanges both ways at once, racing with writes
+// to both replicas, are safe (run it with -race), and one quiet exchange
+// afterwards leaves the replicas equal.
+func TestExchangeConcurrent(t *testing.T) {
+	a, b := newSide(t, sideConfig{leafBits: 8}, 0), newSide(t, sideConfig{leafBits: 8}, 0)
+	rng := rand.New(rand.NewPCG(10, 10))
+	aTasks, bTasks := randomDiff(rng, false)
+	mergeAll(t, a.store, 0, aTasks...)
+	mergeAll(t, b.store, 0, bTasks...)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i, s := range []*side{a, b} {
+		wg.Go(func() { // writes
+			rng := rand.New(rand.NewPCG(uint64(i), 11))
+			for range 20 {
+				if _, err := s.store.MergeTasks([]storage.MergeItem{{Task: newTask(rng.Uint64())}}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	for _, pair := range [][2]*side{{a, b}, {b, a}} {
+		wg.Go(func() { // exchanges
+			for range 5 {
+				if _, err := pair[0].r.Exchange(ctx, pair[1].peer, []uint16{0}, Options{Settle: time.Millisecond}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if _, err := a.r.Exchange(ctx, b.peer, []uint16{0}, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	sa, sb := stored(t, a.store, 0), stored(t, b.store, 0)
+	if !maps.Equal(sa, sb) || a.r.Tree(0).Root() != b.r.Tree(0).Root() || a.r.Tree(0).Root() != bruteRoot(sa) {
+		t.Fatalf("replicas differ after the quiet exchange: %d and %d tasks", len(sa), len(sb))
+	}
 }
