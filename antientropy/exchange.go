@@ -222,7 +222,8 @@ func (r *Replica) differingIDs(ctx context.Context, st *Stats, peer Peer, p uint
 }
 
 // transfer pulls the peer's states of ids and merges them here, then
-// pushes this replica's (joined) states of ids to the peer.
+// pushes this replica's (joined) states of ids to the peer, except those
+// equal to the state the peer sent.
 func (r *Replica) transfer(ctx context.Context, st *Stats, peer Peer, p uint16, ids []uint64, opt Options) error {
 	for chunk := range slices.Chunk(ids, MaxStatesPerCall) {
 		if err := pace(ctx, opt, 8*len(chunk)); err != nil {
@@ -238,6 +239,7 @@ func (r *Replica) transfer(ctx context.Context, st *Stats, peer Peer, p uint16, 
 			return fmt.Errorf("antientropy: read %d states for %d ids", len(theirs), len(chunk))
 		}
 		var got []*crdt.Task
+		peerHas := make(map[uint64]uint64, len(chunk)) // id -> digest of the peer's state
 		for i, t := range theirs {
 			if t == nil {
 				continue
@@ -246,6 +248,7 @@ func (r *Replica) transfer(ctx context.Context, st *Stats, peer Peer, p uint16, 
 				return fmt.Errorf("antientropy: read state of id %d for id %d", t.ID, chunk[i])
 			}
 			got = append(got, t)
+			peerHas[t.ID] = t.Digest()
 		}
 		if len(got) > 0 {
 			if err := r.merge(p, got); err != nil {
@@ -253,9 +256,17 @@ func (r *Replica) transfer(ctx context.Context, st *Stats, peer Peer, p uint16, 
 			}
 			st.Pulled += len(got)
 		}
-		mine, err := r.states(p, chunk)
+		states, err := r.states(p, chunk)
 		if err != nil {
 			return err
+		}
+		// Push only what the peer lacks: a joined state equal to the one
+		// it sent (its state held ours) would change nothing there.
+		var mine []*crdt.Task
+		for _, t := range states {
+			if d, ok := peerHas[t.ID]; !ok || d != t.Digest() {
+				mine = append(mine, t)
+			}
 		}
 		if len(mine) == 0 {
 			continue

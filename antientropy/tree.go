@@ -17,8 +17,8 @@ const (
 	// DefaultLeafBits gives 16,384 leaves: 137 KiB per tree (leaves and
 	// branches, 8 bytes each), about 61 tasks per leaf at 1M tasks.
 	DefaultLeafBits = 14
-	// MinLeafBits and MaxLeafBits bound Config.LeafBits. 16 is one leaf
-	// per segment: about 1.1 MiB per tree.
+	// MinLeafBits and MaxLeafBits bound ReplicaConfig.LeafBits. 16 is one leaf
+	// per segment: 546 KiB per tree.
 	MinLeafBits = 4
 	MaxLeafBits = storage.SegmentBits
 	// fanoutBits: each branch has 16 children (the top level may have
