@@ -76,8 +76,9 @@ func (r *Replica) Exchange(ctx context.Context, peer Peer, parts []uint16, opt O
 		return st, nil
 	}
 	req := &nornv1.TreeRootsRequest{DeleteHorizonMs: r.horizon(), LeafBits: uint32(r.leafBits)}
-	for _, p := range parts {
-		if r.Tree(p) == nil {
+	trees := make([]*Tree, len(parts))
+	for i, p := range parts {
+		if trees[i] = r.Tree(p); trees[i] == nil {
 			return st, fmt.Errorf("partition %d: %w", p, ErrNotReplicated)
 		}
 		req.Partitions = append(req.Partitions, uint32(p))
@@ -95,12 +96,12 @@ func (r *Replica) Exchange(ctx context.Context, peer Peer, parts []uint16, opt O
 	}
 	st.Partitions = len(parts)
 	for i, p := range parts {
-		if r.Tree(p).Root() == resp.Roots[i] {
+		if trees[i].Root() == resp.Roots[i] {
 			st.Converged = append(st.Converged, p)
 			continue
 		}
 		st.Differing++
-		ps, err := r.reconcile(ctx, peer, p, opt)
+		ps, err := r.reconcile(ctx, peer, p, trees[i], opt)
 		st.add(ps)
 		if err != nil {
 			return st, fmt.Errorf("partition %d: %w", p, err)
@@ -110,12 +111,8 @@ func (r *Replica) Exchange(ctx context.Context, peer Peer, parts []uint16, opt O
 }
 
 // reconcile brings one partition's differing tasks across.
-func (r *Replica) reconcile(ctx context.Context, peer Peer, p uint16, opt Options) (Stats, error) {
+func (r *Replica) reconcile(ctx context.Context, peer Peer, p uint16, t *Tree, opt Options) (Stats, error) {
 	var st Stats
-	t := r.Tree(p)
-	if t == nil {
-		return st, ErrNotReplicated
-	}
 	leaves, err := r.differingLeaves(ctx, &st, peer, p, t, opt)
 	if err != nil || len(leaves) == 0 {
 		return st, err
@@ -235,6 +232,11 @@ func (r *Replica) transfer(ctx context.Context, st *Stats, peer Peer, p uint16, 
 		if err != nil {
 			return err
 		}
+		// The states' size is known only now: charge it (the next call
+		// waits it out).
+		if err := pace(ctx, opt, n); err != nil {
+			return err
+		}
 		if len(theirs) != len(chunk) {
 			return fmt.Errorf("antientropy: read %d states for %d ids", len(theirs), len(chunk))
 		}
@@ -271,20 +273,21 @@ func (r *Replica) transfer(ctx context.Context, st *Stats, peer Peer, p uint16, 
 		if len(mine) == 0 {
 			continue
 		}
-		if err := pace(ctx, opt, 0); err != nil {
-			return err
-		}
 		n, err = peer.Push(ctx, p, mine)
 		st.BytesSent += n
 		if err != nil {
 			return err
 		}
 		st.Pushed += len(mine)
+		if err := pace(ctx, opt, n); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// call sends one request to the peer, pacing and counting its bytes.
+// call sends one request to the peer, pacing and counting the bytes of
+// the request (before) and of the answer (after).
 func call[Req, Resp proto.Message](ctx context.Context, st *Stats, opt Options, req Req, fn func(context.Context, Req) (Resp, error)) (Resp, error) {
 	n := proto.Size(req)
 	if err := pace(ctx, opt, n); err != nil {
@@ -293,10 +296,13 @@ func call[Req, Resp proto.Message](ctx context.Context, st *Stats, opt Options, 
 	}
 	st.BytesSent += n
 	resp, err := fn(ctx, req)
-	if err == nil {
-		st.BytesRecv += proto.Size(resp)
+	if err != nil {
+		return resp, err
 	}
-	return resp, err
+	m := proto.Size(resp)
+	st.BytesRecv += m
+	// The answer's size is known only now: charge it too.
+	return resp, pace(ctx, opt, m)
 }
 
 func pace(ctx context.Context, opt Options, n int) error {

@@ -353,10 +353,15 @@ func TestExchangePace(t *testing.T) {
 	if err != nil || st.Pushed != 1 || st.Pulled != 1 {
 		t.Fatalf("paced exchange: %+v, %v", st, err)
 	}
-	// TreeRoots, a TreeNodes per level below the root, SegmentEntries,
-	// ReadStates, Push and the final root check.
-	if want := 1 + (a.r.Tree(0).Levels() - 1) + 1 + 2 + 1; calls != want || paced == 0 {
-		t.Fatalf("Pace called %d times for %d bytes, want %d calls", calls, paced, want)
+	// Twice per call (the request before it, the answer after): TreeRoots,
+	// a TreeNodes per level below the root, SegmentEntries, ReadStates and
+	// the final root check; once for Push (its size is known after it).
+	if want := 2*(1+(a.r.Tree(0).Levels()-1)+1+1+1) + 1; calls != want {
+		t.Fatalf("Pace called %d times, want %d", calls, want)
+	}
+	// Every byte sent or received is paced, states included.
+	if paced != st.BytesSent+st.BytesRecv {
+		t.Fatalf("paced %d bytes, the exchange moved %d", paced, st.BytesSent+st.BytesRecv)
 	}
 
 	errSlow := errors.New("slow down")

@@ -177,24 +177,26 @@ func (r *Replica) ServeTreeRoots(req *nornv1.TreeRootsRequest) (*nornv1.TreeRoot
 		return nil, fmt.Errorf("leaf_bits: %d, this node's trees have %d: %w", req.LeafBits, r.leafBits, ErrTreeSize)
 	}
 	parts := make([]uint16, len(req.Partitions))
+	trees := make([]*Tree, len(req.Partitions))
 	seen := make(map[uint32]bool, len(parts))
 	for i, p := range req.Partitions {
 		if seen[p] {
 			return nil, fmt.Errorf("partitions[%d]: %d repeated", i, p)
 		}
 		seen[p] = true
-		if _, err := r.tree(p); err != nil {
+		t, err := r.tree(p)
+		if err != nil {
 			return nil, fmt.Errorf("partitions[%d]: %w", i, err)
 		}
-		parts[i] = uint16(p)
+		parts[i], trees[i] = uint16(p), t
 	}
 	h, err := r.agree(parts, req.DeleteHorizonMs)
 	if err != nil {
 		return nil, err
 	}
 	resp := &nornv1.TreeRootsResponse{DeleteHorizonMs: h, Roots: make([]uint64, len(parts))}
-	for i, p := range parts {
-		resp.Roots[i] = r.Tree(p).Root()
+	for i, t := range trees {
+		resp.Roots[i] = t.Root()
 	}
 	return resp, nil
 }
