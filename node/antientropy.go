@@ -223,7 +223,13 @@ func (n *Node) exchangeWith(r *cluster.Ring, peerID string, limiter *rate.Limite
 	}
 	st, err := n.ae.Exchange(ctx, &aePeer{n: n, p: n.peers.get(nd.APIAddr)}, parts, opt)
 	n.aeStats.record(st, err, time.Now())
-	if err != nil && !errors.Is(err, context.Canceled) {
+	switch {
+	case err == nil || errors.Is(err, context.Canceled):
+	case connect.CodeOf(err) == connect.CodeUnavailable:
+		// The peer is starting, or has not adopted the ring yet: the next
+		// round will do.
+		n.cfg.Logger.Info("anti-entropy peer not ready", "peer", peerID, "err", err)
+	default:
 		n.cfg.Logger.Warn("anti-entropy exchange failed", "peer", peerID, "err", err)
 	}
 	if st.Pushed+st.Pulled > 0 {
