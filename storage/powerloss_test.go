@@ -120,21 +120,5 @@ func TestPowerLossAfterFlushes(t *testing.T) {
 			acked[items[i].Task.ID] = r.NewDigest
 		}
 	}
-	after, err := Open(Config{Dir: crashImage(t, dir), Clock: &testClock{ms: t0}, CacheBytes: 8 << 20})
-	if err != nil {
-		t.Fatalf("the crashed store does not open: %v", err)
-	}
-	defer after.Close()
-	for id, dig := range acked {
-		st, err := after.GetTask(uint16(id%4), id)
-		if err != nil {
-			t.Fatalf("acked task %d lost: %v", id, err)
-		}
-		if st.Digest != dig {
-			t.Fatalf("task %d digest %x, acked %x", id, st.Digest, dig)
-		}
-	}
-	for p := range uint16(4) {
-		checkIndexes(t, after, p)
-	}
+	checkCrashed(t, vfs.Default, crashImage(t, dir), acked, nil)
 }
