@@ -155,6 +155,9 @@ func TestCrashHook(t *testing.T) {
 				args = append(args, "-test-bug", "ack-before-sync")
 			}
 			p := startNornd(t, dir, addr, args...)
+			// Let the start-up Raft writes (synced, they would sync the
+			// task's write too) settle: then nothing syncs the WAL.
+			time.Sleep(300 * time.Millisecond)
 			api := client(addr)
 			ctx := context.Background()
 			r, err := api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "q", Payload: []byte("acked")}}))
