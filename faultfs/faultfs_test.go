@@ -38,6 +38,17 @@ func write(t *testing.T, f vfs.File, s string) {
 	}
 }
 
+// createSynced creates name holding s, synced, and closes it.
+func createSynced(t *testing.T, fs *FS, name, s string) {
+	t.Helper()
+	f := create(t, fs, name)
+	defer f.Close()
+	write(t, f, s)
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func readAll(t *testing.T, fs vfs.FS, name string) []byte {
 	t.Helper()
 	f, err := fs.Open(name)
@@ -110,12 +121,7 @@ func TestSyncedWritesSurvive(t *testing.T) {
 func TestReadYourWritesAndOverlays(t *testing.T) {
 	name := filepath.Join(t.TempDir(), "f")
 	fs := New(vfs.Default)
-	f := create(t, fs, name)
-	write(t, f, "0123456789")
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	createSynced(t, fs, name, "0123456789")
 	f, err := fs.OpenReadWrite(name, vfs.WriteCategoryUnspecified)
 	if err != nil {
 		t.Fatal(err)
@@ -240,12 +246,7 @@ func TestReuseForWrite(t *testing.T) {
 	dir := t.TempDir()
 	old, recycled := filepath.Join(dir, "000001.log"), filepath.Join(dir, "000002.log")
 	fs := New(vfs.Default)
-	f := create(t, fs, old)
-	write(t, f, "OLDOLDOLD")
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	createSynced(t, fs, old, "OLDOLDOLD")
 	f, err := fs.ReuseForWrite(old, recycled, vfs.WriteCategoryUnspecified)
 	if err != nil {
 		t.Fatal(err)
