@@ -54,6 +54,10 @@ func testClusterWith(t *testing.T, k int, tune func(i int, cfg *Config)) []*memb
 			Partitions: 8, BootstrapExpect: k, Replication: 3,
 			SkewBuffer: testSkew, LeaseGrace: 5 * time.Second,
 			RaftTimeout: 300 * time.Millisecond, WriteTimeout: 3 * time.Second,
+			// Anti-entropy only where a test asks for it: otherwise a round
+			// could repair what the test expects another mechanism (read
+			// repair, replication) to repair.
+			AntiEntropyInterval: time.Hour,
 			Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 			RaftLogger: hclog.NewNullLogger(),
 		}
