@@ -58,8 +58,8 @@ func testClusterWith(t *testing.T, k int, tune func(i int, cfg *Config)) []*memb
 			// could repair what the test expects another mechanism (read
 			// repair, replication) to repair.
 			AntiEntropyInterval: time.Hour,
-			Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-			RaftLogger: hclog.NewNullLogger(),
+			Logger:              slog.New(slog.NewTextHandler(io.Discard, nil)),
+			RaftLogger:          hclog.NewNullLogger(),
 		}
 		if i > 0 {
 			cfg.Join = []string{ms[0].node.GossipAddr()}

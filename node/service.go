@@ -288,7 +288,7 @@ func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.Rene
 	if err != nil {
 		return nil, err
 	}
-	ts, err := n.load(m.GetId())
+	ts, err := n.loadClaimed(ctx, m.GetId(), m.GetClaimId())
 	if err != nil {
 		return nil, apiError(err)
 	}
@@ -335,7 +335,7 @@ func (s taskService) Update(ctx context.Context, req *connect.Request[nornv1.Upd
 	if err := u.Validate(n.cfg.Limits); err != nil {
 		return nil, apiError(err)
 	}
-	ts, err := n.load(m.GetId())
+	ts, err := n.loadClaimed(ctx, m.GetId(), m.GetClaimId())
 	if err != nil {
 		return nil, apiError(err)
 	}
@@ -360,7 +360,7 @@ func (n *Node) finish(ctx context.Context, id, claimID uint64, w uint32, ev crdt
 	if _, err := n.quorum(w); err != nil {
 		return 0, err
 	}
-	t, err := n.prepareFinish(id, claimID, ev)
+	t, err := n.prepareFinish(ctx, id, claimID, ev)
 	if err != nil {
 		return 0, err
 	}
@@ -372,7 +372,7 @@ func (n *Node) finish(ctx context.Context, id, claimID uint64, w uint32, ev crdt
 // prepareFinish checks that the terminal event ev may end task id under
 // claim claimID and returns the state to write: the event, or the task's
 // state when the same event already took effect (a retry).
-func (n *Node) prepareFinish(id, claimID uint64, ev crdt.Terminal) (*crdt.Task, error) {
+func (n *Node) prepareFinish(ctx context.Context, id, claimID uint64, ev crdt.Terminal) (*crdt.Task, error) {
 	if err := requireClaim(id, claimID); err != nil {
 		return nil, err
 	}
@@ -380,7 +380,7 @@ func (n *Node) prepareFinish(id, claimID uint64, ev crdt.Terminal) (*crdt.Task, 
 	if err := ev.Validate(n.cfg.Limits); err != nil {
 		return nil, apiError(err)
 	}
-	ts, err := n.load(id)
+	ts, err := n.loadClaimed(ctx, id, claimID)
 	if err != nil {
 		return nil, apiError(err)
 	}
@@ -468,7 +468,7 @@ func (s taskService) CompleteBatch(ctx context.Context, req *connect.Request[nor
 		if len(result) == 0 {
 			result = nil
 		}
-		t, err := n.prepareFinish(c.GetId(), c.GetClaimId(), crdt.Terminal{Kind: crdt.Completed, Result: result})
+		t, err := n.prepareFinish(ctx, c.GetId(), c.GetClaimId(), crdt.Terminal{Kind: crdt.Completed, Result: result})
 		if err != nil {
 			fail(i, err)
 			continue
@@ -560,7 +560,7 @@ func (s taskService) Yield(ctx context.Context, req *connect.Request[nornv1.Yiel
 	if p := m.GetProgress(); math.IsNaN(p) || p < 0 || p > 1 {
 		return nil, invalid("progress", "must be in [0, 1], got %v", p)
 	}
-	ts, err := n.load(m.GetId())
+	ts, err := n.loadClaimed(ctx, m.GetId(), m.GetClaimId())
 	if err != nil {
 		return nil, apiError(err)
 	}

@@ -1,8 +1,12 @@
 package node
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -165,4 +169,58 @@ func maxClaimsError(limit uint32) *nornv1.TaskError {
 func dependencyFailedError(dep uint64) *nornv1.TaskError {
 	return &nornv1.TaskError{Code: "dependency_failed",
 		Description: "a task this one depends on was aborted or cancelled", Args: []string{itoa(dep)}}
+}
+
+// loadClaimed loads task id for a call made under claim claimID (Renew,
+// Yield, Update, Complete, Abort), where a refusal must rest on the
+// partition's authoritative claim state, not on a replica that is behind.
+// The local replica is believed when it shows claimID live or the task
+// terminal. Otherwise, on the partition's leader, it waits until the claim
+// FSM has applied every committed entry (a new leader may not have applied
+// its predecessor's yet) and, when the task's state has not reached this
+// replica (a write with W < N skipped it, or a power loss took it), reads
+// it from a majority of replicas. A replica that is not the leader (the
+// call could not reach one) cannot refute the claim: UNAVAILABLE, which
+// the caller may retry.
+func (n *Node) loadClaimed(ctx context.Context, id, claimID uint64) (*taskState, error) {
+	ts, err := n.load(id)
+	if err == nil && claimDecided(ts, claimID) {
+		return ts, nil
+	}
+	if err != nil && !errors.Is(err, storage.ErrNotFound) {
+		return nil, err
+	}
+	p := n.partition(id)
+	g := n.group(p)
+	if g == nil {
+		return ts, err
+	}
+	if !g.IsLeader() {
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf(
+			"claim %d of task %d cannot be checked: partition %d has no reachable leader", claimID, id, p))
+	}
+	if err := g.Barrier(proposeTimeout); err != nil {
+		return nil, apiError(err)
+	}
+	ts, err = n.load(id)
+	if errors.Is(err, storage.ErrNotFound) {
+		// The read merges a majority's states with this leader's record
+		// and repairs this replica in the background.
+		return n.read(ctx, id, 0)
+	}
+	return ts, err
+}
+
+// claimDecided reports whether ts settles a call under claimID without
+// looking further: the claim is live, or the task is terminal.
+func claimDecided(ts *taskState, claimID uint64) bool {
+	if _, terminal := ts.task.Terminal(); terminal {
+		return true
+	}
+	if ts.claims != nil {
+		if c, ok := ts.claims.Live(); ok && c.Token == claimID {
+			return true
+		}
+	}
+	return false
 }

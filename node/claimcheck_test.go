@@ -1,0 +1,115 @@
+package node
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+)
+
+// TestLiveClaimOnLeaderWithoutTheTask: the partition's leader has lost the
+// task's state (a write with W < N skipped it, or a power loss took it)
+// while its claim FSM holds a live claim. Renew, Update, Yield and
+// Complete under that claim must not be refused (found by the Jepsen
+// harness: NOT_FOUND for a live claim); the leader reads the task from a
+// majority instead.
+func TestLiveClaimOnLeaderWithoutTheTask(t *testing.T) {
+	ms := testCluster(t, 3)
+	ctx := context.Background()
+	r, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "q"}, W: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Msg.Id
+	p := ms[0].node.partition(id)
+	leader, _ := partitionRoles(t, ms, p)
+	c, err := leader.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "q", Worker: "w", Max: 1, Lease: durationpb.New(time.Minute)}))
+	if err != nil || len(c.Msg.Tasks) != 1 {
+		t.Fatalf("claim: %v, %v", c, err)
+	}
+	claimID := c.Msg.Tasks[0].ClaimId
+	lose := func() {
+		t.Helper()
+		if err := leader.node.store.DeleteTasks(p, []uint64{id}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := leader.node.store.TaskState(p, id); err == nil {
+			t.Fatal("the leader still has the task")
+		}
+	}
+	lose()
+	if _, err := leader.api.Renew(ctx, connect.NewRequest(&nornv1.RenewRequest{Id: id, ClaimId: claimID, Lease: durationpb.New(time.Minute)})); err != nil {
+		t.Fatalf("renew of the live claim at a leader without the task: %v", err)
+	}
+	lose()
+	if _, err := leader.api.Update(ctx, connect.NewRequest(&nornv1.UpdateRequest{Id: id, ClaimId: claimID, Seq: 1, Progress: 0.5})); err != nil {
+		t.Fatalf("update under the live claim at a leader without the task: %v", err)
+	}
+	lose()
+	if _, err := leader.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: claimID})); err != nil {
+		t.Fatalf("complete under the live claim at a leader without the task: %v", err)
+	}
+	g, err := leader.api.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id, R: 3}))
+	if err != nil || g.Msg.Task.Status != nornv1.TaskStatus_TASK_STATUS_COMPLETED {
+		t.Fatalf("after the complete: %v, %v", g, err)
+	}
+
+	// Yield, on a second task.
+	r, err = leader.api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "y"}, W: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = r.Msg.Id
+	p = leader.node.partition(id)
+	leader, _ = partitionRoles(t, ms, p)
+	c, err = leader.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "y", Worker: "w", Max: 1, Lease: durationpb.New(time.Minute)}))
+	if err != nil || len(c.Msg.Tasks) != 1 {
+		t.Fatalf("claim: %v, %v", c, err)
+	}
+	claimID = c.Msg.Tasks[0].ClaimId
+	lose()
+	if _, err := leader.api.Yield(ctx, connect.NewRequest(&nornv1.YieldRequest{Id: id, ClaimId: claimID})); err != nil {
+		t.Fatalf("yield of the live claim at a leader without the task: %v", err)
+	}
+}
+
+// TestClaimCheckAuthority: a claim that is not live is refused
+// (FAILED_PRECONDITION) only by the partition's leader; a replica that is
+// not the leader cannot refute it and answers UNAVAILABLE (found by the
+// Jepsen harness: a replica whose claim FSM was behind refused a live
+// claim as superseded).
+func TestClaimCheckAuthority(t *testing.T) {
+	ms := testCluster(t, 3)
+	ctx := context.Background()
+	r, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "q"}, W: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Msg.Id
+	leader, others := partitionRoles(t, ms, ms[0].node.partition(id))
+	const bogus = 987654 // never a claim of this task
+	if _, err := leader.node.loadClaimed(ctx, id, bogus); err != nil {
+		t.Fatalf("leader's load under a dead claim: %v (the caller refuses it with liveClaim)", err)
+	}
+	ts, _ := leader.node.loadClaimed(ctx, id, bogus)
+	if err := liveClaim(ts, bogus); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("leader's check of a dead claim: %v, want FAILED_PRECONDITION", err)
+	}
+	for _, m := range others {
+		if _, err := m.node.loadClaimed(ctx, id, bogus); connect.CodeOf(err) != connect.CodeUnavailable {
+			t.Fatalf("%s (not the leader) on a claim it cannot see: %v, want UNAVAILABLE", m.cfg.NodeID, err)
+		}
+	}
+	// A follower that lacks the task altogether cannot call it missing.
+	p := ms[0].node.partition(id)
+	if err := others[0].node.store.DeleteTasks(p, []uint64{id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := others[0].node.loadClaimed(ctx, id, bogus); connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("follower without the task: %v, want UNAVAILABLE", err)
+	}
+}
