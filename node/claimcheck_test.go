@@ -113,3 +113,32 @@ func TestClaimCheckAuthority(t *testing.T) {
 		t.Fatalf("follower without the task: %v, want UNAVAILABLE", err)
 	}
 }
+
+// TestCancelAtLeaderWithoutTheTask: a cancel answered by a leader whose
+// replica lacks the task (W < N skipped it) cancels it instead of
+// answering NOT_FOUND: only a majority can say a task does not exist.
+func TestCancelAtLeaderWithoutTheTask(t *testing.T) {
+	ms := testCluster(t, 3)
+	ctx := context.Background()
+	r, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "q"}, W: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Msg.Id
+	p := ms[0].node.partition(id)
+	leader, _ := partitionRoles(t, ms, p)
+	if err := leader.node.store.DeleteTasks(p, []uint64{id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leader.api.Cancel(ctx, connect.NewRequest(&nornv1.CancelRequest{Id: id, W: 3})); err != nil {
+		t.Fatalf("cancel at a leader without the task: %v", err)
+	}
+	g, err := leader.api.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id, R: 3}))
+	if err != nil || g.Msg.Task.Status != nornv1.TaskStatus_TASK_STATUS_CANCELLED {
+		t.Fatalf("after the cancel: %v, %v", g, err)
+	}
+	// A task no replica has is still not found.
+	if _, err := leader.api.Cancel(ctx, connect.NewRequest(&nornv1.CancelRequest{Id: 4242})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("cancel of an unknown task: %v, want NOT_FOUND", err)
+	}
+}

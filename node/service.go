@@ -601,6 +601,11 @@ func (s taskService) Cancel(ctx context.Context, req *connect.Request[nornv1.Can
 		return resp, err
 	}
 	ts, err := n.load(m.GetId())
+	if errors.Is(err, storage.ErrNotFound) {
+		// This replica may have missed the enqueue (W < N, a power loss):
+		// only a majority can say the task does not exist.
+		ts, err = n.read(ctx, m.GetId(), 0)
+	}
 	if err != nil {
 		return nil, apiError(err)
 	}
