@@ -80,7 +80,11 @@ type Options struct {
 	Results  string        // parent of the run's results directory
 	Root     string        // module root, to build nornd (unless Bin is set)
 	Bin      string        // a nornd binary to use
-	Logf     func(format string, args ...any)
+	// AllowKnownBugs tolerates the anomalies of open Norn bugs listed in
+	// docs/JEPSEN.md (today: spurious refusals of renew/yield/complete on
+	// a stale claim state); they are still counted and reported.
+	AllowKnownBugs bool
+	Logf           func(format string, args ...any)
 }
 
 // Result is one run's outcome.
@@ -273,6 +277,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		CheckTerminal(ops, repl),
 		conv,
 		CheckLiveness(ops, tl.FirstFault(), heal, firstClaim, 50),
+	}
+	if o.AllowKnownBugs {
+		for i := range res.Verdicts {
+			if v := &res.Verdicts[i]; !v.Valid && v.Counts["spurious-refusals"] > 0 && v.Counts["timeout"] == 0 {
+				v.Valid = true
+				v.add("tolerated: a known Norn bug (--allow-known-bugs)")
+			}
+		}
 	}
 	res.Valid = true
 	for _, v := range res.Verdicts {
