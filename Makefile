@@ -6,7 +6,7 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # version; its plugins are `tool` directives in go.mod. See api/norn/v1/doc.go.
 BUF         ?= github.com/bufbuild/buf/cmd/buf@v1.73.0
 # Core packages run under the race detector.
-CORE_PKGS   := ./crdt/... ./ring/... ./storage/... ./claims/... ./cluster/... ./antientropy/... ./transport/... ./client/... ./node/...
+CORE_PKGS   := ./crdt/... ./ring/... ./faultfs/... ./storage/... ./claims/... ./cluster/... ./antientropy/... ./transport/... ./client/... ./node/...
 BIN         := bin
 
 .PHONY: all build test test-core test-rest lint fmt proto proto-check bench fuzz cluster cluster-stop run clean jepsen jepsen-short
@@ -25,7 +25,7 @@ test-core:
 
 # Everything that is not a core package (the architecture test for now).
 test-rest:
-	$(GO) test -timeout 10m $$($(GO) list ./... | grep -v -e '/crdt' -e '/ring' -e '/storage' -e '/claims' -e '/cluster' -e '/antientropy' -e '/transport' -e '/client' -e '/node')
+	$(GO) test -timeout 10m $$($(GO) list ./... | grep -v -e '/crdt' -e '/ring' -e '/faultfs' -e '/storage' -e '/claims' -e '/cluster' -e '/antientropy' -e '/transport' -e '/client' -e '/node')
 
 lint: proto-check
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -3,7 +3,8 @@ package norn_test
 // The architecture rules of docs/ARCHITECTURE.md as a test: dependencies
 // point down only (cmd -> node/client -> cluster/claims/antientropy ->
 // transport/storage -> crdt/ring), the pure cores import nothing but the
-// standard library and xxhash, and nothing but cmd imports node or jepsen.
+// standard library and xxhash, faultfs nothing but the standard library
+// and Pebble's vfs, and nothing but cmd imports node or jepsen.
 
 import (
 	"go/parser"
@@ -24,21 +25,26 @@ const module = "github.com/norn-dev/norn"
 var allowed = map[string][]string{
 	"crdt":        {},
 	"ring":        {},
-	"storage":     {"crdt", "ring"},
+	"faultfs":     {},
+	"storage":     {"crdt", "ring", "faultfs"},
 	"api":         {},
 	"transport":   {"api", "crdt", "ring"},
 	"claims":      {"storage", "transport", "api", "crdt", "ring"},
 	"antientropy": {"storage", "transport", "api", "crdt", "ring"},
 	"cluster":     {"storage", "transport", "api", "crdt", "ring"},
 	"client":      {"api", "transport", "crdt", "ring"},
-	"node":        {"cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring"},
+	"node":        {"cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs"},
 	"jepsen":      {"client", "api", "transport", "crdt", "ring"},
-	"cmd":         {"node", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring"},
+	"cmd":         {"node", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs"},
 }
 
 // pureExternal is everything outside the standard library that crdt and ring
 // may import: they are deterministic cores with no I/O.
 var pureExternal = []string{"github.com/cespare/xxhash/v2"}
+
+// faultfsExternal is everything outside the standard library that faultfs
+// (a test-only filesystem wrapper) may import.
+var faultfsExternal = []string{"github.com/cockroachdb/pebble/v2/vfs"}
 
 // isStdlib reports whether an import path is in the standard library (its
 // first element has no dot).
@@ -103,6 +109,8 @@ func TestDependencyDirection(t *testing.T) {
 				}
 			case (layer == "crdt" || layer == "ring") && !isStdlib(p) && !slices.Contains(pureExternal, p):
 				t.Errorf("%s imports %s: the pure cores may use only the standard library and %v", layer, p, pureExternal)
+			case layer == "faultfs" && !isStdlib(p) && !slices.Contains(faultfsExternal, p):
+				t.Errorf("faultfs imports %s: it may use only the standard library and %v", p, faultfsExternal)
 			}
 		}
 	}

@@ -48,20 +48,9 @@ type Stats struct {
 	Pulled     int // task states received and merged here
 	BytesSent  int // request bytes (protobuf sizes)
 	BytesRecv  int // response bytes
-	Converged  []uint16
 	// Converged lists the partitions whose roots were equal at the start
 	// or after the transfer.
-}
-
-func (s *Stats) add(o Stats) {
-	s.Partitions += o.Partitions
-	s.Differing += o.Differing
-	s.Leaves += o.Leaves
-	s.Pushed += o.Pushed
-	s.Pulled += o.Pulled
-	s.BytesSent += o.BytesSent
-	s.BytesRecv += o.BytesRecv
-	s.Converged = append(s.Converged, o.Converged...)
+	Converged []uint16
 }
 
 // Exchange reconciles partitions parts between this replica and peer: one
@@ -95,56 +84,81 @@ func (r *Replica) Exchange(ctx context.Context, peer Peer, parts []uint16, opt O
 		return st, err
 	}
 	st.Partitions = len(parts)
+	// First comparison of every differing partition, then one settle wait
+	// for all of them (not one per partition: after a restart most of
+	// them differ), then the second comparison and the transfer.
+	var pending []*partitionDiff
 	for i, p := range parts {
 		if trees[i].Root() == resp.Roots[i] {
 			st.Converged = append(st.Converged, p)
 			continue
 		}
 		st.Differing++
-		ps, err := r.reconcile(ctx, peer, p, trees[i], opt)
-		st.add(ps)
-		if err != nil {
+		d := &partitionDiff{p: p, t: trees[i]}
+		if err := r.compare(ctx, &st, peer, d, opt); err != nil {
 			return st, fmt.Errorf("partition %d: %w", p, err)
 		}
+		pending = append(pending, d)
 	}
-	return st, nil
-}
-
-// reconcile brings one partition's differing tasks across.
-func (r *Replica) reconcile(ctx context.Context, peer Peer, p uint16, t *Tree, opt Options) (Stats, error) {
-	var st Stats
-	leaves, err := r.differingLeaves(ctx, &st, peer, p, t, opt)
-	if err != nil || len(leaves) == 0 {
-		return st, err
-	}
-	st.Leaves = len(leaves)
-	ids, err := r.differingIDs(ctx, &st, peer, p, t, leaves, opt)
-	if err != nil {
-		return st, err
-	}
-	if opt.Settle > 0 && len(ids) > 0 {
+	if opt.Settle > 0 && slices.ContainsFunc(pending, func(d *partitionDiff) bool { return len(d.ids) > 0 }) {
 		select {
 		case <-ctx.Done():
 			return st, ctxErr(ctx)
 		case <-time.After(opt.Settle):
 		}
-		again, err := r.differingIDs(ctx, &st, peer, p, t, leaves, opt)
-		if err != nil {
-			return st, err
+		for _, d := range pending {
+			if len(d.ids) == 0 {
+				continue
+			}
+			again, err := r.differingIDs(ctx, &st, peer, d.p, d.t, d.leaves, opt)
+			if err != nil {
+				return st, fmt.Errorf("partition %d: %w", d.p, err)
+			}
+			d.ids = intersect(d.ids, again)
 		}
-		ids = intersect(ids, again)
 	}
-	if err := r.transfer(ctx, &st, peer, p, ids, opt); err != nil {
-		return st, err
-	}
-	if t.Root() != 0 || len(ids) > 0 {
-		// A cheap check: one more TreeNodes for the root.
-		resp, err := call(ctx, &st, opt, &nornv1.TreeNodesRequest{Partition: uint32(p), Level: 0, Nodes: []uint32{0}}, peer.TreeNodes)
-		if err == nil && len(resp.Hashes) == 1 && resp.Hashes[0] == t.Root() {
-			st.Converged = append(st.Converged, p)
+	for _, d := range pending {
+		if err := r.finish(ctx, &st, peer, d, opt); err != nil {
+			return st, fmt.Errorf("partition %d: %w", d.p, err)
 		}
 	}
 	return st, nil
+}
+
+// partitionDiff is one differing partition during an exchange.
+type partitionDiff struct {
+	p      uint16
+	t      *Tree
+	leaves []uint32 // differing leaves
+	ids    []uint64 // ids whose entries differ, sorted
+}
+
+// compare finds d's differing leaves and the ids under them that differ.
+func (r *Replica) compare(ctx context.Context, st *Stats, peer Peer, d *partitionDiff, opt Options) error {
+	leaves, err := r.differingLeaves(ctx, st, peer, d.p, d.t, opt)
+	if err != nil || len(leaves) == 0 {
+		return err
+	}
+	d.leaves = leaves
+	st.Leaves += len(leaves)
+	d.ids, err = r.differingIDs(ctx, st, peer, d.p, d.t, leaves, opt)
+	return err
+}
+
+// finish transfers d's differing tasks and checks whether the roots now
+// agree.
+func (r *Replica) finish(ctx context.Context, st *Stats, peer Peer, d *partitionDiff, opt Options) error {
+	if err := r.transfer(ctx, st, peer, d.p, d.ids, opt); err != nil {
+		return err
+	}
+	if d.t.Root() != 0 || len(d.ids) > 0 {
+		// A cheap check: one more TreeNodes for the root.
+		resp, err := call(ctx, st, opt, &nornv1.TreeNodesRequest{Partition: uint32(d.p), Level: 0, Nodes: []uint32{0}}, peer.TreeNodes)
+		if err == nil && len(resp.Hashes) == 1 && resp.Hashes[0] == d.t.Root() {
+			st.Converged = append(st.Converged, d.p)
+		}
+	}
+	return nil
 }
 
 // differingLeaves descends from the root, one TreeNodes call per level,

@@ -553,3 +553,26 @@ func TestExchangeConcurrent(t *testing.T) {
 		t.Fatalf("replicas differ after the quiet exchange: %d and %d tasks", len(sa), len(sb))
 	}
 }
+
+// TestExchangeSettlesOnce: with Settle, every differing partition is
+// compared once before the single settle wait and again after it (one
+// wait per exchange, not one per partition: after a restart most
+// partitions differ), and each ends converged.
+func TestExchangeSettlesOnce(t *testing.T) {
+	parts := []uint16{2, 5, 9}
+	a, b := newSide(t, sideConfig{}, parts...), newSide(t, sideConfig{}, parts...)
+	rng := rand.New(rand.NewPCG(3, 3))
+	for _, p := range parts {
+		mergeAll(t, a.store, p, newTask(rng.Uint64()))
+	}
+	st, err := a.r.Exchange(context.Background(), b.peer, parts, Options{Settle: time.Millisecond})
+	if err != nil || st.Pushed != 3 {
+		t.Fatalf("exchange: %+v, %v; want 3 pushed", st, err)
+	}
+	if want := []uint32{2, 5, 9, 2, 5, 9}; !slices.Equal(b.peer.entryOf, want) {
+		t.Fatalf("SegmentEntries calls for partitions %v, want %v (all first comparisons, then all second)", b.peer.entryOf, want)
+	}
+	if got := sorted16(st.Converged); !slices.Equal(got, parts) {
+		t.Fatalf("converged %v, want %v", got, parts)
+	}
+}

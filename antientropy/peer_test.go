@@ -90,6 +90,7 @@ type directPeer struct {
 
 	mu      sync.Mutex
 	entries int      // SegmentEntries calls
+	entryOf []uint32 // the partition of each SegmentEntries call, in order
 	read    []uint64 // ids asked for by ReadStates
 	sent    []uint64 // ids ReadStates answered with a state
 	pushed  []uint64 // ids of the states pushed
@@ -150,6 +151,7 @@ func (d *directPeer) SegmentEntries(_ context.Context, req *nornv1.SegmentEntrie
 	d.mu.Lock()
 	d.entries++
 	n := d.entries
+	d.entryOf = append(d.entryOf, req.Partition)
 	d.mu.Unlock()
 	if d.beforeEntries != nil {
 		d.beforeEntries(n)

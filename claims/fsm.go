@@ -131,7 +131,20 @@ type Getter func(id uint64) (*Record, error)
 // It returns an outcome per task and the changed records; the records from
 // get are not modified. An error is returned only when get fails.
 func Apply(index uint64, cmd *Command, get Getter) ([]Outcome, []Change, error) {
-	a := applier{index: index, cmd: cmd, get: get, recs: map[uint64]*Record{}}
+	return ApplyWithBugs(index, cmd, get, Bugs{})
+}
+
+// Bugs are seeded bugs for the Jepsen harness (nornd -test-bug), to show
+// that it finds them. Test-only: production leaves them all off.
+type Bugs struct {
+	// ClaimNoCheck grants a claim of a task that already has a live claim
+	// (the "already claimed" check is skipped): two workers hold it.
+	ClaimNoCheck bool
+}
+
+// ApplyWithBugs is Apply with the seeded bugs bugs.
+func ApplyWithBugs(index uint64, cmd *Command, get Getter, bugs Bugs) ([]Outcome, []Change, error) {
+	a := applier{index: index, cmd: cmd, get: get, bugs: bugs, recs: map[uint64]*Record{}}
 	if err := validate(cmd); err != nil {
 		return []Outcome{{ID: cmd.ID, Err: err}}, nil, nil
 	}
@@ -215,6 +228,7 @@ type applier struct {
 	index    uint64
 	cmd      *Command
 	get      Getter
+	bugs     Bugs
 	recs     map[uint64]*Record // copies being modified
 	order    []uint64
 	moves    map[uint64]*Change
@@ -289,7 +303,7 @@ func (a *applier) claim(c Candidate) error {
 	case r.Done():
 		a.fail(c.ID, ErrTaskTerminal)
 		return nil
-	case live:
+	case live && !a.bugs.ClaimNoCheck:
 		a.fail(c.ID, ErrAlreadyClaimed)
 		return nil
 	case a.cmd.NowMs < c.NotBeforeMs:

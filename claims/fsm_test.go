@@ -13,6 +13,7 @@ import (
 type memFSM struct {
 	recs  map[uint64][]byte
 	index uint64
+	bugs  Bugs
 }
 
 func newMemFSM() *memFSM { return &memFSM{recs: map[uint64][]byte{}} }
@@ -32,7 +33,7 @@ func (m *memFSM) apply(t testing.TB, cmd Command) []Outcome {
 	if err != nil {
 		t.Fatalf("decode(encode(%+v)): %v", cmd, err)
 	}
-	outs, changes, err := Apply(m.index, dec, m.get)
+	outs, changes, err := ApplyWithBugs(m.index, dec, m.get, m.bugs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,4 +369,26 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("re-decode: %+v vs %+v, %v", r, again, err)
 		}
 	})
+}
+
+// TestSeededBugClaimNoCheck: a second claim of a claimed task fails with
+// ErrAlreadyClaimed, unless the seeded bug ClaimNoCheck is on: then it is
+// granted while the first claim is live.
+func TestSeededBugClaimNoCheck(t *testing.T) {
+	for _, bug := range []bool{false, true} {
+		m := newMemFSM()
+		m.bugs.ClaimNoCheck = bug
+		if outs := m.apply(t, claimCmd(1000, 100, 1)); outs[0].Err != nil {
+			t.Fatal(outs[0].Err)
+		}
+		outs := m.apply(t, claimCmd(1050, 100, 1))
+		switch {
+		case !bug && !errors.Is(outs[0].Err, ErrAlreadyClaimed):
+			t.Fatalf("second claim without the bug: %v, want ErrAlreadyClaimed", outs[0].Err)
+		case bug && outs[0].Err != nil:
+			t.Fatalf("second claim with claim-no-check: %v, want granted", outs[0].Err)
+		case bug && (outs[0].Claim.Seq != 2 || len(m.rec(t, 1).History) != 2):
+			t.Fatalf("second claim with claim-no-check: %+v, history %+v", outs[0].Claim, m.rec(t, 1).History)
+		}
+	}
 }

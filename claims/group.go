@@ -63,6 +63,9 @@ type GroupConfig struct {
 	// reads IsLeader and Leader rather than count on being told each
 	// change). It must not wait for Shutdown.
 	OnLeaderChange func()
+	// Bugs are seeded bugs for the Jepsen harness, test-only (see Bugs).
+	// Every replica of a group must run with the same.
+	Bugs Bugs
 }
 
 func (c *GroupConfig) setDefaults() {
@@ -152,7 +155,7 @@ func StartGroup(cfg GroupConfig) (*Group, error) {
 			}
 		}
 	}
-	f := &fsm{p: cfg.Partition, kv: cfg.KV, logger: cfg.Logger}
+	f := &fsm{p: cfg.Partition, kv: cfg.KV, logger: cfg.Logger, bugs: cfg.Bugs}
 	r, err := raft.NewRaft(rc, f, cfg.Log, cfg.Stable, cfg.Snapshots, cfg.Transport)
 	if err != nil {
 		return nil, fmt.Errorf("claims: start partition %d: %w", cfg.Partition, err)

@@ -208,6 +208,28 @@ func TestGroupSnapshotRestore(t *testing.T) {
 	n.stop(t)
 }
 
+// TestFSMSeededBug checks that the Raft FSM applies with its group's
+// seeded bugs: with ClaimNoCheck a second claim of a claimed task is
+// granted, without it refused.
+func TestFSMSeededBug(t *testing.T) {
+	for _, bug := range []bool{false, true} {
+		st, err := storage.Open(storage.Config{Dir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &fsm{p: 3, kv: st, logger: slog.New(slog.NewTextHandler(io.Discard, nil)), bugs: Bugs{ClaimNoCheck: bug}}
+		claim := claimCmd(1000, 100, 7)
+		res := f.ApplyBatch([]*raft.Log{
+			{Index: 1, Type: raft.LogCommand, Data: claim.Encode()},
+			{Index: 2, Type: raft.LogCommand, Data: claim.Encode()},
+		})
+		st.Close()
+		if got := res[1].(*Result).Outcomes[0].Err; (got == nil) != bug {
+			t.Fatalf("ClaimNoCheck %v: second claim: %v", bug, got)
+		}
+	}
+}
+
 // TestFSMSkipsReplayedEntries feeds the FSM entries it has applied already
 // (what Raft does after a restart with NoSnapshotRestoreOnStart): they must
 // get no response and change nothing, even where re-applying would.

@@ -48,6 +48,7 @@ type fsm struct {
 	p      uint16
 	kv     KV
 	logger *slog.Logger
+	bugs   Bugs // GroupConfig.Bugs
 
 	// applied caches the stored applied index (valid when appliedKnown):
 	// only this FSM writes it, from Raft's single FSM goroutine.
@@ -203,7 +204,7 @@ func (f *fsm) applyBatch(logs []*raft.Log) []any {
 			f.logger.Error("corrupt claim entry", "partition", f.p, "index", l.Index, "err", err)
 			continue
 		}
-		outcomes, changes, err := Apply(l.Index, cmd, get)
+		outcomes, changes, err := ApplyWithBugs(l.Index, cmd, get, f.bugs)
 		if err != nil {
 			res.Err = err
 			continue

@@ -146,9 +146,9 @@ func MetaVoters(nodes int) int {
 
 // Formation is the decision of a node waiting to create a cluster of
 // expect nodes, given the members gossip shows: whether enough are there,
-// which ones form the cluster (the expect alive members without a cluster
-// id, lowest ids first) and whether this node is the one that bootstraps
-// the meta group (the lowest id among them).
+// which ones form the cluster (the expect up members, alive or suspect,
+// without a cluster id, lowest ids first) and whether this node is the one
+// that bootstraps the meta group (the lowest id among them).
 type Formation struct {
 	Ready     bool
 	Members   []Member // the cluster's first nodes, sorted by id
@@ -208,18 +208,18 @@ func SaveRing(dir string, r *Ring) error {
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	if err := f.Close(); err != nil {
-		return err
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, ringFile))
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, ringFile)); err != nil {
+	if err != nil {
+		os.Remove(tmp) // leave no half-written file behind
 		return err
 	}
 	d, err := os.Open(dir)

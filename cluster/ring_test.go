@@ -336,6 +336,18 @@ func TestSaveLoadRing(t *testing.T) {
 	if err := SaveRing(filepath.Join(dir, "missing"), r); err == nil {
 		t.Error("SaveRing into a missing dir succeeded")
 	}
+	// A save that fails after writing its temporary file (here the rename:
+	// ring.json is a directory) leaves nothing half-written behind.
+	blocked := t.TempDir()
+	if err := os.Mkdir(filepath.Join(blocked, "ring.json"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := SaveRing(blocked, r); err == nil {
+		t.Fatal("SaveRing over a directory succeeded")
+	}
+	if _, err := os.Stat(filepath.Join(blocked, "ring.json.tmp")); !os.IsNotExist(err) {
+		t.Fatalf("a failed SaveRing left ring.json.tmp behind (stat: %v)", err)
+	}
 }
 
 func TestLoadRingCorrupt(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/norn-dev/norn/crdt"
@@ -116,6 +117,17 @@ type Config struct {
 	// WriteTimeout bounds how long a write waits for its quorum. Default
 	// 5 s.
 	WriteTimeout time.Duration
+
+	// Test-only fields, set by nornd -test-hooks for the Jepsen harness;
+	// production leaves them zero.
+
+	// StorageFS is the filesystem Pebble runs on (DataDir/db); nil is the
+	// OS filesystem. nornd -test-hooks passes a faultfs.FS, which keeps
+	// unsynced writes in memory so a crash loses them as a power loss
+	// would.
+	StorageFS vfs.FS
+	// TestBugs are seeded bugs (nornd -test-bug), all off by default.
+	TestBugs TestBugs
 }
 
 func (c *Config) setDefaults() {

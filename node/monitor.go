@@ -103,6 +103,9 @@ func (n *Node) extendClaims(p uint16) error {
 func (n *Node) expireClaims(p uint16) {
 	now := n.cfg.Clock.Now().UnixMilli()
 	skew := n.cfg.SkewBuffer.Milliseconds()
+	if n.cfg.TestBugs.ExpiryNoSkew {
+		skew = 0 // the seeded bug: expire at the expiry itself
+	}
 	due, err := n.store.ClaimsExpiring(p, now-skew-1, monitorBatch)
 	if err != nil {
 		n.cfg.Logger.Warn("scanning expired claims failed", "partition", p, "err", err)

@@ -47,7 +47,8 @@ type Node struct {
 	reconcileKick chan struct{}
 	peers         peerSet
 	readRepairs   atomic.Uint64
-	hints         leaderHints // leaders of partitions not replicated here (lists.go)
+	replicatesIn  atomic.Uint64 // incoming Replicate calls, for TestBugs.DropReplicatedWrite
+	hints         leaderHints   // leaders of partitions not replicated here (lists.go)
 
 	waiters  *queueWaiters
 	inflight inflightSet // tasks being claimed now
@@ -97,6 +98,7 @@ func New(cfg Config) (*Node, error) {
 	// finds the task through its leader, here or proxied).
 	waiters := newQueueWaiters()
 	store, err := storage.Open(storage.Config{Dir: filepath.Join(cfg.DataDir, "db"), Clock: cfg.Clock,
+		FS: cfg.StorageFS, AckBeforeSync: cfg.TestBugs.AckBeforeSync,
 		OnReady: func(_ uint16, queue string) { waiters.notify(queue) }})
 	if err != nil {
 		lock.release()

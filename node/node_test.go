@@ -60,6 +60,13 @@ const testSkew = 2 * time.Second
 
 func newHarness(t testing.TB, dir string, clock *fakeClock) *harness {
 	t.Helper()
+	return newHarnessWith(t, dir, clock, nil)
+}
+
+// newHarnessWith is newHarness with tune (if not nil) changing the node's
+// config before it starts.
+func newHarnessWith(t testing.TB, dir string, clock *fakeClock, tune func(*Config)) *harness {
+	t.Helper()
 	if clock == nil {
 		clock = &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	}
@@ -67,14 +74,18 @@ func newHarness(t testing.TB, dir string, clock *fakeClock) *harness {
 	if _, bench := t.(*testing.B); bench {
 		partitions = 64 // the production default
 	}
-	n, err := New(Config{
+	cfg := Config{
 		DataDir: dir, Partitions: partitions, Clock: clock,
 		SkewBuffer: testSkew, LeaseGrace: 5 * time.Second,
 		MonitorInterval: time.Hour, // tests run monitor passes themselves
 		RaftTimeout:     50 * time.Millisecond,
 		Logger:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 		RaftLogger:      hclog.NewNullLogger(),
-	})
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -184,6 +184,10 @@ func (s peerService) Replicate(_ context.Context, req *connect.Request[nornv1.Re
 		}
 		tasks[i] = t
 	}
+	if n.cfg.TestBugs.DropReplicatedWrite && n.replicatesIn.Add(1)%dropReplicateEvery == 0 {
+		// The seeded bug: acknowledged, not stored.
+		return connect.NewResponse(&nornv1.ReplicateResponse{}), nil
+	}
 	if err := n.mergeLocal(tasks); err != nil {
 		return nil, err
 	}

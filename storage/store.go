@@ -36,6 +36,11 @@ type Config struct {
 	// the committing goroutine, after the commit: it must not block or
 	// call back into the Store.
 	OnReady func(p uint16, queue string)
+	// AckBeforeSync is a seeded bug for the Jepsen harness (nornd
+	// -test-bug ack-before-sync), test-only: MergeTasks commits without
+	// syncing the WAL (pebble.NoSync) and returns at once, so a power loss
+	// loses writes it acknowledged. Never set it in production.
+	AckBeforeSync bool
 }
 
 // Validate reports a missing or out-of-range field.
@@ -60,6 +65,7 @@ type Store struct {
 	db      *pebble.DB
 	clock   crdt.Clock
 	onReady func(p uint16, queue string) // Config.OnReady
+	noSync  bool                         // Config.AckBeforeSync (a seeded bug)
 
 	stripes [lockStripes]sync.Mutex
 
@@ -116,7 +122,7 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("storage: open %s: %w", cfg.Dir, err)
 	}
-	return &Store{db: db, clock: cfg.Clock, onReady: cfg.OnReady, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen,
+	return &Store{db: db, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen,
 		horizons: idHorizons{spans: stateSpans}, recordHorizons: idHorizons{spans: recordSpans}}, nil
 }
 
@@ -241,6 +247,9 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 		// Nothing changed. An earlier write of these states may be visible
 		// but not yet synced (see below), so sync the WAL before acking.
 		unlock()
+		if s.noSync {
+			return results, nil // the seeded bug: no sync
+		}
 		if err := s.db.LogData(nil, pebble.Sync); err != nil {
 			return nil, fmt.Errorf("storage: sync: %w", err)
 		}
@@ -249,15 +258,22 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 	// Publish under the locks, then release them before waiting for the
 	// fsync, so that the next writer of the same ids pipelines behind this
 	// batch instead of waiting out its fsync. Pebble makes a batch visible
-	// before its WAL sync either way.
-	err = s.db.ApplyNoSyncWait(batch, pebble.Sync)
+	// before its WAL sync either way. The seeded bug AckBeforeSync commits
+	// without a sync.
+	if s.noSync {
+		err = s.db.Apply(batch, pebble.NoSync)
+	} else {
+		err = s.db.ApplyNoSyncWait(batch, pebble.Sync)
+	}
 	if err == nil {
 		s.notifyDigests(digests)
 	}
 	unlock()
 	if err == nil {
 		s.noteReadyChanges(changes)
-		err = batch.SyncWait()
+		if !s.noSync {
+			err = batch.SyncWait()
+		}
 	}
 	batch.Close()
 	if err != nil {

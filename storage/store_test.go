@@ -603,7 +603,7 @@ func TestCrashKeepsAckedWrites(t *testing.T) {
 			}
 			wg.Wait()
 			afterMerges := crash()
-			checkCrashed(t, afterMerges, acked, nil)
+			checkCrashed(t, afterMerges, "db", acked, nil)
 
 			claimed := map[uint64]int64{}
 			for id := range acked {
@@ -629,16 +629,17 @@ func TestCrashKeepsAckedWrites(t *testing.T) {
 				_ = b.Commit(pebble.NoSync)
 				b.Close()
 			}
-			checkCrashed(t, crash(), acked, claimed)
+			checkCrashed(t, crash(), "db", acked, claimed)
 		})
 	}
 }
 
-// checkCrashed opens a crashed filesystem and checks that every acked task
-// (and acked claim) is there and the indexes agree with the tasks.
-func checkCrashed(t *testing.T, fs vfs.FS, acked map[uint64]uint64, claimed map[uint64]int64) {
+// checkCrashed opens the crashed store in dir on fs and checks that every
+// acked task (and acked claim) is there and the indexes agree with the
+// tasks.
+func checkCrashed(t *testing.T, fs vfs.FS, dir string, acked map[uint64]uint64, claimed map[uint64]int64) {
 	t.Helper()
-	s, _ := openTestStore(t, fs, "db")
+	s, _ := openTestStore(t, fs, dir)
 	defer func() { s.Close(); s.db = nil }()
 	for id, dig := range acked {
 		st, err := s.GetTask(uint16(id%4), id)

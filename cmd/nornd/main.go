@@ -23,8 +23,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/norn-dev/norn/faultfs"
 	"github.com/norn-dev/norn/node"
 )
 
@@ -35,9 +37,18 @@ func main() {
 		return
 	} else if err != nil {
 		fmt.Fprintln(os.Stderr, "nornd:", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			os.Exit(2) // as the flag package does
+		}
 		os.Exit(1)
 	}
 }
+
+// usageError is a bad flag or flag value: nornd exits with code 2.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
 
 func run(args []string) error {
 	fs := flag.NewFlagSet("nornd", flag.ContinueOnError)
@@ -73,8 +84,13 @@ func run(args []string) error {
 	fs.BoolVar(&cfg.GossipLAN, "gossip-lan", false, "use LAN gossip timings (nodes on several machines) instead of loopback ones")
 	pprofAddr := fs.String("pprof-addr", "", "if set, serve net/http/pprof on this address (keep it on loopback)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
+	testHooks := fs.Bool("test-hooks", false, "Jepsen harness only, never in production: controllable clock (/test/clock), power loss (/test/crash, unsynced writes kept in memory) and -test-bug")
+	testBug := fs.String("test-bug", "", "Jepsen harness only (needs -test-hooks): comma-separated seeded bugs: "+strings.Join(node.TestBugNames(), ", "))
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
 	}
 	if *showVersion {
 		fmt.Println(version)
@@ -82,11 +98,21 @@ func run(args []string) error {
 	}
 	if *config != "" {
 		if err := applyConfigFile(fs, *config); err != nil {
-			return err
+			return usageError{err}
 		}
 	}
 	if *machine == 0 || *machine > 1<<16-1 {
-		return fmt.Errorf("-machine-id: %d out of range", *machine)
+		return usageError{fmt.Errorf("-machine-id: %d out of range", *machine)}
+	}
+	if *testBug != "" {
+		if !*testHooks {
+			return usageError{errors.New("-test-bug needs -test-hooks (the Jepsen harness's test hooks; never in production)")}
+		}
+		bugs, err := node.ParseTestBugs(*testBug)
+		if err != nil {
+			return usageError{fmt.Errorf("-test-bug: %w", err)}
+		}
+		cfg.TestBugs = bugs
 	}
 	cfg.MachineID = uint16(*machine)
 	lim := cfg.Limits.MaxPayloadBytes
@@ -94,13 +120,13 @@ func run(args []string) error {
 	cfg.Limits.MaxPayloadBytes = lim
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("-log-level: %w", err)
+		return usageError{fmt.Errorf("-log-level: %w", err)}
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg.Logger = logger
 	rl := hclog.LevelFromString(*raftLogLevel)
 	if rl == hclog.NoLevel {
-		return fmt.Errorf("-raft-log-level: unknown level %q", *raftLogLevel)
+		return usageError{fmt.Errorf("-raft-log-level: unknown level %q", *raftLogLevel)}
 	}
 	cfg.RaftLogger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: rl, Output: os.Stderr})
 	cfg.Version = version
@@ -108,6 +134,14 @@ func run(args []string) error {
 		if a = strings.TrimSpace(a); a != "" {
 			cfg.Join = append(cfg.Join, a)
 		}
+	}
+
+	var clk *testClock
+	if *testHooks {
+		logger.Warn("test hooks enabled: not for production", "test_bugs", *testBug)
+		clk = newTestClock()
+		cfg.Clock = clk
+		cfg.StorageFS = faultfs.New(vfs.Default)
 	}
 
 	// Listen first: the node advertises the address it really got.
@@ -124,7 +158,11 @@ func run(args []string) error {
 		ln.Close()
 		return err
 	}
-	srv := &http.Server{Handler: n.Handler(), ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
+	handler := n.Handler()
+	if *testHooks {
+		handler = testHandler(handler, clk, logger, os.Exit)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
 	if *pprofAddr != "" {

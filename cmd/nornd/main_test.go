@@ -65,10 +65,10 @@ func freeAddrs(t *testing.T, n int) []string {
 	return out
 }
 
-func startNornd(t *testing.T, dataDir, addr string) *process {
+func startNornd(t *testing.T, dataDir, addr string, extra ...string) *process {
 	t.Helper()
-	cmd := exec.Command(norndBin, "-data-dir", dataDir, "-listen", addr, "-partitions", "8",
-		"-raft-timeout", "100ms", "-log-level", "warn")
+	cmd := exec.Command(norndBin, append([]string{"-data-dir", dataDir, "-listen", addr, "-partitions", "8",
+		"-raft-timeout", "100ms", "-log-level", "warn"}, extra...)...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+)
+
+// Test hooks (nornd -test-hooks), for the Jepsen harness only: a
+// controllable clock (GET and POST /test/clock) and a power loss (POST
+// /test/crash, with Pebble on faultfs). See docs/OPERATIONS.md.
+
+// crashExitCode is the exit code of POST /test/crash.
+const crashExitCode = 99
+
+// maxClockRate bounds the rate POST /test/clock accepts.
+const maxClockRate = 10
+
+// testClock is the node's clock under -test-hooks:
+// now = anchor.fake + (realNow - anchor.real) * anchor.rate. Reads are one
+// atomic load and a time.Now; POST /test/clock swaps the anchor.
+type testClock struct {
+	anchor atomic.Pointer[clockAnchor]
+}
+
+type clockAnchor struct {
+	real time.Time // with its monotonic reading: elapsed real time is measured on it
+	fake time.Time // wall only
+	rate float64
+}
+
+func newTestClock() *testClock {
+	c := &testClock{}
+	c.set(0, 1)
+	return c
+}
+
+// at is the clock's reading at real time r.
+func (a *clockAnchor) at(r time.Time) time.Time {
+	el := r.Sub(a.real)
+	if a.rate != 1 {
+		el = time.Duration(float64(el) * a.rate)
+	}
+	return a.fake.Add(el)
+}
+
+// Now returns the controlled time.
+func (c *testClock) Now() time.Time { return c.anchor.Load().at(time.Now()) }
+
+// set re-anchors the clock: from now on it reads real time + offset,
+// advancing at rate.
+func (c *testClock) set(offset time.Duration, rate float64) {
+	r := time.Now()
+	c.anchor.Store(&clockAnchor{real: r, fake: r.Round(0).Add(offset), rate: rate})
+}
+
+// clockState is the JSON of GET and POST /test/clock.
+type clockState struct {
+	OffsetMs int64   `json:"offset_ms"`
+	Rate     float64 `json:"rate"`
+	NowMs    int64   `json:"now_ms"`
+}
+
+func (c *testClock) state() clockState {
+	a := c.anchor.Load()
+	r := time.Now()
+	now := a.at(r)
+	return clockState{OffsetMs: now.Sub(r.Round(0)).Milliseconds(), Rate: a.rate, NowMs: now.UnixMilli()}
+}
+
+// clockRequest is the body of POST /test/clock; a missing rate is 1.
+type clockRequest struct {
+	OffsetMs int64    `json:"offset_ms"`
+	Rate     *float64 `json:"rate"`
+}
+
+func (c *testClock) serveGet(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, c.state())
+}
+
+func (c *testClock) servePost(w http.ResponseWriter, r *http.Request) {
+	var req clockRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<10)).Decode(&req); err != nil {
+		http.Error(w, fmt.Sprintf("body: want {\"offset_ms\": N, \"rate\": R}: %v", err), http.StatusBadRequest)
+		return
+	}
+	rate := 1.0
+	if req.Rate != nil {
+		rate = *req.Rate
+	}
+	if !(rate > 0 && rate <= maxClockRate) || math.IsNaN(rate) {
+		http.Error(w, fmt.Sprintf("rate: must be > 0 and <= %d, got %v", maxClockRate, rate), http.StatusBadRequest)
+		return
+	}
+	if req.OffsetMs > math.MaxInt64/int64(time.Millisecond) || req.OffsetMs < math.MinInt64/int64(time.Millisecond) {
+		http.Error(w, fmt.Sprintf("offset_ms: %d out of range", req.OffsetMs), http.StatusBadRequest)
+		return
+	}
+	c.set(time.Duration(req.OffsetMs)*time.Millisecond, rate)
+	writeJSON(w, c.state())
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+// testHandler serves the test hooks on /test/ and everything else with api.
+func testHandler(api http.Handler, clk *testClock, logger *slog.Logger, exit func(int)) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", api)
+	mux.HandleFunc("GET /test/clock", clk.serveGet)
+	mux.HandleFunc("POST /test/clock", clk.servePost)
+	mux.HandleFunc("POST /test/crash", func(w http.ResponseWriter, _ *http.Request) {
+		// A power loss: exit at once; the writes faultfs holds unsynced
+		// are lost with the process. The answer may not arrive.
+		logger.Warn("test hook: crashing (power loss)", "exit_code", crashExitCode)
+		w.Write([]byte("crashing\n"))
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+		os.Stdout.Sync()
+		os.Stderr.Sync()
+		exit(crashExitCode)
+	})
+	return mux
+}

@@ -1,0 +1,70 @@
+package node
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// TestBugs are seeded bugs for the Jepsen harness (nornd -test-bug), there
+// to show that the harness finds what they break. Test-only: production
+// leaves them all off.
+type TestBugs struct {
+	// ClaimNoCheck ("claim-no-check"): the claim FSM grants a claim of a
+	// task that already has a live claim (claims.Bugs.ClaimNoCheck).
+	ClaimNoCheck bool
+	// AckBeforeSync ("ack-before-sync"): task writes commit without
+	// waiting for the WAL sync (storage.Config.AckBeforeSync), so a power
+	// loss loses acknowledged writes.
+	AckBeforeSync bool
+	// ExpiryNoSkew ("expiry-no-skew"): the leader expires claims at their
+	// expiry, ignoring the skew buffer.
+	ExpiryNoSkew bool
+	// DropReplicatedWrite ("drop-replicated-write"): every 20th incoming
+	// PeerService.Replicate request is acknowledged without storing its
+	// tasks.
+	DropReplicatedWrite bool
+}
+
+// dropReplicateEvery is how often DropReplicatedWrite drops a Replicate.
+const dropReplicateEvery = 20
+
+// testBugs maps the names of -test-bug to their fields.
+var testBugs = map[string]func(*TestBugs) *bool{
+	"claim-no-check":        func(b *TestBugs) *bool { return &b.ClaimNoCheck },
+	"ack-before-sync":       func(b *TestBugs) *bool { return &b.AckBeforeSync },
+	"expiry-no-skew":        func(b *TestBugs) *bool { return &b.ExpiryNoSkew },
+	"drop-replicated-write": func(b *TestBugs) *bool { return &b.DropReplicatedWrite },
+}
+
+// TestBugNames returns the names ParseTestBugs accepts, sorted.
+func TestBugNames() []string {
+	names := make([]string, 0, len(testBugs))
+	for name := range testBugs {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// ParseTestBugs parses a comma-separated list of seeded bug names (empty
+// items are ignored). An unknown name is an error that lists the valid
+// ones.
+func ParseTestBugs(list string) (TestBugs, error) {
+	var b TestBugs
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		field, ok := testBugs[name]
+		if !ok {
+			return TestBugs{}, fmt.Errorf("unknown test bug %q (valid: %s)", name, strings.Join(TestBugNames(), ", "))
+		}
+		*field(&b) = true
+	}
+	return b, nil
+}
+
+// Any reports whether any bug is on.
+func (b TestBugs) Any() bool { return b != TestBugs{} }
