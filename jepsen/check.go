@@ -380,6 +380,18 @@ func CheckQueue(ops []*Op, final map[uint64]string) Verdict {
 			v.Counts["recovered"]++ // an indeterminate enqueue that took effect
 		}
 	}
+	ackedAt := map[uint64]int64{}
+	for _, o := range ops {
+		if o.F == "enqueue" && o.Type == "ok" {
+			ackedAt[o.Task] = o.Return
+		}
+	}
+	for _, o := range ops {
+		if t, ok := ackedAt[o.Task]; ok && o.F == "read" && o.Type == "fail" && strings.HasPrefix(o.Err, "not_found") && o.Call > t {
+			v.Counts["acked-read-not-found"]++
+			v.add("task %d acked (w=2) at %.3fs, read with r=2 at %.3fs via %s: not found", o.Task, float64(t)/1e9, float64(o.Call)/1e9, o.Node)
+		}
+	}
 	for id := range acked {
 		if delivered[id] > 0 {
 			continue
@@ -395,7 +407,7 @@ func CheckQueue(ops []*Op, final map[uint64]string) Verdict {
 			v.add("task %d (%s) acked, never delivered, final read: %s", id, acked[id], st)
 		}
 	}
-	v.Valid = v.Counts["lost"] == 0 && v.Counts["unexpected"] == 0
+	v.Valid = v.Counts["lost"] == 0 && v.Counts["unexpected"] == 0 && v.Counts["acked-read-not-found"] == 0
 	return v
 }
 

@@ -82,6 +82,11 @@ func TestTerminalAndQueue(t *testing.T) {
 	if v.Valid || v.Counts["lost"] != 1 || v.Counts["unexpected"] != 1 {
 		t.Fatalf("lost and unexpected not both caught: %+v", v)
 	}
+	ops = append(ops[:2], &Op{F: "read", Task: 8, Type: "fail", Err: "not_found: task 8", Call: 2 * sec, Return: 3 * sec})
+	v = CheckQueue(ops, map[uint64]string{7: "TASK_STATUS_CANCELLED", 8: "TASK_STATUS_READY"})
+	if v.Valid || v.Counts["acked-read-not-found"] != 1 {
+		t.Fatalf("an acked task read as not found not caught: %+v", v)
+	}
 }
 
 // TestJepsen runs real scenarios: the short subset (two scenarios of 8 s

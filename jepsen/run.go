@@ -44,10 +44,10 @@ var Scenarios = []Scenario{
 	{Name: "clock-bump", Desc: "test hooks: bump a node's clock by up to +-750ms (below the 2s buffer)", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockBump},
 	{Name: "clock-strobe", Desc: "test hooks: a node's clock jumps +-700ms every 200ms", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockStrobe},
 	{Name: "power-loss", Desc: "test hooks: POST /test/crash (unsynced writes lost) on one node or all, restart", Nodes: 3, NeedsHooks: true, Nemesis: nemesisPowerLoss},
-	{Name: "bug-claim-no-check", Desc: "self-test: seeded bug claim-no-check must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"claim-no-check"}, Nemesis: nemesisNone},
+	{Name: "bug-claim-no-check", Desc: "self-test: seeded bug claim-no-check, under leader pauses and kills (new leaders), must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"claim-no-check"}, Nemesis: both(nemesisPauseLeader, nemesisKillRandom)},
 	{Name: "bug-ack-before-sync", Desc: "self-test: seeded bug ack-before-sync under power loss must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"ack-before-sync"}, Nemesis: nemesisPowerLoss},
-	{Name: "bug-expiry-no-skew", Desc: "self-test: seeded bug expiry-no-skew with the leader's clock ahead (below the buffer) must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"expiry-no-skew"}, Nemesis: nemesisLeaderClockAhead},
-	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Nemesis: nemesisNone},
+	{Name: "bug-expiry-no-skew", Desc: "self-test: seeded bug expiry-no-skew, the top leader's clock jumping 1.5 s ahead and back (below the buffer) while workers stall past their leases, must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"expiry-no-skew"}, Nemesis: both(nemesisLeaderClockAhead, nemesisWorkerPause)},
+	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write under kill-random must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Nemesis: nemesisKillRandom},
 }
 
 // Nemeses describes the fault kinds, for --help.

@@ -118,6 +118,17 @@ func (w *Workload) client(ctx context.Context, i int) {
 			o = w.enqueue(ctx, n, proc, i)
 		case r < 0.45:
 			o = w.enqueue(ctx, n, proc, i)
+		case r < 0.52:
+			w.mu.Lock()
+			var id uint64
+			if len(w.enqueued) > 0 {
+				id = w.enqueued[rng.IntN(len(w.enqueued))]
+			}
+			w.mu.Unlock()
+			if id == 0 {
+				continue
+			}
+			o = w.read(ctx, n, proc, i, id)
 		case r < 0.95:
 			long := rng.Float64() < 0.3
 			o, h = w.claim(ctx, n, proc, i, long)
@@ -227,6 +238,17 @@ func (w *Workload) yield(ctx context.Context, n *Node, proc, client int, h *held
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
 	_, err := n.Tasks.Yield(cctx, connect.NewRequest(&nornv1.YieldRequest{Id: h.task, ClaimId: h.claim}))
+	o.Return = w.H.Now()
+	o.Type, o.Err = classify(err)
+	return o
+}
+
+// read reads an acked task with R=2: with W=2 and N=3 it must be found.
+func (w *Workload) read(ctx context.Context, n *Node, proc, client int, id uint64) *Op {
+	o := &Op{Process: proc, Client: client, F: "read", Node: n.ID, Task: id, Call: w.H.Now()}
+	cctx, cancel := w.opCtx(ctx)
+	defer cancel()
+	_, err := n.Tasks.GetTask(cctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id, R: 2}))
 	o.Return = w.H.Now()
 	o.Type, o.Err = classify(err)
 	return o
