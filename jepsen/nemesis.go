@@ -220,6 +220,26 @@ func nemesisPowerLoss(ctx context.Context, e *Env) {
 // nemesisLeaderClockAhead moves the top leader's clock 3/4 of the skew
 // buffer ahead for 2 s, then back, over and over: a claim granted before a
 // jump expires that much early in real time, which the buffer absorbs.
+// nemesisPowerLossAll crashes every node at once (unsynced writes lost)
+// every 3-5 s and restarts them 1 s later.
+func nemesisPowerLossAll(ctx context.Context, e *Env) {
+	for sleep(ctx, e.between(3*time.Second, 5*time.Second)) {
+		var wg sync.WaitGroup
+		for _, n := range e.C.Nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				e.TL.Log("start", "power-loss", n.ID, n.Crash())
+			}()
+		}
+		wg.Wait()
+		sleep(ctx, time.Second)
+		for _, n := range e.C.Nodes {
+			e.TL.Log("end", "power-loss", n.ID, n.Start())
+		}
+	}
+}
+
 func nemesisLeaderClockAhead(ctx context.Context, e *Env) {
 	for sleep(ctx, 1*time.Second) {
 		n := e.C.TopLeader()

@@ -28,6 +28,7 @@ func main() {
 	results := fs.String("results", "jepsen-results", "parent directory of the results directories")
 	recheck := fs.String("check", "", "only check the history of this results directory again (linearizability, queue without final reads, exclusion, terminal stability)")
 	allowKnown := fs.Bool("allow-known-bugs", false, "tolerate the anomalies of the open Norn bugs listed in docs/JEPSEN.md (still reported)")
+	noBugs := fs.Bool("no-bugs", false, "run the self-test (bug-*) scenarios without their seeded bugs: the clean build must pass them")
 	bin := fs.String("nornd", "", "nornd binary to test (default: build ./cmd/nornd of the current module)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: norn-jepsen [--scenario name[,name] | --short | --all] [--seed n] [--time 60s]\n\nflags:\n")
@@ -115,7 +116,7 @@ func main() {
 	failed := false
 	for _, name := range names {
 		r, err := jepsen.Run(context.Background(), jepsen.Options{Scenario: name, Seed: *seed, Time: *dur, Clients: *clients,
-			Results: *results, Root: root, Bin: *bin, Logf: logf, AllowKnownBugs: *allowKnown})
+			Results: *results, Root: root, Bin: *bin, Logf: logf, AllowKnownBugs: *allowKnown, NoBugs: *noBugs})
 		if r == nil {
 			r = &jepsen.Result{Scenario: name, Seed: *seed}
 		}
