@@ -37,6 +37,7 @@ type ClusterConfig struct {
 	Dir         string   // data dirs and logs go under it
 	Hooks       bool     // start nornd with -test-hooks
 	Bugs        []string // seeded bugs (-test-bug), only with Hooks
+	ExtraArgs   []string // more nornd flags (they win over the defaults)
 	RaftTimeout time.Duration
 	SkewBuffer  time.Duration
 }
@@ -141,6 +142,7 @@ func (n *Node) Start() error {
 			args = append(args, "-test-bug", strings.Join(cfg.Bugs, ","))
 		}
 	}
+	args = append(args, cfg.ExtraArgs...)
 	logf, err := os.OpenFile(n.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err

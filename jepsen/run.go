@@ -26,6 +26,7 @@ type Scenario struct {
 	Nodes      int
 	NeedsHooks bool
 	Bugs       []string // seeded bugs: the run must FAIL (self-test)
+	Args       []string // more nornd flags
 	Nemesis    Nemesis
 	Short      bool // part of jepsen-short
 }
@@ -47,7 +48,7 @@ var Scenarios = []Scenario{
 	{Name: "bug-claim-no-check", Desc: "self-test: seeded bug claim-no-check, under leader pauses and kills (new leaders), must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"claim-no-check"}, Nemesis: both(nemesisPauseLeader, nemesisKillRandom)},
 	{Name: "bug-ack-before-sync", Desc: "self-test: seeded bug ack-before-sync, every node losing power at once every 3-5 s, must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"ack-before-sync"}, Nemesis: nemesisPowerLossAll},
 	{Name: "bug-expiry-no-skew", Desc: "self-test: seeded bug expiry-no-skew, the top leader's clock jumping 1.5 s ahead and back (below the buffer) while workers stall past their leases, must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"expiry-no-skew"}, Nemesis: both(nemesisLeaderClockAhead, nemesisWorkerPause)},
-	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write under kill-random must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Nemesis: nemesisKillRandom},
+	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write, no faults, anti-entropy off (every 1h) so that nothing repairs the dropped writes, must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Args: []string{"-antientropy-interval", "1h"}, Nemesis: nemesisNone},
 }
 
 // Nemeses describes the fault kinds, for --help.
@@ -205,7 +206,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}()
 
-	c, err := NewCluster(ClusterConfig{Nodes: sc.Nodes, Bin: bin, Dir: dir, Hooks: hooks, Bugs: sc.Bugs})
+	c, err := NewCluster(ClusterConfig{Nodes: sc.Nodes, Bin: bin, Dir: dir, Hooks: hooks, Bugs: sc.Bugs, ExtraArgs: sc.Args})
 	if err != nil {
 		return nil, err
 	}
