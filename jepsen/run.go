@@ -402,7 +402,7 @@ func roots(rs []*nornv1.ReplicaRoot) string {
 // Table formats results as the summary table.
 func Table(rs []*Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-26s %-6s %-8s %-6s %-6s %s\n", "scenario", "seed", "outcome", "ops", "faults", "checkers")
+	fmt.Fprintf(&b, "%-32s %-6s %-8s %-6s %-6s %s\n", "scenario", "seed", "outcome", "ops", "faults", "checkers")
 	for _, r := range rs {
 		out := "ok"
 		switch {
@@ -423,7 +423,7 @@ func Table(rs []*Result) string {
 		if r.Expect == "invalid" && r.Skipped == "" {
 			detail = "(seeded bug: expected a failure) " + detail
 		}
-		fmt.Fprintf(&b, "%-26s %-6d %-8s %-6d %-6d %s\n", r.Scenario, r.Seed, out, r.Ops, r.Faults, detail)
+		fmt.Fprintf(&b, "%-32s %-6d %-8s %-6d %-6d %s\n", r.Scenario, r.Seed, out, r.Ops, r.Faults, detail)
 	}
 	return b.String()
 }
