@@ -119,12 +119,7 @@ func (w *Workload) client(ctx context.Context, i int) {
 		case r < 0.45:
 			o = w.enqueue(ctx, n, proc, i)
 		case r < 0.52:
-			w.mu.Lock()
-			var id uint64
-			if len(w.enqueued) > 0 {
-				id = w.enqueued[rng.IntN(len(w.enqueued))]
-			}
-			w.mu.Unlock()
+			id := w.ackedTask(rng)
 			if id == 0 {
 				continue
 			}
@@ -133,12 +128,7 @@ func (w *Workload) client(ctx context.Context, i int) {
 			long := rng.Float64() < 0.3
 			o, h = w.claim(ctx, n, proc, i, long)
 		default:
-			w.mu.Lock()
-			var id uint64
-			if len(w.enqueued) > 0 {
-				id = w.enqueued[rng.IntN(len(w.enqueued))]
-			}
-			w.mu.Unlock()
+			id := w.ackedTask(rng)
 			if id == 0 {
 				continue
 			}
@@ -159,6 +149,16 @@ func (w *Workload) client(ctx context.Context, i int) {
 		}
 		time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
 	}
+}
+
+// ackedTask returns a random acked task id, 0 when none is acked yet.
+func (w *Workload) ackedTask(rng *rand.Rand) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.enqueued) == 0 {
+		return 0
+	}
+	return w.enqueued[rng.IntN(len(w.enqueued))]
 }
 
 func (w *Workload) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
