@@ -92,6 +92,8 @@ func TestTerminalAndQueue(t *testing.T) {
 // TestJepsen runs real scenarios: the short subset (two scenarios of 8 s
 // with -short). It needs root, iptables and Linux, and NORN_JEPSEN=1 so
 // that `make test` does not run it (make jepsen-short runs the runner).
+// Like jepsen-short, it tolerates the known Norn bugs' anomaly
+// (docs/JEPSEN.md).
 func TestJepsen(t *testing.T) {
 	switch {
 	case runtime.GOOS != "linux":
