@@ -27,8 +27,12 @@ type Scenario struct {
 	NeedsHooks bool
 	Bugs       []string // seeded bugs: the run must FAIL (self-test)
 	Args       []string // more nornd flags
-	Nemesis    Nemesis
-	Short      bool // part of jepsen-short
+	// Time and Clients, when set, replace the run's: what the scenario
+	// needs to show its anomaly.
+	Time    time.Duration
+	Clients int
+	Nemesis Nemesis
+	Short   bool // part of jepsen-short
 }
 
 // Scenarios lists every scenario, in the order `make jepsen` runs them.
@@ -45,7 +49,7 @@ var Scenarios = []Scenario{
 	{Name: "clock-bump", Desc: "test hooks: bump a node's clock by up to +-750ms (below the 2s buffer)", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockBump},
 	{Name: "clock-strobe", Desc: "test hooks: a node's clock jumps +-700ms every 200ms", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockStrobe},
 	{Name: "power-loss", Desc: "test hooks: POST /test/crash (unsynced writes lost) on one node or all, restart", Nodes: 3, NeedsHooks: true, Nemesis: nemesisPowerLoss},
-	{Name: "bug-claim-no-check", Desc: "self-test: seeded bug claim-no-check, under leader pauses and kills (new leaders), must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"claim-no-check"}, Nemesis: both(nemesisPauseLeader, nemesisKillRandom)},
+	{Name: "bug-claim-no-check", Desc: "self-test: seeded bug claim-no-check, under leader pauses and kills (new leaders), 8 clients for 60 s, must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"claim-no-check"}, Nemesis: both(nemesisPauseLeader, nemesisKillRandom), Time: time.Minute, Clients: 8},
 	{Name: "bug-ack-before-sync", Desc: "self-test: seeded bug ack-before-sync, every node losing power at once every 3-5 s, must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"ack-before-sync"}, Nemesis: nemesisPowerLossAll},
 	{Name: "bug-expiry-no-skew", Desc: "self-test: seeded bug expiry-no-skew, the top leader's clock jumping 1.5 s ahead and back (below the buffer) while workers stall past their leases, must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"expiry-no-skew"}, Nemesis: both(nemesisLeaderClockAhead, nemesisWorkerPause)},
 	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write, no faults, anti-entropy off (every 1h) so that nothing repairs the dropped writes, must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Args: []string{"-antientropy-interval", "1h"}, Nemesis: nemesisNone},
@@ -141,6 +145,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if o.Clients == 0 {
 		o.Clients = 5
+	}
+	if sc.Clients != 0 {
+		o.Clients = sc.Clients
+	}
+	if sc.Time != 0 {
+		o.Time = sc.Time
 	}
 	if o.Time == 0 {
 		o.Time = 30 * time.Second
