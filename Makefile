@@ -9,7 +9,7 @@ BUF         ?= github.com/bufbuild/buf/cmd/buf@v1.73.0
 CORE_PKGS   := ./crdt/... ./ring/... ./faultfs/... ./storage/... ./claims/... ./cluster/... ./antientropy/... ./transport/... ./client/... ./node/...
 BIN         := bin
 
-.PHONY: all build test test-core test-rest lint fmt proto proto-check bench fuzz cluster cluster-stop run clean
+.PHONY: all build test test-core test-rest lint fmt proto proto-check bench fuzz cluster cluster-stop run clean jepsen jepsen-short
 
 all: build
 
@@ -85,3 +85,20 @@ cluster-stop:
 
 clean:
 	rm -rf $(BIN) data
+
+# The Jepsen harness (docs/JEPSEN.md): real nornd processes on
+# 127.0.0.(10+i), faults, checkers. Needs root and iptables. `make jepsen`
+# runs every scenario (SCENARIO=name runs one); SEED=0 picks a seed (printed).
+SCENARIO ?=
+SEED     ?= 0
+TIME     ?= 30s
+jepsen:
+	$(GO) build -o $(BIN)/norn-jepsen ./cmd/norn-jepsen
+	$(BIN)/norn-jepsen $(if $(SCENARIO),--scenario $(SCENARIO),--all) --seed $(SEED) --time $(TIME)
+
+# The short subset CI runs (about 5 minutes). It tolerates the anomalies
+# of the open Norn bugs listed in docs/JEPSEN.md (still reported); remove
+# --allow-known-bugs once they are fixed.
+jepsen-short:
+	$(GO) build -o $(BIN)/norn-jepsen ./cmd/norn-jepsen
+	$(BIN)/norn-jepsen --short --allow-known-bugs --seed $(SEED) --time 20s

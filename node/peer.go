@@ -51,9 +51,19 @@ func (s *peerSet) get(addr string) *peer {
 	s.once.Do(func() {
 		var p http.Protocols
 		p.SetUnencryptedHTTP2(true)
+		// Calls leave from this node's API IP when it is a specific one:
+		// peers check the caller's address against its API address
+		// (checkPeer), and on a host with several addresses (nodes on
+		// loopback aliases 127.0.0.x) the kernel would pick another source.
+		d := &net.Dialer{Timeout: 2 * time.Second, KeepAlive: 10 * time.Second}
+		if host, _, err := net.SplitHostPort(s.n.cfg.APIAddr); err == nil {
+			if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+				d.LocalAddr = &net.TCPAddr{IP: ip}
+			}
+		}
 		s.tr = &http.Transport{
 			Protocols:   &p,
-			DialContext: (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 10 * time.Second}).DialContext,
+			DialContext: d.DialContext,
 			HTTP2: &http.HTTP2Config{
 				// A peer that stops answering (paused, cut off) is noticed
 				// within seconds even on an idle connection.

@@ -239,13 +239,27 @@ func (g *GroupStream) Close() error {
 func (g *GroupStream) Addr() net.Addr { return g.m.Addr() }
 
 // Dial connects to the mux at address and names this group in the header.
+// When the mux listens on a specific IP, the connection leaves from that
+// IP: the peer's membership check (MuxConfig.Allow) matches the remote
+// address against the members' Raft addresses, and on a host with several
+// addresses (nodes on loopback aliases 127.0.0.x) the kernel would pick
+// another source.
 func (g *GroupStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return DialGroup(string(address), g.id, timeout)
+	var local net.Addr
+	if ta, ok := g.m.Addr().(*net.TCPAddr); ok && ta.IP != nil && !ta.IP.IsUnspecified() {
+		local = &net.TCPAddr{IP: ta.IP}
+	}
+	return dialGroup(string(address), g.id, timeout, local)
 }
 
 // DialGroup connects to the RaftMux at address for group id.
 func DialGroup(address string, id uint32, timeout time.Duration) (net.Conn, error) {
-	c, err := net.DialTimeout("tcp", address, timeout)
+	return dialGroup(address, id, timeout, nil)
+}
+
+func dialGroup(address string, id uint32, timeout time.Duration, local net.Addr) (net.Conn, error) {
+	d := net.Dialer{Timeout: timeout, LocalAddr: local}
+	c, err := d.Dial("tcp", address)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,140 @@
+// Command norn-jepsen runs Norn's Jepsen harness (package jepsen): real
+// nornd processes on 127.0.0.(10+i), a workload of concurrent clients,
+// nemeses (faults) on a seeded schedule, and checkers over the recorded
+// history. It needs root and iptables. `norn-jepsen --help` lists the
+// scenarios and nemeses; see docs/JEPSEN.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/norn-dev/norn/jepsen"
+)
+
+func main() {
+	fs := flag.NewFlagSet("norn-jepsen", flag.ContinueOnError)
+	scenario := fs.String("scenario", "", "scenario to run (or comma-separated list); see below")
+	all := fs.Bool("all", false, "run every scenario")
+	short := fs.Bool("short", false, "run the short subset (make jepsen-short)")
+	seed := fs.Uint64("seed", 0, "seed of the fault schedule and the workload (0: from the time)")
+	dur := fs.Duration("time", 30*time.Second, "workload time under faults, per scenario")
+	clients := fs.Int("clients", 5, "concurrent clients, 4 to 8")
+	results := fs.String("results", "jepsen-results", "parent directory of the results directories")
+	recheck := fs.String("check", "", "only check the history of this results directory again (linearizability, queue without final reads, exclusion, terminal stability)")
+	allowKnown := fs.Bool("allow-known-bugs", false, "tolerate the anomalies of the open Norn bugs listed in docs/JEPSEN.md (still reported)")
+	noBugs := fs.Bool("no-bugs", false, "run the self-test (bug-*) scenarios without their seeded bugs: the clean build must pass them")
+	bin := fs.String("nornd", "", "nornd binary to test (default: build ./cmd/nornd of the current module)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: norn-jepsen [--scenario name[,name] | --short | --all] [--seed n] [--time 60s]\n\nflags:\n")
+		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "\nscenarios:\n")
+		for _, s := range jepsen.Scenarios {
+			tag := ""
+			if s.Short {
+				tag += " [short]"
+			}
+			if s.NeedsHooks {
+				tag += " [needs -test-hooks]"
+			}
+			fmt.Fprintf(fs.Output(), "  %-26s %d nodes: %s%s\n", s.Name, s.Nodes, s.Desc, tag)
+		}
+		fmt.Fprintf(fs.Output(), "\nnemeses:\n")
+		for _, n := range jepsen.Nemeses {
+			fmt.Fprintf(fs.Output(), "  %s\n", n)
+		}
+	}
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if err == flag.ErrHelp {
+			return
+		}
+		os.Exit(2)
+	}
+	if *recheck != "" {
+		ops, err := jepsen.ReadHistory(filepath.Join(*recheck, "history.jsonl"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "norn-jepsen:", err)
+			os.Exit(1)
+		}
+		for _, v := range []jepsen.Verdict{jepsen.CheckLinearizable(ops, 3, time.Minute, *recheck), jepsen.CheckExclusion(ops), jepsen.CheckTerminal(ops, 3)} {
+			fmt.Printf("%-16s %-7s %v\n  %s\n", v.Checker, v.Status(), v.Counts, strings.Join(v.Details, "\n  "))
+		}
+		return
+	}
+	var names []string
+	switch {
+	case *all:
+		for _, s := range jepsen.Scenarios {
+			names = append(names, s.Name)
+		}
+	case *short:
+		for _, s := range jepsen.Scenarios {
+			if s.Short {
+				names = append(names, s.Name)
+			}
+		}
+	case *scenario != "":
+		names = strings.Split(*scenario, ",")
+	default:
+		fs.Usage()
+		os.Exit(2)
+	}
+	if *seed == 0 {
+		*seed = uint64(time.Now().UnixNano()%100000) + 1
+	}
+	if *clients < 4 || *clients > 8 {
+		fmt.Fprintln(os.Stderr, "norn-jepsen: --clients must be 4 to 8")
+		os.Exit(2)
+	}
+	root, err := os.Getwd()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "norn-jepsen:", err)
+		os.Exit(1)
+	}
+	removeBin := func() {}
+	if *bin == "" {
+		tmp, err := os.MkdirTemp("", "norn-jepsen-")
+		if err == nil {
+			err = os.Chmod(tmp, 0o755) // the nodes run as their own uids
+		}
+		if err == nil {
+			*bin, err = jepsen.BuildNornd(root, tmp)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "norn-jepsen:", err)
+			os.Exit(1)
+		}
+		removeBin = func() { os.RemoveAll(tmp) }
+	}
+	logf := func(format string, args ...any) { fmt.Printf(format+"\n", args...) }
+	var rs []*jepsen.Result
+	failed := false
+	for _, name := range names {
+		r, err := jepsen.Run(context.Background(), jepsen.Options{Scenario: name, Seed: *seed, Time: *dur, Clients: *clients,
+			Results: *results, Root: root, Bin: *bin, Logf: logf, AllowKnownBugs: *allowKnown, NoBugs: *noBugs})
+		if r == nil {
+			r = &jepsen.Result{Scenario: name, Seed: *seed}
+		}
+		if err != nil {
+			r.Err = err.Error()
+		}
+		if err != nil || !r.OK {
+			failed = true
+		}
+		rs = append(rs, r)
+		fmt.Printf("--- %s seed %d: valid=%v expected=%s ok=%v dir=%s %s\n", name, *seed, r.Valid, r.Expect, r.OK, r.Dir, r.Err)
+		for _, v := range r.Verdicts {
+			fmt.Printf("    %-16s %-7s %v %s\n", v.Checker, v.Status(), v.Counts, strings.Join(v.Details, "; "))
+		}
+	}
+	fmt.Print("\n", jepsen.Table(rs))
+	removeBin()
+	if failed {
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,434 @@
+package jepsen
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+)
+
+// Ports every node uses on its own address 127.0.0.(10+i).
+const (
+	apiPort    = 7400
+	raftPort   = 7401
+	gossipPort = 7402
+	probePort  = 7409 // the harness's probe listener on each node's address
+	uidBase    = 64010
+)
+
+// ClusterConfig describes the cluster under test.
+type ClusterConfig struct {
+	Nodes       int      // 3 or 5
+	Partitions  int      // power of two, for example 8
+	Bin         string   // the nornd binary
+	Dir         string   // data dirs and logs go under it
+	Hooks       bool     // start nornd with -test-hooks
+	Bugs        []string // seeded bugs (-test-bug), only with Hooks
+	ExtraArgs   []string // more nornd flags (they win over the defaults)
+	RaftTimeout time.Duration
+	SkewBuffer  time.Duration
+}
+
+// Node is one nornd process of the cluster.
+type Node struct {
+	Index   int // 1-based
+	ID      string
+	IP      string
+	API     string
+	DataDir string
+	LogPath string
+	UID     int
+
+	cfg    *ClusterConfig
+	join   []string
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	paused bool
+
+	Tasks nornv1connect.TaskServiceClient
+	Admin nornv1connect.AdminServiceClient
+	hc    *http.Client
+}
+
+// Cluster is the set of nodes under test.
+type Cluster struct {
+	Cfg   ClusterConfig
+	Nodes []*Node
+}
+
+// NodeIP is node i's loopback address.
+func NodeIP(i int) string { return fmt.Sprintf("127.0.0.%d", 10+i) }
+
+// NewCluster prepares (does not start) the nodes.
+func NewCluster(cfg ClusterConfig) (*Cluster, error) {
+	if cfg.Partitions == 0 {
+		cfg.Partitions = 8
+	}
+	if cfg.RaftTimeout == 0 {
+		cfg.RaftTimeout = 500 * time.Millisecond
+	}
+	if cfg.SkewBuffer == 0 {
+		cfg.SkewBuffer = 2 * time.Second
+	}
+	c := &Cluster{Cfg: cfg}
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 5 * time.Second}}
+	for i := 1; i <= cfg.Nodes; i++ {
+		n := &Node{Index: i, ID: fmt.Sprintf("n%d", i), IP: NodeIP(i), UID: uidBase + i, cfg: &c.Cfg, hc: hc}
+		n.API = fmt.Sprintf("%s:%d", n.IP, apiPort)
+		n.DataDir = filepath.Join(cfg.Dir, "data", n.ID)
+		n.LogPath = filepath.Join(cfg.Dir, "logs", n.ID+".log")
+		n.Tasks = nornv1connect.NewTaskServiceClient(hc, "http://"+n.API)
+		n.Admin = nornv1connect.NewAdminServiceClient(hc, "http://"+n.API)
+		c.Nodes = append(c.Nodes, n)
+	}
+	for _, n := range c.Nodes {
+		for _, o := range c.Nodes {
+			if o != n {
+				n.join = append(n.join, fmt.Sprintf("%s:%d", o.IP, gossipPort))
+			}
+		}
+	}
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "data"), filepath.Join(cfg.Dir, "logs")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	for _, n := range c.Nodes {
+		if err := os.MkdirAll(n.DataDir, 0o700); err != nil {
+			return nil, err
+		}
+		if err := os.Chown(n.DataDir, n.UID, n.UID); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// Start starts node n's process (from its data dir, if it has one).
+func (n *Node) Start() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd != nil {
+		return fmt.Errorf("%s already running", n.ID)
+	}
+	cfg := n.cfg
+	args := []string{"-node-id", n.ID, "-machine-id", fmt.Sprint(n.Index), "-data-dir", n.DataDir,
+		"-listen", n.API, "-raft-addr", fmt.Sprintf("%s:%d", n.IP, raftPort),
+		"-gossip-addr", fmt.Sprintf("%s:%d", n.IP, gossipPort),
+		"-bootstrap-expect", fmt.Sprint(cfg.Nodes), "-join", strings.Join(n.join, ","),
+		"-replication", "3", "-partitions", fmt.Sprint(cfg.Partitions),
+		"-raft-timeout", cfg.RaftTimeout.String(), "-write-timeout", "2s",
+		"-skew-buffer", cfg.SkewBuffer.String(), "-antientropy-interval", "2s", "-log-level", "warn"}
+	if cfg.Hooks {
+		args = append(args, "-test-hooks")
+		if len(cfg.Bugs) > 0 {
+			args = append(args, "-test-bug", strings.Join(cfg.Bugs, ","))
+		}
+	}
+	args = append(args, cfg.ExtraArgs...)
+	logf, err := os.OpenFile(n.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(logf, "=== %s start: %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), cfg.Bin, strings.Join(args, " "))
+	cmd := exec.Command(cfg.Bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: uint32(n.UID), Gid: uint32(n.UID)},
+		Setpgid:    true,
+		Pdeathsig:  syscall.SIGKILL, // the harness dying takes its nodes with it
+	}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	n.cmd, n.paused = cmd, false
+	n.exited = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) {
+		err := cmd.Wait()
+		fmt.Fprintf(logf, "=== %s exit: %v\n", time.Now().UTC().Format(time.RFC3339Nano), err)
+		logf.Close()
+		close(done)
+	}(cmd, n.exited)
+	return nil
+}
+
+// Running reports whether n's process is up (possibly paused).
+func (n *Node) Running() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return false
+	}
+	select {
+	case <-n.exited:
+		n.cmd = nil
+		return false
+	default:
+		return true
+	}
+}
+
+// Kill sends SIGKILL to n's process (paused or not) and waits for it to
+// exit.
+func (n *Node) Kill() {
+	n.mu.Lock()
+	cmd, done := n.cmd, n.exited
+	n.cmd, n.paused = nil, false
+	n.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	<-done
+}
+
+// Pause sends SIGSTOP; Resume sends SIGCONT.
+func (n *Node) Pause() error { return n.signal(syscall.SIGSTOP, true) }
+
+// Resume sends SIGCONT to a paused node.
+func (n *Node) Resume() error { return n.signal(syscall.SIGCONT, false) }
+
+func (n *Node) signal(s syscall.Signal, paused bool) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return fmt.Errorf("%s is not running", n.ID)
+	}
+	if err := n.cmd.Process.Signal(s); err != nil {
+		return err
+	}
+	n.paused = paused
+	return nil
+}
+
+// Paused reports whether n was paused and not resumed.
+func (n *Node) Paused() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.paused
+}
+
+// Healthy reports whether n answers GET /healthz with 200.
+func (n *Node) Healthy() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.API+"/healthz", nil)
+	resp, err := n.hc.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// Status calls AdminService.Status on n.
+func (n *Node) Status(ctx context.Context, counts bool) (*nornv1.StatusResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	r, err := n.Admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{SkipCounts: !counts}))
+	if err != nil {
+		return nil, err
+	}
+	return r.Msg, nil
+}
+
+// ClockState is the answer of GET /test/clock.
+type ClockState struct {
+	OffsetMS int64   `json:"offset_ms"`
+	Rate     float64 `json:"rate"`
+	NowMS    int64   `json:"now_ms"`
+}
+
+// SetClock sets n's injected clock (test hooks only): real now + offset
+// from now on, advancing at rate (0 means 1).
+func (n *Node) SetClock(offset time.Duration, rate float64) error {
+	if rate == 0 {
+		rate = 1
+	}
+	body, _ := json.Marshal(map[string]any{"offset_ms": offset.Milliseconds(), "rate": rate})
+	return n.post("/test/clock", string(body))
+}
+
+// Crash asks n to exit at once losing its unsynced writes (test hooks
+// only: the power-loss nemesis), and waits for the exit.
+func (n *Node) Crash() error {
+	err := n.post("/test/crash", "{}")
+	n.mu.Lock()
+	cmd, done := n.cmd, n.exited
+	n.mu.Unlock()
+	if cmd == nil {
+		return err
+	}
+	select {
+	case <-done:
+		n.mu.Lock()
+		n.cmd = nil
+		n.mu.Unlock()
+		return nil
+	case <-time.After(5 * time.Second):
+		n.Kill()
+		return fmt.Errorf("%s did not exit after /test/crash (%v); killed", n.ID, err)
+	}
+}
+
+func (n *Node) post(path, body string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+n.API+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := n.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("POST %s on %s: %s", path, n.ID, resp.Status)
+	}
+	return nil
+}
+
+// Start starts every node and waits until each is healthy and every
+// partition has a leader.
+func (c *Cluster) Start(timeout time.Duration) error {
+	for _, n := range c.Nodes {
+		if err := n.Start(); err != nil {
+			return err
+		}
+	}
+	return c.WaitReady(timeout)
+}
+
+// WaitReady waits until every running node is healthy and sees a leader
+// for every partition.
+func (c *Cluster) WaitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		if last = c.ready(); last == nil {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("cluster not ready after %s: %w", timeout, last)
+}
+
+func (c *Cluster) ready() error {
+	for _, n := range c.Nodes {
+		if !n.Running() {
+			continue
+		}
+		if !n.Healthy() {
+			return fmt.Errorf("%s not healthy", n.ID)
+		}
+		st, err := n.Status(context.Background(), false)
+		if err != nil {
+			return fmt.Errorf("%s status: %w", n.ID, err)
+		}
+		if len(st.Partitions) == 0 {
+			return fmt.Errorf("%s replicates no partition yet", n.ID)
+		}
+		for _, p := range st.Partitions {
+			if p.Leader == "" {
+				return fmt.Errorf("%s sees no leader for partition %d", n.ID, p.Id)
+			}
+		}
+	}
+	return nil
+}
+
+// Leaders returns, as the first answering node sees it, the node leading
+// each partition.
+func (c *Cluster) Leaders() (map[uint32]string, error) {
+	var errs []error
+	for _, n := range c.Nodes {
+		if !n.Running() || n.Paused() {
+			continue
+		}
+		st, err := n.Status(context.Background(), false)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out := map[uint32]string{}
+		for _, p := range st.Partitions {
+			out[p.Id] = p.Leader
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("no node answered Status: %w", errors.Join(errs...))
+}
+
+// TopLeader returns the node leading the most partitions (node 1 when
+// Status does not answer).
+func (c *Cluster) TopLeader() *Node {
+	ls, err := c.Leaders()
+	if err != nil {
+		return c.Nodes[0]
+	}
+	count := map[string]int{}
+	for _, l := range ls {
+		count[l]++
+	}
+	best := c.Nodes[0]
+	for _, n := range c.Nodes {
+		if count[n.ID] > count[best.ID] {
+			best = n
+		}
+	}
+	return best
+}
+
+// Node returns the node with this id, or nil.
+func (c *Cluster) Node(id string) *Node {
+	for _, n := range c.Nodes {
+		if n.ID == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// Stop kills every node.
+func (c *Cluster) Stop() {
+	for _, n := range c.Nodes {
+		n.Kill()
+	}
+}
+
+// HasTestHooks reports whether the nornd binary knows -test-hooks.
+func HasTestHooks(bin string) bool {
+	out, _ := exec.Command(bin, "-h").CombinedOutput()
+	return strings.Contains(string(out), "test-hooks")
+}
+
+// BuildNornd builds ./cmd/nornd of the module at root into dir.
+func BuildNornd(root, dir string) (string, error) {
+	bin := filepath.Join(dir, "nornd")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/nornd")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/nornd: %v\n%s", err, out)
+	}
+	if err := os.Chmod(bin, 0o755); err != nil {
+		return "", err
+	}
+	return bin, nil
+}

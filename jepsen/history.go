@@ -1,0 +1,167 @@
+package jepsen
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Op is one completed operation of the history. Times are nanoseconds on
+// the harness's monotonic clock since the run started; an indeterminate
+// operation (timeout, ambiguous failure) has Type "info" and Return -1
+// (infinity).
+type Op struct {
+	Index   int    `json:"index"`
+	Process int    `json:"process"` // porcupine client id: a client gets a new one after an info
+	Client  int    `json:"client"`  // the workload client (-1: the drainer)
+	F       string `json:"f"`       // enqueue, claim, renew, complete, yield, cancel, get
+	Node    string `json:"node,omitempty"`
+	Task    uint64 `json:"task,omitempty,string"`
+	Claim   uint64 `json:"claim,omitempty,string"`
+	LeaseMS int64  `json:"lease_ms,omitempty"`
+	Long    bool   `json:"long,omitempty"`
+	W       uint32 `json:"w,omitempty"`
+	Payload string `json:"payload,omitempty"`
+	Type    string `json:"type"` // ok, fail (definitely did not happen), info (may have happened)
+	Err     string `json:"error,omitempty"`
+	Call    int64  `json:"call_ns"`
+	Return  int64  `json:"return_ns"`
+	Drain   bool   `json:"drain,omitempty"`
+}
+
+// Ret is the op's return time, with infinity for an info.
+func (o *Op) Ret() int64 {
+	if o.Type == "info" || o.Return < 0 {
+		return 1<<62 - 1
+	}
+	return o.Return
+}
+
+// History records operations and fault events, with timestamps on one
+// monotonic clock.
+type History struct {
+	mu    sync.Mutex
+	start time.Time
+	ops   []*Op
+	next  int // next porcupine process id
+}
+
+// NewHistory starts the run's clock.
+func NewHistory() *History { return &History{start: time.Now()} }
+
+// Now is the time since the run started, in nanoseconds (monotonic).
+func (h *History) Now() int64 { return int64(time.Since(h.start)) }
+
+// NewProcess returns a fresh porcupine process id.
+func (h *History) NewProcess() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.next++
+	return h.next - 1
+}
+
+// Add records a completed op.
+func (h *History) Add(o *Op) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if o.Type == "info" {
+		o.Return = -1
+	}
+	o.Index = len(h.ops)
+	h.ops = append(h.ops, o)
+}
+
+// Ops returns the ops sorted by call time.
+func (h *History) Ops() []*Op {
+	h.mu.Lock()
+	out := append([]*Op(nil), h.ops...)
+	h.mu.Unlock()
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Call < out[j].Call })
+	return out
+}
+
+// WriteJSONLines writes the history, one op per line, in call order.
+func (h *History) WriteJSONLines(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	enc := json.NewEncoder(w)
+	for _, o := range h.Ops() {
+		if err := enc.Encode(o); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// Event is one entry of the fault timeline.
+type Event struct {
+	T      int64  `json:"t_ns"` // harness monotonic time
+	Wall   string `json:"wall"`
+	Kind   string `json:"kind"` // start or end of a fault, or a note
+	Fault  string `json:"fault"`
+	Detail string `json:"detail,omitempty"`
+	Err    string `json:"error,omitempty"`
+}
+
+// Timeline is the log of faults.
+type Timeline struct {
+	mu     sync.Mutex
+	h      *History
+	events []Event
+	logf   func(string, ...any)
+}
+
+// Log records an event.
+func (tl *Timeline) Log(kind, fault, detail string, err error) {
+	e := Event{T: tl.h.Now(), Wall: time.Now().UTC().Format(time.RFC3339Nano), Kind: kind, Fault: fault, Detail: detail}
+	if err != nil {
+		e.Err = err.Error()
+	}
+	tl.mu.Lock()
+	tl.events = append(tl.events, e)
+	tl.mu.Unlock()
+	if tl.logf != nil {
+		tl.logf("%7.2fs %-5s %-16s %s %s", float64(e.T)/1e9, kind, fault, detail, e.Err)
+	}
+}
+
+// Events returns a copy of the timeline.
+func (tl *Timeline) Events() []Event {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	return append([]Event(nil), tl.events...)
+}
+
+// FirstFault is the time of the first fault start, or -1.
+func (tl *Timeline) FirstFault() int64 {
+	for _, e := range tl.Events() {
+		if e.Kind == "start" {
+			return e.T
+		}
+	}
+	return -1
+}
+
+// WriteJSONLines writes the timeline.
+func (tl *Timeline) WriteJSONLines(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(f)
+	for _, e := range tl.Events() {
+		enc.Encode(e)
+	}
+	return f.Close()
+}

@@ -1,0 +1,350 @@
+package jepsen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+)
+
+// Queue is the queue the workload uses.
+const Queue = "jepsen"
+
+// Workload drives concurrent clients against the cluster, one operation
+// at a time each, and records every operation in the history.
+type Workload struct {
+	C          *Cluster
+	H          *History
+	Clients    int
+	Seed       uint64
+	LongLease  time.Duration // longer than the run
+	ShortLease time.Duration // 2-3 s
+	OpTimeout  time.Duration
+
+	// stall, when set for a client, makes it hold its next short claim
+	// without renewing for this long (the worker-pause nemesis).
+	stall []atomic.Int64
+
+	mu       sync.Mutex
+	enqueued []uint64 // acked task ids (cancel targets)
+	seq      atomic.Int64
+}
+
+type held struct {
+	task, claim uint64
+	long        bool
+}
+
+func (w *Workload) init() {
+	if w.OpTimeout == 0 {
+		w.OpTimeout = 3 * time.Second
+	}
+	w.stall = make([]atomic.Int64, w.Clients)
+}
+
+// Stall makes client i hold its next short claim for d without renewing.
+func (w *Workload) Stall(i int, d time.Duration) { w.stall[i%w.Clients].Store(int64(d)) }
+
+// Run runs the clients until ctx is done.
+func (w *Workload) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for i := range w.Clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.client(ctx, i)
+		}()
+	}
+	wg.Wait()
+}
+
+// classify turns a call's error into an op type: ok, fail (a definite
+// refusal: the call did not take effect) or info (may have).
+func classify(err error) (string, string) {
+	if err == nil {
+		return "ok", ""
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeFailedPrecondition, connect.CodeNotFound, connect.CodeInvalidArgument, connect.CodeAlreadyExists:
+		return "fail", err.Error()
+	}
+	return "info", err.Error()
+}
+
+func (w *Workload) client(ctx context.Context, i int) {
+	rng := rand.New(rand.NewPCG(w.Seed, uint64(i)+1))
+	proc := w.H.NewProcess()
+	var h *held
+	for ctx.Err() == nil {
+		n := w.C.Nodes[rng.IntN(len(w.C.Nodes))]
+		r := rng.Float64()
+		var o *Op
+		switch {
+		case h != nil && !h.long && w.stall[i].Load() > 0:
+			d := time.Duration(w.stall[i].Swap(0))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(d):
+			}
+			o = w.complete(ctx, n, proc, i, h, 3)
+			h = nil
+		case h != nil && r < 0.35:
+			o = w.renew(ctx, n, proc, i, h)
+			if o.Type != "ok" {
+				h = nil
+			}
+		case h != nil && r < 0.65:
+			o = w.complete(ctx, n, proc, i, h, uint32(2+rng.IntN(2)))
+			h = nil
+		case h != nil && r < 0.8:
+			o = w.yield(ctx, n, proc, i, h)
+			h = nil
+		case h != nil && !h.long:
+			// Renew a short lease rather than let it lapse.
+			o = w.renew(ctx, n, proc, i, h)
+			if o.Type != "ok" {
+				h = nil
+			}
+		case h != nil:
+			o = w.enqueue(ctx, n, proc, i)
+		case r < 0.45:
+			o = w.enqueue(ctx, n, proc, i)
+		case r < 0.52:
+			id := w.ackedTask(rng)
+			if id == 0 {
+				continue
+			}
+			o = w.read(ctx, n, proc, i, id)
+		case r < 0.95:
+			long := rng.Float64() < 0.3
+			o, h = w.claim(ctx, n, proc, i, long)
+		default:
+			id := w.ackedTask(rng)
+			if id == 0 {
+				continue
+			}
+			o = w.cancel(ctx, n, proc, i, id)
+		}
+		if o == nil {
+			continue
+		}
+		if ctx.Err() != nil && o.Type == "info" {
+			// Cut short by the end of the run: still indeterminate.
+			w.H.Add(o)
+			return
+		}
+		w.H.Add(o)
+		if o.Type == "info" {
+			proc = w.H.NewProcess()
+			h = nil
+		}
+		time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
+	}
+}
+
+// ackedTask returns a random acked task id, 0 when none is acked yet.
+func (w *Workload) ackedTask(rng *rand.Rand) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.enqueued) == 0 {
+		return 0
+	}
+	return w.enqueued[rng.IntN(len(w.enqueued))]
+}
+
+func (w *Workload) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), w.OpTimeout)
+}
+
+func (w *Workload) enqueue(ctx context.Context, n *Node, proc, client int) *Op {
+	payload := fmt.Sprintf("p-%d-%d", client, w.seq.Add(1))
+	o := &Op{Process: proc, Client: client, F: "enqueue", Node: n.ID, W: 2, Payload: payload, Call: w.H.Now()}
+	cctx, cancel := w.opCtx(ctx)
+	defer cancel()
+	r, err := n.Tasks.Enqueue(cctx, connect.NewRequest(&nornv1.EnqueueRequest{
+		Task: &nornv1.TaskSpec{Queue: Queue, Payload: []byte(payload)}, W: 2}))
+	o.Return = w.H.Now()
+	o.Type, o.Err = classify(err)
+	if err == nil {
+		o.Task = r.Msg.Id
+		w.mu.Lock()
+		w.enqueued = append(w.enqueued, r.Msg.Id)
+		w.mu.Unlock()
+	}
+	return o
+}
+
+// claim claims one task; the op records the task it got, if any (an empty
+// answer is recorded as a fail: nothing was claimed).
+func (w *Workload) claim(ctx context.Context, n *Node, proc, client int, long bool) (*Op, *held) {
+	lease := w.ShortLease
+	if long {
+		lease = w.LongLease
+	}
+	o := &Op{Process: proc, Client: client, F: "claim", Node: n.ID, LeaseMS: lease.Milliseconds(), Long: long, Call: w.H.Now()}
+	cctx, cancel := w.opCtx(ctx)
+	defer cancel()
+	r, err := n.Tasks.Claim(cctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: Queue, Worker: fmt.Sprintf("c%d", client),
+		Lease: durationpb.New(lease), Max: 1, Wait: durationpb.New(300 * time.Millisecond)}))
+	o.Return = w.H.Now()
+	o.Type, o.Err = classify(err)
+	if err != nil {
+		return o, nil
+	}
+	if len(r.Msg.Tasks) == 0 {
+		o.Type, o.Err = "fail", "empty"
+		return o, nil
+	}
+	t := r.Msg.Tasks[0]
+	o.Task, o.Claim, o.Payload = t.Task.Id, t.ClaimId, string(t.Task.Spec.GetPayload())
+	return o, &held{task: t.Task.Id, claim: t.ClaimId, long: long}
+}
+
+func (w *Workload) renew(ctx context.Context, n *Node, proc, client int, h *held) *Op {
+	lease := w.ShortLease
+	if h.long {
+		lease = w.LongLease
+	}
+	o := &Op{Process: proc, Client: client, F: "renew", Node: n.ID, Task: h.task, Claim: h.claim, LeaseMS: lease.Milliseconds(), Long: h.long, Call: w.H.Now()}
+	cctx, cancel := w.opCtx(ctx)
+	defer cancel()
+	_, err := n.Tasks.Renew(cctx, connect.NewRequest(&nornv1.RenewRequest{Id: h.task, ClaimId: h.claim, Lease: durationpb.New(lease)}))
+	o.Return = w.H.Now()
+	o.Type, o.Err = classify(err)
+	return o
+}
+
+func (w *Workload) complete(ctx context.Context, n *Node, proc, client int, h *held, wq uint32) *Op {
+	o := &Op{Process: proc, Client: client, F: "complete", Node: n.ID, Task: h.task, Claim: h.claim, Long: h.long, W: wq, Call: w.H.Now()}
+	cctx, cancel := w.opCtx(ctx)
+	defer cancel()
+	_, err := n.Tasks.Complete(cctx, connect.NewRequest(&nornv1.CompleteRequest{Id: h.task, ClaimId: h.claim, W: wq}))
+	o.Return = w.H.Now()
+	o.Type, o.Err = classify(err)
+	return o
+}
+
+func (w *Workload) yield(ctx context.Context, n *Node, proc, client int, h *held) *Op {
+	o := &Op{Process: proc, Client: client, F: "yield", Node: n.ID, Task: h.task, Claim: h.claim, Long: h.long, Call: w.H.Now()}
+	cctx, cancel := w.opCtx(ctx)
+	defer cancel()
+	_, err := n.Tasks.Yield(cctx, connect.NewRequest(&nornv1.YieldRequest{Id: h.task, ClaimId: h.claim}))
+	o.Return = w.H.Now()
+	o.Type, o.Err = classify(err)
+	return o
+}
+
+// read reads an acked task with R=2: with W=2 and N=3 it must be found.
+func (w *Workload) read(ctx context.Context, n *Node, proc, client int, id uint64) *Op {
+	o := &Op{Process: proc, Client: client, F: "read", Node: n.ID, Task: id, Call: w.H.Now()}
+	cctx, cancel := w.opCtx(ctx)
+	defer cancel()
+	_, err := n.Tasks.GetTask(cctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id, R: 2}))
+	o.Return = w.H.Now()
+	o.Type, o.Err = classify(err)
+	return o
+}
+
+func (w *Workload) cancel(ctx context.Context, n *Node, proc, client int, id uint64) *Op {
+	wq := uint32(len(w.C.Nodes))
+	if wq > 3 {
+		wq = 3
+	}
+	o := &Op{Process: proc, Client: client, F: "cancel", Node: n.ID, Task: id, W: wq, Call: w.H.Now()}
+	cctx, cancel := w.opCtx(ctx)
+	defer cancel()
+	_, err := n.Tasks.Cancel(cctx, connect.NewRequest(&nornv1.CancelRequest{Id: id, W: wq}))
+	o.Return = w.H.Now()
+	o.Type, o.Err = classify(err)
+	return o
+}
+
+// Drain claims and completes every claimable task until none has come out
+// for quiet (long enough for abandoned short leases to expire), or max
+// passes. It returns the time of the first successful claim (-1 if none).
+func (w *Workload) Drain(ctx context.Context, quiet, max time.Duration) (firstClaim int64, err error) {
+	firstClaim = -1
+	proc := w.H.NewProcess()
+	deadline := time.Now().Add(max)
+	lastGot := time.Now()
+	for i := 0; time.Now().Before(deadline) && time.Since(lastGot) < quiet; i++ {
+		if ctx.Err() != nil {
+			return firstClaim, ctx.Err()
+		}
+		n := w.C.Nodes[i%len(w.C.Nodes)]
+		call := w.H.Now()
+		cctx, cancel := w.opCtx(ctx)
+		r, err := n.Tasks.Claim(cctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: Queue, Worker: "drain",
+			Lease: durationpb.New(time.Minute), Max: 50, Wait: durationpb.New(time.Second)}))
+		cancel()
+		ret := w.H.Now()
+		typ, msg := classify(err)
+		if err != nil {
+			w.H.Add(&Op{Process: proc, Client: -1, F: "claim", Node: n.ID, LeaseMS: 60000, Long: true, Type: typ, Err: msg, Call: call, Return: ret, Drain: true})
+			if typ == "info" {
+				proc = w.H.NewProcess()
+			}
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if len(r.Msg.Tasks) == 0 {
+			continue
+		}
+		lastGot = time.Now()
+		if firstClaim < 0 {
+			firstClaim = ret
+		}
+		for _, t := range r.Msg.Tasks {
+			w.H.Add(&Op{Process: proc, Client: -1, F: "claim", Node: n.ID, Task: t.Task.Id, Claim: t.ClaimId, LeaseMS: 60000, Long: true,
+				Payload: string(t.Task.Spec.GetPayload()), Type: "ok", Call: call, Return: ret, Drain: true})
+		}
+		for _, t := range r.Msg.Tasks {
+			o := w.complete(ctx, n, proc, -1, &held{task: t.Task.Id, claim: t.ClaimId, long: true}, 2)
+			o.Drain = true
+			w.H.Add(o)
+			if o.Type == "info" {
+				proc = w.H.NewProcess()
+			}
+		}
+	}
+	return firstClaim, nil
+}
+
+// FinalRead reads each task with R = replication; it returns the statuses
+// (or the error text).
+func (w *Workload) FinalRead(ctx context.Context, ids []uint64) map[uint64]string {
+	out := map[uint64]string{}
+	for i, id := range ids {
+		n := w.C.Nodes[i%len(w.C.Nodes)]
+		var st string
+		for attempt := 0; attempt < 3; attempt++ {
+			cctx, cancel := w.opCtx(ctx)
+			r, err := n.Tasks.GetTask(cctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id, R: 3}))
+			cancel()
+			if err == nil {
+				st = r.Msg.Task.Status.String()
+				break
+			}
+			st = "error: " + err.Error()
+			if connect.CodeOf(err) == connect.CodeNotFound {
+				st = "NOT_FOUND"
+				break
+			}
+			var ce *connect.Error
+			if !errors.As(err, &ce) {
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		out[id] = st
+	}
+	return out
+}
