@@ -96,9 +96,7 @@ jepsen:
 	$(GO) build -o $(BIN)/norn-jepsen ./cmd/norn-jepsen
 	$(BIN)/norn-jepsen $(if $(SCENARIO),--scenario $(SCENARIO),--all) --seed $(SEED) --time $(TIME)
 
-# The short subset CI runs (about 5 minutes). It tolerates the anomalies
-# of the open Norn bugs listed in docs/JEPSEN.md (still reported); remove
-# --allow-known-bugs once they are fixed.
+# The short subset CI runs (about 3-5 minutes).
 jepsen-short:
 	$(GO) build -o $(BIN)/norn-jepsen ./cmd/norn-jepsen
-	$(BIN)/norn-jepsen --short --allow-known-bugs --seed $(SEED) --time 20s
+	$(BIN)/norn-jepsen --short --seed $(SEED) --time 20s

@@ -19,9 +19,6 @@ type Verdict struct {
 	Skipped string         `json:"skipped,omitempty"` // why the checker did not run
 	Counts  map[string]int `json:"counts,omitempty"`
 	Details []string       `json:"details,omitempty"` // the first few anomalies
-	// Tolerated: failed only by the anomaly of a known Norn bug, which the
-	// run was told to tolerate (docs/JEPSEN.md).
-	Tolerated bool `json:"tolerated,omitempty"`
 }
 
 func (v *Verdict) add(format string, args ...any) {
@@ -35,8 +32,6 @@ func (v *Verdict) Status() string {
 	switch {
 	case v.Skipped != "":
 		return "skipped"
-	case v.Valid && v.Tolerated:
-		return "pass(known-bug)"
 	case v.Valid:
 		return "pass"
 	}

@@ -131,7 +131,7 @@ func TestJepsen(t *testing.T) {
 	failed := false
 	var rs []*Result
 	for _, name := range names {
-		r, err := Run(context.Background(), Options{Scenario: name, Seed: 1, Time: d, Clients: 4, Results: dir, Bin: bin, Logf: t.Logf, AllowKnownBugs: true})
+		r, err := Run(context.Background(), Options{Scenario: name, Seed: 1, Time: d, Clients: 4, Results: dir, Bin: bin, Logf: t.Logf})
 		if err != nil {
 			t.Errorf("%s: %v", name, err)
 			failed = true

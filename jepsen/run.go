@@ -85,10 +85,6 @@ type Options struct {
 	Results  string        // parent of the run's results directory
 	Root     string        // module root, to build nornd (unless Bin is set)
 	Bin      string        // a nornd binary to use
-	// AllowKnownBugs tolerates the anomalies of open Norn bugs listed in
-	// docs/JEPSEN.md (today: spurious refusals of renew/yield/complete on
-	// a stale claim state); they are still counted and reported.
-	AllowKnownBugs bool
 	// NoBugs runs a self-test scenario without its seeded bug (the clean
 	// build must pass it).
 	NoBugs bool
@@ -296,16 +292,6 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		CheckTerminal(ops, repl),
 		conv,
 		CheckLiveness(ops, tl.FirstFault(), heal, firstClaim, 50),
-	}
-	// A self-test must be caught by more than the known bugs' anomalies
-	// (a clean build shows them too).
-	if o.AllowKnownBugs || len(sc.Bugs) > 0 || o.NoBugs {
-		for i := range res.Verdicts {
-			if v := &res.Verdicts[i]; !v.Valid && v.Counts["spurious-refusals"] > 0 && v.Counts["timeout"] == 0 {
-				v.Valid, v.Tolerated = true, true
-				v.add("tolerated: a known Norn bug (--allow-known-bugs, or a self-test)")
-			}
-		}
 	}
 	res.Valid = true
 	for _, v := range res.Verdicts {

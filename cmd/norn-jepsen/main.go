@@ -27,7 +27,6 @@ func main() {
 	clients := fs.Int("clients", 5, "concurrent clients, 4 to 8")
 	results := fs.String("results", "jepsen-results", "parent directory of the results directories")
 	recheck := fs.String("check", "", "only check the history of this results directory again (linearizability, queue without final reads, exclusion, terminal stability)")
-	allowKnown := fs.Bool("allow-known-bugs", false, "tolerate the anomalies of the open Norn bugs listed in docs/JEPSEN.md (still reported)")
 	noBugs := fs.Bool("no-bugs", false, "run the self-test (bug-*) scenarios without their seeded bugs: the clean build must pass them")
 	bin := fs.String("nornd", "", "nornd binary to test (default: build ./cmd/nornd of the current module)")
 	fs.Usage = func() {
@@ -116,7 +115,7 @@ func main() {
 	failed := false
 	for _, name := range names {
 		r, err := jepsen.Run(context.Background(), jepsen.Options{Scenario: name, Seed: *seed, Time: *dur, Clients: *clients,
-			Results: *results, Root: root, Bin: *bin, Logf: logf, AllowKnownBugs: *allowKnown, NoBugs: *noBugs})
+			Results: *results, Root: root, Bin: *bin, Logf: logf, NoBugs: *noBugs})
 		if r == nil {
 			r = &jepsen.Result{Scenario: name, Seed: *seed}
 		}
