@@ -233,10 +233,11 @@ func TestClusterRemoteDependencies(t *testing.T) {
 			t.Fatalf("claimed %v after the dependency completed, want %d", got, child)
 		}
 		t.Logf("claimable after %v", time.Since(start))
-		// The read repaired the leader's replica.
-		if ts, err := l.node.load(dep); err != nil || outcomeOf(ts.task) != depCompleted {
-			t.Fatalf("the leader's replica of the dependency: %v, %v", ts, err)
-		}
+		// The read repaired the leader's replica (in the background).
+		waitFor(t, 5*time.Second, "read repair of the leader's replica of the dependency", func() bool {
+			ts, err := l.node.load(dep)
+			return err == nil && outcomeOf(ts.task) == depCompleted
+		})
 	})
 
 	t.Run("cancelled elsewhere", func(t *testing.T) {
