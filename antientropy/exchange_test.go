@@ -413,7 +413,7 @@ func TestExchangeRetention(t *testing.T) {
 				mergeAll(t, s.store, 0, kept...)
 			}
 			// A's retention pass has run; B's has not.
-			if n, err := a.store.DeleteTerminalBefore(0, horizonA, 500); err != nil || n != 1200 {
+			if n, err := a.store.DeleteTerminalBefore(0, horizonA, 500, nil); err != nil || n != 1200 {
 				t.Fatalf("A deleted %d, %v", n, err)
 			}
 			keptStates := stored(t, a.store, 0)
@@ -470,7 +470,7 @@ func TestExchangeStaleStateNotStored(t *testing.T) {
 		mergeAll(t, b.store, 0, stale...)
 		mergeAll(t, a.store, 0, live)
 		mergeAll(t, b.store, 0, live)
-		if _, err := a.store.DeleteTerminalBefore(0, late, 100); err != nil {
+		if _, err := a.store.DeleteTerminalBefore(0, late, 100, nil); err != nil {
 			t.Fatal(err)
 		}
 		st, err := a.r.Exchange(context.Background(), b.peer, []uint16{0}, Options{})

@@ -81,7 +81,7 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 		merge: cfg.Merge, trees: make(map[uint16]*Tree)}
 	if r.expire == nil {
 		r.expire = func(p uint16, ms int64) error {
-			_, err := cfg.Store.DeleteTerminalBefore(p, ms, 1000)
+			_, err := cfg.Store.DeleteTerminalBefore(p, ms, 1000, nil)
 			return err
 		}
 	}

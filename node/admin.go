@@ -131,15 +131,15 @@ func (n *Node) peerRoots(ctx context.Context, r *cluster.Ring) map[string]peerRo
 			for _, p := range parts {
 				req.Partitions = append(req.Partitions, uint32(p))
 			}
-			resp, err := n.peers.get(nd.APIAddr).peer.TreeRoots(ctx, peerRequest(n, req))
+			resp, err := peerUnary(ctx, n, req, n.peers.get(nd.APIAddr).peer.TreeRoots)
 			switch {
 			case err != nil:
 				ans.err = err
-			case len(resp.Msg.Roots) != len(parts):
-				ans.err = fmt.Errorf("%d roots for %d partitions", len(resp.Msg.Roots), len(parts))
+			case len(resp.Roots) != len(parts):
+				ans.err = fmt.Errorf("%d roots for %d partitions", len(resp.Roots), len(parts))
 			default:
 				for i, p := range parts {
-					ans.roots[p] = resp.Msg.Roots[i]
+					ans.roots[p] = resp.Roots[i]
 				}
 			}
 			mu.Lock()

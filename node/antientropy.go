@@ -77,31 +77,18 @@ func (n *Node) retentionHorizon() int64 {
 // partition's leader the claim FSM forgets their records first, through
 // Raft; other replicas delete their task states alone.
 func (n *Node) expireBefore(p uint16, ms int64) error {
-	n.store.RaiseDeleteHorizon(ms)
-	g := n.group(p)
-	if g == nil || !g.IsLeader() {
-		_, err := n.store.DeleteTerminalBefore(p, ms, monitorBatch)
-		return err
-	}
-	for {
-		due, err := n.store.TerminalBefore(p, ms-1, monitorBatch)
-		if err != nil || len(due) == 0 {
-			return err
-		}
-		cmd := &claims.Command{Op: claims.OpForget, NowMs: n.cfg.Clock.Now().UnixMilli()}
-		for _, d := range due {
-			cmd.IDs = append(cmd.IDs, d.ID)
-		}
-		if _, err := g.Propose(cmd, proposeTimeout); err != nil {
-			return fmt.Errorf("forgetting expired tasks: %w", err)
-		}
-		if err := n.store.DeleteTasks(p, cmd.IDs); err != nil {
-			return err
-		}
-		if len(due) < monitorBatch {
+	var forget func([]uint64) error
+	if g := n.group(p); g != nil && g.IsLeader() {
+		forget = func(ids []uint64) error {
+			cmd := &claims.Command{Op: claims.OpForget, NowMs: n.cfg.Clock.Now().UnixMilli(), IDs: ids}
+			if _, err := g.Propose(cmd, proposeTimeout); err != nil {
+				return fmt.Errorf("forgetting expired tasks: %w", err)
+			}
 			return nil
 		}
 	}
+	_, err := n.store.DeleteTerminalBefore(p, ms, monitorBatch, forget)
+	return err
 }
 
 // antiEntropyLoop exchanges, with every other node, the partitions both
@@ -256,23 +243,22 @@ type aePeer struct {
 }
 
 func (a *aePeer) TreeRoots(ctx context.Context, req *nornv1.TreeRootsRequest) (*nornv1.TreeRootsResponse, error) {
-	resp, err := a.p.peer.TreeRoots(ctx, peerRequest(a.n, req))
-	if err != nil {
-		return nil, err
-	}
-	return resp.Msg, nil
+	return peerUnary(ctx, a.n, req, a.p.peer.TreeRoots)
 }
 
 func (a *aePeer) TreeNodes(ctx context.Context, req *nornv1.TreeNodesRequest) (*nornv1.TreeNodesResponse, error) {
-	resp, err := a.p.peer.TreeNodes(ctx, peerRequest(a.n, req))
-	if err != nil {
-		return nil, err
-	}
-	return resp.Msg, nil
+	return peerUnary(ctx, a.n, req, a.p.peer.TreeNodes)
 }
 
 func (a *aePeer) SegmentEntries(ctx context.Context, req *nornv1.SegmentEntriesRequest) (*nornv1.SegmentEntriesResponse, error) {
-	resp, err := a.p.peer.SegmentEntries(ctx, peerRequest(a.n, req))
+	return peerUnary(ctx, a.n, req, a.p.peer.SegmentEntries)
+}
+
+// peerUnary makes one PeerService call with this node's identity and
+// returns the answer's message.
+func peerUnary[Req, Resp any](ctx context.Context, n *Node, msg *Req,
+	call func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (*Resp, error) {
+	resp, err := call(ctx, peerRequest(n, msg))
 	if err != nil {
 		return nil, err
 	}
@@ -317,51 +303,41 @@ func (a *aePeer) Push(ctx context.Context, _ uint16, tasks []*crdt.Task) (int, e
 	return bytes, err
 }
 
-// aeError maps an antientropy serve error to a connect error.
-func aeError(err error) error {
+// serveAE answers one anti-entropy call of a peer with serve, mapping its
+// errors: a partition not replicated here or trees of another size are
+// FAILED_PRECONDITION, other refusals INVALID_ARGUMENT; connect errors
+// pass as they are.
+func serveAE[Req, Resp any](n *Node, req *connect.Request[Req], serve func(*Req) (*Resp, error)) (*connect.Response[Resp], error) {
+	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	resp, err := serve(req.Msg)
+	var ce *connect.Error
 	switch {
+	case err == nil:
+		return connect.NewResponse(resp), nil
+	case errors.As(err, &ce):
+		return nil, err
 	case errors.Is(err, antientropy.ErrNotReplicated), errors.Is(err, antientropy.ErrTreeSize):
-		return connect.NewError(connect.CodeFailedPrecondition, err)
+		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
 	default:
-		return connect.NewError(connect.CodeInvalidArgument, err)
+		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
 }
 
 func (s peerService) TreeRoots(_ context.Context, req *connect.Request[nornv1.TreeRootsRequest]) (*connect.Response[nornv1.TreeRootsResponse], error) {
-	n := s.n
-	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
-		return nil, err
-	}
-	if n.ring.Load() == nil {
-		return nil, errNotFormed
-	}
-	resp, err := n.ae.ServeTreeRoots(req.Msg)
-	if err != nil {
-		return nil, aeError(err)
-	}
-	return connect.NewResponse(resp), nil
+	return serveAE(s.n, req, func(m *nornv1.TreeRootsRequest) (*nornv1.TreeRootsResponse, error) {
+		if s.n.ring.Load() == nil {
+			return nil, errNotFormed
+		}
+		return s.n.ae.ServeTreeRoots(m)
+	})
 }
 
 func (s peerService) TreeNodes(_ context.Context, req *connect.Request[nornv1.TreeNodesRequest]) (*connect.Response[nornv1.TreeNodesResponse], error) {
-	n := s.n
-	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
-		return nil, err
-	}
-	resp, err := n.ae.ServeTreeNodes(req.Msg)
-	if err != nil {
-		return nil, aeError(err)
-	}
-	return connect.NewResponse(resp), nil
+	return serveAE(s.n, req, s.n.ae.ServeTreeNodes)
 }
 
 func (s peerService) SegmentEntries(_ context.Context, req *connect.Request[nornv1.SegmentEntriesRequest]) (*connect.Response[nornv1.SegmentEntriesResponse], error) {
-	n := s.n
-	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
-		return nil, err
-	}
-	resp, err := n.ae.ServeSegmentEntries(req.Msg)
-	if err != nil {
-		return nil, aeError(err)
-	}
-	return connect.NewResponse(resp), nil
+	return serveAE(s.n, req, s.n.ae.ServeSegmentEntries)
 }

@@ -20,18 +20,9 @@ import (
 func TestLiveClaimOnLeaderWithoutTheTask(t *testing.T) {
 	ms := testCluster(t, 3)
 	ctx := context.Background()
-	r, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "q"}, W: 3}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := r.Msg.Id
-	p := ms[0].node.partition(id)
-	leader, _ := partitionRoles(t, ms, p)
-	c, err := leader.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "q", Worker: "w", Max: 1, Lease: durationpb.New(time.Minute)}))
-	if err != nil || len(c.Msg.Tasks) != 1 {
-		t.Fatalf("claim: %v, %v", c, err)
-	}
-	claimID := c.Msg.Tasks[0].ClaimId
+	id, leader := enqueueEverywhere(t, ms, "q")
+	p := leader.node.partition(id)
+	claimID := claimOne(t, leader, "q")
 	lose := func() {
 		t.Helper()
 		if err := leader.node.store.DeleteTasks(p, []uint64{id}); err != nil {
@@ -59,18 +50,9 @@ func TestLiveClaimOnLeaderWithoutTheTask(t *testing.T) {
 	}
 
 	// Yield, on a second task.
-	r, err = leader.api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "y"}, W: 3}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id = r.Msg.Id
+	id, leader = enqueueEverywhere(t, ms, "y")
 	p = leader.node.partition(id)
-	leader, _ = partitionRoles(t, ms, p)
-	c, err = leader.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "y", Worker: "w", Max: 1, Lease: durationpb.New(time.Minute)}))
-	if err != nil || len(c.Msg.Tasks) != 1 {
-		t.Fatalf("claim: %v, %v", c, err)
-	}
-	claimID = c.Msg.Tasks[0].ClaimId
+	claimID = claimOne(t, leader, "y")
 	lose()
 	if _, err := leader.api.Yield(ctx, connect.NewRequest(&nornv1.YieldRequest{Id: id, ClaimId: claimID})); err != nil {
 		t.Fatalf("yield of the live claim at a leader without the task: %v", err)
@@ -85,11 +67,7 @@ func TestLiveClaimOnLeaderWithoutTheTask(t *testing.T) {
 func TestClaimCheckAuthority(t *testing.T) {
 	ms := testCluster(t, 3)
 	ctx := context.Background()
-	r, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "q"}, W: 3}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := r.Msg.Id
+	id, _ := enqueueEverywhere(t, ms, "q")
 	leader, others := partitionRoles(t, ms, ms[0].node.partition(id))
 	const bogus = 987654 // never a claim of this task
 	if _, err := leader.node.loadClaimed(ctx, id, bogus); err != nil {
@@ -120,13 +98,8 @@ func TestClaimCheckAuthority(t *testing.T) {
 func TestCancelAtLeaderWithoutTheTask(t *testing.T) {
 	ms := testCluster(t, 3)
 	ctx := context.Background()
-	r, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "q"}, W: 3}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := r.Msg.Id
-	p := ms[0].node.partition(id)
-	leader, _ := partitionRoles(t, ms, p)
+	id, leader := enqueueEverywhere(t, ms, "q")
+	p := leader.node.partition(id)
 	if err := leader.node.store.DeleteTasks(p, []uint64{id}); err != nil {
 		t.Fatal(err)
 	}
@@ -141,4 +114,27 @@ func TestCancelAtLeaderWithoutTheTask(t *testing.T) {
 	if _, err := leader.api.Cancel(ctx, connect.NewRequest(&nornv1.CancelRequest{Id: 4242})); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Fatalf("cancel of an unknown task: %v, want NOT_FOUND", err)
 	}
+}
+
+// enqueueEverywhere enqueues a task of queue with W=3 (every replica has
+// it) and returns its id and its partition's leader.
+func enqueueEverywhere(t *testing.T, ms []*member, queue string) (uint64, *member) {
+	t.Helper()
+	r, err := ms[0].api.Enqueue(context.Background(), connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: queue}, W: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader, _ := partitionRoles(t, ms, ms[0].node.partition(r.Msg.Id))
+	return r.Msg.Id, leader
+}
+
+// claimOne claims the one task of queue at m, with a one-minute lease, and
+// returns its claim id.
+func claimOne(t *testing.T, m *member, queue string) uint64 {
+	t.Helper()
+	c, err := m.api.Claim(context.Background(), connect.NewRequest(&nornv1.ClaimRequest{Queue: queue, Worker: "w", Max: 1, Lease: durationpb.New(time.Minute)}))
+	if err != nil || len(c.Msg.Tasks) != 1 {
+		t.Fatalf("claim: %v, %v", c, err)
+	}
+	return c.Msg.Tasks[0].ClaimId
 }

@@ -82,7 +82,7 @@ func (s *Store) ApplyClaimFSM(p uint16, u ClaimFSMUpdate, sync bool) error {
 		var err error
 		if r.Value == nil {
 			err = b.Delete(fsmRecordKey(p, r.ID), nil)
-		} else if err = s.recordHorizons.note(s.db, p, r.ID); err == nil {
+		} else if err = s.recordHorizons.note(p, r.ID); err == nil {
 			err = b.Set(fsmRecordKey(p, r.ID), r.Value, nil)
 		}
 		if err != nil {
@@ -129,7 +129,7 @@ func (s *Store) ClaimFSMApplied(p uint16) (uint64, error) {
 // the FSM's commit of id's record may see it or not.
 func (s *Store) ClaimFSMRecord(p uint16, id uint64) ([]byte, error) {
 	// Most first claims are of ids above every recorded one: no read.
-	if above, err := s.recordHorizons.above(s.db, p, id); err != nil || above {
+	if above, err := s.recordHorizons.above(p, id); err != nil || above {
 		return nil, cmp.Or(err, ErrNotFound)
 	}
 	return s.get(fsmRecordKey(p, id))
@@ -230,7 +230,7 @@ func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, l
 		return err
 	}
 	for _, r := range records {
-		if err := s.recordHorizons.note(s.db, p, r.ID); err != nil {
+		if err := s.recordHorizons.note(p, r.ID); err != nil {
 			return err
 		}
 		if err := b.Set(fsmRecordKey(p, r.ID), r.Value, nil); err != nil {

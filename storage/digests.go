@@ -127,8 +127,10 @@ func (s *Store) pastHorizon(t *crdt.Task) bool {
 // DeleteTerminalBefore raises the delete horizon to ms and deletes every
 // terminal task of partition p whose deciding terminal event is before ms,
 // in batches of batch. It returns how many it deleted. The claim FSM's
-// records are not touched (the leader forgets them through Raft).
-func (s *Store) DeleteTerminalBefore(p uint16, ms int64, batch int) (int, error) {
+// records are not touched: forget, if not nil, runs before each batch is
+// deleted (the partition's leader forgets their records through Raft) and
+// its error stops the deletion.
+func (s *Store) DeleteTerminalBefore(p uint16, ms int64, batch int, forget func(ids []uint64) error) (int, error) {
 	if batch <= 0 {
 		return 0, errors.New("storage: DeleteTerminalBefore batch must be positive")
 	}
@@ -142,6 +144,11 @@ func (s *Store) DeleteTerminalBefore(p uint16, ms int64, batch int) (int, error)
 		ids := make([]uint64, len(due))
 		for i, d := range due {
 			ids[i] = d.ID
+		}
+		if forget != nil {
+			if err := forget(ids); err != nil {
+				return deleted, err
+			}
 		}
 		if err := s.DeleteTasks(p, ids); err != nil {
 			return deleted, err

@@ -27,6 +27,7 @@ import (
 // partition's FSM apply order for records. A reader without either sees
 // a state the id had at some point during its call.
 type idHorizons struct {
+	db *pebble.DB
 	// spans returns the key ranges [lo, hi) of partition p whose keys end
 	// in the ids tracked (each range in id order).
 	spans func(p uint16) [][2][]byte
@@ -50,19 +51,19 @@ func recordSpans(p uint16) [][2][]byte {
 
 // above reports whether id is above partition p's horizon, that is, whether
 // neither its task nor its meta key is stored.
-func (h *idHorizons) above(db *pebble.DB, p uint16, id uint64) (bool, error) {
+func (h *idHorizons) above(p uint16, id uint64) (bool, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	m, err := h.loadLocked(db, p)
+	m, err := h.loadLocked(p)
 	return id > m, err
 }
 
 // note raises partition p's horizon to id. Call it before the batch that
 // writes id's task or meta key is applied.
-func (h *idHorizons) note(db *pebble.DB, p uint16, id uint64) error {
+func (h *idHorizons) note(p uint16, id uint64) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	m, err := h.loadLocked(db, p)
+	m, err := h.loadLocked(p)
 	if err != nil {
 		return err
 	}
@@ -72,13 +73,13 @@ func (h *idHorizons) note(db *pebble.DB, p uint16, id uint64) error {
 	return nil
 }
 
-func (h *idHorizons) loadLocked(db *pebble.DB, p uint16) (uint64, error) {
+func (h *idHorizons) loadLocked(p uint16) (uint64, error) {
 	if m, ok := h.max[p]; ok {
 		return m, nil
 	}
 	var m uint64
 	for _, span := range h.spans(p) {
-		last, found, err := lastID(db, span[0], span[1])
+		last, found, err := lastID(h.db, span[0], span[1])
 		if err != nil {
 			return 0, err
 		}

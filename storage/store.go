@@ -123,7 +123,7 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("storage: open %s: %w", cfg.Dir, err)
 	}
 	return &Store{db: db, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen,
-		horizons: idHorizons{spans: stateSpans}, recordHorizons: idHorizons{spans: recordSpans}}, nil
+		horizons: idHorizons{db: db, spans: stateSpans}, recordHorizons: idHorizons{db: db, spans: recordSpans}}, nil
 }
 
 // Close closes the database. Calls after Close fail or panic as Pebble does;
@@ -318,7 +318,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 	unseen := make([]bool, len(order))
 	for i, k := range order {
 		var err error
-		if unseen[i], err = s.horizons.above(s.db, k.p, k.id); err != nil {
+		if unseen[i], err = s.horizons.above(k.p, k.id); err != nil {
 			return nil, nil, nil, nil, err
 		}
 	}
@@ -536,7 +536,7 @@ func (s *Store) moveIndex(b *pebble.Batch, p uint16, id uint64, old meta, oldSpe
 	// Every write of a task (prepareMerge) or a meta comes here: raise the
 	// horizon before the batch is applied. A meta can be written for a
 	// task not stored here (a claim recorded first).
-	if err := s.horizons.note(s.db, p, id); err != nil {
+	if err := s.horizons.note(p, id); err != nil {
 		return nil, err
 	}
 	if err := b.Set(metaKey(p, id), new.encode(), nil); err != nil {
