@@ -85,11 +85,22 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 		cfg.SkewBuffer = 2 * time.Second
 	}
 	c := &Cluster{Cfg: cfg}
+	// The nodes run as their own uids, which must reach their data dirs:
+	// those live under a world-traversable temporary directory, not under
+	// the results directory (its parents may be private, as mktemp -d
+	// makes them); results/data links to it.
+	dataRoot, err := os.MkdirTemp("", "norn-jepsen-data-")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dataRoot, 0o755); err != nil {
+		return nil, err
+	}
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 5 * time.Second}}
 	for i := 1; i <= cfg.Nodes; i++ {
 		n := &Node{Index: i, ID: fmt.Sprintf("n%d", i), IP: NodeIP(i), UID: uidBase + i, cfg: &c.Cfg, hc: hc}
 		n.API = fmt.Sprintf("%s:%d", n.IP, apiPort)
-		n.DataDir = filepath.Join(cfg.Dir, "data", n.ID)
+		n.DataDir = filepath.Join(dataRoot, n.ID)
 		n.LogPath = filepath.Join(cfg.Dir, "logs", n.ID+".log")
 		n.Tasks = nornv1connect.NewTaskServiceClient(hc, "http://"+n.API)
 		n.Admin = nornv1connect.NewAdminServiceClient(hc, "http://"+n.API)
@@ -102,13 +113,16 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 			}
 		}
 	}
-	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "data"), filepath.Join(cfg.Dir, "logs")} {
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "logs")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
 		}
 		if err := os.Chmod(d, 0o755); err != nil {
 			return nil, err
 		}
+	}
+	if err := os.Symlink(dataRoot, filepath.Join(cfg.Dir, "data")); err != nil {
+		return nil, err
 	}
 	for _, n := range c.Nodes {
 		if err := os.MkdirAll(n.DataDir, 0o700); err != nil {
