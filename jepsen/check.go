@@ -19,6 +19,9 @@ type Verdict struct {
 	Skipped string         `json:"skipped,omitempty"` // why the checker did not run
 	Counts  map[string]int `json:"counts,omitempty"`
 	Details []string       `json:"details,omitempty"` // the first few anomalies
+	// ReportOnly: the scenario reports this checker's anomalies without
+	// failing (its faults go beyond the promise the checker tests).
+	ReportOnly bool `json:"report_only,omitempty"`
 }
 
 func (v *Verdict) add(format string, args ...any) {
@@ -34,6 +37,8 @@ func (v *Verdict) Status() string {
 		return "skipped"
 	case v.Valid:
 		return "pass"
+	case v.ReportOnly:
+		return "reported"
 	}
 	return "FAIL"
 }

@@ -68,6 +68,8 @@ type Node struct {
 type Cluster struct {
 	Cfg   ClusterConfig
 	Nodes []*Node
+	// DataRoot holds the nodes' data dirs (linked from Cfg.Dir/data).
+	DataRoot string
 }
 
 // NodeIP is node i's loopback address.
@@ -96,6 +98,7 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	if err := os.Chmod(dataRoot, 0o755); err != nil {
 		return nil, err
 	}
+	c.DataRoot = dataRoot
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 5 * time.Second}}
 	for i := 1; i <= cfg.Nodes; i++ {
 		n := &Node{Index: i, ID: fmt.Sprintf("n%d", i), IP: NodeIP(i), UID: uidBase + i, cfg: &c.Cfg, hc: hc}
@@ -257,7 +260,7 @@ func (n *Node) Healthy() bool {
 func (n *Node) Status(ctx context.Context, counts bool) (*nornv1.StatusResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	r, err := n.Admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{SkipCounts: !counts}))
+	r, err := n.Admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{SkipCounts: !counts, ClaimDigests: counts}))
 	if err != nil {
 		return nil, err
 	}
@@ -418,6 +421,23 @@ func (c *Cluster) Node(id string) *Node {
 		}
 	}
 	return nil
+}
+
+// NodeByAPI returns the node whose API address is addr, or nil.
+func (c *Cluster) NodeByAPI(addr string) *Node {
+	for _, n := range c.Nodes {
+		if n.API == addr {
+			return n
+		}
+	}
+	return nil
+}
+
+// RemoveData removes the nodes' data dirs and the link to them (after
+// Stop).
+func (c *Cluster) RemoveData() error {
+	os.Remove(filepath.Join(c.Cfg.Dir, "data"))
+	return os.RemoveAll(c.DataRoot)
 }
 
 // Stop kills every node.

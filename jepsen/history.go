@@ -30,6 +30,8 @@ type Op struct {
 	Call    int64  `json:"call_ns"`
 	Return  int64  `json:"return_ns"`
 	Drain   bool   `json:"drain,omitempty"`
+	// Leader is the node that granted a claim (its partition's leader).
+	Leader string `json:"leader,omitempty"`
 }
 
 // Ret is the op's return time, with infinity for an info.
@@ -47,6 +49,7 @@ type History struct {
 	start time.Time
 	ops   []*Op
 	next  int // next porcupine process id
+	subs  []chan *Op
 }
 
 // NewHistory starts the run's clock.
@@ -72,6 +75,23 @@ func (h *History) Add(o *Op) {
 	}
 	o.Index = len(h.ops)
 	h.ops = append(h.ops, o)
+	for _, ch := range h.subs {
+		select {
+		case ch <- o:
+		default: // a subscriber that falls behind misses ops
+		}
+	}
+}
+
+// Subscribe returns a channel that receives every op recorded from now on
+// (as it is added; a subscriber that does not keep up misses some). The
+// aimed nemeses use it to strike right after an op.
+func (h *History) Subscribe() <-chan *Op {
+	ch := make(chan *Op, 256)
+	h.mu.Lock()
+	h.subs = append(h.subs, ch)
+	h.mu.Unlock()
+	return ch
 }
 
 // Ops returns the ops sorted by call time.

@@ -19,6 +19,19 @@ type Env struct {
 	Hooks bool
 }
 
+// lockedSource makes a rand.Source safe for the nemeses that run at the
+// same time.
+type lockedSource struct {
+	mu  sync.Mutex
+	src rand.Source
+}
+
+func (s *lockedSource) Uint64() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.src.Uint64()
+}
+
 // sleep waits d or until ctx is done; it reports whether the time passed.
 func sleep(ctx context.Context, d time.Duration) bool {
 	select {
@@ -151,7 +164,7 @@ func nemesisWorkerPause(ctx context.Context, e *Env) {
 	for sleep(ctx, e.between(1*time.Second, 2*time.Second)) {
 		i := e.Rng.IntN(e.W.Clients)
 		e.W.Stall(i, stall)
-		e.TL.Log("start", "worker-pause", fmt.Sprintf("client %d holds its next short claim %s without renewing", i, stall), nil)
+		e.TL.Log("note", "worker-pause", fmt.Sprintf("client %d is to hold its next short claim %s without renewing", i, stall), nil)
 	}
 }
 
@@ -259,6 +272,177 @@ func both(ns ...Nemesis) Nemesis {
 			go func() {
 				defer wg.Done()
 				n(ctx, e)
+			}()
+		}
+		wg.Wait()
+	}
+}
+
+// shuffled returns the nodes in a seeded random order.
+func (e *Env) shuffled() []*Node {
+	ns := append([]*Node(nil), e.C.Nodes...)
+	e.Rng.Shuffle(len(ns), func(i, j int) { ns[i], ns[j] = ns[j], ns[i] })
+	return ns
+}
+
+func links(ls [][2]*Node) string {
+	var s []string
+	for _, l := range ls {
+		s = append(s, l[0].ID+"-"+l[1].ID)
+	}
+	return strings.Join(s, " ")
+}
+
+// ringLinks are the links to cut so that the nodes, in this order, form a
+// ring where each talks only to its two neighbours: with 5 nodes every
+// node sees a majority (itself and its neighbours), and no two nodes see
+// the same one.
+func ringLinks(ns []*Node) [][2]*Node {
+	var out [][2]*Node
+	for i := range ns {
+		for j := i + 1; j < len(ns); j++ {
+			if d := j - i; d != 1 && d != len(ns)-1 {
+				out = append(out, [2]*Node{ns[i], ns[j]})
+			}
+		}
+	}
+	return out
+}
+
+// bridgeLinks are the links to cut so that the nodes, in this order, split
+// into two halves that talk only through the middle node (the bridge).
+func bridgeLinks(ns []*Node) [][2]*Node {
+	var out [][2]*Node
+	half := len(ns) / 2
+	for _, a := range ns[:half] {
+		for _, b := range ns[len(ns)-half:] {
+			out = append(out, [2]*Node{a, b})
+		}
+	}
+	return out
+}
+
+// nemesisCutLinks applies the links cut picks for a shuffled order of the
+// nodes for 6 s, heals, and repeats.
+func nemesisCutLinks(fault string, pick func([]*Node) [][2]*Node) Nemesis {
+	return func(ctx context.Context, e *Env) {
+		for sleep(ctx, e.between(2*time.Second, 3*time.Second)) {
+			ns := e.shuffled()
+			ls := pick(ns)
+			err := e.Net.CutLinks(ls)
+			e.TL.Log("start", fault, fmt.Sprintf("order %s, cut %s (probed)", ids(ns), links(ls)), err)
+			sleep(ctx, 6*time.Second)
+			e.TL.Log("end", fault, "", e.Net.Heal())
+		}
+	}
+}
+
+// nemesisClockBumpBig bumps a random node's clock by 3 to 30 s either way:
+// above the skew buffer (still far below the long leases), so short leases
+// may overlap: the exclusion checker reports the overlaps, which show what
+// the buffer protects, without failing the run.
+func nemesisClockBumpBig(ctx context.Context, e *Env) {
+	for sleep(ctx, e.between(1*time.Second, 2*time.Second)) {
+		n := e.randomNode()
+		off := e.between(3*time.Second, 30*time.Second)
+		if e.Rng.IntN(2) == 0 {
+			off = -off
+		}
+		e.TL.Log("start", "clock-bump", fmt.Sprintf("%s offset %s (above the %s buffer)", n.ID, off, e.C.Cfg.SkewBuffer), n.SetClock(off, 1))
+		sleep(ctx, e.between(3*time.Second, 6*time.Second))
+		e.TL.Log("end", "clock-bump", n.ID, n.SetClock(0, 1))
+	}
+}
+
+// A fault is one fault of the combined nemesis: it starts, holds for
+// hold (or until ctx is done), and ends. Faults of different kinds may run
+// at the same time.
+type fault struct {
+	name, kind string // kind: net, process or clock (one of each at a time)
+	run        func(ctx context.Context, e *Env, hold time.Duration)
+}
+
+var combinedFaults = []fault{
+	{"kill-random", "process", func(ctx context.Context, e *Env, hold time.Duration) {
+		n := e.randomNode()
+		e.kill(n)
+		sleep(ctx, hold)
+		e.restart(n)
+	}},
+	{"power-loss", "process", func(ctx context.Context, e *Env, hold time.Duration) {
+		n := e.randomNode()
+		e.TL.Log("start", "power-loss", n.ID, n.Crash())
+		sleep(ctx, hold)
+		e.TL.Log("end", "power-loss", n.ID, n.Start())
+	}},
+	{"pause-leader", "process", func(ctx context.Context, e *Env, hold time.Duration) {
+		n := e.C.TopLeader()
+		e.TL.Log("start", "pause-leader", n.ID+" (SIGSTOP)", n.Pause())
+		sleep(ctx, hold)
+		e.TL.Log("end", "pause-leader", n.ID+" (SIGCONT)", n.Resume())
+	}},
+	{"isolate", "net", func(ctx context.Context, e *Env, hold time.Duration) {
+		e.isolate(ctx, e.randomNode(), hold, "isolate")
+	}},
+	{"leader-isolation", "net", func(ctx context.Context, e *Env, hold time.Duration) {
+		e.isolate(ctx, e.C.TopLeader(), hold, "isolate-leader")
+	}},
+	{"flaky", "net", func(ctx context.Context, e *Env, hold time.Duration) {
+		n := e.randomNode()
+		p := 0.2 + 0.2*e.Rng.Float64()
+		e.TL.Log("start", "flaky", fmt.Sprintf("%s drops %.2f of its packets each way", n.ID, p), e.Net.Flaky(n, p))
+		sleep(ctx, hold)
+		e.TL.Log("end", "flaky", n.ID, e.Net.Heal())
+	}},
+	{"clock-bump", "clock", func(ctx context.Context, e *Env, hold time.Duration) {
+		n := e.randomNode()
+		off := time.Duration(e.Rng.Int64N(int64(e.C.Cfg.SkewBuffer*3/4))) * time.Duration(1-2*e.Rng.IntN(2))
+		e.TL.Log("start", "clock-bump", fmt.Sprintf("%s offset %s (below the %s buffer)", n.ID, off, e.C.Cfg.SkewBuffer), n.SetClock(off, 1))
+		sleep(ctx, hold)
+		e.TL.Log("end", "clock-bump", n.ID, n.SetClock(0, 1))
+	}},
+}
+
+// nemesisCombined runs, every few seconds, one to three faults of
+// different kinds at once (a process fault, a network fault, a clock
+// bump), picked and timed by the seed: each fault holds 2-6 s, the next
+// round starts 1-3 s after the last fault of the round ends.
+func nemesisCombined(ctx context.Context, e *Env) {
+	byKind := map[string][]fault{}
+	var kinds []string
+	for _, f := range combinedFaults {
+		if byKind[f.kind] == nil {
+			kinds = append(kinds, f.kind)
+		}
+		byKind[f.kind] = append(byKind[f.kind], f)
+	}
+	for sleep(ctx, e.between(1*time.Second, 3*time.Second)) {
+		var round []fault
+		for _, k := range kinds {
+			if len(round) == 0 || e.Rng.IntN(2) == 0 {
+				fs := byKind[k]
+				round = append(round, fs[e.Rng.IntN(len(fs))])
+			}
+		}
+		e.Rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
+		round = round[:1+e.Rng.IntN(len(round))]
+		var names []string
+		holds := make([]time.Duration, len(round))
+		delays := make([]time.Duration, len(round))
+		for i, f := range round {
+			names = append(names, f.name)
+			holds[i] = e.between(2*time.Second, 6*time.Second)
+			delays[i] = e.between(0, time.Second)
+		}
+		e.TL.Log("note", "combined", strings.Join(names, " + "), nil)
+		var wg sync.WaitGroup
+		for i, f := range round {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if sleep(ctx, delays[i]) {
+					f.run(ctx, e, holds[i])
+				}
 			}()
 		}
 		wg.Wait()

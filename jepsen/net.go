@@ -151,17 +151,28 @@ func (nt *Net) Cut(a, b *Node) error { return nt.Partition([]*Node{a}, []*Node{b
 // Partition cuts every link between the two groups, then proves every cut
 // with a probe each way (in parallel).
 func (nt *Net) Partition(g1, g2 []*Node) error {
-	var pairs [][2]*Node
+	var links [][2]*Node
 	for _, a := range g1 {
 		for _, b := range g2 {
-			if err := nt.drop(a, b); err != nil {
-				return err
-			}
-			if err := nt.drop(b, a); err != nil {
-				return err
-			}
-			pairs = append(pairs, [2]*Node{a, b}, [2]*Node{b, a})
+			links = append(links, [2]*Node{a, b})
 		}
+	}
+	return nt.CutLinks(links)
+}
+
+// CutLinks cuts each link (both directions), then proves every cut with a
+// probe each way (in parallel).
+func (nt *Net) CutLinks(links [][2]*Node) error {
+	var pairs [][2]*Node
+	for _, l := range links {
+		a, b := l[0], l[1]
+		if err := nt.drop(a, b); err != nil {
+			return err
+		}
+		if err := nt.drop(b, a); err != nil {
+			return err
+		}
+		pairs = append(pairs, [2]*Node{a, b}, [2]*Node{b, a})
 	}
 	errs := make([]error, len(pairs))
 	var wg sync.WaitGroup

@@ -28,10 +28,19 @@ type Workload struct {
 	LongLease  time.Duration // longer than the run
 	ShortLease time.Duration // 2-3 s
 	OpTimeout  time.Duration
+	// EnqueueShare is the share of enqueues among the ops of a client
+	// holding no claim (default 0.45; claims take most of the rest). Below
+	// about 0.3 claims outrun enqueues: the queue stays empty and most
+	// claims wait for a task.
+	EnqueueShare float64
 
 	// stall, when set for a client, makes it hold its next short claim
 	// without renewing for this long (the worker-pause nemesis).
 	stall []atomic.Int64
+	// TL, when set, records when a stalled client actually starts and
+	// ends holding its claim.
+	TL *Timeline
+	onHold atomic.Pointer[holdFunc] // see SetOnHold
 
 	mu       sync.Mutex
 	enqueued []uint64 // acked task ids (cancel targets)
@@ -41,13 +50,26 @@ type Workload struct {
 type held struct {
 	task, claim uint64
 	long        bool
+	op          *Op // the claim
 }
 
 func (w *Workload) init() {
 	if w.OpTimeout == 0 {
 		w.OpTimeout = 3 * time.Second
 	}
+	if w.EnqueueShare == 0 {
+		w.EnqueueShare = 0.45
+	}
 	w.stall = make([]atomic.Int64, w.Clients)
+}
+
+type holdFunc func(client int, o *Op, hold time.Duration)
+
+// SetOnHold makes f be called as a stalled client starts holding the claim
+// that op o granted, for hold.
+func (w *Workload) SetOnHold(f func(client int, o *Op, hold time.Duration)) {
+	hf := holdFunc(f)
+	w.onHold.Store(&hf)
 }
 
 // Stall makes client i hold its next short claim for d without renewing.
@@ -90,10 +112,19 @@ func (w *Workload) client(ctx context.Context, i int) {
 		switch {
 		case h != nil && !h.long && w.stall[i].Load() > 0:
 			d := time.Duration(w.stall[i].Swap(0))
+			if w.TL != nil {
+				w.TL.Log("start", "worker-pause", fmt.Sprintf("client %d holds claim %d of task %d (granted by %s) %s without renewing", i, h.claim, h.task, h.op.Leader, d), nil)
+			}
+			if f := w.onHold.Load(); f != nil {
+				(*f)(i, h.op, d)
+			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(d):
+			}
+			if w.TL != nil {
+				w.TL.Log("end", "worker-pause", fmt.Sprintf("client %d", i), nil)
 			}
 			o = w.complete(ctx, n, proc, i, h, 3)
 			h = nil
@@ -116,9 +147,9 @@ func (w *Workload) client(ctx context.Context, i int) {
 			}
 		case h != nil:
 			o = w.enqueue(ctx, n, proc, i)
-		case r < 0.45:
+		case r < w.EnqueueShare:
 			o = w.enqueue(ctx, n, proc, i)
-		case r < 0.52:
+		case r < w.EnqueueShare+0.07:
 			id := w.ackedTask(rng)
 			if id == 0 {
 				continue
@@ -206,7 +237,10 @@ func (w *Workload) claim(ctx context.Context, n *Node, proc, client int, long bo
 	}
 	t := r.Msg.Tasks[0]
 	o.Task, o.Claim, o.Payload = t.Task.Id, t.ClaimId, string(t.Task.Spec.GetPayload())
-	return o, &held{task: t.Task.Id, claim: t.ClaimId, long: long}
+	if l := w.C.NodeByAPI(t.Leader); l != nil {
+		o.Leader = l.ID
+	}
+	return o, &held{task: t.Task.Id, claim: t.ClaimId, long: long, op: o}
 }
 
 func (w *Workload) renew(ctx context.Context, n *Node, proc, client int, h *held) *Op {
@@ -272,6 +306,16 @@ func (w *Workload) cancel(ctx context.Context, n *Node, proc, client int, id uin
 // for quiet (long enough for abandoned short leases to expire), or max
 // passes. It returns the time of the first successful claim (-1 if none).
 func (w *Workload) Drain(ctx context.Context, quiet, max time.Duration) (firstClaim int64, err error) {
+	return w.drain(ctx, quiet, max, false)
+}
+
+// FirstClaim claims (and completes) until one claim gets a task, or max
+// passes; it returns the claim's return time (-1 if none).
+func (w *Workload) FirstClaim(ctx context.Context, max time.Duration) (int64, error) {
+	return w.drain(ctx, max, max, true)
+}
+
+func (w *Workload) drain(ctx context.Context, quiet, max time.Duration, once bool) (firstClaim int64, err error) {
 	firstClaim = -1
 	proc := w.H.NewProcess()
 	deadline := time.Now().Add(max)
@@ -304,8 +348,12 @@ func (w *Workload) Drain(ctx context.Context, quiet, max time.Duration) (firstCl
 			firstClaim = ret
 		}
 		for _, t := range r.Msg.Tasks {
-			w.H.Add(&Op{Process: proc, Client: -1, F: "claim", Node: n.ID, Task: t.Task.Id, Claim: t.ClaimId, LeaseMS: 60000, Long: true,
-				Payload: string(t.Task.Spec.GetPayload()), Type: "ok", Call: call, Return: ret, Drain: true})
+			o := &Op{Process: proc, Client: -1, F: "claim", Node: n.ID, Task: t.Task.Id, Claim: t.ClaimId, LeaseMS: 60000, Long: true,
+				Payload: string(t.Task.Spec.GetPayload()), Type: "ok", Call: call, Return: ret, Drain: true}
+			if l := w.C.NodeByAPI(t.Leader); l != nil {
+				o.Leader = l.ID
+			}
+			w.H.Add(o)
 		}
 		for _, t := range r.Msg.Tasks {
 			o := w.complete(ctx, n, proc, -1, &held{task: t.Task.Id, claim: t.ClaimId, long: true}, 2)
@@ -314,6 +362,9 @@ func (w *Workload) Drain(ctx context.Context, quiet, max time.Duration) (firstCl
 			if o.Type == "info" {
 				proc = w.H.NewProcess()
 			}
+		}
+		if once {
+			break
 		}
 	}
 	return firstClaim, nil

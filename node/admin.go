@@ -59,6 +59,12 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 			ps.Counts = counts
 			ps.ReplicaRoots, ps.ReplicasAgree = n.replicaRoots(r, uint16(p), peerRoots)
 		}
+		if req.Msg.GetClaimDigests() {
+			var err error
+			if ps.ClaimApplied, ps.ClaimDigest, err = n.store.ClaimFSMDigest(uint16(p)); err != nil {
+				return nil, apiError(err)
+			}
+		}
 		resp.Partitions = append(resp.Partitions, ps)
 	}
 	return connect.NewResponse(resp), nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/norn-dev/norn/crdt"
@@ -189,6 +190,31 @@ func (f *FSMSnapshot) Records(fn func(id uint64, value []byte) error) error {
 
 // Close releases the snapshot.
 func (f *FSMSnapshot) Close() error { return f.snap.Close() }
+
+// ClaimFSMDigest returns partition p's claim FSM applied index and a
+// digest (xxhash64) of its records, in id order, read from one snapshot:
+// replicas that applied the same index have the same digest. It reads
+// every record of the partition.
+func (s *Store) ClaimFSMDigest(p uint16) (applied, digest uint64, err error) {
+	snap := s.SnapshotClaimFSM(p)
+	defer snap.Close()
+	if applied, err = snap.Applied(); err != nil {
+		return 0, 0, err
+	}
+	h := xxhash.New()
+	var buf [16]byte
+	err = snap.Records(func(id uint64, value []byte) error {
+		binary.BigEndian.PutUint64(buf[:8], id)
+		binary.BigEndian.PutUint64(buf[8:], uint64(len(value)))
+		h.Write(buf[:])
+		h.Write(value)
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	return applied, h.Sum64(), nil
+}
 
 // RestoreClaimFSM replaces partition p's claim FSM with a snapshot's: every
 // record and the applied index, and the claimed index (live lists every

@@ -88,6 +88,10 @@ func TestClaimFSMSnapshotRestore(t *testing.T) {
 	}
 	apply(src, 10)
 	apply(dst, 3)
+	_, before, err := dst.ClaimFSMDigest(0)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	snap := src.SnapshotClaimFSM(0)
 	defer snap.Close()
@@ -113,6 +117,12 @@ func TestClaimFSMSnapshotRestore(t *testing.T) {
 	if a, _ := dst.ClaimFSMApplied(0); a != 10 {
 		t.Fatalf("applied after restore = %d", a)
 	}
+	// The digests of equal FSMs are equal, those of different ones not.
+	sa, sd, err1 := src.ClaimFSMDigest(0)
+	da, dd, err2 := dst.ClaimFSMDigest(0)
+	if err1 != nil || err2 != nil || sa != 10 || da != 10 || sd != dd || dd == before {
+		t.Fatalf("digests: src %d/%x/%v, dst %d/%x/%v (before restore %x)", sa, sd, err1, da, dd, err2, before)
+	}
 	got, _ := dst.ClaimsExpiring(0, t0+1000, 1000)
 	if !slices.Equal(got, live) {
 		t.Fatalf("claimed after restore = %v, want %v", got, live)
@@ -125,6 +135,13 @@ func TestClaimFSMSnapshotRestore(t *testing.T) {
 		}
 	}
 	checkIndexes(t, dst, 0)
+	if err := dst.ApplyClaimFSM(0, ClaimFSMUpdate{AppliedIndex: 11, Records: []FSMRecord{{ID: tasks[0], Value: []byte("x")}}}, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, d, _ := dst.ClaimFSMDigest(0); d == sd {
+		t.Fatalf("digest unchanged by a changed record")
+	}
+
 }
 
 // TestClaimFSMBatchIsAtomic crashes after an unsynced FSM batch: the crashed

@@ -19,7 +19,7 @@ import (
 
 func main() {
 	fs := flag.NewFlagSet("norn-jepsen", flag.ContinueOnError)
-	scenario := fs.String("scenario", "", "scenario to run (or comma-separated list); see below")
+	scenario := fs.String("scenario", "", "scenario to run (or comma-separated list; a self-test's name+clean runs it without its seeded bug); see below")
 	all := fs.Bool("all", false, "run every scenario")
 	short := fs.Bool("short", false, "run the short subset (make jepsen-short)")
 	seed := fs.Uint64("seed", 0, "seed of the fault schedule and the workload (0: from the time)")
@@ -28,6 +28,8 @@ func main() {
 	results := fs.String("results", "jepsen-results", "parent directory of the results directories")
 	recheck := fs.String("check", "", "only check the history of this results directory again (linearizability, queue without final reads, exclusion, terminal stability)")
 	noBugs := fs.Bool("no-bugs", false, "run the self-test (bug-*) scenarios without their seeded bugs: the clean build must pass them")
+	keep := fs.Int("keep", 50, "results directories to keep under --results (the oldest are removed before each run, with their data dirs); 0 keeps all")
+	keepData := fs.Bool("keep-data", false, "keep the nodes' data dirs of runs with the expected outcome too (always kept otherwise)")
 	bin := fs.String("nornd", "", "nornd binary to test (default: build ./cmd/nornd of the current module)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: norn-jepsen [--scenario name[,name] | --short | --all] [--seed n] [--time 60s]\n\nflags:\n")
@@ -68,8 +70,15 @@ func main() {
 	var names []string
 	switch {
 	case *all:
+		// Every scenario; each self-test also without its seeded bug
+		// (name+clean): the clean build must pass it.
 		for _, s := range jepsen.Scenarios {
 			names = append(names, s.Name)
+		}
+		for _, s := range jepsen.Scenarios {
+			if len(s.Bugs) > 0 {
+				names = append(names, s.Name+"+clean")
+			}
 		}
 	case *short:
 		for _, s := range jepsen.Scenarios {
@@ -111,11 +120,16 @@ func main() {
 		removeBin = func() { os.RemoveAll(tmp) }
 	}
 	logf := func(format string, args ...any) { fmt.Printf(format+"\n", args...) }
+	keepRuns := *keep
+	if keepRuns == 0 {
+		keepRuns = -1 // Options.Keep: negative keeps all
+	}
 	var rs []*jepsen.Result
 	failed := false
 	for _, name := range names {
-		r, err := jepsen.Run(context.Background(), jepsen.Options{Scenario: name, Seed: *seed, Time: *dur, Clients: *clients,
-			Results: *results, Root: root, Bin: *bin, Logf: logf, NoBugs: *noBugs})
+		base, clean := strings.CutSuffix(name, "+clean")
+		r, err := jepsen.Run(context.Background(), jepsen.Options{Scenario: base, Seed: *seed, Time: *dur, Clients: *clients,
+			Results: *results, Root: root, Bin: *bin, Logf: logf, NoBugs: *noBugs || clean, KeepData: *keepData, Keep: keepRuns})
 		if r == nil {
 			r = &jepsen.Result{Scenario: name, Seed: *seed}
 		}

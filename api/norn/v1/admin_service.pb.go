@@ -30,7 +30,12 @@ type StatusRequest struct {
 	// Leave out each partition's task counts. Counting reads every task the
 	// node stores, so a caller that needs only the nodes and the ring (the
 	// client library's discovery) sets it.
-	SkipCounts    bool `protobuf:"varint,1,opt,name=skip_counts,json=skipCounts,proto3" json:"skip_counts,omitempty"`
+	SkipCounts bool `protobuf:"varint,1,opt,name=skip_counts,json=skipCounts,proto3" json:"skip_counts,omitempty"`
+	// Include each partition's claim state digest (claim_digest,
+	// claim_applied). Computing it reads every claim record of the
+	// partitions this node replicates; the Jepsen harness's convergence
+	// check sets it.
+	ClaimDigests  bool `protobuf:"varint,2,opt,name=claim_digests,json=claimDigests,proto3" json:"claim_digests,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -68,6 +73,13 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 func (x *StatusRequest) GetSkipCounts() bool {
 	if x != nil {
 		return x.SkipCounts
+	}
+	return false
+}
+
+func (x *StatusRequest) GetClaimDigests() bool {
+	if x != nil {
+		return x.ClaimDigests
 	}
 	return false
 }
@@ -197,6 +209,14 @@ type PartitionStatus struct {
 	// Whether every replica answered with the same root (replicas agree).
 	// False when a replica did not answer.
 	ReplicasAgree bool `protobuf:"varint,9,opt,name=replicas_agree,json=replicasAgree,proto3" json:"replicas_agree,omitempty"`
+	// A digest (xxhash64) of this replica's claim state (every claim
+	// record of the partition, in task id order) as of claim_applied, the
+	// last Raft index its claim state applied. Replicas that applied the
+	// same index must have the same digest. Set only when the request set
+	// claim_digests. A JSON string.
+	ClaimDigest uint64 `protobuf:"fixed64,10,opt,name=claim_digest,json=claimDigest,proto3" json:"claim_digest,omitempty"`
+	// The Raft index claim_digest is taken at. A JSON string.
+	ClaimApplied  uint64 `protobuf:"varint,11,opt,name=claim_applied,json=claimApplied,proto3" json:"claim_applied,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -292,6 +312,20 @@ func (x *PartitionStatus) GetReplicasAgree() bool {
 		return x.ReplicasAgree
 	}
 	return false
+}
+
+func (x *PartitionStatus) GetClaimDigest() uint64 {
+	if x != nil {
+		return x.ClaimDigest
+	}
+	return 0
+}
+
+func (x *PartitionStatus) GetClaimApplied() uint64 {
+	if x != nil {
+		return x.ClaimApplied
+	}
+	return 0
 }
 
 // ReplicaRoot is one replica's Merkle tree root of a partition.
@@ -441,10 +475,11 @@ var File_norn_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1bnorn/v1/admin_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\"0\n" +
+	"\x1bnorn/v1/admin_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\"U\n" +
 	"\rStatusRequest\x12\x1f\n" +
 	"\vskip_counts\x18\x01 \x01(\bR\n" +
-	"skipCounts\"\xfa\x01\n" +
+	"skipCounts\x12#\n" +
+	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\xfa\x01\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x121\n" +
@@ -454,7 +489,7 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
 	"partitions\x18\x05 \x03(\v2\x18.norn.v1.PartitionStatusR\n" +
 	"partitions\x12)\n" +
-	"\x05nodes\x18\x06 \x03(\v2\x13.norn.v1.NodeStatusR\x05nodes\"\x87\x03\n" +
+	"\x05nodes\x18\x06 \x03(\v2\x13.norn.v1.NodeStatusR\x05nodes\"\xcf\x03\n" +
 	"\x0fPartitionStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x16\n" +
@@ -466,7 +501,10 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"raft_state\x18\x06 \x01(\tR\traftState\x12<\n" +
 	"\x06counts\x18\a \x03(\v2$.norn.v1.PartitionStatus.CountsEntryR\x06counts\x129\n" +
 	"\rreplica_roots\x18\b \x03(\v2\x14.norn.v1.ReplicaRootR\freplicaRoots\x12%\n" +
-	"\x0ereplicas_agree\x18\t \x01(\bR\rreplicasAgree\x1a9\n" +
+	"\x0ereplicas_agree\x18\t \x01(\bR\rreplicasAgree\x12!\n" +
+	"\fclaim_digest\x18\n" +
+	" \x01(\x06R\vclaimDigest\x12#\n" +
+	"\rclaim_applied\x18\v \x01(\x04R\fclaimApplied\x1a9\n" +
 	"\vCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"P\n" +
