@@ -107,7 +107,7 @@ type Options struct {
 	// Keep bounds the results directories kept under Results: before the
 	// run, the oldest beyond Keep-1 are removed (0: 50; negative: none).
 	Keep int
-	Logf   func(format string, args ...any)
+	Logf func(format string, args ...any)
 }
 
 // Result is one run's outcome.

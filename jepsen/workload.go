@@ -39,7 +39,7 @@ type Workload struct {
 	stall []atomic.Int64
 	// TL, when set, records when a stalled client actually starts and
 	// ends holding its claim.
-	TL *Timeline
+	TL     *Timeline
 	onHold atomic.Pointer[holdFunc] // see SetOnHold
 
 	mu       sync.Mutex
