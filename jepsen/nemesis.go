@@ -337,14 +337,18 @@ func nemesisCutLinks(fault string, pick func([]*Node) [][2]*Node) Nemesis {
 	}
 }
 
-// nemesisClockBumpBig bumps a random node's clock by 3 to 30 s either way:
-// above the skew buffer (still far below the long leases), so short leases
-// may overlap: the exclusion checker reports the overlaps, which show what
-// the buffer protects, without failing the run.
+// nemesisClockBumpBig bumps a random node's clock by 3 s to 2 min either
+// way (half the bumps below 30 s): above the skew buffer, still below the
+// long leases (the run time + 10 min), so short leases may overlap: the
+// exclusion checker reports the overlaps, which show what the buffer
+// protects, without failing the run.
 func nemesisClockBumpBig(ctx context.Context, e *Env) {
 	for sleep(ctx, e.between(1*time.Second, 2*time.Second)) {
 		n := e.randomNode()
 		off := e.between(3*time.Second, 30*time.Second)
+		if e.Rng.IntN(2) == 0 {
+			off = e.between(30*time.Second, 2*time.Minute)
+		}
 		if e.Rng.IntN(2) == 0 {
 			off = -off
 		}
