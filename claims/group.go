@@ -63,6 +63,12 @@ type GroupConfig struct {
 	// reads IsLeader and Leader rather than count on being told each
 	// change). It must not wait for Shutdown.
 	OnLeaderChange func()
+	// MayLead, when set, is asked before every proposal: an error refuses
+	// the proposal as if this replica did not lead (ErrNotLeader wrapping
+	// it). Every command carries the proposer's clock (lease starts and
+	// ends, expiries), so a node whose clock is out of bound refuses them
+	// all until it has handed its leaderships over.
+	MayLead func() error
 	// Bugs are seeded bugs for the Jepsen harness, test-only (see Bugs).
 	// Every replica of a group must run with the same.
 	Bugs Bugs
@@ -113,6 +119,7 @@ type Group struct {
 	fsm  *fsm
 	logs raft.LogStore
 
+	mayLead  func() error   // GroupConfig.MayLead
 	observer *raft.Observer // nil without OnLeaderChange
 	stop     chan struct{}  // closed by Shutdown: the observer's goroutine ends
 	stopOnce sync.Once
@@ -160,7 +167,7 @@ func StartGroup(cfg GroupConfig) (*Group, error) {
 	if err != nil {
 		return nil, fmt.Errorf("claims: start partition %d: %w", cfg.Partition, err)
 	}
-	g := &Group{p: cfg.Partition, raft: r, fsm: f, logs: cfg.Log, stop: make(chan struct{})}
+	g := &Group{p: cfg.Partition, raft: r, fsm: f, logs: cfg.Log, mayLead: cfg.MayLead, stop: make(chan struct{})}
 	if cfg.OnLeaderChange != nil {
 		g.watchLeader(cfg.OnLeaderChange)
 	}
@@ -210,6 +217,11 @@ func (g *Group) watchLeader(fn func()) {
 // commands are safe to repeat, or the next leader's monitor does them
 // again.)
 func (g *Group) Propose(cmd *Command, timeout time.Duration) ([]Outcome, error) {
+	if g.mayLead != nil {
+		if err := g.mayLead(); err != nil {
+			return nil, fmt.Errorf("%w (partition %d): %w", ErrNotLeader, g.p, err)
+		}
+	}
 	deadline := time.Now().Add(timeout)
 	term := g.raft.CurrentTerm()
 	data := cmd.Encode()
@@ -293,6 +305,11 @@ const fatePoll = 10 * time.Millisecond
 
 // IsLeader reports whether this replica leads the group now.
 func (g *Group) IsLeader() bool { return g.raft.State() == raft.Leader }
+
+// TransferLeadership hands the leadership to another voter, chosen by
+// Raft as the most up to date, and waits until that one leads or the
+// transfer fails (hashicorp/raft's LeadershipTransfer).
+func (g *Group) TransferLeadership() error { return g.raft.LeadershipTransfer().Error() }
 
 // LeaderCh delivers true when this replica gains leadership and false when
 // it loses it (see raft.Raft.LeaderCh).

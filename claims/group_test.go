@@ -511,3 +511,34 @@ func TestProposeAfterLeadershipLossReportsLostEntry(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupMayLead: while MayLead refuses, Propose fails with ErrNotLeader
+// wrapping the reason and nothing is applied; once it allows, proposals
+// go through again.
+func TestGroupMayLead(t *testing.T) {
+	var refuse atomic.Bool
+	why := errors.New("clock out of bound")
+	n := startTestNode(t, t.TempDir(), 8192, func(c *GroupConfig) {
+		c.MayLead = func() error {
+			if refuse.Load() {
+				return why
+			}
+			return nil
+		}
+	})
+	defer n.stop(t)
+	enqueue(t, n.store, 1)
+	refuse.Store(true)
+	_, err := n.group.Propose(&Command{Op: OpClaim, NowMs: 1000, Worker: "w", LeaseMs: 1000, Candidates: []Candidate{{ID: 1}}}, time.Second)
+	if !errors.Is(err, ErrNotLeader) || !errors.Is(err, why) {
+		t.Fatalf("refused proposal: %v", err)
+	}
+	if rec, _ := n.store.ClaimFSMRecord(3, 1); rec != nil {
+		t.Fatal("a refused claim was applied")
+	}
+	refuse.Store(false)
+	outs := n.propose(t, Command{Op: OpClaim, NowMs: 1000, Worker: "w", LeaseMs: 1000, Candidates: []Candidate{{ID: 1}}})
+	if len(outs) != 1 || outs[0].Err != nil {
+		t.Fatalf("allowed claim: %+v", outs)
+	}
+}

@@ -37,9 +37,31 @@ func decodeAckTime(b []byte) (t time.Time, ok bool) {
 }
 
 // clockSample is one probe's estimate of a peer's clock offset (its clock
-// minus ours) and the round trip it came from.
+// minus ours) and the round trip it came from, with how far this node's own
+// clock had stepped when it was taken (see stepMeter).
 type clockSample struct {
 	rtt, offset time.Duration
+	step        time.Duration
+}
+
+// stepMeter measures how far a wall clock has moved against the monotonic
+// clock since the meter started: 0 for a steady clock, +d after the clock
+// stepped d forward (or ran fast by d in all). Offsets sampled before a
+// step of this node's own clock are corrected by it (offsetWindow), so the
+// node sees its own step in its offsets at once instead of after its
+// samples age out.
+type stepMeter struct {
+	wall time.Time // the wall clock at the start, without monotonic reading
+	mono time.Time // time.Now() at the start (monotonic)
+}
+
+func newStepMeter(now time.Time) stepMeter {
+	return stepMeter{wall: now.Round(0), mono: time.Now()}
+}
+
+// step is the wall clock's drift at now, a reading of that wall clock.
+func (m stepMeter) step(now time.Time) time.Duration {
+	return now.Round(0).Sub(m.wall) - time.Since(m.mono)
 }
 
 // sampleOffset estimates a peer's offset from one probe: the peer read
@@ -77,9 +99,10 @@ func (w *offsetWindow) add(s clockSample) {
 	w.n = min(w.n+1, offsetSamples)
 }
 
-// estimate is the offset of the smallest-round-trip sample held; ok is
-// false when there is none.
-func (w *offsetWindow) estimate() (offset time.Duration, ok bool) {
+// estimate is the offset of the smallest-round-trip sample held, corrected
+// by this node's clock steps since it was taken (step is the step now); ok
+// is false when there is none.
+func (w *offsetWindow) estimate(step time.Duration) (offset time.Duration, ok bool) {
 	if w.n == 0 {
 		return 0, false
 	}
@@ -90,7 +113,7 @@ func (w *offsetWindow) estimate() (offset time.Duration, ok bool) {
 			best = j
 		}
 	}
-	return w.samples[best].offset, true
+	return w.samples[best].offset - (step - w.samples[best].step), true
 }
 
 // pinger is memberlist's PingDelegate: every ack this node sends carries
@@ -112,7 +135,9 @@ func (p *pinger) NotifyPingComplete(other *memberlist.Node, rtt time.Duration, p
 		return
 	}
 	if ok {
-		pr.offsets.add(sampleOffset(peerTime, now, rtt))
+		smp := sampleOffset(peerTime, now, rtt)
+		smp.step = m.steps.step(now)
+		pr.offsets.add(smp)
 	}
 	wasSuspect := pr.suspect
 	pr.suspect = false

@@ -36,10 +36,46 @@ func TestOffsetWindow(t *testing.T) {
 			for _, smp := range tc.samples {
 				w.add(smp)
 			}
-			if got, ok := w.estimate(); got != tc.want || ok != tc.ok {
+			if got, ok := w.estimate(0); got != tc.want || ok != tc.ok {
 				t.Errorf("estimate() = %v, %v; want %v, %v", got, ok, tc.want, tc.ok)
 			}
 		})
+	}
+}
+
+// TestOffsetWindowCorrectsOwnSteps: after this node's clock steps by d,
+// every peer's offset reads d less at once, whichever sample is chosen.
+func TestOffsetWindowCorrectsOwnSteps(t *testing.T) {
+	ms := time.Millisecond
+	var w offsetWindow
+	w.add(clockSample{rtt: 1 * ms, offset: 10 * ms, step: 0})
+	if got, _ := w.estimate(0); got != 10*ms {
+		t.Fatalf("before the step: %v", got)
+	}
+	if got, _ := w.estimate(3 * time.Second); got != 10*ms-3*time.Second {
+		t.Fatalf("after a 3 s step forward: %v, want %v", got, 10*ms-3*time.Second)
+	}
+	// A sample taken after the step needs no correction.
+	w.add(clockSample{rtt: 1 * ms, offset: 10*ms - 3*time.Second, step: 3 * time.Second})
+	if got, _ := w.estimate(3 * time.Second); got != 10*ms-3*time.Second {
+		t.Fatalf("a sample after the step: %v", got)
+	}
+	// Stepping back by the same.
+	if got, _ := w.estimate(0); got != 10*ms {
+		t.Fatalf("stepped back: %v", got)
+	}
+}
+
+// TestStepMeter: a steady clock has no step; a clock shifted by d reads d.
+func TestStepMeter(t *testing.T) {
+	m := newStepMeter(time.Now())
+	if s := m.step(time.Now()); s < -50*time.Millisecond || s > 50*time.Millisecond {
+		t.Fatalf("steady clock: step %v", s)
+	}
+	// time.Now().Add keeps the monotonic reading: step must use the wall
+	// reading only.
+	if s := m.step(time.Now().Add(2 * time.Second)); s < 1950*time.Millisecond || s > 2050*time.Millisecond {
+		t.Fatalf("clock 2 s ahead: step %v", s)
 	}
 }
 

@@ -131,6 +131,7 @@ type Membership struct {
 	ml      *memberlist.Memberlist
 	changed chan struct{}
 	clock   Clock
+	steps   stepMeter // this node's clock steps, to correct offsets
 	logger  hclog.Logger
 	joinMu  sync.Mutex // one Join at a time, so refusals go to its seeds
 
@@ -184,6 +185,7 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	if m.clock == nil {
 		m.clock = systemClock{}
 	}
+	m.steps = newStepMeter(m.clock.Now())
 	if m.logger == nil {
 		m.logger = hclog.NewNullLogger()
 	}
@@ -283,6 +285,7 @@ func (m *Membership) Changed() <-chan struct{} { return m.changed }
 // gossip from other nodes' probes is not seen: such a member reads alive
 // until it is declared dead or this node's own probe of it fails too.
 func (m *Membership) Members() []Member {
+	step := m.steps.step(m.clock.Now())
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := make([]Member, 0, len(m.members))
@@ -297,7 +300,7 @@ func (m *Membership) Members() []Member {
 		if id == m.meta.ID {
 			mb.ClockOffset, mb.OffsetKnown = 0, true
 		} else {
-			mb.ClockOffset, mb.OffsetKnown = p.offsets.estimate()
+			mb.ClockOffset, mb.OffsetKnown = p.offsets.estimate(step)
 		}
 		out = append(out, mb)
 	}

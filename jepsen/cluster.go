@@ -152,7 +152,8 @@ func (n *Node) Start() error {
 		"-bootstrap-expect", fmt.Sprint(cfg.Nodes), "-join", strings.Join(n.join, ","),
 		"-replication", "3", "-partitions", fmt.Sprint(cfg.Partitions),
 		"-raft-timeout", cfg.RaftTimeout.String(), "-write-timeout", "2s",
-		"-skew-buffer", cfg.SkewBuffer.String(), "-antientropy-interval", "2s", "-log-level", "warn"}
+		"-skew-buffer", cfg.SkewBuffer.String(), "-max-clock-offset", (cfg.SkewBuffer * 9 / 10).String(),
+		"-antientropy-interval", "2s", "-log-level", "warn"}
 	if cfg.Hooks {
 		args = append(args, "-test-hooks")
 		if len(cfg.Bugs) > 0 {

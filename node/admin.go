@@ -29,6 +29,12 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 		Version: n.cfg.Version,
 		Uptime:  durationpb.New(n.cfg.Clock.Now().Sub(n.start)),
 		Nodes:   n.nodeStatuses(),
+		Healthy: true,
+	}
+	if c := n.clockNow(); !c.InBound {
+		resp.Healthy = false
+		resp.Problems = append(resp.Problems, fmt.Sprintf("clock %s from the cluster median, beyond max_clock_offset %s: leading no partition",
+			c.Offset.Round(time.Millisecond), n.cfg.MaxClockOffset))
 	}
 	r := n.ring.Load()
 	if r == nil {
@@ -99,6 +105,22 @@ func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
 		byID[n.cfg.NodeID] = self
 	}
 	self.State, self.ApiAddress, self.ClockOffset = "alive", n.cfg.APIAddr, durationpb.New(0)
+	// Each measured clock's offset from the median of them all (as
+	// judgeClock, with at least three).
+	var known []time.Duration
+	for _, st := range byID {
+		if st.ClockOffset != nil {
+			known = append(known, st.ClockOffset.AsDuration())
+		}
+	}
+	if len(known) >= 3 {
+		med := median(known)
+		for _, st := range byID {
+			if st.ClockOffset != nil {
+				st.MedianOffset = durationpb.New(st.ClockOffset.AsDuration() - med)
+			}
+		}
+	}
 	out := make([]*nornv1.NodeStatus, 0, len(byID))
 	for _, st := range byID {
 		out = append(out, st)

@@ -285,6 +285,7 @@ func (n *Node) startGroups(r *cluster.Ring) error {
 			// leader (here or elsewhere) after having none: waiting claims
 			// look again (a change that finds nothing costs one look).
 			OnLeaderChange: n.waiters.notifyAll,
+			MayLead:        n.mayLead,
 			Bugs:           claims.Bugs{ClaimNoCheck: n.cfg.TestBugs.ClaimNoCheck},
 		})
 		if err != nil {

@@ -31,6 +31,12 @@ type Config struct {
 	// SkewBuffer is added to every lease before the monitor expires it; it
 	// must exceed the worst clock offset between nodes. Default 2 s.
 	SkewBuffer time.Duration
+	// MaxClockOffset bounds how far this node's clock may be from the
+	// median of the cluster's clocks (measured by gossip probes) while it
+	// leads partitions: beyond it the node hands over its leaderships and
+	// refuses every claim proposal until it is back in bound. SkewBuffer
+	// must exceed it. Default 500 ms.
+	MaxClockOffset time.Duration
 	// LeaseGrace is the least lease a new partition leader leaves every live
 	// claim (etcd-style promote), so a leader change never shortens a lease.
 	// Default 10 s.
@@ -146,6 +152,7 @@ func (c *Config) setDefaults() {
 		c.Partitions = ring.DefaultPartitions
 	}
 	def(&c.SkewBuffer, 2*time.Second)
+	def(&c.MaxClockOffset, 500*time.Millisecond)
 	def(&c.LeaseGrace, 10*time.Second)
 	def(&c.DefaultLease, 30*time.Second)
 	def(&c.MaxLease, time.Hour)
@@ -208,8 +215,11 @@ func (c *Config) Validate() error {
 		return errors.New("node: anti-entropy interval, settle, timeout and rate must not be negative")
 	case c.TreeLeafBits < antientropy.MinLeafBits || c.TreeLeafBits > antientropy.MaxLeafBits:
 		return fmt.Errorf("node: tree leaf bits %d: want %d to %d", c.TreeLeafBits, antientropy.MinLeafBits, antientropy.MaxLeafBits)
-	case c.SkewBuffer < 0 || c.LeaseGrace < 0:
-		return errors.New("node: skew buffer and lease grace must not be negative")
+	case c.SkewBuffer < 0 || c.LeaseGrace < 0 || c.MaxClockOffset < 0:
+		return errors.New("node: skew buffer, max clock offset and lease grace must not be negative")
+	case c.SkewBuffer <= c.MaxClockOffset:
+		return fmt.Errorf("node: skew buffer %s must be larger than max clock offset %s: a lease is taken back only skew buffer after its end on the leader's clock, "+
+			"and the leader's clock may be up to max clock offset ahead of the others, so a smaller buffer lets a lease end early", c.SkewBuffer, c.MaxClockOffset)
 	case c.DefaultLease <= 0 || c.MaxLease < c.DefaultLease:
 		return fmt.Errorf("node: default lease %s must be positive and at most the max lease %s", c.DefaultLease, c.MaxLease)
 	case c.BootstrapExpect < 0 || c.Replication < 1:

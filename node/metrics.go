@@ -83,6 +83,20 @@ func (n *Node) writeMetrics(w io.Writer) {
 		gauge("norn_dependencies_cached", fmt.Sprintf("Dependencies this node knows terminal (cached for good, up to %d).", depCacheSize), n.deps.cache.len())
 	}
 	n.writeAntiEntropyMetrics(w, counter, gauge)
+	n.clockGuard.mu.Lock()
+	cg := n.clockGuard.check
+	outs, transfers := n.clockGuard.outOfBound, n.clockGuard.transfers
+	n.clockGuard.mu.Unlock()
+	inBound := 0
+	if cg.InBound {
+		inBound = 1
+	}
+	gauge("norn_clock_in_bound", "1 while this node's clock is within max_clock_offset of the cluster median (or cannot be judged: fewer than three clocks measured), 0 while it is out of bound and leads nothing.", inBound)
+	if cg.Known {
+		fmt.Fprintf(w, "# HELP norn_clock_offset_seconds This node's clock minus the median of the alive nodes' clocks.\n# TYPE norn_clock_offset_seconds gauge\nnorn_clock_offset_seconds %g\n", cg.Offset.Seconds())
+	}
+	counter("norn_clock_out_of_bound_total", "Times this node's clock went beyond max_clock_offset from the cluster median.", outs)
+	counter("norn_clock_leadership_handovers_total", "Leadership transfers this node started because its clock was out of bound.", transfers)
 	epoch := uint64(0)
 	if r := n.ring.Load(); r != nil {
 		epoch = r.Epoch

@@ -19,6 +19,7 @@ func (n *Node) monitor() {
 	t := time.NewTicker(n.cfg.MonitorInterval)
 	defer t.Stop()
 	for {
+		n.checkClock()
 		n.monitorOnce()
 		select {
 		case <-n.stop:
@@ -47,7 +48,9 @@ func (n *Node) monitorOnce() {
 		if _, err := n.store.PromoteDelayed(uint16(p), monitorBatch); err != nil {
 			n.cfg.Logger.Warn("promoting delayed tasks failed", "partition", p, "err", err)
 		}
-		if !g.IsLeader() {
+		if !g.IsLeader() || !n.clockState().InBound {
+			// A leader whose clock is out of bound is handing its
+			// leadership over (checkClock): no lease work on its clock.
 			extended[p] = false
 			// Every replica deletes its terminal tasks past retention, so
 			// that replicas agree (anti-entropy compares what is kept).

@@ -67,6 +67,9 @@ type Node struct {
 	// current leadership of p has extended the live claims.
 	monitorMu sync.Mutex
 	extended  []bool
+	// clockGuard judges this node's clock against the cluster's and hands
+	// over its leaderships while it is out of bound (clockguard.go).
+	clockGuard clockGuard
 
 	stop    chan struct{}
 	stopped sync.WaitGroup
@@ -124,6 +127,7 @@ func New(cfg Config) (*Node, error) {
 		draining: make(chan struct{}),
 	}
 	n.extended = make([]bool, cfg.Partitions)
+	n.clockGuard.check = clockCheck{InBound: true}
 	n.ender = newEnder(n)
 	n.deps = newDepChecker(n)
 	n.reconcileKick = make(chan struct{}, 1)

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -155,14 +156,21 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 	fmt.Fprintf(w, "UPTIME:\t%s\n", st.GetUptime().AsDuration().Round(time.Second))
 	fmt.Fprintf(w, "RING EPOCH:\t%d\n", st.GetRingEpoch())
 	fmt.Fprintf(w, "PARTITIONS:\t%d\n", len(st.GetPartitions()))
+	health := "healthy"
+	if !st.GetHealthy() {
+		health = "UNHEALTHY: " + strings.Join(st.GetProblems(), "; ")
+	}
+	fmt.Fprintf(w, "HEALTH:\t%s\n", health)
 	if len(st.GetNodes()) > 0 {
-		fmt.Fprintf(w, "\nNODE\tADDRESS\tSTATE\tCLOCK OFFSET\n")
+		fmt.Fprintf(w, "\nNODE\tADDRESS\tSTATE\tCLOCK OFFSET\tFROM MEDIAN\n")
 		for _, n := range st.GetNodes() {
-			offset := "-"
-			if o := n.GetClockOffset(); o != nil {
-				offset = o.AsDuration().String()
+			dur := func(d *durationpb.Duration) string {
+				if d == nil {
+					return "-"
+				}
+				return d.AsDuration().Round(100 * time.Microsecond).String()
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", n.GetId(), n.GetApiAddress(), n.GetState(), offset)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.GetId(), n.GetApiAddress(), n.GetState(), dur(n.GetClockOffset()), dur(n.GetMedianOffset()))
 		}
 	}
 	keys := map[string]uint64{}

@@ -101,7 +101,13 @@ type StatusResponse struct {
 	Partitions []*PartitionStatus `protobuf:"bytes,5,rep,name=partitions,proto3" json:"partitions,omitempty"`
 	// Every node of the cluster as this node sees it, itself included, in
 	// ascending id order. Empty on a single node.
-	Nodes         []*NodeStatus `protobuf:"bytes,6,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Nodes []*NodeStatus `protobuf:"bytes,6,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Whether the answering node is healthy; problems says why not.
+	Healthy bool `protobuf:"varint,7,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// What makes the node unhealthy, one line each, for example its clock
+	// being too far from the cluster median (it then leads no partition).
+	// Empty when healthy.
+	Problems      []string `protobuf:"bytes,8,rep,name=problems,proto3" json:"problems,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -174,6 +180,20 @@ func (x *StatusResponse) GetPartitions() []*PartitionStatus {
 func (x *StatusResponse) GetNodes() []*NodeStatus {
 	if x != nil {
 		return x.Nodes
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *StatusResponse) GetProblems() []string {
+	if x != nil {
+		return x.Problems
 	}
 	return nil
 }
@@ -406,9 +426,13 @@ type NodeStatus struct {
 	// (positive: the node's clock is ahead), from gossip probe round
 	// trips; 0 for the answering node, absent while no probe has measured
 	// it (a dead node, or one that just joined).
-	// A node whose offset from its cohort's median exceeds the configured
-	// max_clock_offset refuses to lead claims.
-	ClockOffset   *durationpb.Duration `protobuf:"bytes,4,opt,name=clock_offset,json=clockOffset,proto3" json:"clock_offset,omitempty"`
+	ClockOffset *durationpb.Duration `protobuf:"bytes,4,opt,name=clock_offset,json=clockOffset,proto3" json:"clock_offset,omitempty"`
+	// Estimated offset of the node's clock from the median of every alive
+	// node's clock (this node's included), as the answering node measures
+	// them; absent while fewer than three clocks are measured. A node
+	// whose own offset from the median exceeds max_clock_offset refuses to
+	// lead partitions (see problems) until it is back in bound.
+	MedianOffset  *durationpb.Duration `protobuf:"bytes,5,opt,name=median_offset,json=medianOffset,proto3" json:"median_offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -471,6 +495,13 @@ func (x *NodeStatus) GetClockOffset() *durationpb.Duration {
 	return nil
 }
 
+func (x *NodeStatus) GetMedianOffset() *durationpb.Duration {
+	if x != nil {
+		return x.MedianOffset
+	}
+	return nil
+}
+
 var File_norn_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_admin_service_proto_rawDesc = "" +
@@ -479,7 +510,7 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\rStatusRequest\x12\x1f\n" +
 	"\vskip_counts\x18\x01 \x01(\bR\n" +
 	"skipCounts\x12#\n" +
-	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\xfa\x01\n" +
+	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\xb0\x02\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x121\n" +
@@ -489,7 +520,9 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
 	"partitions\x18\x05 \x03(\v2\x18.norn.v1.PartitionStatusR\n" +
 	"partitions\x12)\n" +
-	"\x05nodes\x18\x06 \x03(\v2\x13.norn.v1.NodeStatusR\x05nodes\"\xcf\x03\n" +
+	"\x05nodes\x18\x06 \x03(\v2\x13.norn.v1.NodeStatusR\x05nodes\x12\x18\n" +
+	"\ahealthy\x18\a \x01(\bR\ahealthy\x12\x1a\n" +
+	"\bproblems\x18\b \x03(\tR\bproblems\"\xcf\x03\n" +
 	"\x0fPartitionStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x16\n" +
@@ -511,14 +544,15 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\vReplicaRoot\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04root\x18\x02 \x01(\x06R\x04root\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\x91\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xd1\x01\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vapi_address\x18\x02 \x01(\tR\n" +
 	"apiAddress\x12\x14\n" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12<\n" +
-	"\fclock_offset\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vclockOffset2I\n" +
+	"\fclock_offset\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vclockOffset\x12>\n" +
+	"\rmedian_offset\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\fmedianOffset2I\n" +
 	"\fAdminService\x129\n" +
 	"\x06Status\x12\x16.norn.v1.StatusRequest\x1a\x17.norn.v1.StatusResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
@@ -551,13 +585,14 @@ var file_norn_v1_admin_service_proto_depIdxs = []int32{
 	5, // 3: norn.v1.PartitionStatus.counts:type_name -> norn.v1.PartitionStatus.CountsEntry
 	3, // 4: norn.v1.PartitionStatus.replica_roots:type_name -> norn.v1.ReplicaRoot
 	6, // 5: norn.v1.NodeStatus.clock_offset:type_name -> google.protobuf.Duration
-	0, // 6: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
-	1, // 7: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
-	7, // [7:8] is the sub-list for method output_type
-	6, // [6:7] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	6, // 6: norn.v1.NodeStatus.median_offset:type_name -> google.protobuf.Duration
+	0, // 7: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
+	1, // 8: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
+	8, // [8:9] is the sub-list for method output_type
+	7, // [7:8] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_admin_service_proto_init() }

@@ -1,0 +1,145 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/claims"
+)
+
+func TestJudgeClock(t *testing.T) {
+	const max = 500 * time.Millisecond
+	s := time.Second
+	for _, tc := range []struct {
+		name    string
+		others  []time.Duration
+		offset  time.Duration
+		known   bool
+		inBound bool
+	}{
+		{"alone", nil, 0, false, true},
+		{"one other: no majority", []time.Duration{10 * s}, 0, false, true},
+		{"in sync", []time.Duration{10 * time.Millisecond, -20 * time.Millisecond}, 0, true, true},
+		{"this node 3 s ahead", []time.Duration{-3 * s, -3*s + 100*time.Millisecond}, 3*s - 100*time.Millisecond, true, false},
+		{"this node 3 s behind", []time.Duration{3 * s, 3 * s}, -3 * s, true, false},
+		{"another node off: the median is not", []time.Duration{0, 30 * s}, 0, true, true},
+		{"just in bound", []time.Duration{-max, -max}, max, true, true},
+		{"four clocks: mean of the middle two", []time.Duration{-2 * s, -2 * s, 5 * s}, s, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := judgeClock(tc.others, max)
+			if c.Offset != tc.offset || c.Known != tc.known || c.InBound != tc.inBound {
+				t.Fatalf("judgeClock(%v) = %+v, want offset %v known %v in bound %v", tc.others, c, tc.offset, tc.known, tc.inBound)
+			}
+		})
+	}
+}
+
+// shiftClock is the system clock shifted by an offset that can change.
+type shiftClock struct{ off atomic.Int64 }
+
+func (c *shiftClock) Now() time.Time { return time.Now().Add(time.Duration(c.off.Load())) }
+
+func leads(m *member) int {
+	k := 0
+	for _, g := range m.node.groupList() {
+		if g != nil && g.IsLeader() {
+			k++
+		}
+	}
+	return k
+}
+
+// TestClockOutOfBoundGivesUpLeaderships: a node whose clock is pushed
+// beyond max_clock_offset from the others hands over every leadership
+// within seconds, refuses claim proposals, reports unhealthy, and leads
+// nothing while out of bound even when leaderships are pushed to it; back
+// in bound, it is healthy and may lead again.
+func TestClockOutOfBoundGivesUpLeaderships(t *testing.T) {
+	clk := &shiftClock{}
+	ms := testClusterWith(t, 3, func(i int, cfg *Config) {
+		cfg.MaxClockOffset = 500 * time.Millisecond
+		if i == 0 {
+			cfg.Clock = clk
+		}
+	})
+	skewed := ms[0]
+	// Give the skewed node some leaderships to lose.
+	waitFor(t, 20*time.Second, "n1 to lead a partition", func() bool {
+		if leads(skewed) > 0 {
+			return true
+		}
+		for _, m := range ms[1:] {
+			for _, g := range m.node.groupList() {
+				if g != nil && g.IsLeader() {
+					go g.TransferLeadership()
+					return false
+				}
+			}
+		}
+		return false
+	})
+	waitFor(t, 10*time.Second, "n1 to measure both other clocks", func() bool {
+		return judgeClock(skewed.node.peerOffsets(), time.Second).Known
+	})
+	clk.off.Store(int64(3 * time.Second))
+	waitFor(t, 10*time.Second, "n1 to lead no partition", func() bool { return leads(skewed) == 0 })
+	status := func() *nornv1.StatusResponse {
+		r, err := adminService{skewed.node}.Status(context.Background(), connect.NewRequest(&nornv1.StatusRequest{SkipCounts: true}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Msg
+	}
+	st := status()
+	if st.Healthy || len(st.Problems) == 0 {
+		t.Fatalf("n1 out of bound reports healthy=%v problems=%v", st.Healthy, st.Problems)
+	}
+	if err := skewed.node.mayLead(); err == nil {
+		t.Fatal("n1 out of bound may lead")
+	}
+	// Its groups refuse proposals for the clock (as a leader would).
+	_, err := skewed.node.group(0).Propose(&claims.Command{Op: claims.OpExtend, NowMs: 1}, time.Second)
+	if !errors.Is(err, claims.ErrNotLeader) || !strings.Contains(err.Error(), "max_clock_offset") {
+		t.Fatalf("proposal on the skewed node: %v", err)
+	}
+	// Leaderships pushed to it come back to the others, and claims through
+	// it are served by them meanwhile.
+	for range 3 {
+		for _, m := range ms[1:] {
+			for _, g := range m.node.groupList() {
+				if g != nil && g.IsLeader() {
+					g.TransferLeadership()
+					break
+				}
+			}
+		}
+		waitFor(t, 10*time.Second, "n1 to hand back what it got", func() bool { return leads(skewed) == 0 })
+	}
+	id, _ := enqueueEverywhere(t, ms, "clockq")
+	resp, err := skewed.api.Claim(context.Background(), connect.NewRequest(&nornv1.ClaimRequest{Queue: "clockq", Worker: "w", Max: 1}))
+	if err != nil || len(resp.Msg.Tasks) != 1 || resp.Msg.Tasks[0].Task.Id != id {
+		t.Fatalf("claim through the skewed node: %v %v", resp, err)
+	}
+	if l := nodeIDAt(ms, resp.Msg.Tasks[0].Leader); l == "n1" || l == "" {
+		t.Fatalf("claim granted by %q, want another node", l)
+	}
+	clk.off.Store(0)
+	waitFor(t, 10*time.Second, "n1 back in bound", func() bool { return skewed.node.mayLead() == nil })
+	st = status()
+	if !st.Healthy || len(st.Problems) != 0 {
+		t.Fatalf("n1 back in bound reports healthy=%v problems=%v", st.Healthy, st.Problems)
+	}
+	for _, ns := range st.Nodes {
+		if ns.MedianOffset == nil {
+			t.Fatalf("no median offset for %s", ns.Id)
+		}
+	}
+}
