@@ -230,39 +230,6 @@ func nemesisPowerLoss(ctx context.Context, e *Env) {
 	}
 }
 
-// nemesisLeaderClockAhead moves the top leader's clock 3/4 of the skew
-// buffer ahead for 2 s, then back, over and over: a claim granted before a
-// jump expires that much early in real time, which the buffer absorbs.
-// nemesisPowerLossAll crashes every node at once (unsynced writes lost)
-// every 3-5 s and restarts them 1 s later.
-func nemesisPowerLossAll(ctx context.Context, e *Env) {
-	for sleep(ctx, e.between(3*time.Second, 5*time.Second)) {
-		var wg sync.WaitGroup
-		for _, n := range e.C.Nodes {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				e.TL.Log("start", "power-loss", n.ID, n.Crash())
-			}()
-		}
-		wg.Wait()
-		sleep(ctx, time.Second)
-		for _, n := range e.C.Nodes {
-			e.TL.Log("end", "power-loss", n.ID, n.Start())
-		}
-	}
-}
-
-func nemesisLeaderClockAhead(ctx context.Context, e *Env) {
-	for sleep(ctx, 1*time.Second) {
-		n := e.C.TopLeader()
-		off := e.C.Cfg.SkewBuffer * 3 / 4
-		e.TL.Log("start", "clock-bump", fmt.Sprintf("%s (top leader) offset +%s (below the buffer)", n.ID, off), n.SetClock(off, 1))
-		sleep(ctx, 2*time.Second)
-		e.TL.Log("end", "clock-bump", n.ID, n.SetClock(0, 1))
-	}
-}
-
 // both runs nemeses at the same time.
 func both(ns ...Nemesis) Nemesis {
 	return func(ctx context.Context, e *Env) {
@@ -353,6 +320,24 @@ func nemesisClockBumpBig(ctx context.Context, e *Env) {
 			off = -off
 		}
 		e.TL.Log("start", "clock-bump", fmt.Sprintf("%s offset %s (above the %s buffer)", n.ID, off, e.C.Cfg.SkewBuffer), n.SetClock(off, 1))
+		sleep(ctx, e.between(3*time.Second, 6*time.Second))
+		e.TL.Log("end", "clock-bump", n.ID, n.SetClock(0, 1))
+	}
+}
+
+// nemesisLeaderClockBeyond moves the top leader's clock 3 s to 2 min
+// either way (beyond the max clock offset and the skew buffer) for 3-6 s,
+// over and over: the node must give up its leaderships and stamp no lease
+// with that clock, so exclusion must hold even though the offset exceeds
+// the buffer.
+func nemesisLeaderClockBeyond(ctx context.Context, e *Env) {
+	for sleep(ctx, e.between(1*time.Second, 2*time.Second)) {
+		n := e.C.TopLeader()
+		off := e.between(3*time.Second, 2*time.Minute)
+		if e.Rng.IntN(2) == 0 {
+			off = -off
+		}
+		e.TL.Log("start", "clock-bump", fmt.Sprintf("%s (top leader) offset %s (beyond the max clock offset and the %s buffer)", n.ID, off, e.C.Cfg.SkewBuffer), n.SetClock(off, 1))
 		sleep(ctx, e.between(3*time.Second, 6*time.Second))
 		e.TL.Log("end", "clock-bump", n.ID, n.SetClock(0, 1))
 	}

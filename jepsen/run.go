@@ -59,6 +59,7 @@ var Scenarios = []Scenario{
 	{Name: "isolate-converge", Desc: "cut one node off for the whole run while writes (W=2) skip it, heal, check convergence", Nodes: 3, Nemesis: nemesisIsolateConverge, Short: true},
 	{Name: "clock-bump", Desc: "test hooks: bump a node's clock by up to +-750ms (below the 2s buffer)", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockBump},
 	{Name: "clock-bump-big", Desc: "test hooks: bump a node's clock by 3 s to 2 min either way (above the 2s buffer, below the long leases) while workers stall past their short leases; exclusion overlaps are reported, not failed", Nodes: 3, NeedsHooks: true, Nemesis: both(nemesisClockBumpBig, nemesisWorkerPause), ReportOnly: []string{"exclusion"}},
+	{Name: "clock-skew-leader", Desc: "test hooks: the top leader's clock 3 s to 2 min off (beyond the max clock offset) while workers stall past their leases; it must hand its leaderships over: every checker must pass", Nodes: 3, NeedsHooks: true, Nemesis: both(nemesisLeaderClockBeyond, nemesisWorkerPause)},
 	{Name: "clock-strobe", Desc: "test hooks: a node's clock jumps +-700ms every 200ms", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockStrobe},
 	{Name: "power-loss", Desc: "test hooks: POST /test/crash (unsynced writes lost) on one node or all, restart", Nodes: 3, NeedsHooks: true, Nemesis: nemesisPowerLoss},
 	{Name: "combined", Desc: "a seeded schedule of one to three faults at once: kill, power loss or leader pause; isolation, leader isolation or flaky links; a clock bump below the buffer", Nodes: 3, NeedsHooks: true, Nemesis: nemesisCombined},
@@ -71,12 +72,14 @@ var Scenarios = []Scenario{
 // Nemeses describes the fault kinds, for --help.
 var Nemeses = []string{
 	"kill: kill -9 and restart (a random node, the top leader, all nodes)",
+	"kill-leader (aimed): kill -9 the partition leader within 5 ms of its grant of a long claim",
 	"pause: SIGSTOP/SIGCONT (the top partition leader, past the election timeout)",
-	"partition: iptables drops by node uid, both directions, TCP and UDP, each cut proven by a probe (isolate one, leader isolation, majority/minority)",
+	"partition: iptables drops by node uid, both directions, TCP and UDP, each cut proven by a probe (isolate one, leader isolation, majority/minority, majorities-ring, bridge)",
 	"flaky: iptables -m statistic --mode random drops on one node's links",
 	"worker-pause: a client stops renewing a short lease past its end",
-	"clock: bumps and strobe through POST /test/clock (needs nornd -test-hooks)",
-	"power-loss: POST /test/crash, unsynced writes lost (needs nornd -test-hooks)",
+	"clock: bumps below and above the skew buffer, strobe, and (aimed) the granting leader ahead while its claim's holder stalls, through POST /test/clock (needs nornd -test-hooks)",
+	"power-loss: POST /test/crash, unsynced writes lost, on one node or all; (aimed) on all within 5 ms of an enqueue ack (needs nornd -test-hooks)",
+	"combined: one to three faults of different kinds at once on a seeded schedule",
 }
 
 // FindScenario returns the named scenario.
