@@ -87,13 +87,31 @@ type offsetWindow struct {
 	samples [offsetSamples]clockSample // ring; the oldest at next once full
 	n       int                        // samples held, ≤ offsetSamples
 	next    int                        // where the next sample goes
+	at      time.Time                  // when the newest sample was added (monotonic)
 }
 
-// add records s; a sample with a negative round trip is ignored.
-func (w *offsetWindow) add(s clockSample) {
+// stepTolerance is how far a new sample may disagree with the current
+// estimate beyond both samples' error bounds (half their round trips)
+// before the peer's clock counts as stepped: the time the peer spends
+// building its ack, and slow drift between samples.
+const stepTolerance = 20 * time.Millisecond
+
+// add records s, taken at (monotonic); a sample with a negative round trip
+// is ignored. A sample that cannot agree with the estimate (they differ
+// by more than their error bounds and stepTolerance) means the peer's
+// clock stepped: the older samples are dropped, so the step shows at once
+// instead of after they age out.
+func (w *offsetWindow) add(s clockSample, at time.Time) {
 	if s.rtt < 0 {
 		return
 	}
+	if best, ok := w.best(); ok {
+		prev := best.offset - (s.step - best.step) // as of s's own clock steps
+		if d := s.offset - prev; d > (s.rtt+best.rtt)/2+stepTolerance || d < -(s.rtt+best.rtt)/2-stepTolerance {
+			w.n = 0
+		}
+	}
+	w.at = at
 	w.samples[w.next] = s
 	w.next = (w.next + 1) % offsetSamples
 	w.n = min(w.n+1, offsetSamples)
@@ -103,8 +121,18 @@ func (w *offsetWindow) add(s clockSample) {
 // by this node's clock steps since it was taken (step is the step now); ok
 // is false when there is none.
 func (w *offsetWindow) estimate(step time.Duration) (offset time.Duration, ok bool) {
-	if w.n == 0 {
+	b, ok := w.best()
+	if !ok {
 		return 0, false
+	}
+	return b.offset - (step - b.step), true
+}
+
+// best is the sample with the smallest round trip (the newest among
+// equals); ok is false when there is none.
+func (w *offsetWindow) best() (clockSample, bool) {
+	if w.n == 0 {
+		return clockSample{}, false
 	}
 	best := -1
 	for i := range w.n { // oldest to newest, so the newest wins a tie
@@ -113,7 +141,7 @@ func (w *offsetWindow) estimate(step time.Duration) (offset time.Duration, ok bo
 			best = j
 		}
 	}
-	return w.samples[best].offset - (step - w.samples[best].step), true
+	return w.samples[best], true
 }
 
 // pinger is memberlist's PingDelegate: every ack this node sends carries
@@ -137,7 +165,7 @@ func (p *pinger) NotifyPingComplete(other *memberlist.Node, rtt time.Duration, p
 	if ok {
 		smp := sampleOffset(peerTime, now, rtt)
 		smp.step = m.steps.step(now)
-		pr.offsets.add(smp)
+		pr.offsets.add(smp, time.Now())
 	}
 	wasSuspect := pr.suspect
 	pr.suspect = false

@@ -16,25 +16,25 @@ func TestOffsetWindow(t *testing.T) {
 	}{
 		{"empty", nil, 0, false},
 		{"one", []clockSample{s(4*ms, 7*ms)}, 7 * ms, true},
-		{"smallest round trip wins", []clockSample{s(9*ms, 90*ms), s(1*ms, 10*ms), s(5*ms, 50*ms)}, 10 * ms, true},
+		{"smallest round trip wins", []clockSample{s(9*ms, 14*ms), s(1*ms, 10*ms), s(5*ms, 12*ms)}, 10 * ms, true},
 		{"newest wins a tie", []clockSample{s(2*ms, 1*ms), s(2*ms, 2*ms), s(3*ms, 3*ms)}, 2 * ms, true},
 		{"negative round trip ignored", []clockSample{s(5*ms, 50*ms), s(-1*ms, 0)}, 50 * ms, true},
 		{"only negative", []clockSample{s(-1*ms, 0)}, 0, false},
 		{
 			"the fast sample ages out after offsetSamples more",
-			[]clockSample{s(1*ms, 10*ms), s(5*ms, 51*ms), s(5*ms, 52*ms), s(5*ms, 53*ms), s(5*ms, 54*ms), s(5*ms, 55*ms), s(5*ms, 56*ms), s(5*ms, 57*ms), s(6*ms, 60*ms)},
-			57 * ms, true,
+			[]clockSample{s(1*ms, 10*ms), s(5*ms, 11*ms), s(5*ms, 12*ms), s(5*ms, 13*ms), s(5*ms, 14*ms), s(5*ms, 15*ms), s(5*ms, 16*ms), s(5*ms, 17*ms), s(6*ms, 20*ms)},
+			17 * ms, true,
 		},
 		{
 			"still there with offsetSamples-1 after it",
-			[]clockSample{s(1*ms, 10*ms), s(5*ms, 51*ms), s(5*ms, 52*ms), s(5*ms, 53*ms), s(5*ms, 54*ms), s(5*ms, 55*ms), s(5*ms, 56*ms), s(5*ms, 57*ms)},
+			[]clockSample{s(1*ms, 10*ms), s(5*ms, 11*ms), s(5*ms, 12*ms), s(5*ms, 13*ms), s(5*ms, 14*ms), s(5*ms, 15*ms), s(5*ms, 16*ms), s(5*ms, 17*ms)},
 			10 * ms, true,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var w offsetWindow
 			for _, smp := range tc.samples {
-				w.add(smp)
+				w.add(smp, time.Time{})
 			}
 			if got, ok := w.estimate(0); got != tc.want || ok != tc.ok {
 				t.Errorf("estimate() = %v, %v; want %v, %v", got, ok, tc.want, tc.ok)
@@ -48,7 +48,7 @@ func TestOffsetWindow(t *testing.T) {
 func TestOffsetWindowCorrectsOwnSteps(t *testing.T) {
 	ms := time.Millisecond
 	var w offsetWindow
-	w.add(clockSample{rtt: 1 * ms, offset: 10 * ms, step: 0})
+	w.add(clockSample{rtt: 1 * ms, offset: 10 * ms, step: 0}, time.Time{})
 	if got, _ := w.estimate(0); got != 10*ms {
 		t.Fatalf("before the step: %v", got)
 	}
@@ -56,13 +56,40 @@ func TestOffsetWindowCorrectsOwnSteps(t *testing.T) {
 		t.Fatalf("after a 3 s step forward: %v, want %v", got, 10*ms-3*time.Second)
 	}
 	// A sample taken after the step needs no correction.
-	w.add(clockSample{rtt: 1 * ms, offset: 10*ms - 3*time.Second, step: 3 * time.Second})
+	w.add(clockSample{rtt: 1 * ms, offset: 10*ms - 3*time.Second, step: 3 * time.Second}, time.Time{})
 	if got, _ := w.estimate(3 * time.Second); got != 10*ms-3*time.Second {
 		t.Fatalf("a sample after the step: %v", got)
 	}
 	// Stepping back by the same.
 	if got, _ := w.estimate(0); got != 10*ms {
 		t.Fatalf("stepped back: %v", got)
+	}
+}
+
+// TestOffsetWindowSeesPeerSteps: a sample that cannot agree with the
+// estimate (the peer's clock stepped) replaces the window at once, even
+// when older samples had smaller round trips; one within the error bounds
+// does not.
+func TestOffsetWindowSeesPeerSteps(t *testing.T) {
+	ms := time.Millisecond
+	var w offsetWindow
+	w.add(clockSample{rtt: 1 * ms, offset: 10 * ms}, time.Time{})
+	w.add(clockSample{rtt: 40 * ms, offset: 10*ms + 35*ms}, time.Time{}) // within 20.5 ms + tolerance
+	if got, _ := w.estimate(0); got != 10*ms {
+		t.Fatalf("a slow sample within its bound replaced the estimate: %v", got)
+	}
+	w.add(clockSample{rtt: 2 * ms, offset: 53 * time.Second}, time.Time{}) // the peer stepped
+	if got, _ := w.estimate(0); got != 53*time.Second {
+		t.Fatalf("after the peer's step: %v, want 53s", got)
+	}
+	w.add(clockSample{rtt: 3 * ms, offset: 12 * ms}, time.Time{}) // and back
+	if got, _ := w.estimate(0); got != 12*ms {
+		t.Fatalf("after the peer stepped back: %v, want 12ms", got)
+	}
+	// This node's own step is not a peer step: corrected, not dropped.
+	w.add(clockSample{rtt: 5 * ms, offset: 12*ms - 2*time.Second, step: 2 * time.Second}, time.Time{})
+	if got, _ := w.estimate(2 * time.Second); got != 12*ms-2*time.Second || w.n != 2 {
+		t.Fatalf("own step: estimate %v with %d samples", got, w.n)
 	}
 }
 

@@ -82,6 +82,9 @@ type Member struct {
 	// offsetWindow).
 	ClockOffset time.Duration
 	OffsetKnown bool
+	// OffsetAt is when the newest clock sample of the member was taken
+	// (monotonic); zero for this node's own member.
+	OffsetAt time.Time
 }
 
 // foreignClusterError is a refusal of node, whose cluster is cluster, by
@@ -301,6 +304,7 @@ func (m *Membership) Members() []Member {
 			mb.ClockOffset, mb.OffsetKnown = 0, true
 		} else {
 			mb.ClockOffset, mb.OffsetKnown = p.offsets.estimate(step)
+			mb.OffsetAt = p.offsets.at
 		}
 		out = append(out, mb)
 	}

@@ -31,10 +31,9 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 		Nodes:   n.nodeStatuses(),
 		Healthy: true,
 	}
-	if c := n.clockNow(); !c.InBound {
+	if err := n.mayLead(); err != nil {
 		resp.Healthy = false
-		resp.Problems = append(resp.Problems, fmt.Sprintf("clock %s from the cluster median, beyond max_clock_offset %s: leading no partition",
-			c.Offset.Round(time.Millisecond), n.cfg.MaxClockOffset))
+		resp.Problems = append(resp.Problems, err.Error())
 	}
 	r := n.ring.Load()
 	if r == nil {

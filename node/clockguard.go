@@ -14,6 +14,11 @@ type clockCheck struct {
 	Offset  time.Duration // this node's clock minus the median
 	Known   bool          // at least three clocks measured (this one and two others)
 	InBound bool          // |Offset| <= max, or not Known (nothing to judge by)
+	// Stepped: this node's clock stepped by more than half the max
+	// offset, and fewer than two peers' clocks have been sampled since:
+	// out of bound until they have (the older estimates may predate the
+	// peers' own steps).
+	Stepped bool
 }
 
 // judgeClock judges this node's clock from the others' offsets (their
@@ -46,37 +51,88 @@ type clockGuard struct {
 	mu           sync.Mutex
 	check        clockCheck
 	wall, mono   time.Time       // when check was made: the wall clock (no monotonic reading) and time.Now()
+	peers        int             // peers with a measured offset at check
+	steppedAt    time.Time       // when this node's own clock step was seen (monotonic), zero when settled
 	transferring map[uint16]bool // leadership transfers under way
 	outOfBound   uint64          // times the clock went out of bound (metric)
 	transfers    uint64          // leadership transfers started for the clock (metric)
 }
 
 // peerOffsets returns the clock offsets gossip has measured for the other
-// alive members (their clock minus this node's).
-func (n *Node) peerOffsets() []time.Duration {
-	var out []time.Duration
+// alive members (their clock minus this node's), and of those the ones
+// sampled after since.
+func (n *Node) peerOffsets(since time.Time) (all, fresh []time.Duration) {
 	for _, m := range n.members.Members() {
 		if m.ID != n.cfg.NodeID && m.State.Up() && m.OffsetKnown {
-			out = append(out, m.ClockOffset)
+			all = append(all, m.ClockOffset)
+			if m.OffsetAt.After(since) {
+				fresh = append(fresh, m.ClockOffset)
+			}
 		}
 	}
-	return out
+	return all, fresh
 }
 
-// checkClock judges the clock again (every monitor pass), logs a change
+// clockLoop judges the clock every monitor interval until Close, apart
+// from the monitor, whose passes can wait on Raft for seconds.
+func (n *Node) clockLoop() {
+	defer n.stopped.Done()
+	t := time.NewTicker(n.cfg.MonitorInterval)
+	defer t.Stop()
+	for {
+		n.checkClock()
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// stepSettleMax bounds how long a node whose clock stepped waits for
+// fresh peer offsets before it judges by the ones it has.
+const stepSettleMax = 30 * time.Second
+
+// stepLimit is how far this node's own clock may step between two
+// judgements before it waits for fresh peer offsets (Stepped).
+func (n *Node) stepLimit() time.Duration { return n.cfg.MaxClockOffset / 2 }
+
+// checkClock judges the clock again (clockLoop), logs a change
 // and, while out of bound, hands over the leaderships this node holds.
 func (n *Node) checkClock() {
-	c := judgeClock(n.peerOffsets(), n.cfg.MaxClockOffset)
 	g := &n.clockGuard
+	wall, mono := n.cfg.Clock.Now().Round(0), time.Now()
+	g.mu.Lock()
+	if !g.mono.IsZero() {
+		if step := wall.Sub(g.wall) - mono.Sub(g.mono); step > n.stepLimit() || step < -n.stepLimit() {
+			g.steppedAt = mono
+		}
+	}
+	steppedAt, prevPeers := g.steppedAt, g.peers
+	g.mu.Unlock()
+	all, fresh := n.peerOffsets(steppedAt)
+	c := judgeClock(all, n.cfg.MaxClockOffset)
+	if !steppedAt.IsZero() {
+		switch {
+		case len(fresh) >= 2:
+			c, steppedAt = judgeClock(fresh, n.cfg.MaxClockOffset), time.Time{}
+		case len(all) < 2 && prevPeers < 2, mono.Sub(steppedAt) > stepSettleMax:
+			steppedAt = time.Time{} // nothing to judge by, or no fresh offsets for too long
+		default:
+			c = clockCheck{Offset: c.Offset, Stepped: true}
+		}
+	}
 	g.mu.Lock()
 	prev := g.check
-	g.check = c
-	g.wall, g.mono = n.cfg.Clock.Now().Round(0), time.Now()
+	g.check, g.wall, g.mono, g.peers, g.steppedAt = c, wall, mono, len(all), steppedAt
 	if prev.InBound && !c.InBound {
 		g.outOfBound++
 	}
 	g.mu.Unlock()
 	switch {
+	case prev.InBound && !c.InBound && c.Stepped:
+		n.cfg.Logger.Error("this node's clock stepped: handing over its leaderships and leading nothing until its peers' clocks are measured again",
+			"max_clock_offset", n.cfg.MaxClockOffset)
 	case prev.InBound && !c.InBound:
 		n.cfg.Logger.Error("this node's clock is out of bound: handing over its leaderships and leading nothing until it is back",
 			"offset_from_median", c.Offset, "max_clock_offset", n.cfg.MaxClockOffset)
@@ -133,15 +189,20 @@ func (n *Node) clockState() clockCheck {
 // step shows at once, not at the next monitor pass.
 func (n *Node) clockNow() clockCheck {
 	n.clockGuard.mu.Lock()
-	c, wall, mono := n.clockGuard.check, n.clockGuard.wall, n.clockGuard.mono
+	c, wall, mono, peers := n.clockGuard.check, n.clockGuard.wall, n.clockGuard.mono, n.clockGuard.peers
 	n.clockGuard.mu.Unlock()
-	if !c.Known {
+	if peers < 2 || mono.IsZero() {
 		return c // nothing to judge by (a step alone does not say which clock is right)
 	}
 	step := n.cfg.Clock.Now().Round(0).Sub(wall) - time.Since(mono)
-	max := n.cfg.MaxClockOffset
-	c.Offset += step
-	c.InBound = c.Offset <= max && c.Offset >= -max
+	if step > n.stepLimit() || step < -n.stepLimit() {
+		return clockCheck{Offset: c.Offset + step, Stepped: true}
+	}
+	if c.Known {
+		max := n.cfg.MaxClockOffset
+		c.Offset += step
+		c.InBound = c.Offset <= max && c.Offset >= -max
+	}
 	return c
 }
 
@@ -149,7 +210,11 @@ func (n *Node) clockNow() clockCheck {
 // (claims.GroupConfig.MayLead), including right after a step of this
 // node's clock that the monitor has not judged yet.
 func (n *Node) mayLead() error {
-	if c := n.clockNow(); !c.InBound {
+	c := n.clockNow()
+	if c.Stepped {
+		return fmt.Errorf("this node's clock stepped: it leads nothing until its peers' clocks are measured again (max_clock_offset %s)", n.cfg.MaxClockOffset)
+	}
+	if !c.InBound {
 		return fmt.Errorf("this node's clock is %s from the cluster median, beyond max_clock_offset %s: it leads nothing until it is back in bound",
 			c.Offset.Round(time.Millisecond), n.cfg.MaxClockOffset)
 	}

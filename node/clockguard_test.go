@@ -87,7 +87,8 @@ func TestClockOutOfBoundGivesUpLeaderships(t *testing.T) {
 		return false
 	})
 	waitFor(t, 10*time.Second, "n1 to measure both other clocks", func() bool {
-		return judgeClock(skewed.node.peerOffsets(), time.Second).Known
+		all, _ := skewed.node.peerOffsets(time.Time{})
+		return judgeClock(all, time.Second).Known
 	})
 	clk.off.Store(int64(3 * time.Second))
 	waitFor(t, 10*time.Second, "n1 to lead no partition", func() bool { return leads(skewed) == 0 })
@@ -142,4 +143,43 @@ func TestClockOutOfBoundGivesUpLeaderships(t *testing.T) {
 			t.Fatalf("no median offset for %s", ns.Id)
 		}
 	}
+}
+
+// TestClockStepWithStalePeerOffset: a node whose clock steps right after
+// a peer's clock stepped back (its estimate of that peer still predates
+// the peer's step) must not judge itself in bound on the stale estimate:
+// with n3's old +60 s and its own +27 s, the median would be itself.
+func TestClockStepWithStalePeerOffset(t *testing.T) {
+	c1, c3 := &shiftClock{}, &shiftClock{}
+	ms := testClusterWith(t, 3, func(i int, cfg *Config) {
+		cfg.MaxClockOffset = 500 * time.Millisecond
+		switch i {
+		case 0:
+			cfg.Clock = c1
+		case 2:
+			cfg.Clock = c3
+		}
+	})
+	n1 := ms[0].node
+	c3.off.Store(int64(60 * time.Second))
+	waitFor(t, 20*time.Second, "n1 to see n3 60 s ahead, and n2", func() bool {
+		seen := 0
+		for _, m := range n1.members.Members() {
+			if m.ID == "n3" && m.OffsetKnown && m.ClockOffset > 59*time.Second || m.ID == "n2" && m.OffsetKnown {
+				seen++
+			}
+		}
+		return seen == 2 && n1.clockState().Known
+	})
+	c3.off.Store(0)
+	c1.off.Store(int64(27 * time.Second))
+	deadline := time.Now().Add(4 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := n1.mayLead(); err == nil {
+			t.Fatalf("n1, 27 s ahead, may lead (last check %+v; members %+v)", n1.clockState(), n1.members.Members())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c1.off.Store(0)
+	waitFor(t, 10*time.Second, "n1 back in bound", func() bool { return n1.mayLead() == nil })
 }

@@ -19,7 +19,6 @@ func (n *Node) monitor() {
 	t := time.NewTicker(n.cfg.MonitorInterval)
 	defer t.Stop()
 	for {
-		n.checkClock()
 		n.monitorOnce()
 		select {
 		case <-n.stop:

@@ -144,9 +144,10 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
-	n.stopped.Add(5)
+	n.stopped.Add(6)
 	go n.reconcile()
 	go n.monitor()
+	go n.clockLoop()
 	go n.antiEntropyLoop()
 	go func() {
 		defer n.stopped.Done()
