@@ -14,8 +14,8 @@ type clockCheck struct {
 	Offset  time.Duration // this node's clock minus the median
 	Known   bool          // at least three clocks measured (this one and two others)
 	InBound bool          // |Offset| <= max, or not Known (nothing to judge by)
-	// Stepped: this node's clock stepped by more than half the max
-	// offset, and fewer than two peers' clocks have been sampled since:
+	// Stepped: this node's clock stepped by more than the max offset,
+	// and fewer than two peers' clocks have been sampled since:
 	// out of bound until they have (the older estimates may predate the
 	// peers' own steps).
 	Stepped bool
@@ -94,8 +94,9 @@ func (n *Node) clockLoop() {
 const stepSettleMax = 30 * time.Second
 
 // stepLimit is how far this node's own clock may step between two
-// judgements before it waits for fresh peer offsets (Stepped).
-func (n *Node) stepLimit() time.Duration { return n.cfg.MaxClockOffset / 2 }
+// judgements before it waits for fresh peer offsets (Stepped): a smaller
+// step is judged at once on the corrected offsets.
+func (n *Node) stepLimit() time.Duration { return n.cfg.MaxClockOffset }
 
 // checkClock judges the clock again (clockLoop), logs a change
 // and, while out of bound, hands over the leaderships this node holds.
