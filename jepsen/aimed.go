@@ -51,11 +51,8 @@ func nemesisKillClaimLeader(ctx context.Context, e *Env) {
 		if n == nil || !n.Running() {
 			continue
 		}
-		e.TL.Log("start", "kill-leader", fmt.Sprintf("%s (it granted claim %d of task %d %.0f ms ago)", n.ID, o.Claim, o.Task,
-			float64(e.W.H.Now()-o.Return)/1e6), nil)
-		n.Kill()
-		sleep(ctx, e.between(2*time.Second, 3*time.Second))
-		e.restart(n)
+		detail := fmt.Sprintf("%s (it granted claim %d of task %d %.0f ms ago)", n.ID, o.Claim, o.Task, float64(e.W.H.Now()-o.Return)/1e6)
+		e.killFor(ctx, n, e.between(2*time.Second, 3*time.Second), "kill-leader", detail)
 	}
 }
 
@@ -71,23 +68,7 @@ func nemesisCrashAfterEnqueue(ctx context.Context, e *Env) {
 		if !ok {
 			return
 		}
-		var wg sync.WaitGroup
-		errs := make([]error, len(e.C.Nodes))
-		for i, n := range e.C.Nodes {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[i] = n.Crash()
-			}()
-		}
-		wg.Wait()
-		for i, n := range e.C.Nodes {
-			e.TL.Log("start", "power-loss", fmt.Sprintf("%s (right after the enqueue of task %d was acked)", n.ID, o.Task), errs[i])
-		}
-		sleep(ctx, time.Second)
-		for _, n := range e.C.Nodes {
-			e.restart(n)
-		}
+		e.crashFor(ctx, e.C.Nodes, time.Second, fmt.Sprintf("right after the enqueue of task %d was acked", o.Task))
 	}
 }
 

@@ -88,13 +88,73 @@ func (e *Env) HealAll() {
 	}
 }
 
-func (e *Env) kill(n *Node) {
-	e.TL.Log("start", "kill", n.ID, nil)
+// The one-shot faults every nemesis is made of: start, hold for hold (or
+// until ctx is done), end; each start and end goes to the timeline.
+
+// killFor kills n -9 and restarts it after hold.
+func (e *Env) killFor(ctx context.Context, n *Node, hold time.Duration, fault, detail string) {
+	e.TL.Log("start", fault, detail, nil)
 	n.Kill()
+	sleep(ctx, hold)
+	e.TL.Log("end", fault, n.ID, n.Start())
 }
 
-func (e *Env) restart(n *Node) {
-	e.TL.Log("end", "kill", n.ID, n.Start())
+// crashFor cuts the power of every victim at once (unsynced writes lost,
+// test hooks) and restarts them after hold; why, when set, is added to
+// each start's detail.
+func (e *Env) crashFor(ctx context.Context, victims []*Node, hold time.Duration, why string) {
+	var wg sync.WaitGroup
+	errs := make([]error, len(victims))
+	for i, n := range victims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = n.Crash()
+		}()
+	}
+	wg.Wait()
+	for i, n := range victims {
+		detail := n.ID
+		if why != "" {
+			detail += " (" + why + ")"
+		}
+		e.TL.Log("start", "power-loss", detail, errs[i])
+	}
+	sleep(ctx, hold)
+	for _, n := range victims {
+		e.TL.Log("end", "power-loss", n.ID, n.Start())
+	}
+}
+
+// pauseFor stops n (SIGSTOP) and resumes it after hold.
+func (e *Env) pauseFor(ctx context.Context, n *Node, hold time.Duration) {
+	e.TL.Log("start", "pause-leader", n.ID+" (SIGSTOP, past the election timeout)", n.Pause())
+	sleep(ctx, hold)
+	e.TL.Log("end", "pause-leader", n.ID+" (SIGCONT)", n.Resume())
+}
+
+// flakyFor drops 20-40% of n's packets each way for hold.
+func (e *Env) flakyFor(ctx context.Context, n *Node, hold time.Duration) {
+	p := 0.2 + 0.2*e.Rng.Float64()
+	e.TL.Log("start", "flaky", fmt.Sprintf("%s drops %.2f of its packets each way", n.ID, p), e.Net.Flaky(n, p))
+	sleep(ctx, hold)
+	e.TL.Log("end", "flaky", n.ID, e.Net.Heal())
+}
+
+// bumpClockFor sets n's clock offset to off for hold (test hooks); why
+// says how off compares with the buffer.
+func (e *Env) bumpClockFor(ctx context.Context, n *Node, off, hold time.Duration, why string) {
+	e.TL.Log("start", "clock-bump", fmt.Sprintf("%s offset %s (%s)", n.ID, off, why), n.SetClock(off, 1))
+	sleep(ctx, hold)
+	e.TL.Log("end", "clock-bump", n.ID, n.SetClock(0, 1))
+}
+
+// eitherWay returns d or -d, by the seed.
+func (e *Env) eitherWay(d time.Duration) time.Duration {
+	if e.Rng.IntN(2) == 0 {
+		return -d
+	}
+	return d
 }
 
 func (e *Env) isolate(ctx context.Context, n *Node, hold time.Duration, fault string) {
@@ -113,20 +173,19 @@ func nemesisNone(ctx context.Context, _ *Env) { <-ctx.Done() }
 func nemesisKillRandom(ctx context.Context, e *Env) {
 	for sleep(ctx, e.between(2*time.Second, 4*time.Second)) {
 		n := e.randomNode()
-		e.kill(n)
-		sleep(ctx, e.between(2*time.Second, 4*time.Second))
-		e.restart(n)
+		e.killFor(ctx, n, e.between(2*time.Second, 4*time.Second), "kill", n.ID)
 	}
 }
 
 func nemesisKillAll(ctx context.Context, e *Env) {
 	for sleep(ctx, e.between(4*time.Second, 6*time.Second)) {
 		for _, n := range e.C.Nodes {
-			e.kill(n)
+			e.TL.Log("start", "kill", n.ID, nil)
+			n.Kill()
 		}
 		sleep(ctx, 2*time.Second)
 		for _, n := range e.C.Nodes {
-			e.restart(n)
+			e.TL.Log("end", "kill", n.ID, n.Start())
 		}
 		sleep(ctx, 6*time.Second)
 	}
@@ -152,10 +211,7 @@ func nemesisSplit(ctx context.Context, e *Env) {
 
 func nemesisPauseLeader(ctx context.Context, e *Env) {
 	for sleep(ctx, e.between(2*time.Second, 3*time.Second)) {
-		n := e.C.TopLeader()
-		e.TL.Log("start", "pause-leader", n.ID+" (SIGSTOP, past the election timeout)", n.Pause())
-		sleep(ctx, e.between(2*time.Second, 4*time.Second))
-		e.TL.Log("end", "pause-leader", n.ID+" (SIGCONT)", n.Resume())
+		e.pauseFor(ctx, e.C.TopLeader(), e.between(2*time.Second, 4*time.Second))
 	}
 }
 
@@ -170,11 +226,7 @@ func nemesisWorkerPause(ctx context.Context, e *Env) {
 
 func nemesisFlaky(ctx context.Context, e *Env) {
 	for sleep(ctx, e.between(1*time.Second, 2*time.Second)) {
-		n := e.randomNode()
-		p := 0.2 + 0.2*e.Rng.Float64()
-		e.TL.Log("start", "flaky", fmt.Sprintf("%s drops %.2f of its packets each way", n.ID, p), e.Net.Flaky(n, p))
-		sleep(ctx, 8*time.Second)
-		e.TL.Log("end", "flaky", n.ID, e.Net.Heal())
+		e.flakyFor(ctx, e.randomNode(), 8*time.Second)
 	}
 }
 
@@ -192,9 +244,7 @@ func nemesisClockBump(ctx context.Context, e *Env) {
 	for sleep(ctx, e.between(1*time.Second, 2*time.Second)) {
 		n := e.randomNode()
 		off := time.Duration(e.Rng.Int64N(int64(1500*time.Millisecond))) - 750*time.Millisecond
-		e.TL.Log("start", "clock-bump", fmt.Sprintf("%s offset %s (below the %s buffer)", n.ID, off, e.C.Cfg.SkewBuffer), n.SetClock(off, 1))
-		sleep(ctx, 5*time.Second)
-		e.TL.Log("end", "clock-bump", n.ID, n.SetClock(0, 1))
+		e.bumpClockFor(ctx, n, off, 5*time.Second, "below the "+e.C.Cfg.SkewBuffer.String()+" buffer")
 	}
 }
 
@@ -220,13 +270,7 @@ func nemesisPowerLoss(ctx context.Context, e *Env) {
 		if e.Rng.IntN(3) == 0 {
 			victims = e.C.Nodes
 		}
-		for _, n := range victims {
-			e.TL.Log("start", "power-loss", n.ID, n.Crash())
-		}
-		sleep(ctx, 2*time.Second)
-		for _, n := range victims {
-			e.TL.Log("end", "power-loss", n.ID, n.Start())
-		}
+		e.crashFor(ctx, victims, 2*time.Second, "")
 	}
 }
 
@@ -316,12 +360,7 @@ func nemesisClockBumpBig(ctx context.Context, e *Env) {
 		if e.Rng.IntN(2) == 0 {
 			off = e.between(30*time.Second, 2*time.Minute)
 		}
-		if e.Rng.IntN(2) == 0 {
-			off = -off
-		}
-		e.TL.Log("start", "clock-bump", fmt.Sprintf("%s offset %s (above the %s buffer)", n.ID, off, e.C.Cfg.SkewBuffer), n.SetClock(off, 1))
-		sleep(ctx, e.between(3*time.Second, 6*time.Second))
-		e.TL.Log("end", "clock-bump", n.ID, n.SetClock(0, 1))
+		e.bumpClockFor(ctx, n, e.eitherWay(off), e.between(3*time.Second, 6*time.Second), "above the "+e.C.Cfg.SkewBuffer.String()+" buffer")
 	}
 }
 
@@ -333,13 +372,8 @@ func nemesisClockBumpBig(ctx context.Context, e *Env) {
 func nemesisLeaderClockBeyond(ctx context.Context, e *Env) {
 	for sleep(ctx, e.between(1*time.Second, 2*time.Second)) {
 		n := e.C.TopLeader()
-		off := e.between(3*time.Second, 2*time.Minute)
-		if e.Rng.IntN(2) == 0 {
-			off = -off
-		}
-		e.TL.Log("start", "clock-bump", fmt.Sprintf("%s (top leader) offset %s (beyond the max clock offset and the %s buffer)", n.ID, off, e.C.Cfg.SkewBuffer), n.SetClock(off, 1))
-		sleep(ctx, e.between(3*time.Second, 6*time.Second))
-		e.TL.Log("end", "clock-bump", n.ID, n.SetClock(0, 1))
+		off := e.eitherWay(e.between(3*time.Second, 2*time.Minute))
+		e.bumpClockFor(ctx, n, off, e.between(3*time.Second, 6*time.Second), "top leader; beyond the max clock offset and the "+e.C.Cfg.SkewBuffer.String()+" buffer")
 	}
 }
 
@@ -354,21 +388,13 @@ type fault struct {
 var combinedFaults = []fault{
 	{"kill-random", "process", func(ctx context.Context, e *Env, hold time.Duration) {
 		n := e.randomNode()
-		e.kill(n)
-		sleep(ctx, hold)
-		e.restart(n)
+		e.killFor(ctx, n, hold, "kill", n.ID)
 	}},
 	{"power-loss", "process", func(ctx context.Context, e *Env, hold time.Duration) {
-		n := e.randomNode()
-		e.TL.Log("start", "power-loss", n.ID, n.Crash())
-		sleep(ctx, hold)
-		e.TL.Log("end", "power-loss", n.ID, n.Start())
+		e.crashFor(ctx, []*Node{e.randomNode()}, hold, "")
 	}},
 	{"pause-leader", "process", func(ctx context.Context, e *Env, hold time.Duration) {
-		n := e.C.TopLeader()
-		e.TL.Log("start", "pause-leader", n.ID+" (SIGSTOP)", n.Pause())
-		sleep(ctx, hold)
-		e.TL.Log("end", "pause-leader", n.ID+" (SIGCONT)", n.Resume())
+		e.pauseFor(ctx, e.C.TopLeader(), hold)
 	}},
 	{"isolate", "net", func(ctx context.Context, e *Env, hold time.Duration) {
 		e.isolate(ctx, e.randomNode(), hold, "isolate")
@@ -377,18 +403,12 @@ var combinedFaults = []fault{
 		e.isolate(ctx, e.C.TopLeader(), hold, "isolate-leader")
 	}},
 	{"flaky", "net", func(ctx context.Context, e *Env, hold time.Duration) {
-		n := e.randomNode()
-		p := 0.2 + 0.2*e.Rng.Float64()
-		e.TL.Log("start", "flaky", fmt.Sprintf("%s drops %.2f of its packets each way", n.ID, p), e.Net.Flaky(n, p))
-		sleep(ctx, hold)
-		e.TL.Log("end", "flaky", n.ID, e.Net.Heal())
+		e.flakyFor(ctx, e.randomNode(), hold)
 	}},
 	{"clock-bump", "clock", func(ctx context.Context, e *Env, hold time.Duration) {
 		n := e.randomNode()
-		off := time.Duration(e.Rng.Int64N(int64(e.C.Cfg.SkewBuffer*3/4))) * time.Duration(1-2*e.Rng.IntN(2))
-		e.TL.Log("start", "clock-bump", fmt.Sprintf("%s offset %s (below the %s buffer)", n.ID, off, e.C.Cfg.SkewBuffer), n.SetClock(off, 1))
-		sleep(ctx, hold)
-		e.TL.Log("end", "clock-bump", n.ID, n.SetClock(0, 1))
+		off := e.eitherWay(time.Duration(e.Rng.Int64N(int64(e.C.Cfg.SkewBuffer * 3 / 4))))
+		e.bumpClockFor(ctx, n, off, hold, "below the "+e.C.Cfg.SkewBuffer.String()+" buffer")
 	}},
 }
 

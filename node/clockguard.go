@@ -75,18 +75,13 @@ func (n *Node) peerOffsets(since time.Time) (all, fresh []time.Duration) {
 
 // clockLoop judges the clock every monitor interval until Close, apart
 // from the monitor, whose passes can wait on Raft for seconds.
-func (n *Node) clockLoop() {
-	defer n.stopped.Done()
-	t := time.NewTicker(n.cfg.MonitorInterval)
-	defer t.Stop()
-	for {
-		n.checkClock()
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-		}
-	}
+func (n *Node) clockLoop() { n.every(n.cfg.MonitorInterval, n.checkClock) }
+
+// stepSince is how far this node's wall clock has moved against the
+// monotonic one since wall and mono were read together (0 for a steady
+// clock).
+func (n *Node) stepSince(wall, mono time.Time) time.Duration {
+	return n.cfg.Clock.Now().Round(0).Sub(wall) - time.Since(mono)
 }
 
 // stepSettleMax bounds how long a node whose clock stepped waits for
@@ -195,7 +190,7 @@ func (n *Node) clockNow() clockCheck {
 	if peers < 2 || mono.IsZero() {
 		return c // nothing to judge by (a step alone does not say which clock is right)
 	}
-	step := n.cfg.Clock.Now().Round(0).Sub(wall) - time.Since(mono)
+	step := n.stepSince(wall, mono)
 	if step > n.stepLimit() || step < -n.stepLimit() {
 		return clockCheck{Offset: c.Offset + step, Stepped: true}
 	}

@@ -14,12 +14,16 @@ import (
 const monitorBatch = 256
 
 // monitor runs the leader's periodic duties until Close.
-func (n *Node) monitor() {
+func (n *Node) monitor() { n.every(n.cfg.MonitorInterval, n.monitorOnce) }
+
+// every runs fn now and then every d until Close (a goroutine counted in
+// n.stopped).
+func (n *Node) every(d time.Duration, fn func()) {
 	defer n.stopped.Done()
-	t := time.NewTicker(n.cfg.MonitorInterval)
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
-		n.monitorOnce()
+		fn()
 		select {
 		case <-n.stop:
 			return
@@ -37,6 +41,7 @@ func (n *Node) monitorOnce() {
 	n.monitorMu.Lock()
 	defer n.monitorMu.Unlock()
 	extended := n.extended
+	clockOK := n.clockState().InBound
 	for p, g := range n.groupList() {
 		if g == nil {
 			continue
@@ -47,7 +52,7 @@ func (n *Node) monitorOnce() {
 		if _, err := n.store.PromoteDelayed(uint16(p), monitorBatch); err != nil {
 			n.cfg.Logger.Warn("promoting delayed tasks failed", "partition", p, "err", err)
 		}
-		if !g.IsLeader() || !n.clockState().InBound {
+		if !g.IsLeader() || !clockOK {
 			// A leader whose clock is out of bound is handing its
 			// leadership over (checkClock): no lease work on its clock.
 			extended[p] = false
