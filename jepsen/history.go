@@ -2,6 +2,7 @@ package jepsen
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"os"
 	"sort"
@@ -50,6 +51,7 @@ type History struct {
 	ops   []*Op
 	next  int // next porcupine process id
 	subs  []chan *Op
+	okOps int // ops of type ok so far
 }
 
 // NewHistory starts the run's clock.
@@ -75,10 +77,29 @@ func (h *History) Add(o *Op) {
 	}
 	o.Index = len(h.ops)
 	h.ops = append(h.ops, o)
+	if o.Type == "ok" {
+		h.okOps++
+	}
 	for _, ch := range h.subs {
 		select {
 		case ch <- o:
 		default: // a subscriber that falls behind misses ops
+		}
+	}
+}
+
+// WaitOK waits until at least n ops succeeded, or ctx is done; it reports
+// whether they did.
+func (h *History) WaitOK(ctx context.Context, n int) bool {
+	for {
+		h.mu.Lock()
+		k := h.okOps
+		h.mu.Unlock()
+		if k >= n {
+			return true
+		}
+		if !sleep(ctx, 20*time.Millisecond) {
+			return false
 		}
 	}
 }

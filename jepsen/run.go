@@ -69,6 +69,10 @@ var Scenarios = []Scenario{
 	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write, no faults, anti-entropy off (every 1h) so that nothing repairs the dropped writes; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Args: []string{"-antientropy-interval", "1h"}, Nemesis: nemesisNone},
 }
 
+// minOKBeforeFault is how many ops must succeed before the first fault
+// (the liveness checker's first condition).
+const minOKBeforeFault = 50
+
 // Nemeses describes the fault kinds, for --help.
 var Nemeses = []string{
 	"kill: kill -9 and restart (a random node, the top leader, all nodes)",
@@ -279,7 +283,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		sc.Nemesis(runCtx, env)
+		// The liveness checker wants minOKBeforeFault successful ops
+		// before the first fault: a slow workload (waiting claims) gets
+		// them before the nemesis starts.
+		if h.WaitOK(runCtx, minOKBeforeFault) {
+			sc.Nemesis(runCtx, env)
+		}
 	}()
 	w.Run(runCtx)
 	wg.Wait()
@@ -330,7 +339,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		CheckExclusion(ops),
 		CheckTerminal(ops, repl),
 		conv,
-		CheckLiveness(ops, tl.FirstFault(), heal, firstClaim, 50),
+		CheckLiveness(ops, tl.FirstFault(), heal, firstClaim, minOKBeforeFault),
 	}
 	res.Valid = true
 	for i, v := range res.Verdicts {
