@@ -24,6 +24,768 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// JoinRequest is the request of AdminService.Join.
+type JoinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node to admit: its node id or its API address (host:port).
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *JoinRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+// JoinResponse is the response of AdminService.Join.
+type JoinResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's id.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The ring epoch that records it as a member. A JSON string.
+	RingEpoch uint64 `protobuf:"varint,2,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	// Whether it also became a voter of the meta group.
+	MetaVoter     bool `protobuf:"varint,3,opt,name=meta_voter,json=metaVoter,proto3" json:"meta_voter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinResponse) Reset() {
+	*x = JoinResponse{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinResponse) ProtoMessage() {}
+
+func (x *JoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
+func (*JoinResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *JoinResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *JoinResponse) GetRingEpoch() uint64 {
+	if x != nil {
+		return x.RingEpoch
+	}
+	return 0
+}
+
+func (x *JoinResponse) GetMetaVoter() bool {
+	if x != nil {
+		return x.MetaVoter
+	}
+	return false
+}
+
+// RebalanceRequest is the request of AdminService.Rebalance.
+type RebalanceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Start the moves; without it the plan is only computed.
+	Apply         bool `protobuf:"varint,1,opt,name=apply,proto3" json:"apply,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceRequest) Reset() {
+	*x = RebalanceRequest{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceRequest) ProtoMessage() {}
+
+func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
+func (*RebalanceRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RebalanceRequest) GetApply() bool {
+	if x != nil {
+		return x.Apply
+	}
+	return false
+}
+
+// DrainRequest is the request of AdminService.Drain.
+type DrainRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node to drain: its id or API address.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Start the moves; without it the plan is only computed.
+	Apply         bool `protobuf:"varint,2,opt,name=apply,proto3" json:"apply,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainRequest) Reset() {
+	*x = DrainRequest{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainRequest) ProtoMessage() {}
+
+func (x *DrainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
+func (*DrainRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DrainRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *DrainRequest) GetApply() bool {
+	if x != nil {
+		return x.Apply
+	}
+	return false
+}
+
+// DecommissionRequest is the request of AdminService.Decommission.
+type DecommissionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node to decommission: its id or API address.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Start the moves; without it the plan is only computed.
+	Apply         bool `protobuf:"varint,2,opt,name=apply,proto3" json:"apply,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecommissionRequest) Reset() {
+	*x = DecommissionRequest{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecommissionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecommissionRequest) ProtoMessage() {}
+
+func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecommissionRequest.ProtoReflect.Descriptor instead.
+func (*DecommissionRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *DecommissionRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *DecommissionRequest) GetApply() bool {
+	if x != nil {
+		return x.Apply
+	}
+	return false
+}
+
+// RemoveRequest is the request of AdminService.Remove.
+type RemoveRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The dead node: its id or API address.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Must be true: the caller confirms the node is gone for good (its
+	// replicas are not read again).
+	Dead bool `protobuf:"varint,2,opt,name=dead,proto3" json:"dead,omitempty"`
+	// Start the moves; without it the plan is only computed.
+	Apply         bool `protobuf:"varint,3,opt,name=apply,proto3" json:"apply,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveRequest) Reset() {
+	*x = RemoveRequest{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveRequest) ProtoMessage() {}
+
+func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
+func (*RemoveRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RemoveRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RemoveRequest) GetDead() bool {
+	if x != nil {
+		return x.Dead
+	}
+	return false
+}
+
+func (x *RemoveRequest) GetApply() bool {
+	if x != nil {
+		return x.Apply
+	}
+	return false
+}
+
+// RebalanceResponse is the response of AdminService.Rebalance.
+type RebalanceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The plan, and whether it was applied.
+	Plan          *Plan `protobuf:"bytes,1,opt,name=plan,proto3" json:"plan,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceResponse) Reset() {
+	*x = RebalanceResponse{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceResponse) ProtoMessage() {}
+
+func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
+func (*RebalanceResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RebalanceResponse) GetPlan() *Plan {
+	if x != nil {
+		return x.Plan
+	}
+	return nil
+}
+
+// DrainResponse is the response of AdminService.Drain.
+type DrainResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The plan, and whether it was applied.
+	Plan          *Plan `protobuf:"bytes,1,opt,name=plan,proto3" json:"plan,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainResponse) Reset() {
+	*x = DrainResponse{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainResponse) ProtoMessage() {}
+
+func (x *DrainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
+func (*DrainResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DrainResponse) GetPlan() *Plan {
+	if x != nil {
+		return x.Plan
+	}
+	return nil
+}
+
+// DecommissionResponse is the response of AdminService.Decommission.
+type DecommissionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The plan, and whether it was applied.
+	Plan          *Plan `protobuf:"bytes,1,opt,name=plan,proto3" json:"plan,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecommissionResponse) Reset() {
+	*x = DecommissionResponse{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecommissionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecommissionResponse) ProtoMessage() {}
+
+func (x *DecommissionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecommissionResponse.ProtoReflect.Descriptor instead.
+func (*DecommissionResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DecommissionResponse) GetPlan() *Plan {
+	if x != nil {
+		return x.Plan
+	}
+	return nil
+}
+
+// RemoveResponse is the response of AdminService.Remove.
+type RemoveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The plan, and whether it was applied.
+	Plan          *Plan `protobuf:"bytes,1,opt,name=plan,proto3" json:"plan,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveResponse) Reset() {
+	*x = RemoveResponse{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveResponse) ProtoMessage() {}
+
+func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
+func (*RemoveResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RemoveResponse) GetPlan() *Plan {
+	if x != nil {
+		return x.Plan
+	}
+	return nil
+}
+
+// Plan is a placement change: the replica moves it makes and the load
+// per node before and after. Applied, it is the cluster's rebalance.
+type Plan struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The replica moves the plan makes, by partition.
+	Moves []*MoveStatus `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"`
+	// Each member's replica count before and after the plan, by node id.
+	Loads []*NodeLoad `protobuf:"bytes,2,rep,name=loads,proto3" json:"loads,omitempty"`
+	// Whether the moves were queued (the request's apply).
+	Applied bool `protobuf:"varint,3,opt,name=applied,proto3" json:"applied,omitempty"`
+	// The ring epoch that records the plan when applied, else the current
+	// one. A JSON string.
+	RingEpoch     uint64 `protobuf:"varint,4,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Plan) Reset() {
+	*x = Plan{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Plan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Plan) ProtoMessage() {}
+
+func (x *Plan) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Plan.ProtoReflect.Descriptor instead.
+func (*Plan) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Plan) GetMoves() []*MoveStatus {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
+func (x *Plan) GetLoads() []*NodeLoad {
+	if x != nil {
+		return x.Loads
+	}
+	return nil
+}
+
+func (x *Plan) GetApplied() bool {
+	if x != nil {
+		return x.Applied
+	}
+	return false
+}
+
+func (x *Plan) GetRingEpoch() uint64 {
+	if x != nil {
+		return x.RingEpoch
+	}
+	return 0
+}
+
+// NodeLoad is one node's replica count before and after a plan.
+type NodeLoad struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's id.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Replicas the current placement gives it.
+	Before uint32 `protobuf:"varint,2,opt,name=before,proto3" json:"before,omitempty"`
+	// Replicas the plan gives it.
+	After uint32 `protobuf:"varint,3,opt,name=after,proto3" json:"after,omitempty"`
+	// The node's role after the plan: "member", "draining", "leaving" or
+	// "dead".
+	Role          string `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeLoad) Reset() {
+	*x = NodeLoad{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeLoad) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeLoad) ProtoMessage() {}
+
+func (x *NodeLoad) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeLoad.ProtoReflect.Descriptor instead.
+func (*NodeLoad) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *NodeLoad) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *NodeLoad) GetBefore() uint32 {
+	if x != nil {
+		return x.Before
+	}
+	return 0
+}
+
+func (x *NodeLoad) GetAfter() uint32 {
+	if x != nil {
+		return x.After
+	}
+	return 0
+}
+
+func (x *NodeLoad) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+// MoveStatus is one replica move of a partition: from_node hands its
+// replica over to to_node (the epoch handoff, docs/ARCHITECTURE.md).
+type MoveStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The partition.
+	Partition uint32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The node that gives its replica up.
+	FromNode string `protobuf:"bytes,2,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	// The node that receives the replica.
+	ToNode string `protobuf:"bytes,3,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	// "queued" (waiting for the throttle), "filling" (the new replica is
+	// open, written to and filled by anti-entropy), "catching-up" (a Raft
+	// non-voter, catching up on the log), "promoted" (a voter; the old
+	// replica is being removed), "done", or "failed" (see error; the move
+	// was rolled back).
+	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	// The last error of the move's current step (it is retried), or why it
+	// failed.
+	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// The ring epoch at which the move started writing to the new replica.
+	// A JSON string.
+	Epoch         uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveStatus) Reset() {
+	*x = MoveStatus{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveStatus) ProtoMessage() {}
+
+func (x *MoveStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveStatus.ProtoReflect.Descriptor instead.
+func (*MoveStatus) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *MoveStatus) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *MoveStatus) GetFromNode() string {
+	if x != nil {
+		return x.FromNode
+	}
+	return ""
+}
+
+func (x *MoveStatus) GetToNode() string {
+	if x != nil {
+		return x.ToNode
+	}
+	return ""
+}
+
+func (x *MoveStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *MoveStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *MoveStatus) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 // StatusRequest is the request of AdminService.Status.
 type StatusRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -42,7 +804,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[0]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -54,7 +816,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[0]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -67,7 +829,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{0}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StatusRequest) GetSkipCounts() bool {
@@ -107,14 +869,18 @@ type StatusResponse struct {
 	// What makes the node unhealthy, one line each, for example its clock
 	// being too far from the cluster median (it then leads no partition).
 	// Empty when healthy.
-	Problems      []string `protobuf:"bytes,8,rep,name=problems,proto3" json:"problems,omitempty"`
+	Problems []string `protobuf:"bytes,8,rep,name=problems,proto3" json:"problems,omitempty"`
+	// The moves of the current (or last) rebalance, as the answering
+	// node's ring records them, by partition. Done moves stay listed until
+	// the next plan is applied.
+	Moves         []*MoveStatus `protobuf:"bytes,9,rep,name=moves,proto3" json:"moves,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[1]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -126,7 +892,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[1]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -139,7 +905,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{1}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -198,6 +964,13 @@ func (x *StatusResponse) GetProblems() []string {
 	return nil
 }
 
+func (x *StatusResponse) GetMoves() []*MoveStatus {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
 // PartitionStatus is one partition as a replica sees it.
 type PartitionStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -243,7 +1016,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[2]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -255,7 +1028,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[2]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -268,7 +1041,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{2}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PartitionStatus) GetId() uint32 {
@@ -363,7 +1136,7 @@ type ReplicaRoot struct {
 
 func (x *ReplicaRoot) Reset() {
 	*x = ReplicaRoot{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -375,7 +1148,7 @@ func (x *ReplicaRoot) String() string {
 func (*ReplicaRoot) ProtoMessage() {}
 
 func (x *ReplicaRoot) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -388,7 +1161,7 @@ func (x *ReplicaRoot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaRoot.ProtoReflect.Descriptor instead.
 func (*ReplicaRoot) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{3}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReplicaRoot) GetNodeId() string {
@@ -432,14 +1205,22 @@ type NodeStatus struct {
 	// them; absent while fewer than three clocks are measured. A node
 	// whose own offset from the median exceeds max_clock_offset refuses to
 	// lead partitions (see problems) until it is back in bound.
-	MedianOffset  *durationpb.Duration `protobuf:"bytes,5,opt,name=median_offset,json=medianOffset,proto3" json:"median_offset,omitempty"`
+	MedianOffset *durationpb.Duration `protobuf:"bytes,5,opt,name=median_offset,json=medianOffset,proto3" json:"median_offset,omitempty"`
+	// The node's place in the ring: "member", "draining" (its replicas are
+	// moved off; it holds none once done), "leaving" (decommissioned: it is
+	// removed once it holds nothing), "dead" (being removed with Remove) or
+	// "not a member" (gossiping with the cluster, not joined yet).
+	Role string `protobuf:"bytes,6,opt,name=role,proto3" json:"role,omitempty"`
+	// How many partition replicas the ring places on the node (moves under
+	// way count at their source).
+	Replicas      uint32 `protobuf:"varint,7,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -451,7 +1232,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -464,7 +1245,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{4}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -502,15 +1283,76 @@ func (x *NodeStatus) GetMedianOffset() *durationpb.Duration {
 	return nil
 }
 
+func (x *NodeStatus) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
 var File_norn_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1bnorn/v1/admin_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\"U\n" +
+	"\x1bnorn/v1/admin_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\"!\n" +
+	"\vJoinRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"e\n" +
+	"\fJoinResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
+	"\n" +
+	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x1d\n" +
+	"\n" +
+	"meta_voter\x18\x03 \x01(\bR\tmetaVoter\"(\n" +
+	"\x10RebalanceRequest\x12\x14\n" +
+	"\x05apply\x18\x01 \x01(\bR\x05apply\"8\n" +
+	"\fDrainRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05apply\x18\x02 \x01(\bR\x05apply\"?\n" +
+	"\x13DecommissionRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05apply\x18\x02 \x01(\bR\x05apply\"M\n" +
+	"\rRemoveRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04dead\x18\x02 \x01(\bR\x04dead\x12\x14\n" +
+	"\x05apply\x18\x03 \x01(\bR\x05apply\"6\n" +
+	"\x11RebalanceResponse\x12!\n" +
+	"\x04plan\x18\x01 \x01(\v2\r.norn.v1.PlanR\x04plan\"2\n" +
+	"\rDrainResponse\x12!\n" +
+	"\x04plan\x18\x01 \x01(\v2\r.norn.v1.PlanR\x04plan\"9\n" +
+	"\x14DecommissionResponse\x12!\n" +
+	"\x04plan\x18\x01 \x01(\v2\r.norn.v1.PlanR\x04plan\"3\n" +
+	"\x0eRemoveResponse\x12!\n" +
+	"\x04plan\x18\x01 \x01(\v2\r.norn.v1.PlanR\x04plan\"\x93\x01\n" +
+	"\x04Plan\x12)\n" +
+	"\x05moves\x18\x01 \x03(\v2\x13.norn.v1.MoveStatusR\x05moves\x12'\n" +
+	"\x05loads\x18\x02 \x03(\v2\x11.norn.v1.NodeLoadR\x05loads\x12\x18\n" +
+	"\aapplied\x18\x03 \x01(\bR\aapplied\x12\x1d\n" +
+	"\n" +
+	"ring_epoch\x18\x04 \x01(\x04R\tringEpoch\"e\n" +
+	"\bNodeLoad\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06before\x18\x02 \x01(\rR\x06before\x12\x14\n" +
+	"\x05after\x18\x03 \x01(\rR\x05after\x12\x12\n" +
+	"\x04role\x18\x04 \x01(\tR\x04role\"\xa2\x01\n" +
+	"\n" +
+	"MoveStatus\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x1b\n" +
+	"\tfrom_node\x18\x02 \x01(\tR\bfromNode\x12\x17\n" +
+	"\ato_node\x18\x03 \x01(\tR\x06toNode\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\"U\n" +
 	"\rStatusRequest\x12\x1f\n" +
 	"\vskip_counts\x18\x01 \x01(\bR\n" +
 	"skipCounts\x12#\n" +
-	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\xb0\x02\n" +
+	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\xdb\x02\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x121\n" +
@@ -522,7 +1364,8 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"partitions\x12)\n" +
 	"\x05nodes\x18\x06 \x03(\v2\x13.norn.v1.NodeStatusR\x05nodes\x12\x18\n" +
 	"\ahealthy\x18\a \x01(\bR\ahealthy\x12\x1a\n" +
-	"\bproblems\x18\b \x03(\tR\bproblems\"\xcf\x03\n" +
+	"\bproblems\x18\b \x03(\tR\bproblems\x12)\n" +
+	"\x05moves\x18\t \x03(\v2\x13.norn.v1.MoveStatusR\x05moves\"\xcf\x03\n" +
 	"\x0fPartitionStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x16\n" +
@@ -544,7 +1387,7 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\vReplicaRoot\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04root\x18\x02 \x01(\x06R\x04root\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\xd1\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\x81\x02\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
@@ -552,9 +1395,16 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"apiAddress\x12\x14\n" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12<\n" +
 	"\fclock_offset\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vclockOffset\x12>\n" +
-	"\rmedian_offset\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\fmedianOffset2I\n" +
+	"\rmedian_offset\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\fmedianOffset\x12\x12\n" +
+	"\x04role\x18\x06 \x01(\tR\x04role\x12\x1a\n" +
+	"\breplicas\x18\a \x01(\rR\breplicas2\x82\x03\n" +
 	"\fAdminService\x129\n" +
-	"\x06Status\x12\x16.norn.v1.StatusRequest\x1a\x17.norn.v1.StatusResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"\x06Status\x12\x16.norn.v1.StatusRequest\x1a\x17.norn.v1.StatusResponse\x123\n" +
+	"\x04Join\x12\x14.norn.v1.JoinRequest\x1a\x15.norn.v1.JoinResponse\x12B\n" +
+	"\tRebalance\x12\x19.norn.v1.RebalanceRequest\x1a\x1a.norn.v1.RebalanceResponse\x126\n" +
+	"\x05Drain\x12\x15.norn.v1.DrainRequest\x1a\x16.norn.v1.DrainResponse\x12K\n" +
+	"\fDecommission\x12\x1c.norn.v1.DecommissionRequest\x1a\x1d.norn.v1.DecommissionResponse\x129\n" +
+	"\x06Remove\x12\x16.norn.v1.RemoveRequest\x1a\x17.norn.v1.RemoveResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_admin_service_proto_rawDescOnce sync.Once
@@ -568,31 +1418,61 @@ func file_norn_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_admin_service_proto_rawDescData
 }
 
-var file_norn_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_norn_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_norn_v1_admin_service_proto_goTypes = []any{
-	(*StatusRequest)(nil),       // 0: norn.v1.StatusRequest
-	(*StatusResponse)(nil),      // 1: norn.v1.StatusResponse
-	(*PartitionStatus)(nil),     // 2: norn.v1.PartitionStatus
-	(*ReplicaRoot)(nil),         // 3: norn.v1.ReplicaRoot
-	(*NodeStatus)(nil),          // 4: norn.v1.NodeStatus
-	nil,                         // 5: norn.v1.PartitionStatus.CountsEntry
-	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
+	(*JoinRequest)(nil),          // 0: norn.v1.JoinRequest
+	(*JoinResponse)(nil),         // 1: norn.v1.JoinResponse
+	(*RebalanceRequest)(nil),     // 2: norn.v1.RebalanceRequest
+	(*DrainRequest)(nil),         // 3: norn.v1.DrainRequest
+	(*DecommissionRequest)(nil),  // 4: norn.v1.DecommissionRequest
+	(*RemoveRequest)(nil),        // 5: norn.v1.RemoveRequest
+	(*RebalanceResponse)(nil),    // 6: norn.v1.RebalanceResponse
+	(*DrainResponse)(nil),        // 7: norn.v1.DrainResponse
+	(*DecommissionResponse)(nil), // 8: norn.v1.DecommissionResponse
+	(*RemoveResponse)(nil),       // 9: norn.v1.RemoveResponse
+	(*Plan)(nil),                 // 10: norn.v1.Plan
+	(*NodeLoad)(nil),             // 11: norn.v1.NodeLoad
+	(*MoveStatus)(nil),           // 12: norn.v1.MoveStatus
+	(*StatusRequest)(nil),        // 13: norn.v1.StatusRequest
+	(*StatusResponse)(nil),       // 14: norn.v1.StatusResponse
+	(*PartitionStatus)(nil),      // 15: norn.v1.PartitionStatus
+	(*ReplicaRoot)(nil),          // 16: norn.v1.ReplicaRoot
+	(*NodeStatus)(nil),           // 17: norn.v1.NodeStatus
+	nil,                          // 18: norn.v1.PartitionStatus.CountsEntry
+	(*durationpb.Duration)(nil),  // 19: google.protobuf.Duration
 }
 var file_norn_v1_admin_service_proto_depIdxs = []int32{
-	6, // 0: norn.v1.StatusResponse.uptime:type_name -> google.protobuf.Duration
-	2, // 1: norn.v1.StatusResponse.partitions:type_name -> norn.v1.PartitionStatus
-	4, // 2: norn.v1.StatusResponse.nodes:type_name -> norn.v1.NodeStatus
-	5, // 3: norn.v1.PartitionStatus.counts:type_name -> norn.v1.PartitionStatus.CountsEntry
-	3, // 4: norn.v1.PartitionStatus.replica_roots:type_name -> norn.v1.ReplicaRoot
-	6, // 5: norn.v1.NodeStatus.clock_offset:type_name -> google.protobuf.Duration
-	6, // 6: norn.v1.NodeStatus.median_offset:type_name -> google.protobuf.Duration
-	0, // 7: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
-	1, // 8: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
-	8, // [8:9] is the sub-list for method output_type
-	7, // [7:8] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	10, // 0: norn.v1.RebalanceResponse.plan:type_name -> norn.v1.Plan
+	10, // 1: norn.v1.DrainResponse.plan:type_name -> norn.v1.Plan
+	10, // 2: norn.v1.DecommissionResponse.plan:type_name -> norn.v1.Plan
+	10, // 3: norn.v1.RemoveResponse.plan:type_name -> norn.v1.Plan
+	12, // 4: norn.v1.Plan.moves:type_name -> norn.v1.MoveStatus
+	11, // 5: norn.v1.Plan.loads:type_name -> norn.v1.NodeLoad
+	19, // 6: norn.v1.StatusResponse.uptime:type_name -> google.protobuf.Duration
+	15, // 7: norn.v1.StatusResponse.partitions:type_name -> norn.v1.PartitionStatus
+	17, // 8: norn.v1.StatusResponse.nodes:type_name -> norn.v1.NodeStatus
+	12, // 9: norn.v1.StatusResponse.moves:type_name -> norn.v1.MoveStatus
+	18, // 10: norn.v1.PartitionStatus.counts:type_name -> norn.v1.PartitionStatus.CountsEntry
+	16, // 11: norn.v1.PartitionStatus.replica_roots:type_name -> norn.v1.ReplicaRoot
+	19, // 12: norn.v1.NodeStatus.clock_offset:type_name -> google.protobuf.Duration
+	19, // 13: norn.v1.NodeStatus.median_offset:type_name -> google.protobuf.Duration
+	13, // 14: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
+	0,  // 15: norn.v1.AdminService.Join:input_type -> norn.v1.JoinRequest
+	2,  // 16: norn.v1.AdminService.Rebalance:input_type -> norn.v1.RebalanceRequest
+	3,  // 17: norn.v1.AdminService.Drain:input_type -> norn.v1.DrainRequest
+	4,  // 18: norn.v1.AdminService.Decommission:input_type -> norn.v1.DecommissionRequest
+	5,  // 19: norn.v1.AdminService.Remove:input_type -> norn.v1.RemoveRequest
+	14, // 20: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
+	1,  // 21: norn.v1.AdminService.Join:output_type -> norn.v1.JoinResponse
+	6,  // 22: norn.v1.AdminService.Rebalance:output_type -> norn.v1.RebalanceResponse
+	7,  // 23: norn.v1.AdminService.Drain:output_type -> norn.v1.DrainResponse
+	8,  // 24: norn.v1.AdminService.Decommission:output_type -> norn.v1.DecommissionResponse
+	9,  // 25: norn.v1.AdminService.Remove:output_type -> norn.v1.RemoveResponse
+	20, // [20:26] is the sub-list for method output_type
+	14, // [14:20] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_admin_service_proto_init() }
@@ -606,7 +1486,7 @@ func file_norn_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_admin_service_proto_rawDesc), len(file_norn_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,339 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ChangeGroupRequest is the request of PeerService.ChangeGroup.
+type ChangeGroupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The partition whose group changes.
+	Partition uint32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// "add-nonvoter", "add-voter", "remove", or "transfer-from" (hand the
+	// leadership to another voter if node leads).
+	Op string `protobuf:"bytes,2,opt,name=op,proto3" json:"op,omitempty"`
+	// The node the change is about.
+	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// The node's Raft address (for adds).
+	RaftAddress   string `protobuf:"bytes,4,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeGroupRequest) Reset() {
+	*x = ChangeGroupRequest{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeGroupRequest) ProtoMessage() {}
+
+func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeGroupRequest.ProtoReflect.Descriptor instead.
+func (*ChangeGroupRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ChangeGroupRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *ChangeGroupRequest) GetOp() string {
+	if x != nil {
+		return x.Op
+	}
+	return ""
+}
+
+func (x *ChangeGroupRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ChangeGroupRequest) GetRaftAddress() string {
+	if x != nil {
+		return x.RaftAddress
+	}
+	return ""
+}
+
+// ChangeGroupResponse is the response of PeerService.ChangeGroup: the
+// group's configuration after the change.
+type ChangeGroupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The servers of the configuration.
+	Servers []*GroupServer `protobuf:"bytes,1,rep,name=servers,proto3" json:"servers,omitempty"`
+	// The leader's last Raft log index when it answered. A JSON string.
+	LastIndex uint64 `protobuf:"varint,2,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
+	// The leader's id (the receiver, unless it handed the leadership over).
+	Leader        string `protobuf:"bytes,3,opt,name=leader,proto3" json:"leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChangeGroupResponse) Reset() {
+	*x = ChangeGroupResponse{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChangeGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChangeGroupResponse) ProtoMessage() {}
+
+func (x *ChangeGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChangeGroupResponse.ProtoReflect.Descriptor instead.
+func (*ChangeGroupResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ChangeGroupResponse) GetServers() []*GroupServer {
+	if x != nil {
+		return x.Servers
+	}
+	return nil
+}
+
+func (x *ChangeGroupResponse) GetLastIndex() uint64 {
+	if x != nil {
+		return x.LastIndex
+	}
+	return 0
+}
+
+func (x *ChangeGroupResponse) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
+// GroupServer is one server of a partition group's Raft configuration.
+type GroupServer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The server's node id.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The server's Raft address.
+	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// Whether it votes (else a non-voter catching up).
+	Voter         bool `protobuf:"varint,3,opt,name=voter,proto3" json:"voter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupServer) Reset() {
+	*x = GroupServer{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupServer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupServer) ProtoMessage() {}
+
+func (x *GroupServer) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupServer.ProtoReflect.Descriptor instead.
+func (*GroupServer) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GroupServer) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *GroupServer) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *GroupServer) GetVoter() bool {
+	if x != nil {
+		return x.Voter
+	}
+	return false
+}
+
+// ReplicaProgressRequest is the request of PeerService.ReplicaProgress.
+type ReplicaProgressRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The partition.
+	Partition uint32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The nodes whose replicas must have been exchanged with since the
+	// receiver opened its replica (the move's sources).
+	FillFrom      []string `protobuf:"bytes,2,rep,name=fill_from,json=fillFrom,proto3" json:"fill_from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaProgressRequest) Reset() {
+	*x = ReplicaProgressRequest{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaProgressRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaProgressRequest) ProtoMessage() {}
+
+func (x *ReplicaProgressRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaProgressRequest.ProtoReflect.Descriptor instead.
+func (*ReplicaProgressRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReplicaProgressRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *ReplicaProgressRequest) GetFillFrom() []string {
+	if x != nil {
+		return x.FillFrom
+	}
+	return nil
+}
+
+// ReplicaProgressResponse is the response of PeerService.ReplicaProgress.
+type ReplicaProgressResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The receiver's ring epoch. A JSON string.
+	RingEpoch uint64 `protobuf:"varint,1,opt,name=ring_epoch,json=ringEpoch,proto3" json:"ring_epoch,omitempty"`
+	// Whether the receiver runs a replica of the partition.
+	Open bool `protobuf:"varint,2,opt,name=open,proto3" json:"open,omitempty"`
+	// The last Raft index its claim state applied. A JSON string.
+	AppliedIndex uint64 `protobuf:"varint,3,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// Whether an anti-entropy exchange with each of fill_from completed
+	// since the replica opened.
+	Filled        bool `protobuf:"varint,4,opt,name=filled,proto3" json:"filled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaProgressResponse) Reset() {
+	*x = ReplicaProgressResponse{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaProgressResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaProgressResponse) ProtoMessage() {}
+
+func (x *ReplicaProgressResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaProgressResponse.ProtoReflect.Descriptor instead.
+func (*ReplicaProgressResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ReplicaProgressResponse) GetRingEpoch() uint64 {
+	if x != nil {
+		return x.RingEpoch
+	}
+	return 0
+}
+
+func (x *ReplicaProgressResponse) GetOpen() bool {
+	if x != nil {
+		return x.Open
+	}
+	return false
+}
+
+func (x *ReplicaProgressResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *ReplicaProgressResponse) GetFilled() bool {
+	if x != nil {
+		return x.Filled
+	}
+	return false
+}
+
 // TreeRootsRequest is the request of PeerService.TreeRoots.
 type TreeRootsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -42,7 +375,7 @@ type TreeRootsRequest struct {
 
 func (x *TreeRootsRequest) Reset() {
 	*x = TreeRootsRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -54,7 +387,7 @@ func (x *TreeRootsRequest) String() string {
 func (*TreeRootsRequest) ProtoMessage() {}
 
 func (x *TreeRootsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -67,7 +400,7 @@ func (x *TreeRootsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeRootsRequest.ProtoReflect.Descriptor instead.
 func (*TreeRootsRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{0}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TreeRootsRequest) GetPartitions() []uint32 {
@@ -106,7 +439,7 @@ type TreeRootsResponse struct {
 
 func (x *TreeRootsResponse) Reset() {
 	*x = TreeRootsResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -118,7 +451,7 @@ func (x *TreeRootsResponse) String() string {
 func (*TreeRootsResponse) ProtoMessage() {}
 
 func (x *TreeRootsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -131,7 +464,7 @@ func (x *TreeRootsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeRootsResponse.ProtoReflect.Descriptor instead.
 func (*TreeRootsResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{1}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TreeRootsResponse) GetRoots() []uint64 {
@@ -164,7 +497,7 @@ type TreeNodesRequest struct {
 
 func (x *TreeNodesRequest) Reset() {
 	*x = TreeNodesRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -176,7 +509,7 @@ func (x *TreeNodesRequest) String() string {
 func (*TreeNodesRequest) ProtoMessage() {}
 
 func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -189,7 +522,7 @@ func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNodesRequest.ProtoReflect.Descriptor instead.
 func (*TreeNodesRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{2}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TreeNodesRequest) GetPartition() uint32 {
@@ -224,7 +557,7 @@ type TreeNodesResponse struct {
 
 func (x *TreeNodesResponse) Reset() {
 	*x = TreeNodesResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -236,7 +569,7 @@ func (x *TreeNodesResponse) String() string {
 func (*TreeNodesResponse) ProtoMessage() {}
 
 func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -249,7 +582,7 @@ func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNodesResponse.ProtoReflect.Descriptor instead.
 func (*TreeNodesResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{3}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TreeNodesResponse) GetHashes() []uint64 {
@@ -272,7 +605,7 @@ type SegmentEntriesRequest struct {
 
 func (x *SegmentEntriesRequest) Reset() {
 	*x = SegmentEntriesRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +617,7 @@ func (x *SegmentEntriesRequest) String() string {
 func (*SegmentEntriesRequest) ProtoMessage() {}
 
 func (x *SegmentEntriesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +630,7 @@ func (x *SegmentEntriesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentEntriesRequest.ProtoReflect.Descriptor instead.
 func (*SegmentEntriesRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{4}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SegmentEntriesRequest) GetPartition() uint32 {
@@ -328,7 +661,7 @@ type SegmentEntriesResponse struct {
 
 func (x *SegmentEntriesResponse) Reset() {
 	*x = SegmentEntriesResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -340,7 +673,7 @@ func (x *SegmentEntriesResponse) String() string {
 func (*SegmentEntriesResponse) ProtoMessage() {}
 
 func (x *SegmentEntriesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -353,7 +686,7 @@ func (x *SegmentEntriesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentEntriesResponse.ProtoReflect.Descriptor instead.
 func (*SegmentEntriesResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{5}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SegmentEntriesResponse) GetIds() []uint64 {
@@ -382,7 +715,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +727,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +740,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{6}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReplicateRequest) GetTasks() [][]byte {
@@ -426,7 +759,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +771,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +784,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{7}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{12}
 }
 
 // ReadRequest is the request of PeerService.Read.
@@ -465,7 +798,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -477,7 +810,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -490,7 +823,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{8}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReadRequest) GetIds() []uint64 {
@@ -512,7 +845,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -524,7 +857,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -537,7 +870,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{9}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReadResponse) GetTasks() []*ReplicaTask {
@@ -564,7 +897,7 @@ type ReplicaTask struct {
 
 func (x *ReplicaTask) Reset() {
 	*x = ReplicaTask{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +909,7 @@ func (x *ReplicaTask) String() string {
 func (*ReplicaTask) ProtoMessage() {}
 
 func (x *ReplicaTask) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +922,7 @@ func (x *ReplicaTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaTask.ProtoReflect.Descriptor instead.
 func (*ReplicaTask) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{10}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReplicaTask) GetState() []byte {
@@ -622,7 +955,7 @@ type GetRingRequest struct {
 
 func (x *GetRingRequest) Reset() {
 	*x = GetRingRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +967,7 @@ func (x *GetRingRequest) String() string {
 func (*GetRingRequest) ProtoMessage() {}
 
 func (x *GetRingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +980,7 @@ func (x *GetRingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRingRequest.ProtoReflect.Descriptor instead.
 func (*GetRingRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{11}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{16}
 }
 
 // GetRingResponse is the response of PeerService.GetRing.
@@ -661,7 +994,7 @@ type GetRingResponse struct {
 
 func (x *GetRingResponse) Reset() {
 	*x = GetRingResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +1006,7 @@ func (x *GetRingResponse) String() string {
 func (*GetRingResponse) ProtoMessage() {}
 
 func (x *GetRingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +1019,7 @@ func (x *GetRingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRingResponse.ProtoReflect.Descriptor instead.
 func (*GetRingResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{12}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetRingResponse) GetRing() []byte {
@@ -726,7 +1059,7 @@ type ListPartitionRequest struct {
 
 func (x *ListPartitionRequest) Reset() {
 	*x = ListPartitionRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -738,7 +1071,7 @@ func (x *ListPartitionRequest) String() string {
 func (*ListPartitionRequest) ProtoMessage() {}
 
 func (x *ListPartitionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -751,7 +1084,7 @@ func (x *ListPartitionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartitionRequest.ProtoReflect.Descriptor instead.
 func (*ListPartitionRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{13}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListPartitionRequest) GetPartition() uint32 {
@@ -823,7 +1156,7 @@ type ListPartitionResponse struct {
 
 func (x *ListPartitionResponse) Reset() {
 	*x = ListPartitionResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -835,7 +1168,7 @@ func (x *ListPartitionResponse) String() string {
 func (*ListPartitionResponse) ProtoMessage() {}
 
 func (x *ListPartitionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -848,7 +1181,7 @@ func (x *ListPartitionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartitionResponse.ProtoReflect.Descriptor instead.
 func (*ListPartitionResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{14}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListPartitionResponse) GetTasks() []*Task {
@@ -902,7 +1235,7 @@ type CountPartitionsRequest struct {
 
 func (x *CountPartitionsRequest) Reset() {
 	*x = CountPartitionsRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -914,7 +1247,7 @@ func (x *CountPartitionsRequest) String() string {
 func (*CountPartitionsRequest) ProtoMessage() {}
 
 func (x *CountPartitionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -927,7 +1260,7 @@ func (x *CountPartitionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountPartitionsRequest.ProtoReflect.Descriptor instead.
 func (*CountPartitionsRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{15}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CountPartitionsRequest) GetPartitions() []uint32 {
@@ -955,7 +1288,7 @@ type CountPartitionsResponse struct {
 
 func (x *CountPartitionsResponse) Reset() {
 	*x = CountPartitionsResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1300,7 @@ func (x *CountPartitionsResponse) String() string {
 func (*CountPartitionsResponse) ProtoMessage() {}
 
 func (x *CountPartitionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1313,7 @@ func (x *CountPartitionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountPartitionsResponse.ProtoReflect.Descriptor instead.
 func (*CountPartitionsResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{16}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CountPartitionsResponse) GetCounts() []*PartitionCount {
@@ -1005,7 +1338,7 @@ type PartitionCount struct {
 
 func (x *PartitionCount) Reset() {
 	*x = PartitionCount{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1350,7 @@ func (x *PartitionCount) String() string {
 func (*PartitionCount) ProtoMessage() {}
 
 func (x *PartitionCount) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1363,7 @@ func (x *PartitionCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionCount.ProtoReflect.Descriptor instead.
 func (*PartitionCount) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{17}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PartitionCount) GetPartition() uint32 {
@@ -1058,7 +1391,30 @@ var File_norn_v1_peer_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1anorn/v1/peer_service.proto\x12\anorn.v1\x1a\x12norn/v1/task.proto\"{\n" +
+	"\x1anorn/v1/peer_service.proto\x12\anorn.v1\x1a\x12norn/v1/task.proto\"y\n" +
+	"\x12ChangeGroupRequest\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x0e\n" +
+	"\x02op\x18\x02 \x01(\tR\x02op\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12!\n" +
+	"\fraft_address\x18\x04 \x01(\tR\vraftAddress\"|\n" +
+	"\x13ChangeGroupResponse\x12.\n" +
+	"\aservers\x18\x01 \x03(\v2\x14.norn.v1.GroupServerR\aservers\x12\x1d\n" +
+	"\n" +
+	"last_index\x18\x02 \x01(\x04R\tlastIndex\x12\x16\n" +
+	"\x06leader\x18\x03 \x01(\tR\x06leader\"M\n" +
+	"\vGroupServer\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05voter\x18\x03 \x01(\bR\x05voter\"S\n" +
+	"\x16ReplicaProgressRequest\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x1b\n" +
+	"\tfill_from\x18\x02 \x03(\tR\bfillFrom\"\x89\x01\n" +
+	"\x17ReplicaProgressResponse\x12\x1d\n" +
+	"\n" +
+	"ring_epoch\x18\x01 \x01(\x04R\tringEpoch\x12\x12\n" +
+	"\x04open\x18\x02 \x01(\bR\x04open\x12#\n" +
+	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\x12\x16\n" +
+	"\x06filled\x18\x04 \x01(\bR\x06filled\"{\n" +
 	"\x10TreeRootsRequest\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x03(\rR\n" +
@@ -1121,7 +1477,7 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x06leader\x18\x03 \x01(\tR\x06leader\x1a;\n" +
 	"\rByStatusEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xc5\x04\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xe5\x05\n" +
 	"\vPeerService\x12B\n" +
 	"\tReplicate\x12\x19.norn.v1.ReplicateRequest\x1a\x1a.norn.v1.ReplicateResponse\x123\n" +
 	"\x04Read\x12\x14.norn.v1.ReadRequest\x1a\x15.norn.v1.ReadResponse\x12<\n" +
@@ -1130,7 +1486,9 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x0fCountPartitions\x12\x1f.norn.v1.CountPartitionsRequest\x1a .norn.v1.CountPartitionsResponse\x12B\n" +
 	"\tTreeRoots\x12\x19.norn.v1.TreeRootsRequest\x1a\x1a.norn.v1.TreeRootsResponse\x12B\n" +
 	"\tTreeNodes\x12\x19.norn.v1.TreeNodesRequest\x1a\x1a.norn.v1.TreeNodesResponse\x12Q\n" +
-	"\x0eSegmentEntries\x12\x1e.norn.v1.SegmentEntriesRequest\x1a\x1f.norn.v1.SegmentEntriesResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"\x0eSegmentEntries\x12\x1e.norn.v1.SegmentEntriesRequest\x1a\x1f.norn.v1.SegmentEntriesResponse\x12H\n" +
+	"\vChangeGroup\x12\x1b.norn.v1.ChangeGroupRequest\x1a\x1c.norn.v1.ChangeGroupResponse\x12T\n" +
+	"\x0fReplicaProgress\x12\x1f.norn.v1.ReplicaProgressRequest\x1a .norn.v1.ReplicaProgressResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_peer_service_proto_rawDescOnce sync.Once
@@ -1144,57 +1502,67 @@ func file_norn_v1_peer_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_peer_service_proto_rawDescData
 }
 
-var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_norn_v1_peer_service_proto_goTypes = []any{
-	(*TreeRootsRequest)(nil),        // 0: norn.v1.TreeRootsRequest
-	(*TreeRootsResponse)(nil),       // 1: norn.v1.TreeRootsResponse
-	(*TreeNodesRequest)(nil),        // 2: norn.v1.TreeNodesRequest
-	(*TreeNodesResponse)(nil),       // 3: norn.v1.TreeNodesResponse
-	(*SegmentEntriesRequest)(nil),   // 4: norn.v1.SegmentEntriesRequest
-	(*SegmentEntriesResponse)(nil),  // 5: norn.v1.SegmentEntriesResponse
-	(*ReplicateRequest)(nil),        // 6: norn.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),       // 7: norn.v1.ReplicateResponse
-	(*ReadRequest)(nil),             // 8: norn.v1.ReadRequest
-	(*ReadResponse)(nil),            // 9: norn.v1.ReadResponse
-	(*ReplicaTask)(nil),             // 10: norn.v1.ReplicaTask
-	(*GetRingRequest)(nil),          // 11: norn.v1.GetRingRequest
-	(*GetRingResponse)(nil),         // 12: norn.v1.GetRingResponse
-	(*ListPartitionRequest)(nil),    // 13: norn.v1.ListPartitionRequest
-	(*ListPartitionResponse)(nil),   // 14: norn.v1.ListPartitionResponse
-	(*CountPartitionsRequest)(nil),  // 15: norn.v1.CountPartitionsRequest
-	(*CountPartitionsResponse)(nil), // 16: norn.v1.CountPartitionsResponse
-	(*PartitionCount)(nil),          // 17: norn.v1.PartitionCount
-	nil,                             // 18: norn.v1.PartitionCount.ByStatusEntry
-	(TaskStatus)(0),                 // 19: norn.v1.TaskStatus
-	(*Task)(nil),                    // 20: norn.v1.Task
+	(*ChangeGroupRequest)(nil),      // 0: norn.v1.ChangeGroupRequest
+	(*ChangeGroupResponse)(nil),     // 1: norn.v1.ChangeGroupResponse
+	(*GroupServer)(nil),             // 2: norn.v1.GroupServer
+	(*ReplicaProgressRequest)(nil),  // 3: norn.v1.ReplicaProgressRequest
+	(*ReplicaProgressResponse)(nil), // 4: norn.v1.ReplicaProgressResponse
+	(*TreeRootsRequest)(nil),        // 5: norn.v1.TreeRootsRequest
+	(*TreeRootsResponse)(nil),       // 6: norn.v1.TreeRootsResponse
+	(*TreeNodesRequest)(nil),        // 7: norn.v1.TreeNodesRequest
+	(*TreeNodesResponse)(nil),       // 8: norn.v1.TreeNodesResponse
+	(*SegmentEntriesRequest)(nil),   // 9: norn.v1.SegmentEntriesRequest
+	(*SegmentEntriesResponse)(nil),  // 10: norn.v1.SegmentEntriesResponse
+	(*ReplicateRequest)(nil),        // 11: norn.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),       // 12: norn.v1.ReplicateResponse
+	(*ReadRequest)(nil),             // 13: norn.v1.ReadRequest
+	(*ReadResponse)(nil),            // 14: norn.v1.ReadResponse
+	(*ReplicaTask)(nil),             // 15: norn.v1.ReplicaTask
+	(*GetRingRequest)(nil),          // 16: norn.v1.GetRingRequest
+	(*GetRingResponse)(nil),         // 17: norn.v1.GetRingResponse
+	(*ListPartitionRequest)(nil),    // 18: norn.v1.ListPartitionRequest
+	(*ListPartitionResponse)(nil),   // 19: norn.v1.ListPartitionResponse
+	(*CountPartitionsRequest)(nil),  // 20: norn.v1.CountPartitionsRequest
+	(*CountPartitionsResponse)(nil), // 21: norn.v1.CountPartitionsResponse
+	(*PartitionCount)(nil),          // 22: norn.v1.PartitionCount
+	nil,                             // 23: norn.v1.PartitionCount.ByStatusEntry
+	(TaskStatus)(0),                 // 24: norn.v1.TaskStatus
+	(*Task)(nil),                    // 25: norn.v1.Task
 }
 var file_norn_v1_peer_service_proto_depIdxs = []int32{
-	10, // 0: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
-	19, // 1: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
-	20, // 2: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
-	17, // 3: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
-	18, // 4: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
-	6,  // 5: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
-	8,  // 6: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
-	11, // 7: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
-	13, // 8: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
-	15, // 9: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
-	0,  // 10: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
-	2,  // 11: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
-	4,  // 12: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
-	7,  // 13: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
-	9,  // 14: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
-	12, // 15: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
-	14, // 16: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
-	16, // 17: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
-	1,  // 18: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
-	3,  // 19: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
-	5,  // 20: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
-	13, // [13:21] is the sub-list for method output_type
-	5,  // [5:13] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	2,  // 0: norn.v1.ChangeGroupResponse.servers:type_name -> norn.v1.GroupServer
+	15, // 1: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
+	24, // 2: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
+	25, // 3: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
+	22, // 4: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
+	23, // 5: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
+	11, // 6: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
+	13, // 7: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
+	16, // 8: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
+	18, // 9: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
+	20, // 10: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
+	5,  // 11: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
+	7,  // 12: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
+	9,  // 13: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
+	0,  // 14: norn.v1.PeerService.ChangeGroup:input_type -> norn.v1.ChangeGroupRequest
+	3,  // 15: norn.v1.PeerService.ReplicaProgress:input_type -> norn.v1.ReplicaProgressRequest
+	12, // 16: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
+	14, // 17: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
+	17, // 18: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
+	19, // 19: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
+	21, // 20: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
+	6,  // 21: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
+	8,  // 22: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
+	10, // 23: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
+	1,  // 24: norn.v1.PeerService.ChangeGroup:output_type -> norn.v1.ChangeGroupResponse
+	4,  // 25: norn.v1.PeerService.ReplicaProgress:output_type -> norn.v1.ReplicaProgressResponse
+	16, // [16:26] is the sub-list for method output_type
+	6,  // [6:16] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_peer_service_proto_init() }
@@ -1209,7 +1577,7 @@ func file_norn_v1_peer_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_peer_service_proto_rawDesc), len(file_norn_v1_peer_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

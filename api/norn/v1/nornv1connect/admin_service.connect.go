@@ -37,6 +37,17 @@ const (
 const (
 	// AdminServiceStatusProcedure is the fully-qualified name of the AdminService's Status RPC.
 	AdminServiceStatusProcedure = "/norn.v1.AdminService/Status"
+	// AdminServiceJoinProcedure is the fully-qualified name of the AdminService's Join RPC.
+	AdminServiceJoinProcedure = "/norn.v1.AdminService/Join"
+	// AdminServiceRebalanceProcedure is the fully-qualified name of the AdminService's Rebalance RPC.
+	AdminServiceRebalanceProcedure = "/norn.v1.AdminService/Rebalance"
+	// AdminServiceDrainProcedure is the fully-qualified name of the AdminService's Drain RPC.
+	AdminServiceDrainProcedure = "/norn.v1.AdminService/Drain"
+	// AdminServiceDecommissionProcedure is the fully-qualified name of the AdminService's Decommission
+	// RPC.
+	AdminServiceDecommissionProcedure = "/norn.v1.AdminService/Decommission"
+	// AdminServiceRemoveProcedure is the fully-qualified name of the AdminService's Remove RPC.
+	AdminServiceRemoveProcedure = "/norn.v1.AdminService/Remove"
 )
 
 // AdminServiceClient is a client for the norn.v1.AdminService service.
@@ -44,6 +55,25 @@ type AdminServiceClient interface {
 	// Status reports the answering node's view: itself, the partitions it
 	// replicates and (in a cluster) the nodes it knows of.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// Join makes a started node a member of the cluster. The node must be
+	// running and gossiping with the cluster (started with -join). A new
+	// member holds no partition until a Rebalance.
+	Join(context.Context, *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error)
+	// Rebalance plans the placement over the cluster's members (without
+	// draining ones) and, with apply, starts moving replicas to it. A plan
+	// that moves nothing is not an error.
+	Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error)
+	// Drain moves every replica off a node. The node stays a member and
+	// keeps serving requests as a coordinator; a later Rebalance leaves it
+	// empty until it is undrained (Join again).
+	Drain(context.Context, *connect.Request[v1.DrainRequest]) (*connect.Response[v1.DrainResponse], error)
+	// Decommission drains a node, then removes it from the cluster and the
+	// meta group once it holds nothing.
+	Decommission(context.Context, *connect.Request[v1.DecommissionRequest]) (*connect.Response[v1.DecommissionResponse], error)
+	// Remove replaces a node that is gone for good: its replicas are made
+	// again from the surviving ones, then it is removed from the cluster.
+	// Only with dead = true, and only while gossip sees the node dead.
+	Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the norn.v1.AdminService service. By default, it
@@ -63,12 +93,47 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("Status")),
 			connect.WithClientOptions(opts...),
 		),
+		join: connect.NewClient[v1.JoinRequest, v1.JoinResponse](
+			httpClient,
+			baseURL+AdminServiceJoinProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Join")),
+			connect.WithClientOptions(opts...),
+		),
+		rebalance: connect.NewClient[v1.RebalanceRequest, v1.RebalanceResponse](
+			httpClient,
+			baseURL+AdminServiceRebalanceProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Rebalance")),
+			connect.WithClientOptions(opts...),
+		),
+		drain: connect.NewClient[v1.DrainRequest, v1.DrainResponse](
+			httpClient,
+			baseURL+AdminServiceDrainProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Drain")),
+			connect.WithClientOptions(opts...),
+		),
+		decommission: connect.NewClient[v1.DecommissionRequest, v1.DecommissionResponse](
+			httpClient,
+			baseURL+AdminServiceDecommissionProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Decommission")),
+			connect.WithClientOptions(opts...),
+		),
+		remove: connect.NewClient[v1.RemoveRequest, v1.RemoveResponse](
+			httpClient,
+			baseURL+AdminServiceRemoveProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Remove")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // adminServiceClient implements AdminServiceClient.
 type adminServiceClient struct {
-	status *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	status       *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	join         *connect.Client[v1.JoinRequest, v1.JoinResponse]
+	rebalance    *connect.Client[v1.RebalanceRequest, v1.RebalanceResponse]
+	drain        *connect.Client[v1.DrainRequest, v1.DrainResponse]
+	decommission *connect.Client[v1.DecommissionRequest, v1.DecommissionResponse]
+	remove       *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
 }
 
 // Status calls norn.v1.AdminService.Status.
@@ -76,11 +141,55 @@ func (c *adminServiceClient) Status(ctx context.Context, req *connect.Request[v1
 	return c.status.CallUnary(ctx, req)
 }
 
+// Join calls norn.v1.AdminService.Join.
+func (c *adminServiceClient) Join(ctx context.Context, req *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error) {
+	return c.join.CallUnary(ctx, req)
+}
+
+// Rebalance calls norn.v1.AdminService.Rebalance.
+func (c *adminServiceClient) Rebalance(ctx context.Context, req *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error) {
+	return c.rebalance.CallUnary(ctx, req)
+}
+
+// Drain calls norn.v1.AdminService.Drain.
+func (c *adminServiceClient) Drain(ctx context.Context, req *connect.Request[v1.DrainRequest]) (*connect.Response[v1.DrainResponse], error) {
+	return c.drain.CallUnary(ctx, req)
+}
+
+// Decommission calls norn.v1.AdminService.Decommission.
+func (c *adminServiceClient) Decommission(ctx context.Context, req *connect.Request[v1.DecommissionRequest]) (*connect.Response[v1.DecommissionResponse], error) {
+	return c.decommission.CallUnary(ctx, req)
+}
+
+// Remove calls norn.v1.AdminService.Remove.
+func (c *adminServiceClient) Remove(ctx context.Context, req *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error) {
+	return c.remove.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the norn.v1.AdminService service.
 type AdminServiceHandler interface {
 	// Status reports the answering node's view: itself, the partitions it
 	// replicates and (in a cluster) the nodes it knows of.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// Join makes a started node a member of the cluster. The node must be
+	// running and gossiping with the cluster (started with -join). A new
+	// member holds no partition until a Rebalance.
+	Join(context.Context, *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error)
+	// Rebalance plans the placement over the cluster's members (without
+	// draining ones) and, with apply, starts moving replicas to it. A plan
+	// that moves nothing is not an error.
+	Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error)
+	// Drain moves every replica off a node. The node stays a member and
+	// keeps serving requests as a coordinator; a later Rebalance leaves it
+	// empty until it is undrained (Join again).
+	Drain(context.Context, *connect.Request[v1.DrainRequest]) (*connect.Response[v1.DrainResponse], error)
+	// Decommission drains a node, then removes it from the cluster and the
+	// meta group once it holds nothing.
+	Decommission(context.Context, *connect.Request[v1.DecommissionRequest]) (*connect.Response[v1.DecommissionResponse], error)
+	// Remove replaces a node that is gone for good: its replicas are made
+	// again from the surviving ones, then it is removed from the cluster.
+	// Only with dead = true, and only while gossip sees the node dead.
+	Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -96,10 +205,50 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("Status")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceJoinHandler := connect.NewUnaryHandler(
+		AdminServiceJoinProcedure,
+		svc.Join,
+		connect.WithSchema(adminServiceMethods.ByName("Join")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceRebalanceHandler := connect.NewUnaryHandler(
+		AdminServiceRebalanceProcedure,
+		svc.Rebalance,
+		connect.WithSchema(adminServiceMethods.ByName("Rebalance")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceDrainHandler := connect.NewUnaryHandler(
+		AdminServiceDrainProcedure,
+		svc.Drain,
+		connect.WithSchema(adminServiceMethods.ByName("Drain")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceDecommissionHandler := connect.NewUnaryHandler(
+		AdminServiceDecommissionProcedure,
+		svc.Decommission,
+		connect.WithSchema(adminServiceMethods.ByName("Decommission")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceRemoveHandler := connect.NewUnaryHandler(
+		AdminServiceRemoveProcedure,
+		svc.Remove,
+		connect.WithSchema(adminServiceMethods.ByName("Remove")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/norn.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceStatusProcedure:
 			adminServiceStatusHandler.ServeHTTP(w, r)
+		case AdminServiceJoinProcedure:
+			adminServiceJoinHandler.ServeHTTP(w, r)
+		case AdminServiceRebalanceProcedure:
+			adminServiceRebalanceHandler.ServeHTTP(w, r)
+		case AdminServiceDrainProcedure:
+			adminServiceDrainHandler.ServeHTTP(w, r)
+		case AdminServiceDecommissionProcedure:
+			adminServiceDecommissionHandler.ServeHTTP(w, r)
+		case AdminServiceRemoveProcedure:
+			adminServiceRemoveHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -111,4 +260,24 @@ type UnimplementedAdminServiceHandler struct{}
 
 func (UnimplementedAdminServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.Status is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Join(context.Context, *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.Join is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.Rebalance is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Drain(context.Context, *connect.Request[v1.DrainRequest]) (*connect.Response[v1.DrainResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.Drain is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Decommission(context.Context, *connect.Request[v1.DecommissionRequest]) (*connect.Response[v1.DecommissionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.Decommission is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.Remove is not implemented"))
 }

@@ -56,6 +56,11 @@ const (
 	// PeerServiceSegmentEntriesProcedure is the fully-qualified name of the PeerService's
 	// SegmentEntries RPC.
 	PeerServiceSegmentEntriesProcedure = "/norn.v1.PeerService/SegmentEntries"
+	// PeerServiceChangeGroupProcedure is the fully-qualified name of the PeerService's ChangeGroup RPC.
+	PeerServiceChangeGroupProcedure = "/norn.v1.PeerService/ChangeGroup"
+	// PeerServiceReplicaProgressProcedure is the fully-qualified name of the PeerService's
+	// ReplicaProgress RPC.
+	PeerServiceReplicaProgressProcedure = "/norn.v1.PeerService/ReplicaProgress"
 )
 
 // PeerServiceClient is a client for the norn.v1.PeerService service.
@@ -89,6 +94,14 @@ type PeerServiceClient interface {
 	// SegmentEntries returns the (id, digest) pairs of the tasks under some
 	// leaves of a partition's tree.
 	SegmentEntries(context.Context, *connect.Request[v1.SegmentEntriesRequest]) (*connect.Response[v1.SegmentEntriesResponse], error)
+	// ChangeGroup changes a partition group's Raft configuration; only the
+	// group's leader does it (FAILED_PRECONDITION naming the leader
+	// otherwise). The meta leader drives partition moves with it.
+	ChangeGroup(context.Context, *connect.Request[v1.ChangeGroupRequest]) (*connect.Response[v1.ChangeGroupResponse], error)
+	// ReplicaProgress reports how far the receiver's replica of a partition
+	// is: its ring epoch, Raft applied index and whether anti-entropy
+	// filled it from the nodes a move names.
+	ReplicaProgress(context.Context, *connect.Request[v1.ReplicaProgressRequest]) (*connect.Response[v1.ReplicaProgressResponse], error)
 }
 
 // NewPeerServiceClient constructs a client for the norn.v1.PeerService service. By default, it uses
@@ -150,6 +163,18 @@ func NewPeerServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(peerServiceMethods.ByName("SegmentEntries")),
 			connect.WithClientOptions(opts...),
 		),
+		changeGroup: connect.NewClient[v1.ChangeGroupRequest, v1.ChangeGroupResponse](
+			httpClient,
+			baseURL+PeerServiceChangeGroupProcedure,
+			connect.WithSchema(peerServiceMethods.ByName("ChangeGroup")),
+			connect.WithClientOptions(opts...),
+		),
+		replicaProgress: connect.NewClient[v1.ReplicaProgressRequest, v1.ReplicaProgressResponse](
+			httpClient,
+			baseURL+PeerServiceReplicaProgressProcedure,
+			connect.WithSchema(peerServiceMethods.ByName("ReplicaProgress")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -163,6 +188,8 @@ type peerServiceClient struct {
 	treeRoots       *connect.Client[v1.TreeRootsRequest, v1.TreeRootsResponse]
 	treeNodes       *connect.Client[v1.TreeNodesRequest, v1.TreeNodesResponse]
 	segmentEntries  *connect.Client[v1.SegmentEntriesRequest, v1.SegmentEntriesResponse]
+	changeGroup     *connect.Client[v1.ChangeGroupRequest, v1.ChangeGroupResponse]
+	replicaProgress *connect.Client[v1.ReplicaProgressRequest, v1.ReplicaProgressResponse]
 }
 
 // Replicate calls norn.v1.PeerService.Replicate.
@@ -205,6 +232,16 @@ func (c *peerServiceClient) SegmentEntries(ctx context.Context, req *connect.Req
 	return c.segmentEntries.CallUnary(ctx, req)
 }
 
+// ChangeGroup calls norn.v1.PeerService.ChangeGroup.
+func (c *peerServiceClient) ChangeGroup(ctx context.Context, req *connect.Request[v1.ChangeGroupRequest]) (*connect.Response[v1.ChangeGroupResponse], error) {
+	return c.changeGroup.CallUnary(ctx, req)
+}
+
+// ReplicaProgress calls norn.v1.PeerService.ReplicaProgress.
+func (c *peerServiceClient) ReplicaProgress(ctx context.Context, req *connect.Request[v1.ReplicaProgressRequest]) (*connect.Response[v1.ReplicaProgressResponse], error) {
+	return c.replicaProgress.CallUnary(ctx, req)
+}
+
 // PeerServiceHandler is an implementation of the norn.v1.PeerService service.
 type PeerServiceHandler interface {
 	// Replicate merges task states into the receiver's replicas with the
@@ -236,6 +273,14 @@ type PeerServiceHandler interface {
 	// SegmentEntries returns the (id, digest) pairs of the tasks under some
 	// leaves of a partition's tree.
 	SegmentEntries(context.Context, *connect.Request[v1.SegmentEntriesRequest]) (*connect.Response[v1.SegmentEntriesResponse], error)
+	// ChangeGroup changes a partition group's Raft configuration; only the
+	// group's leader does it (FAILED_PRECONDITION naming the leader
+	// otherwise). The meta leader drives partition moves with it.
+	ChangeGroup(context.Context, *connect.Request[v1.ChangeGroupRequest]) (*connect.Response[v1.ChangeGroupResponse], error)
+	// ReplicaProgress reports how far the receiver's replica of a partition
+	// is: its ring epoch, Raft applied index and whether anti-entropy
+	// filled it from the nodes a move names.
+	ReplicaProgress(context.Context, *connect.Request[v1.ReplicaProgressRequest]) (*connect.Response[v1.ReplicaProgressResponse], error)
 }
 
 // NewPeerServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -293,6 +338,18 @@ func NewPeerServiceHandler(svc PeerServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(peerServiceMethods.ByName("SegmentEntries")),
 		connect.WithHandlerOptions(opts...),
 	)
+	peerServiceChangeGroupHandler := connect.NewUnaryHandler(
+		PeerServiceChangeGroupProcedure,
+		svc.ChangeGroup,
+		connect.WithSchema(peerServiceMethods.ByName("ChangeGroup")),
+		connect.WithHandlerOptions(opts...),
+	)
+	peerServiceReplicaProgressHandler := connect.NewUnaryHandler(
+		PeerServiceReplicaProgressProcedure,
+		svc.ReplicaProgress,
+		connect.WithSchema(peerServiceMethods.ByName("ReplicaProgress")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/norn.v1.PeerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case PeerServiceReplicateProcedure:
@@ -311,6 +368,10 @@ func NewPeerServiceHandler(svc PeerServiceHandler, opts ...connect.HandlerOption
 			peerServiceTreeNodesHandler.ServeHTTP(w, r)
 		case PeerServiceSegmentEntriesProcedure:
 			peerServiceSegmentEntriesHandler.ServeHTTP(w, r)
+		case PeerServiceChangeGroupProcedure:
+			peerServiceChangeGroupHandler.ServeHTTP(w, r)
+		case PeerServiceReplicaProgressProcedure:
+			peerServiceReplicaProgressHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -350,4 +411,12 @@ func (UnimplementedPeerServiceHandler) TreeNodes(context.Context, *connect.Reque
 
 func (UnimplementedPeerServiceHandler) SegmentEntries(context.Context, *connect.Request[v1.SegmentEntriesRequest]) (*connect.Response[v1.SegmentEntriesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.SegmentEntries is not implemented"))
+}
+
+func (UnimplementedPeerServiceHandler) ChangeGroup(context.Context, *connect.Request[v1.ChangeGroupRequest]) (*connect.Response[v1.ChangeGroupResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.ChangeGroup is not implemented"))
+}
+
+func (UnimplementedPeerServiceHandler) ReplicaProgress(context.Context, *connect.Request[v1.ReplicaProgressRequest]) (*connect.Response[v1.ReplicaProgressResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.ReplicaProgress is not implemented"))
 }
