@@ -322,6 +322,60 @@ func (g *Group) Barrier(timeout time.Duration) error { return g.raft.Barrier(tim
 // Stats returns hashicorp/raft's statistics of the group.
 func (g *Group) Stats() map[string]string { return g.raft.Stats() }
 
+// Server is one server of the group's configuration.
+type Server struct {
+	ID, Address string
+	Voter       bool
+}
+
+// Servers returns the group's latest configuration as this replica
+// knows it.
+func (g *Group) Servers() ([]Server, error) {
+	fut := g.raft.GetConfiguration()
+	if err := fut.Error(); err != nil {
+		return nil, err
+	}
+	var out []Server
+	for _, s := range fut.Configuration().Servers {
+		out = append(out, Server{ID: string(s.ID), Address: string(s.Address), Voter: s.Suffrage == raft.Voter})
+	}
+	return out, nil
+}
+
+// AddNonvoter adds id as a non-voter that receives the log (leader only).
+// A server already in the configuration is left as it is (a voter is
+// never demoted).
+func (g *Group) AddNonvoter(id, addr string, timeout time.Duration) error {
+	servers, err := g.Servers()
+	if err != nil {
+		return err
+	}
+	for _, s := range servers {
+		if s.ID == id {
+			return nil
+		}
+	}
+	return g.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, timeout).Error()
+}
+
+// AddVoter makes id a voter (leader only): a non-voter is promoted.
+func (g *Group) AddVoter(id, addr string, timeout time.Duration) error {
+	return g.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, timeout).Error()
+}
+
+// RemoveServer removes id from the configuration (leader only); a no-op
+// for a server not in it.
+func (g *Group) RemoveServer(id string, timeout time.Duration) error {
+	return g.raft.RemoveServer(raft.ServerID(id), 0, timeout).Error()
+}
+
+// LastIndex is the index of the last entry of this replica's log.
+func (g *Group) LastIndex() uint64 { return g.raft.LastIndex() }
+
+// AppliedIndex is the index of the last entry applied to this replica's
+// claim state.
+func (g *Group) AppliedIndex() uint64 { return g.raft.AppliedIndex() }
+
 // Raft returns the underlying group, for membership changes and tests.
 func (g *Group) Raft() *raft.Raft { return g.raft }
 

@@ -148,6 +148,34 @@ func (m *Meta) Leader() string {
 	return string(id)
 }
 
+// Voters returns the ids of the group's voters, as this replica's latest
+// configuration has them (empty on a node outside the group).
+func (m *Meta) Voters() ([]string, error) {
+	fut := m.raft.GetConfiguration()
+	if err := fut.Error(); err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, s := range fut.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			ids = append(ids, string(s.ID))
+		}
+	}
+	return ids, nil
+}
+
+// AddVoter makes node a voter of the group (leader only); a no-op for a
+// voter already.
+func (m *Meta) AddVoter(node RingNode, timeout time.Duration) error {
+	return m.raft.AddVoter(raft.ServerID(node.ID), raft.ServerAddress(node.RaftAddr), 0, timeout).Error()
+}
+
+// RemoveServer removes node id from the group (leader only). A leader
+// that removes itself steps down once the change commits.
+func (m *Meta) RemoveServer(id string, timeout time.Duration) error {
+	return m.raft.RemoveServer(raft.ServerID(id), 0, timeout).Error()
+}
+
 // Stats returns hashicorp/raft's statistics of the meta group.
 func (m *Meta) Stats() map[string]string { return m.raft.Stats() }
 

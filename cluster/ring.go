@@ -21,6 +21,8 @@ type RingNode struct {
 	APIAddr    string `json:"api"`
 	RaftAddr   string `json:"raft"`
 	GossipAddr string `json:"gossip"`
+	// Role is RoleMember (""), RoleDraining, RoleLeaving or RoleDead.
+	Role string `json:"role,omitempty"`
 }
 
 // Ring is the cluster's authoritative layout, held by the meta Raft group
@@ -34,6 +36,9 @@ type Ring struct {
 	Replication int            `json:"replication"`
 	Nodes       []RingNode     `json:"nodes"` // sorted by id
 	Placement   ring.Placement `json:"placement"`
+	// Moves are the replica moves of the current (or last) rebalance, in
+	// plan order; ended ones stay until the next plan is applied.
+	Moves []Move `json:"moves,omitempty"`
 }
 
 // Errors of Ring.Validate and the meta group.
@@ -76,6 +81,11 @@ func (r *Ring) Validate() error {
 		if i > 0 && r.Nodes[i-1].ID >= nd.ID {
 			return bad("nodes not sorted by id or repeated at %q", nd.ID)
 		}
+		switch nd.Role {
+		case RoleMember, RoleDraining, RoleLeaving, RoleDead:
+		default:
+			return bad("node %q has unknown role %q", nd.ID, nd.Role)
+		}
 		known[nd.ID] = true
 	}
 	if len(r.Placement.Cohorts) != r.Partitions {
@@ -91,7 +101,7 @@ func (r *Ring) Validate() error {
 			}
 		}
 	}
-	return nil
+	return r.validateMoves()
 }
 
 // Node returns the ring's node id.

@@ -40,6 +40,9 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 		return connect.NewResponse(resp), nil
 	}
 	resp.RingEpoch = r.Epoch
+	for _, m := range r.Moves {
+		resp.Moves = append(resp.Moves, moveStatus(m))
+	}
 	var peerRoots map[string]peerRootsAnswer
 	if !req.Msg.GetSkipCounts() {
 		peerRoots = n.peerRoots(ctx, r)
@@ -121,7 +124,19 @@ func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
 		}
 	}
 	out := make([]*nornv1.NodeStatus, 0, len(byID))
+	r := n.ring.Load()
+	var replicas map[string]int
+	if r != nil {
+		replicas = replicasOf(r)
+	}
 	for _, st := range byID {
+		st.Role = "not a member"
+		if r != nil {
+			if role, ok := r.Role(st.Id); ok {
+				st.Role = cluster.RoleName(role)
+			}
+		}
+		st.Replicas = uint32(replicas[st.Id])
 		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b *nornv1.NodeStatus) int { return strings.Compare(a.Id, b.Id) })

@@ -30,6 +30,51 @@ type aeStats struct {
 
 	mu        sync.Mutex
 	converged map[uint16]time.Time // last exchange that found (or left) a partition's replicas equal
+
+	// rounds numbers the exchanges this node starts; exchanged[p][peer]
+	// is the number of the last one with peer that covered partition p
+	// and completed (a move's target is filled once it exchanged with
+	// the move's sources in a round that started after the ring named
+	// it: ReplicaProgress).
+	rounds    atomic.Uint64
+	exchanged map[uint16]map[string]uint64
+}
+
+// completed records that round (with peer, over parts) completed.
+func (s *aeStats) completed(round uint64, peer string, parts []uint16) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.exchanged == nil {
+		s.exchanged = map[uint16]map[string]uint64{}
+	}
+	for _, p := range parts {
+		m := s.exchanged[p]
+		if m == nil {
+			m = map[string]uint64{}
+			s.exchanged[p] = m
+		}
+		m[peer] = max(m[peer], round)
+	}
+}
+
+// filledFrom reports whether partition p was exchanged with every one of
+// peers in a round numbered above after.
+func (s *aeStats) filledFrom(p uint16, peers []string, after uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, peer := range peers {
+		if s.exchanged[p][peer] <= after {
+			return false
+		}
+	}
+	return true
+}
+
+// forget drops partition p's exchange records (its replica is dropped).
+func (s *aeStats) forget(p uint16) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.exchanged, p)
 }
 
 func (s *aeStats) record(st antientropy.Stats, err error, now time.Time) {
@@ -141,17 +186,28 @@ func (n *Node) kickAntiEntropy() {
 	}
 }
 
+// kickAntiEntropySoon kicks a round with every peer unless it did in the
+// last second (a move's fill is polled every movePoll).
+func (n *Node) kickAntiEntropySoon() {
+	now := time.Now().UnixNano()
+	last := n.aeLastKick.Load()
+	if now-last < int64(time.Second) || !n.aeLastKick.CompareAndSwap(last, now) {
+		return
+	}
+	n.kickAntiEntropy()
+}
+
 // jitter spreads d by ±20%.
 func jitter(d time.Duration) time.Duration {
 	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
 }
 
 // aePeers returns the other ring nodes that share a partition with this
-// node, in id order.
+// node (a move's target included), in id order.
 func (n *Node) aePeers(r *cluster.Ring) []string {
 	seen := map[string]bool{}
 	for p := range r.Partitions {
-		cohort := r.Cohort(p)
+		cohort := r.Replicas(p)
 		if !slices.Contains(cohort, ring.NodeID(n.cfg.NodeID)) {
 			continue
 		}
@@ -174,8 +230,7 @@ func (n *Node) aePeers(r *cluster.Ring) []string {
 func (n *Node) sharedPartitions(r *cluster.Ring, peerID string) []uint16 {
 	var parts []uint16
 	for p := range r.Partitions {
-		cohort := r.Cohort(p)
-		if slices.Contains(cohort, ring.NodeID(n.cfg.NodeID)) && slices.Contains(cohort, ring.NodeID(peerID)) && n.ae.Tree(uint16(p)) != nil {
+		if r.HostsReplica(p, n.cfg.NodeID) && r.HostsReplica(p, peerID) && n.ae.Tree(uint16(p)) != nil {
 			parts = append(parts, uint16(p))
 		}
 	}
@@ -208,8 +263,12 @@ func (n *Node) exchangeWith(r *cluster.Ring, peerID string, limiter *rate.Limite
 			return limiter.WaitN(ctx, min(max(bytes, 1), limiter.Burst()))
 		},
 	}
+	round := n.aeStats.rounds.Add(1)
 	st, err := n.ae.Exchange(ctx, &aePeer{n: n, p: n.peers.get(nd.APIAddr)}, parts, opt)
 	n.aeStats.record(st, err, time.Now())
+	if err == nil {
+		n.aeStats.completed(round, peerID, parts)
+	}
 	switch {
 	case err == nil || errors.Is(err, context.Canceled):
 	case connect.CodeOf(err) == connect.CodeUnavailable:

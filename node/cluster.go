@@ -19,7 +19,6 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/cluster"
-	"github.com/norn-dev/norn/ring"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -27,9 +26,9 @@ import (
 // (partition groups use 0 to P-1, and P is at most 1<<15).
 const metaPartition = 0xFFFF
 
-// partitions is the set of partition groups this node runs, fixed once the
-// first ring is adopted. groups[p] is nil for a partition the node does
-// not replicate.
+// partitions is the set of partition groups this node runs, replaced as a
+// whole (copy on write) when a group is opened or dropped. groups[p] is
+// nil for a partition the node does not replicate.
 type partitions struct {
 	groups  []*claims.Group
 	streams []*transport.GroupStream
@@ -85,7 +84,10 @@ func (n *Node) startCluster() error {
 	n.meta, err = cluster.StartMeta(cluster.MetaConfig{
 		LocalID: n.cfg.NodeID, Transport: n.metaTrans, Log: rs, Stable: rs, Snapshots: snaps,
 		HeartbeatTimeout: n.cfg.RaftTimeout, ElectionTimeout: n.cfg.RaftTimeout, LeaderLeaseTimeout: n.cfg.RaftTimeout / 2,
-		OnRing:     func(*cluster.Ring) { n.kickReconcile() },
+		OnRing: func(*cluster.Ring) {
+			n.kickReconcile()
+			n.kickDriver()
+		},
 		RaftLogger: n.raftLogger().Named("meta"),
 	})
 	if err != nil {
@@ -225,82 +227,151 @@ func (n *Node) adopt(r *cluster.Ring) error {
 	if err := cluster.SaveRing(n.cfg.DataDir, r); err != nil {
 		return fmt.Errorf("node: keep the ring: %w", err)
 	}
-	n.ring.Store(r)
 	if cur == nil {
-		return n.startGroups(r)
+		n.parts.Store(&partitions{
+			groups:  make([]*claims.Group, r.Partitions),
+			streams: make([]*transport.GroupStream, r.Partitions),
+			trans:   make([]*raft.NetworkTransport, r.Partitions),
+		})
 	}
-	if !slices.EqualFunc(cur.Placement.Cohorts, r.Placement.Cohorts, slices.Equal) {
-		n.cfg.Logger.Warn("the placement changed; moving partitions comes with rebalancing", "epoch", r.Epoch)
-	}
-	// A new ring may bring a partition a new member (or a member a new
-	// address): compare with every peer now.
+	n.ring.Store(r)
+	// A new ring may bring a partition a new replica, or a member a new
+	// address: compare with every peer now.
 	n.kickAntiEntropy()
+	_, err := n.placeGroups(r, cur == nil)
+	return err
+}
+
+// replace runs placeGroups again on the current ring: a group that failed
+// to open or drop is retried by every reconcile pass.
+func (n *Node) replace() {
+	n.adoptMu.Lock()
+	defer n.adoptMu.Unlock()
+	if r := n.ring.Load(); r != nil {
+		if _, err := n.placeGroups(r, false); err != nil {
+			n.cfg.Logger.Error("opening or dropping partition replicas failed; retrying", "err", err)
+		}
+	}
+}
+
+// placeGroups opens a group for every partition r places a replica of
+// on this node and closes (and drops) every group it no longer does: a
+// move's target opens its replica when the move starts; its source drops
+// its own once the ring records the move done (the handoff confirmed).
+// On the first ring (first), the cohort's first member bootstraps each
+// group with the whole cohort; groups opened later start empty and learn
+// their configuration from the group's leader.
+func (n *Node) placeGroups(r *cluster.Ring, first bool) (changed bool, err error) {
+	defer func() {
+		if changed {
+			n.kickAntiEntropy()
+		}
+	}()
+	for p := range r.Partitions {
+		want := r.HostsReplica(p, n.cfg.NodeID)
+		have := n.group(uint16(p)) != nil
+		switch {
+		case want && !have:
+			changed = true
+			if err := n.openGroup(r, p, first && string(r.Cohort(p)[0]) == n.cfg.NodeID); err != nil {
+				return changed, err
+			}
+		case !want && have:
+			changed = true
+			if err := n.dropGroup(p); err != nil {
+				return changed, err
+			}
+		}
+	}
+	return changed, nil
+}
+
+// openGroup starts partition p's Raft group and Merkle tree on this node.
+func (n *Node) openGroup(r *cluster.Ring, p int, bootstrap bool) error {
+	snaps, err := raft.NewFileSnapshotStore(n.snapshotDir(p), 2, io.Discard)
+	if err != nil {
+		return fmt.Errorf("node: snapshots of partition %d: %w", p, err)
+	}
+	stream, err := n.mux.Register(uint32(p))
+	if err != nil {
+		return err
+	}
+	rl := n.raftLogger().Named(fmt.Sprintf("p%d", p))
+	trans := newNetworkTransport(stream, rl)
+	var servers []raft.Server
+	for _, id := range r.Cohort(p) {
+		nd, _ := r.Node(string(id))
+		servers = append(servers, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(nd.RaftAddr)})
+	}
+	rs := n.store.RaftStore(uint16(p))
+	g, err := claims.StartGroup(claims.GroupConfig{
+		Partition: uint16(p), LocalID: raft.ServerID(n.cfg.NodeID),
+		KV: n.store, Log: rs, Stable: rs, Snapshots: snaps, Transport: trans,
+		Bootstrap: bootstrap, Servers: servers,
+		HeartbeatTimeout: n.cfg.RaftTimeout, ElectionTimeout: n.cfg.RaftTimeout,
+		LeaderLeaseTimeout: n.cfg.RaftTimeout / 2,
+		Logger:             n.cfg.Logger, RaftLogger: rl,
+		// The partition's ready tasks become claimable when it gets a
+		// leader (here or elsewhere) after having none: waiting claims
+		// look again (a change that finds nothing costs one look).
+		OnLeaderChange: n.waiters.notifyAll,
+		MayLead:        n.mayLead,
+		Bugs:           claims.Bugs{ClaimNoCheck: n.cfg.TestBugs.ClaimNoCheck},
+	})
+	if err != nil {
+		stream.Close()
+		trans.Close()
+		return err
+	}
+	// The partition's Merkle tree, built from the segment index, then kept
+	// current by every write.
+	if err := n.ae.Add(uint16(p)); err != nil {
+		stream.Close()
+		trans.Close()
+		return errors.Join(fmt.Errorf("node: tree of partition %d: %w", p, err), g.Shutdown())
+	}
+	ps := n.parts.Load().clone()
+	ps.groups[p], ps.streams[p], ps.trans[p] = g, stream, trans
+	n.parts.Store(ps)
 	return nil
 }
 
-// startGroups starts the Raft group of every partition r places on this
-// node. The cohort's first member bootstraps the group with the whole
-// cohort; the others start empty and learn the configuration from it.
-func (n *Node) startGroups(r *cluster.Ring) error {
-	ps := &partitions{
-		groups:  make([]*claims.Group, r.Partitions),
-		streams: make([]*transport.GroupStream, r.Partitions),
-		trans:   make([]*raft.NetworkTransport, r.Partitions),
+// dropGroup stops partition p's group and deletes the partition's data
+// from this node, in the safe order: the group leaves the node's set (no
+// new request finds it), its stream is unregistered (no new Raft
+// connection reaches it), its transport closed, the group shut down, its
+// tree untracked; then one range delete drops every key of p and its
+// snapshots are removed.
+func (n *Node) dropGroup(p int) error {
+	old := n.parts.Load()
+	ps := old.clone()
+	ps.groups[p], ps.streams[p], ps.trans[p] = nil, nil, nil
+	n.parts.Store(ps)
+	old.streams[p].Close()
+	old.trans[p].Close()
+	err := old.groups[p].Shutdown()
+	n.ae.Remove(uint16(p))
+	n.aeStats.forget(uint16(p))
+	if err != nil && !errors.Is(err, raft.ErrRaftShutdown) {
+		n.cfg.Logger.Warn("partition group shutdown", "partition", p, "err", err)
 	}
-	rl := n.raftLogger()
-	fail := func(err error) error {
-		n.stopGroups(ps)
+	if err := n.store.DropPartition(uint16(p)); err != nil {
 		return err
 	}
-	for p := range r.Partitions {
-		cohort := r.Cohort(p)
-		if !slices.Contains(cohort, ring.NodeID(n.cfg.NodeID)) {
-			continue
-		}
-		dir := filepath.Join(n.cfg.DataDir, "raft", fmt.Sprintf("p%04d", p))
-		snaps, err := raft.NewFileSnapshotStore(dir, 2, io.Discard)
-		if err != nil {
-			return fail(fmt.Errorf("node: snapshots of partition %d: %w", p, err))
-		}
-		stream, err := n.mux.Register(uint32(p))
-		if err != nil {
-			return fail(err)
-		}
-		ps.streams[p] = stream
-		ps.trans[p] = newNetworkTransport(stream, rl.Named(fmt.Sprintf("p%d", p)))
-		var servers []raft.Server
-		for _, id := range cohort {
-			nd, _ := r.Node(string(id))
-			servers = append(servers, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(nd.RaftAddr)})
-		}
-		rs := n.store.RaftStore(uint16(p))
-		g, err := claims.StartGroup(claims.GroupConfig{
-			Partition: uint16(p), LocalID: raft.ServerID(n.cfg.NodeID),
-			KV: n.store, Log: rs, Stable: rs, Snapshots: snaps, Transport: ps.trans[p],
-			Bootstrap: string(cohort[0]) == n.cfg.NodeID, Servers: servers,
-			HeartbeatTimeout: n.cfg.RaftTimeout, ElectionTimeout: n.cfg.RaftTimeout,
-			LeaderLeaseTimeout: n.cfg.RaftTimeout / 2,
-			Logger:             n.cfg.Logger, RaftLogger: rl.Named(fmt.Sprintf("p%d", p)),
-			// The partition's ready tasks become claimable when it gets a
-			// leader (here or elsewhere) after having none: waiting claims
-			// look again (a change that finds nothing costs one look).
-			OnLeaderChange: n.waiters.notifyAll,
-			MayLead:        n.mayLead,
-			Bugs:           claims.Bugs{ClaimNoCheck: n.cfg.TestBugs.ClaimNoCheck},
-		})
-		if err != nil {
-			return fail(err)
-		}
-		ps.groups[p] = g
-		// The partition's Merkle tree, built from the segment index, then
-		// kept current by every write.
-		if err := n.ae.Add(uint16(p)); err != nil {
-			return fail(fmt.Errorf("node: tree of partition %d: %w", p, err))
-		}
+	if err := os.RemoveAll(n.snapshotDir(p)); err != nil {
+		return fmt.Errorf("node: snapshots of partition %d: %w", p, err)
 	}
-	n.parts.Store(ps)
-	n.kickAntiEntropy()
+	n.cfg.Logger.Info("partition handed over; its replica is dropped", "partition", p)
 	return nil
+}
+
+func (n *Node) snapshotDir(p int) string {
+	return filepath.Join(n.cfg.DataDir, "raft", fmt.Sprintf("p%04d", p))
+}
+
+// clone copies the set for a change (readers keep the one they loaded).
+func (ps *partitions) clone() *partitions {
+	return &partitions{groups: slices.Clone(ps.groups), streams: slices.Clone(ps.streams), trans: slices.Clone(ps.trans)}
 }
 
 // stopGroups shuts the groups down in the safe order: unregister each from
@@ -361,6 +432,7 @@ func (n *Node) reconcileOnce() {
 			n.cfg.Logger.Error("cannot adopt the meta group's ring", "err", err)
 		}
 	}
+	n.replace()
 	members := n.members.Members()
 	cur := n.ring.Load()
 	if cur == nil && n.cfg.BootstrapExpect > 1 {

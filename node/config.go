@@ -69,6 +69,10 @@ type Config struct {
 	// both times are transferred (writes in flight are not differences).
 	// Default 500 ms.
 	AntiEntropySettle time.Duration
+	// MaxMovesPerNode bounds the replica moves under way that involve one
+	// node (as source or target); more wait queued. The bytes a move's
+	// fill sends count against AntiEntropyRate. Default 2.
+	MaxMovesPerNode int
 	// AntiEntropyTimeout bounds one exchange with one peer. Default 30 s.
 	AntiEntropyTimeout time.Duration
 	// AntiEntropyRate bounds the bytes per second anti-entropy sends and
@@ -163,6 +167,9 @@ func (c *Config) setDefaults() {
 	def(&c.AntiEntropyInterval, 10*time.Second)
 	def(&c.AntiEntropySettle, 500*time.Millisecond)
 	def(&c.AntiEntropyTimeout, 30*time.Second)
+	if c.MaxMovesPerNode == 0 {
+		c.MaxMovesPerNode = 2
+	}
 	if c.AntiEntropyRate == 0 {
 		c.AntiEntropyRate = 16 << 20
 	}
@@ -211,6 +218,8 @@ func (c *Config) Validate() error {
 		return errors.New("node: retention must not be negative")
 	case c.MonitorInterval < 0 || c.ClaimRecheck < 0 || c.MaxWait < 0:
 		return errors.New("node: monitor interval, claim recheck and max wait must not be negative")
+	case c.MaxMovesPerNode < 0:
+		return errors.New("node: MaxMovesPerNode must not be negative")
 	case c.AntiEntropyInterval < 0 || c.AntiEntropySettle < 0 || c.AntiEntropyTimeout < 0 || c.AntiEntropyRate < 0:
 		return errors.New("node: anti-entropy interval, settle, timeout and rate must not be negative")
 	case c.TreeLeafBits < antientropy.MinLeafBits || c.TreeLeafBits > antientropy.MaxLeafBits:

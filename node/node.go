@@ -49,6 +49,8 @@ type Node struct {
 	readRepairs   atomic.Uint64
 	replicatesIn  atomic.Uint64 // incoming Replicate calls, for TestBugs.DropReplicatedWrite
 	hints         leaderHints   // leaders of partitions not replicated here (lists.go)
+	placeMu       sync.Mutex    // one ring proposal at a time on the meta leader (rebalance.go)
+	drv           driver        // the rebalance driver (rebalance.go)
 
 	waiters  *queueWaiters
 	inflight inflightSet // tasks being claimed now
@@ -58,6 +60,8 @@ type Node struct {
 	ae      *antientropy.Replica // Merkle trees and exchanges (antientropy.go)
 	aeStats aeStats
 	aeKick  chan struct{}
+	// aeLastKick is when kickAntiEntropySoon last kicked (Unix ns).
+	aeLastKick atomic.Int64
 
 	specConflicts atomic.Uint64 // merges that met two specs for one id
 	draining      chan struct{} // closed by StopWaiting
@@ -133,6 +137,7 @@ func New(cfg Config) (*Node, error) {
 	n.reconcileKick = make(chan struct{}, 1)
 	n.peers.n = n
 	n.aeKick = make(chan struct{}, 1)
+	n.drv = driver{running: map[int]bool{}, fillFrom: map[int]uint64{}, kick: make(chan struct{}, 1)}
 	if n.ae, err = n.newAntiEntropy(); err != nil {
 		store.Close()
 		lock.release()
@@ -144,8 +149,9 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
-	n.stopped.Add(6)
+	n.stopped.Add(7)
 	go n.reconcile()
+	go n.driveLoop()
 	go n.monitor()
 	go n.clockLoop()
 	go n.antiEntropyLoop()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/storage"
 )
@@ -26,6 +28,10 @@ const (
 	// headerHops marks a TaskService call forwarded by another node (its
 	// value counts the hops), so the receiver does not forward it again.
 	headerHops = "Norn-Hops"
+	// headerEpoch is the calling node's ring epoch: a replica refuses
+	// writes of a moving partition from a caller whose ring does not know
+	// the move yet, and either side pulls the newer ring.
+	headerEpoch = "Norn-Epoch"
 )
 
 // peer is this node's connection to another node's API.
@@ -33,6 +39,7 @@ type peer struct {
 	addr   string
 	peer   nornv1connect.PeerServiceClient
 	tasks  nornv1connect.TaskServiceClient
+	admin  nornv1connect.AdminServiceClient
 	sender *replicaSender
 }
 
@@ -85,6 +92,7 @@ func (s *peerSet) get(addr string) *peer {
 		addr:  addr,
 		peer:  nornv1connect.NewPeerServiceClient(s.hc, base, opts...),
 		tasks: nornv1connect.NewTaskServiceClient(s.hc, base, opts...),
+		admin: nornv1connect.NewAdminServiceClient(s.hc, base, opts...),
 	}
 	p.sender = newReplicaSender(s.n, p)
 	s.peers[addr] = p
@@ -103,8 +111,27 @@ func peerRequest[T any](n *Node, msg *T) *connect.Request[T] {
 	req.Header().Set(headerNode, n.cfg.NodeID)
 	if r := n.ring.Load(); r != nil {
 		req.Header().Set(headerCluster, r.ClusterID)
+		req.Header().Set(headerEpoch, strconv.FormatUint(r.Epoch, 10))
 	}
 	return req
+}
+
+// checkEpoch refuses a write of partition p from a caller whose ring
+// (epoch) predates p's move under way: the caller would not write to the
+// move's target, and the handoff could lose the write. The caller pulls
+// the newer ring (it sees its epoch in gossip) and its client retries.
+// A caller with a newer ring makes this node pull it.
+func (n *Node) checkEpoch(r *cluster.Ring, h http.Header, p uint16) error {
+	epoch, _ := strconv.ParseUint(h.Get(headerEpoch), 10, 64)
+	if epoch > r.Epoch {
+		n.kickReconcile()
+	}
+	if m := r.ActiveMove(int(p)); m != nil && epoch < m.Epoch {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf(
+			"partition %d is moving since ring epoch %d and the writer's ring is older (epoch %d); retry once it has the new ring",
+			p, m.Epoch, epoch))
+	}
+	return nil
 }
 
 // hostIs reports whether hostport's host is the address ip.
@@ -179,8 +206,12 @@ func (s peerService) Replicate(_ context.Context, req *connect.Request[nornv1.Re
 		if err := validateTask(t, n.cfg.Limits); err != nil {
 			return nil, invalid(fmt.Sprintf("tasks[%d]", i), "%v", err)
 		}
-		if p := n.partition(t.ID); n.group(p) == nil {
+		p := n.partition(t.ID)
+		if n.group(p) == nil {
 			return nil, n.notReplicated(fmt.Sprintf("tasks[%d]", i), p)
+		}
+		if err := n.checkEpoch(r, req.Header(), p); err != nil {
+			return nil, err
 		}
 		tasks[i] = t
 	}

@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/ring"
 	"github.com/norn-dev/norn/storage"
@@ -105,14 +106,22 @@ func (n *Node) writeEach(ctx context.Context, tasks []*crdt.Task, w uint32) (ack
 	if err != nil {
 		return nil, 0, nil, err
 	}
-	// Group by destination.
+	// Group by destination: every replica of each task's partition, a
+	// move's target included.
+	tr := &ackTracker{acks: make([]uint32, len(tasks)), w: w, left: len(tasks), done: make(chan struct{})}
 	byDest := map[string][]int{}
+	moving := r.MovesUnderway()
 	for i, t := range tasks {
-		for _, id := range r.Cohort(ring.Partition(t.ID, r.Partitions)) {
+		p := ring.Partition(t.ID, r.Partitions)
+		replicas := r.Cohort(p)
+		if m := moving[p]; m != nil {
+			replicas = r.Replicas(p)
+			tr.addMove(i, m)
+		}
+		for _, id := range replicas {
 			byDest[string(id)] = append(byDest[string(id)], i)
 		}
 	}
-	tr := &ackTracker{acks: make([]uint32, len(tasks)), w: w, left: len(tasks), done: make(chan struct{})}
 	tr.pending = len(byDest)
 	for dest, idx := range byDest {
 		sub := make([]*crdt.Task, len(idx))
@@ -120,15 +129,15 @@ func (n *Node) writeEach(ctx context.Context, tasks []*crdt.Task, w uint32) (ack
 			sub[j] = tasks[i]
 		}
 		if dest == n.cfg.NodeID {
-			go func() { tr.answer(idx, n.mergeLocal(sub)) }()
+			go func() { tr.answer(dest, idx, n.mergeLocal(sub)) }()
 			continue
 		}
 		nd, ok := r.Node(dest)
 		if !ok {
-			tr.answer(idx, fmt.Errorf("node %s is not in the ring", dest))
+			tr.answer(dest, idx, fmt.Errorf("node %s is not in the ring", dest))
 			continue
 		}
-		n.peers.get(nd.APIAddr).sender.send(sub, func(err error) { tr.answer(idx, err) })
+		n.peers.get(nd.APIAddr).sender.send(sub, func(err error) { tr.answer(dest, idx, err) })
 	}
 	timer := time.NewTimer(n.cfg.WriteTimeout)
 	defer timer.Stop()
@@ -141,19 +150,55 @@ func (n *Node) writeEach(ctx context.Context, tasks []*crdt.Task, w uint32) (ack
 	return acks, w, lastErr, nil
 }
 
-// ackTracker counts the synced acks of each task of a write.
+// ackTracker counts the synced acks of each task of a write. A task whose
+// partition is moving (From hands its replica over to To) is written to
+// the cohort and To, and needs w acks from the cohort and w from the
+// cohort to be (To in place of From), so that it survives the handoff
+// like any other write.
 type ackTracker struct {
 	mu      sync.Mutex
-	acks    []uint32
+	acks    []uint32 // acks of each task from its partition's cohort
 	w       uint32
 	left    int // tasks below w
 	pending int // destinations not answered
 	lastErr error
 	done    chan struct{} // closed when every task has w acks or every destination answered
 	closed  bool
+
+	moving map[int]*movingTask // by task index; nil when nothing moves
 }
 
-func (t *ackTracker) answer(idx []int, err error) {
+// movingTask is the quorum state of a task whose partition moves.
+type movingTask struct {
+	from, to string
+	nextAcks uint32 // acks from the cohort to be
+}
+
+func (t *ackTracker) addMove(i int, m *cluster.Move) {
+	if t.moving == nil {
+		t.moving = map[int]*movingTask{}
+	}
+	t.moving[i] = &movingTask{from: m.From, to: m.To}
+}
+
+// count adds dest's ack to task i and reports whether it reached w.
+func (t *ackTracker) count(dest string, i int) (reached bool) {
+	mt := t.moving[i]
+	if mt == nil {
+		t.acks[i]++
+		return t.acks[i] == t.w
+	}
+	before := min(t.acks[i], mt.nextAcks) >= t.w
+	if dest != mt.to {
+		t.acks[i]++
+	}
+	if dest != mt.from {
+		mt.nextAcks++
+	}
+	return !before && min(t.acks[i], mt.nextAcks) >= t.w
+}
+
+func (t *ackTracker) answer(dest string, idx []int, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.pending--
@@ -161,8 +206,7 @@ func (t *ackTracker) answer(idx []int, err error) {
 		t.lastErr = err
 	} else {
 		for _, i := range idx {
-			t.acks[i]++
-			if t.acks[i] == t.w {
+			if t.count(dest, i) {
 				t.left--
 			}
 		}
@@ -173,12 +217,16 @@ func (t *ackTracker) answer(idx []int, err error) {
 	}
 }
 
-// result returns a copy of each task's acks so far and the last error a
-// destination gave.
+// result returns a copy of each task's acks so far (for a moving task,
+// the lesser of its two counts) and the last error a destination gave.
 func (t *ackTracker) result() ([]uint32, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return slices.Clone(t.acks), t.lastErr
+	out := slices.Clone(t.acks)
+	for i, mt := range t.moving {
+		out[i] = min(out[i], mt.nextAcks)
+	}
+	return out, t.lastErr
 }
 
 // mergeLocal writes task states to this node's replicas (one synced

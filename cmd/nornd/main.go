@@ -81,6 +81,7 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 5*time.Second, "how long a write waits for its quorum")
 	fs.DurationVar(&cfg.AntiEntropyInterval, "antientropy-interval", 10*time.Second, "how often replicas compare their Merkle trees with each peer (a fifth of it after differences)")
 	fs.IntVar(&cfg.AntiEntropyRate, "antientropy-rate", 16<<20, "bytes per second anti-entropy may send and ask for")
+	fs.IntVar(&cfg.MaxMovesPerNode, "max-moves-per-node", 2, "replica moves under way at once per node during a rebalance (the meta leader's setting counts); their fill traffic counts against -antientropy-rate")
 	fs.IntVar(&cfg.TreeLeafBits, "tree-leaf-bits", 14, "Merkle tree size: 2^bits leaves per partition replica, 4 to 16 (the same on every node)")
 	fs.BoolVar(&cfg.GossipLAN, "gossip-lan", false, "use LAN gossip timings (nodes on several machines) instead of loopback ones")
 	pprofAddr := fs.String("pprof-addr", "", "if set, serve net/http/pprof on this address (keep it on loopback)")

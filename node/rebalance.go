@@ -1,0 +1,616 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/ring"
+)
+
+// The rebalance driver runs on the meta group's leader. It starts queued
+// moves within the throttle (MaxMovesPerNode), drives each move under way
+// through the epoch handoff, one idempotent step at a time, and removes
+// decommissioned and dead nodes once they hold nothing. Every step's
+// outcome is recorded in the ring through the meta group, so a new meta
+// leader (or a restarted one) resumes where the last one stopped: the
+// steps check the partition group's actual configuration before they
+// change it.
+//
+// A move of partition p from A to B (DESIGN section 4):
+//
+//	filling      the ring names B a replica of p (writes go to the cohort
+//	             and B, and need a quorum of both the old and the new
+//	             cohort). Once every live replica runs with that ring (a
+//	             replica refuses writes from older rings), B must complete
+//	             an anti-entropy exchange of p with A (with the other
+//	             members when A is dead) that started after that point.
+//	catching-up  p's leader has added B as a non-voter; B applies the log
+//	             up to the leader's last index.
+//	promoted     B votes; if A leads p it hands the leadership over; then
+//	             A is removed from p's group.
+//	done         the ring has B in A's place. A, a zombie since its
+//	             removal (it can neither lead nor commit anything), drops
+//	             its replica when it sees this ring.
+
+// moveStepTimeout bounds one step's calls; movePoll is how often a move
+// that waits (for a fill, a catch-up) looks again.
+const (
+	moveStepTimeout = 10 * time.Second
+	movePoll        = 200 * time.Millisecond
+	driverInterval  = 500 * time.Millisecond
+)
+
+// driver is the rebalance driver's state on this node.
+type driver struct {
+	mu       sync.Mutex
+	running  map[int]bool   // partitions whose move has a goroutine
+	fillFrom map[int]uint64 // B's anti-entropy round once every replica had the move's ring, by partition
+	kick     chan struct{}
+}
+
+// kickDriver asks the driver for a pass now (never blocks).
+func (n *Node) kickDriver() {
+	select {
+	case n.drv.kick <- struct{}{}:
+	default:
+	}
+}
+
+// driveLoop runs the driver's passes while this node leads the meta group,
+// until Close.
+func (n *Node) driveLoop() {
+	defer n.stopped.Done()
+	t := time.NewTicker(driverInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		case <-n.drv.kick:
+		}
+		if n.meta.IsLeader() {
+			n.drivePass()
+		}
+	}
+}
+
+// drivePass starts the queued moves the throttle allows, a goroutine for
+// each move under way that has none, and removes leaving and dead nodes
+// that hold nothing.
+func (n *Node) drivePass() {
+	r := n.meta.Ring()
+	if r == nil {
+		return
+	}
+	if err := n.startQueued(); err != nil {
+		n.cfg.Logger.Warn("starting queued moves failed", "err", err)
+	}
+	r = n.meta.Ring()
+	for p := range r.MovesUnderway() {
+		n.drv.mu.Lock()
+		if n.drv.running[p] {
+			n.drv.mu.Unlock()
+			continue
+		}
+		n.drv.running[p] = true
+		n.drv.mu.Unlock()
+		n.stopped.Add(1)
+		go n.driveMove(p)
+	}
+	if err := n.removeEmptied(); err != nil {
+		n.cfg.Logger.Warn("removing emptied nodes failed", "err", err)
+	}
+}
+
+// editRing applies edit to a copy of the meta group's current ring with
+// the next epoch and proposes it; edit returns false to propose nothing.
+// It retries when another proposal won the epoch.
+func (n *Node) editRing(edit func(r *cluster.Ring) (bool, error)) (*cluster.Ring, error) {
+	n.placeMu.Lock()
+	defer n.placeMu.Unlock()
+	for attempt := 0; ; attempt++ {
+		cur := n.meta.Ring()
+		if cur == nil {
+			return nil, errNotFormed
+		}
+		next := cur.Next()
+		ok, err := edit(next)
+		if err != nil || !ok {
+			return cur, err
+		}
+		err = n.meta.ProposeRing(next, proposeTimeout)
+		if err == nil {
+			n.kickReconcile()
+			return next, nil
+		}
+		if !errors.Is(err, cluster.ErrStaleEpoch) || attempt == 3 {
+			return cur, err
+		}
+	}
+}
+
+// startQueued starts queued moves, in plan order, while neither end has
+// MaxMovesPerNode moves under way, the partition has none, and the target
+// is up. A queued move that no longer matches its partition's cohort
+// fails.
+func (n *Node) startQueued() error {
+	_, err := n.editRing(func(r *cluster.Ring) (bool, error) {
+		busy := map[string]int{}
+		for _, m := range r.Moves {
+			if m.State.Active() {
+				busy[m.From]++
+				busy[m.To]++
+			}
+		}
+		changed := false
+		for i := range r.Moves {
+			m := &r.Moves[i]
+			if m.State != cluster.MoveQueued {
+				continue
+			}
+			if !r.Hosts(m.Partition, m.From) || r.Hosts(m.Partition, m.To) {
+				m.State, m.Error, changed = cluster.MoveFailed, "the partition's cohort changed since the plan", true
+				continue
+			}
+			if _, ok := r.Node(m.To); !ok {
+				m.State, m.Error, changed = cluster.MoveFailed, "the target left the ring", true
+				continue
+			}
+			if r.ActiveMove(m.Partition) != nil || busy[m.From] >= n.cfg.MaxMovesPerNode ||
+				busy[m.To] >= n.cfg.MaxMovesPerNode || !n.memberUp(m.To) {
+				continue
+			}
+			m.State, m.Epoch, m.Error, changed = cluster.MoveFilling, r.Epoch, "", true
+			busy[m.From]++
+			busy[m.To]++
+		}
+		return changed, nil
+	})
+	return err
+}
+
+// driveMove drives partition p's move under way until it is done, this
+// node stops leading the meta group, or the node closes.
+func (n *Node) driveMove(p int) {
+	defer n.stopped.Done()
+	defer func() {
+		n.drv.mu.Lock()
+		delete(n.drv.running, p)
+		delete(n.drv.fillFrom, p)
+		n.drv.mu.Unlock()
+	}()
+	backoff := movePoll
+	for {
+		select {
+		case <-n.stop:
+			return
+		default:
+		}
+		if !n.meta.IsLeader() {
+			return
+		}
+		r := n.meta.Ring()
+		m := r.ActiveMove(p)
+		if m == nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
+		progressed, err := n.stepMove(ctx, r, *m)
+		cancel()
+		wait := movePoll
+		if err != nil {
+			n.noteMoveError(p, *m, err)
+			wait, backoff = backoff, min(2*backoff, 5*time.Second)
+		} else {
+			backoff = movePoll
+			if progressed {
+				wait = 0
+			}
+		}
+		select {
+		case <-n.stop:
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// noteMoveError records a step's error in the move (shown by status), once
+// per distinct message.
+func (n *Node) noteMoveError(p int, m cluster.Move, err error) {
+	msg := errorMessage(err)
+	if m.Error == msg {
+		return
+	}
+	n.cfg.Logger.Warn("partition move step failed; retrying", "partition", p, "from", m.From, "to", m.To,
+		"state", m.State, "err", msg)
+	_, _ = n.editRing(func(r *cluster.Ring) (bool, error) {
+		cur := r.ActiveMove(p)
+		if cur == nil || cur.State != m.State || cur.Error == msg {
+			return false, nil
+		}
+		cur.Error = msg
+		return true, nil
+	})
+}
+
+// setMoveState records partition p's move (still in state from) in state
+// to.
+func (n *Node) setMoveState(p int, from, to cluster.MoveState) error {
+	_, err := n.editRing(func(r *cluster.Ring) (bool, error) {
+		m := r.ActiveMove(p)
+		if m == nil || m.State != from {
+			return false, nil
+		}
+		m.State, m.Error = to, ""
+		return true, nil
+	})
+	return err
+}
+
+// stepMove takes the next step of move m of ring r. It reports whether
+// the move changed state; false with no error means it waits.
+func (n *Node) stepMove(ctx context.Context, r *cluster.Ring, m cluster.Move) (bool, error) {
+	p := m.Partition
+	to, ok := r.Node(m.To)
+	if !ok {
+		return false, fmt.Errorf("target %s is not in the ring", m.To)
+	}
+	switch m.State {
+	case cluster.MoveFilling:
+		filled, err := n.moveFilled(ctx, r, m)
+		if err != nil || !filled {
+			return false, err
+		}
+		if _, err := n.changeGroup(ctx, r, p, "add-nonvoter", to); err != nil {
+			return false, err
+		}
+		return true, n.setMoveState(p, cluster.MoveFilling, cluster.MoveCatchingUp)
+
+	case cluster.MoveCatchingUp:
+		cfg, err := n.changeGroup(ctx, r, p, "add-nonvoter", to)
+		if err != nil {
+			return false, err
+		}
+		prog, err := n.replicaProgress(ctx, to, p, nil, 0)
+		if err != nil {
+			return false, err
+		}
+		if prog.AppliedIndex < cfg.LastIndex {
+			return false, nil
+		}
+		if _, err := n.changeGroup(ctx, r, p, "add-voter", to); err != nil {
+			return false, err
+		}
+		return true, n.setMoveState(p, cluster.MoveCatchingUp, cluster.MovePromoted)
+
+	case cluster.MovePromoted:
+		from, _ := r.Node(m.From)
+		from.ID = m.From
+		cfg, err := n.changeGroup(ctx, r, p, "transfer-from", from)
+		if err != nil {
+			return false, err
+		}
+		if cfg.Leader == m.From {
+			return false, nil // the transfer is under way
+		}
+		if !serverVotes(cfg.Servers, m.To) {
+			// A new meta leader may find the move recorded promoted
+			// before the promotion reached the group: promote again.
+			if _, err := n.changeGroup(ctx, r, p, "add-voter", to); err != nil {
+				return false, err
+			}
+		}
+		if _, err := n.changeGroup(ctx, r, p, "remove", from); err != nil {
+			return false, err
+		}
+		_, err = n.editRing(func(r *cluster.Ring) (bool, error) {
+			cur := r.ActiveMove(p)
+			if cur == nil || cur.State != cluster.MovePromoted {
+				return false, nil
+			}
+			return true, r.FinishMove(p)
+		})
+		if err == nil {
+			n.cfg.Logger.Info("partition moved", "partition", p, "from", m.From, "to", m.To)
+		}
+		return err == nil, err
+	}
+	return false, fmt.Errorf("move in state %s", m.State)
+}
+
+func serverVotes(servers []*nornv1.GroupServer, id string) bool {
+	for _, s := range servers {
+		if s.GetId() == id {
+			return s.GetVoter()
+		}
+	}
+	return false
+}
+
+// moveFilled reports whether move m's target has its replica filled: every
+// live replica of the partition runs with a ring that has the move (so
+// writes reach the target, or are refused), and the target then completed
+// an anti-entropy exchange with the move's source (with the other live
+// members when the source is dead).
+func (n *Node) moveFilled(ctx context.Context, r *cluster.Ring, m cluster.Move) (bool, error) {
+	p := m.Partition
+	to, _ := r.Node(m.To)
+	n.drv.mu.Lock()
+	after, known := n.drv.fillFrom[p]
+	n.drv.mu.Unlock()
+	fromDead := false
+	if role, _ := r.Role(m.From); role == cluster.RoleDead || !n.memberUp(m.From) {
+		fromDead = true
+	}
+	var sources []string
+	if !fromDead {
+		sources = []string{m.From}
+	}
+	if !known {
+		for _, id := range r.Replicas(p) {
+			nd, _ := r.Node(string(id))
+			if string(id) == m.From && fromDead || string(id) != m.To && !n.memberUp(string(id)) {
+				continue
+			}
+			prog, err := n.replicaProgress(ctx, nd, p, nil, 0)
+			if err != nil {
+				return false, err
+			}
+			if prog.RingEpoch < m.Epoch || !prog.Open {
+				return false, nil // the move's ring has not reached it yet
+			}
+			if string(id) == m.To {
+				after = prog.Round
+			}
+		}
+		n.drv.mu.Lock()
+		n.drv.fillFrom[p] = after
+		n.drv.mu.Unlock()
+	}
+	if fromDead {
+		for _, id := range r.Cohort(p) {
+			if string(id) != m.From && n.memberUp(string(id)) {
+				sources = append(sources, string(id))
+			}
+		}
+		if len(sources) == 0 {
+			return false, fmt.Errorf("no live replica of partition %d to fill %s from", p, m.To)
+		}
+	}
+	prog, err := n.replicaProgress(ctx, to, p, sources, after)
+	if err != nil {
+		return false, err
+	}
+	return prog.Filled, nil
+}
+
+// changeGroup asks partition p's leader for a configuration change of the
+// group (op about node nd), trying each replica of p until the leader
+// answers.
+func (n *Node) changeGroup(ctx context.Context, r *cluster.Ring, p int, op string, nd cluster.RingNode) (*nornv1.ChangeGroupResponse, error) {
+	req := &nornv1.ChangeGroupRequest{Partition: uint32(p), Op: op, Node: nd.ID, RaftAddress: nd.RaftAddr}
+	candidates := r.Replicas(p)
+	if g := n.group(uint16(p)); g != nil {
+		if l := string(g.Leader()); l != "" {
+			candidates = append([]ring.NodeID{ring.NodeID(l)}, candidates...)
+		}
+	}
+	var lastErr error
+	tried := map[ring.NodeID]bool{}
+	for _, id := range candidates {
+		if tried[id] {
+			continue
+		}
+		tried[id] = true
+		target, ok := r.Node(string(id))
+		if !ok || !n.memberUp(string(id)) {
+			continue
+		}
+		resp, err := n.peers.get(target.APIAddr).peer.ChangeGroup(ctx, peerRequest(n, req))
+		if err == nil {
+			return resp.Msg, nil
+		}
+		lastErr = err
+	}
+	if lastErr == nil {
+		lastErr = fmt.Errorf("no live replica of partition %d", p)
+	}
+	return nil, fmt.Errorf("partition %d %s %s: %w", p, op, nd.ID, lastErr)
+}
+
+// replicaProgress asks node nd how far its replica of p is.
+func (n *Node) replicaProgress(ctx context.Context, nd cluster.RingNode, p int, fillFrom []string, after uint64) (*nornv1.ReplicaProgressResponse, error) {
+	resp, err := n.peers.get(nd.APIAddr).peer.ReplicaProgress(ctx, peerRequest(n,
+		&nornv1.ReplicaProgressRequest{Partition: uint32(p), FillFrom: fillFrom, AfterRound: after}))
+	if err != nil {
+		return nil, fmt.Errorf("progress of %s: %w", nd.ID, err)
+	}
+	return resp.Msg, nil
+}
+
+// removeEmptied removes from the ring every leaving or dead node that
+// holds no replica and is named by no pending move, then from the meta
+// group, and fills the meta group up to its size from the members.
+func (n *Node) removeEmptied() error {
+	var gone []string
+	_, err := n.editRing(func(r *cluster.Ring) (bool, error) {
+		gone = gone[:0]
+		keep := r.Nodes[:0:0]
+		for _, nd := range r.Nodes {
+			if (nd.Role == cluster.RoleLeaving || nd.Role == cluster.RoleDead) && r.Holds(nd.ID) == 0 && !r.Pending(nd.ID) {
+				gone = append(gone, nd.ID)
+				continue
+			}
+			keep = append(keep, nd)
+		}
+		if len(gone) == 0 || len(keep) < r.Replication {
+			return false, nil
+		}
+		r.Nodes = keep
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, id := range gone {
+		n.cfg.Logger.Info("node removed from the cluster", "node", id)
+	}
+	return n.fitMetaGroup()
+}
+
+// fitMetaGroup makes the meta group's voters the ring's nodes it should
+// have: voters no longer in the ring are removed, and members (alive,
+// role member first) are added until the group has MetaVoters of the
+// ring's size. The leader removes itself last.
+func (n *Node) fitMetaGroup() error {
+	r := n.meta.Ring()
+	if r == nil || !n.meta.IsLeader() {
+		return nil
+	}
+	voters, err := n.meta.Voters()
+	if err != nil {
+		return err
+	}
+	self := n.cfg.NodeID
+	var kept []string
+	var removeSelf bool
+	for _, v := range voters {
+		nd, ok := r.Node(v)
+		if ok && nd.Role != cluster.RoleLeaving && nd.Role != cluster.RoleDead {
+			kept = append(kept, v)
+			continue
+		}
+		if v == self {
+			removeSelf = true
+			continue
+		}
+		if err := n.meta.RemoveServer(v, proposeTimeout); err != nil {
+			return fmt.Errorf("remove %s from the meta group: %w", v, err)
+		}
+		n.cfg.Logger.Info("node left the meta group", "node", v)
+	}
+	want := cluster.MetaVoters(len(r.Nodes))
+	for _, nd := range r.Nodes {
+		if len(kept) >= want {
+			break
+		}
+		if slices.Contains(kept, nd.ID) || nd.Role != cluster.RoleMember || !n.memberUp(nd.ID) {
+			continue
+		}
+		if err := n.meta.AddVoter(nd, proposeTimeout); err != nil {
+			return fmt.Errorf("add %s to the meta group: %w", nd.ID, err)
+		}
+		kept = append(kept, nd.ID)
+		n.cfg.Logger.Info("node joined the meta group", "node", nd.ID)
+	}
+	if removeSelf && len(kept) > 0 {
+		return n.meta.RemoveServer(self, proposeTimeout)
+	}
+	return nil
+}
+
+// ChangeGroup changes partition p's Raft configuration on p's leader.
+func (s peerService) ChangeGroup(_ context.Context, req *connect.Request[nornv1.ChangeGroupRequest]) (*connect.Response[nornv1.ChangeGroupResponse], error) {
+	n := s.n
+	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	r := n.ring.Load()
+	if r == nil {
+		return nil, errNotFormed
+	}
+	m := req.Msg
+	if int(m.GetPartition()) >= r.Partitions {
+		return nil, invalid("partition", "%d is not below the partition count %d", m.GetPartition(), r.Partitions)
+	}
+	if m.GetNode() == "" {
+		return nil, invalid("node", "is required")
+	}
+	p := uint16(m.GetPartition())
+	g := n.group(p)
+	if g == nil {
+		return nil, n.notReplicated("partition", p)
+	}
+	if !g.IsLeader() {
+		return nil, connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("not the leader of partition %d (leader: %q)", p, g.Leader()))
+	}
+	var err error
+	switch m.GetOp() {
+	case "add-nonvoter", "add-voter":
+		if m.GetRaftAddress() == "" {
+			return nil, invalid("raft_address", "is required to add a server")
+		}
+		if m.GetOp() == "add-nonvoter" {
+			err = g.AddNonvoter(m.GetNode(), m.GetRaftAddress(), proposeTimeout)
+		} else {
+			err = g.AddVoter(m.GetNode(), m.GetRaftAddress(), proposeTimeout)
+		}
+	case "remove":
+		if m.GetNode() == n.cfg.NodeID {
+			return nil, connect.NewError(connect.CodeFailedPrecondition,
+				fmt.Errorf("the leader of partition %d does not remove itself; transfer the leadership first", p))
+		}
+		err = g.RemoveServer(m.GetNode(), proposeTimeout)
+	case "transfer-from":
+		if m.GetNode() == n.cfg.NodeID {
+			err = g.TransferLeadership()
+		}
+	default:
+		return nil, invalid("op", "unknown operation %q", m.GetOp())
+	}
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("partition %d %s %s: %w", p, m.GetOp(), m.GetNode(), err))
+	}
+	servers, err := g.Servers()
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	resp := &nornv1.ChangeGroupResponse{LastIndex: g.LastIndex(), Leader: string(g.Leader())}
+	for _, sv := range servers {
+		resp.Servers = append(resp.Servers, &nornv1.GroupServer{Id: sv.ID, Address: sv.Address, Voter: sv.Voter})
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// ReplicaProgress reports this node's replica of a partition.
+func (s peerService) ReplicaProgress(_ context.Context, req *connect.Request[nornv1.ReplicaProgressRequest]) (*connect.Response[nornv1.ReplicaProgressResponse], error) {
+	n := s.n
+	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	r := n.ring.Load()
+	if r == nil {
+		return nil, errNotFormed
+	}
+	m := req.Msg
+	if int(m.GetPartition()) >= r.Partitions {
+		return nil, invalid("partition", "%d is not below the partition count %d", m.GetPartition(), r.Partitions)
+	}
+	if len(m.GetFillFrom()) > r.Replication+1 {
+		return nil, invalid("fill_from", "names %d nodes; at most %d", len(m.GetFillFrom()), r.Replication+1)
+	}
+	p := uint16(m.GetPartition())
+	resp := &nornv1.ReplicaProgressResponse{RingEpoch: r.Epoch, Round: n.aeStats.rounds.Load()}
+	if g := n.group(p); g != nil {
+		resp.Open = true
+		resp.AppliedIndex = g.AppliedIndex()
+		if len(m.GetFillFrom()) > 0 {
+			resp.Filled = n.aeStats.filledFrom(p, m.GetFillFrom(), m.GetAfterRound())
+			if !resp.Filled {
+				n.kickAntiEntropySoon()
+			}
+		}
+	}
+	return connect.NewResponse(resp), nil
+}
