@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 )
@@ -103,6 +104,21 @@ func parseID(what, s string) (uint64, error) {
 		return 0, fmt.Errorf("%s: must not be 0", what)
 	}
 	return id, nil
+}
+
+// parseNode parses the <node> argument of the placement commands: a node
+// id or an API address (host:port), which the server resolves.
+func parseNode(s string) (string, error) {
+	node := strings.TrimSpace(s)
+	switch {
+	case node == "":
+		return "", errors.New("node: empty; want a node id or an API address (host:port)")
+	case strings.Contains(node, "://"):
+		return "", fmt.Errorf("node %q: want a node id or an API address host:port, not a URL", s)
+	case strings.ContainsFunc(node, unicode.IsSpace):
+		return "", fmt.Errorf("node %q: want a node id or an API address (host:port)", s)
+	}
+	return node, nil
 }
 
 // parseIDs parses a comma-separated list of task ids ("" is none).

@@ -37,6 +37,29 @@ func TestParseNotBefore(t *testing.T) {
 	}
 }
 
+func TestParseNode(t *testing.T) {
+	tests := []struct {
+		in, want string
+		wantErr  bool
+	}{
+		{"n1", "n1", false},
+		{" n1\n", "n1", false},
+		{"10.0.0.4:7400", "10.0.0.4:7400", false},
+		{"[::1]:7400", "[::1]:7400", false},
+		{"node-4.example.com:7400", "node-4.example.com:7400", false},
+		{"", "", true},
+		{"  ", "", true},
+		{"http://10.0.0.4:7400", "", true},
+		{"n 1", "", true},
+	}
+	for _, tc := range tests {
+		got, err := parseNode(tc.in)
+		if (err != nil) != tc.wantErr || got != tc.want {
+			t.Errorf("parseNode(%q) = %q, %v; want %q, error %v", tc.in, got, err, tc.want, tc.wantErr)
+		}
+	}
+}
+
 func TestParseIDs(t *testing.T) {
 	tests := []struct {
 		in      string

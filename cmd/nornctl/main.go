@@ -1,7 +1,8 @@
 // Command nornctl is the command-line client of Norn: it enqueues, reads,
-// claims and settles tasks, reports a node's status, and generates load
-// (bench). It talks to one node over the Go client library (package client),
-// so it retries what the library retries and nothing else.
+// claims and settles tasks, reports a node's status, changes the cluster's
+// placement (join, rebalance, drain, decommission, remove) and generates
+// load (bench). It talks to one node over the Go client library (package
+// client), so it retries what the library retries and nothing else.
 //
 //	nornctl [global flags] <command> [flags] [args]
 //
@@ -10,6 +11,12 @@
 //	nornctl complete <id> <claim-id> --result done
 //	nornctl get <id>                                  # the task and its history
 //	nornctl status                                    # the node and its partitions
+//	nornctl join n4                                   # admit a started node
+//	nornctl rebalance                                 # show the plan, ask, apply, watch
+//	nornctl rebalance status                          # the moves under way
+//	nornctl drain n2 --dry-run                        # what draining n2 would move
+//	nornctl decommission n2 --yes                     # move everything off n2, then remove it
+//	nornctl remove n3 --dead                          # replace a node gone for good
 //	nornctl bench                                     # enqueue, then claim+complete, 50,000 tasks
 //
 // The node is --addr, else the environment variable NORN_ADDR, else
@@ -17,13 +24,26 @@
 // prints the response message as protojson, one document per command (bench
 // prints its own JSON summary). Global flags may also follow the command.
 //
+// The placement commands (rebalance, drain, decommission, remove) first ask
+// for the plan without applying it and print it: the replica moves and each
+// node's replica count before and after. --dry-run stops there; otherwise
+// nornctl asks "apply this plan? [y/N]" on standard error (--yes does not
+// ask), applies the plan (the node may plan again if the ring changed in
+// between: the applied plan is printed), then polls Status every 500 ms and
+// prints each move's state changes until every move is done or failed
+// (--watch=false returns at once). They send every call to --addr only,
+// so the watch sees one node's view of the ring.
+//
 // Exit status: 0 on success, 2 on a usage error (with the usage text on
 // standard error), 1 on any other error, which is printed on standard error
 // as "nornctl: <message>" (with the server's code, for example NOT_FOUND).
+// A plan not applied (the answer was not yes) and a move that failed are
+// errors.
 //
 // Files: main.go (dispatch, global flags, errors), commands.go (one function
-// per command), args.go (parsing of flag values and positional arguments),
-// output.go (tables and JSON), bench.go (the load generator).
+// per task and status command), placement.go (the placement commands, the
+// prompt and the watch), args.go (parsing of flag values and positional
+// arguments), output.go (tables and JSON), bench.go (the load generator).
 package main
 
 import (
@@ -48,6 +68,10 @@ const defaultAddr = "127.0.0.1:7400"
 
 // addrEnv names the environment variable that overrides defaultAddr.
 const addrEnv = "NORN_ADDR"
+
+// defaultPollInterval is how often a placement command's watch asks for
+// the moves' progress.
+const defaultPollInterval = 500 * time.Millisecond
 
 // Exit codes.
 const (
@@ -86,6 +110,7 @@ type env struct {
 	stderr io.Writer
 	g      globals
 	c      *client.Client
+	poll   time.Duration // between the Status calls of a watch; tests set 0
 }
 
 // client returns the client of the node at --addr, made on first use.
@@ -128,6 +153,11 @@ var commands = []*command{
 	{name: "yield", args: "<id> <claim-id>", summary: "give a claimed task back (READY again)", run: runYield},
 	{name: "cancel", args: "<id>", summary: "end a task as CANCELLED", run: runCancel},
 	{name: "status", summary: "show the node and its partitions", run: runStatus},
+	{name: "join", args: "<node>", summary: "make a started node a member of the cluster", help: joinHelp, run: runJoin},
+	{name: "rebalance", args: "[status]", summary: "spread the replicas over the members, or show the moves under way", help: rebalanceHelp, run: runRebalance},
+	{name: "drain", args: "<node>", summary: "move every replica off a node, which stays a member", help: drainHelp, run: runDrain},
+	{name: "decommission", args: "<node>", summary: "drain a node, then remove it from the cluster", help: decommissionHelp, run: runDecommission},
+	{name: "remove", args: "--dead <node>", summary: "replace the replicas of a node gone for good and remove it", help: removeHelp, run: runRemove},
 	{name: "bench", summary: "generate load: enqueue, then claim+complete, and report rates and latencies", help: benchHelp, run: runBench},
 }
 
@@ -155,18 +185,31 @@ func usagef(cmd *command, format string, args ...any) error {
 
 // run is main without the process: it returns the exit code.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
-	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr,
+	return newEnv(ctx, stdin, stdout, stderr, getenv).dispatch(args)
+}
+
+// newEnv returns the env of one run, the global flags at their defaults
+// (--addr from getenv).
+func newEnv(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) *env {
+	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, poll: defaultPollInterval,
 		g: globals{addr: defaultAddr, output: "table", timeout: client.DefaultTimeout}}
 	if a := getenv(addrEnv); a != "" {
 		e.g.addr = a
 	}
+	return e
+}
+
+// dispatch parses the global flags and the command name of args, runs
+// the command and returns the exit code.
+func (e *env) dispatch(args []string) int {
+	stderr := e.stderr
 	fs := flag.NewFlagSet("nornctl", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	e.g.register(fs)
 	err := fs.Parse(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		printUsage(stdout, fs)
+		printUsage(e.stdout, fs)
 		return exitOK
 	case err != nil:
 		fmt.Fprintf(stderr, "nornctl: %v\n", err)
@@ -232,18 +275,18 @@ func report(e *env, cmd *command, err error) int {
 }
 
 // errorMessage renders an error of the client as "CODE: message", the code
-// spelled as in docs/API.md; other errors as they are.
+// spelled as in docs/API.md, keeping what wraps it ("watching the moves:
+// CODE: message"); other errors as they are.
 func errorMessage(err error) string {
 	var ce *connect.Error
 	if !errors.As(err, &ce) {
 		return err.Error()
 	}
-	code := strings.ToUpper(ce.Code().String())
-	msg := ce.Message()
-	if msg == "" {
-		return code
+	s := strings.ToUpper(ce.Code().String())
+	if msg := ce.Message(); msg != "" {
+		s += ": " + msg
 	}
-	return code + ": " + msg
+	return strings.Replace(err.Error(), ce.Error(), s, 1)
 }
 
 func usageLine(cmd *command) string {

@@ -149,7 +149,8 @@ func writeClaimed(w io.Writer, tasks []*nornv1.ClaimedTask) {
 	}
 }
 
-// writeStatus prints the node, then one row per partition.
+// writeStatus prints the node, the cluster's nodes, one row per
+// partition, and a rebalance's progress while it has moves not done.
 func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 	fmt.Fprintf(w, "NODE:\t%s\n", st.GetNodeId())
 	fmt.Fprintf(w, "VERSION:\t%s\n", st.GetVersion())
@@ -162,7 +163,7 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 	}
 	fmt.Fprintf(w, "HEALTH:\t%s\n", health)
 	if len(st.GetNodes()) > 0 {
-		fmt.Fprintf(w, "\nNODE\tADDRESS\tSTATE\tCLOCK OFFSET\tFROM MEDIAN\n")
+		fmt.Fprintf(w, "\nNODE\tADDRESS\tSTATE\tROLE\tREPLICAS\tCLOCK OFFSET\tFROM MEDIAN\n")
 		for _, n := range st.GetNodes() {
 			dur := func(d *durationpb.Duration) string {
 				if d == nil {
@@ -170,7 +171,12 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 				}
 				return d.AsDuration().Round(100 * time.Microsecond).String()
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.GetId(), n.GetApiAddress(), n.GetState(), dur(n.GetClockOffset()), dur(n.GetMedianOffset()))
+			replicas := "-" // a node that reports no role predates placement
+			if n.GetRole() != "" {
+				replicas = strconv.FormatUint(uint64(n.GetReplicas()), 10)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.GetId(), n.GetApiAddress(), n.GetState(), dash(n.GetRole()), replicas,
+				dur(n.GetClockOffset()), dur(n.GetMedianOffset()))
 		}
 	}
 	keys := map[string]uint64{}
@@ -189,6 +195,130 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 		}
 		fmt.Fprintln(w)
 	}
+	if ms := st.GetMoves(); !allDone(ms) {
+		fmt.Fprintf(w, "\nrebalance: %s (see `nornctl rebalance status`)\n", moveSummary(ms))
+	}
+}
+
+// writePlan prints a placement plan: its moves and how many replicas they
+// are, then each node's role and replica count before and after.
+func writePlan(w io.Writer, p *nornv1.Plan) {
+	if len(p.GetMoves()) == 0 {
+		fmt.Fprintf(w, "no replica moves\n")
+	} else {
+		fmt.Fprintf(w, "PARTITION\tFROM\tTO\n")
+		for _, m := range p.GetMoves() {
+			fmt.Fprintf(w, "%d\t%s\t%s\n", m.GetPartition(), m.GetFromNode(), m.GetToNode())
+		}
+		var total uint64
+		for _, l := range p.GetLoads() {
+			total += uint64(l.GetBefore())
+		}
+		if total > 0 {
+			fmt.Fprintf(w, "\nmoving %d of %d replicas\n", len(p.GetMoves()), total)
+		} else {
+			fmt.Fprintf(w, "\nmoving %s\n", plural(len(p.GetMoves()), "replica"))
+		}
+	}
+	if len(p.GetLoads()) > 0 {
+		fmt.Fprintf(w, "\nNODE\tROLE\tBEFORE\tAFTER\n")
+		for _, l := range p.GetLoads() {
+			fmt.Fprintf(w, "%s\t%s\t%d\t%d\n", l.GetNodeId(), dash(l.GetRole()), l.GetBefore(), l.GetAfter())
+		}
+	}
+}
+
+// writeApplied prints an applied plan: in full unless it has the same
+// moves as shown, the plan printed before the question (nil: none was).
+func writeApplied(w io.Writer, applied, shown *nornv1.Plan) {
+	switch {
+	case shown == nil:
+		writePlan(w, applied)
+		fmt.Fprintln(w)
+	case !sameMoves(applied, shown):
+		fmt.Fprintf(w, "the ring changed since the plan above was made; the node applied this plan:\n\n")
+		writePlan(w, applied)
+		fmt.Fprintln(w)
+	}
+	n := len(applied.GetMoves())
+	if n == 0 {
+		fmt.Fprintf(w, "applied at ring epoch %d; nothing to move\n", applied.GetRingEpoch())
+		return
+	}
+	fmt.Fprintf(w, "queued %s at ring epoch %d\n", plural(n, "move"), applied.GetRingEpoch())
+}
+
+// sameMoves reports whether plans a and b move the same replicas.
+func sameMoves(a, b *nornv1.Plan) bool {
+	return slices.EqualFunc(a.GetMoves(), b.GetMoves(), func(x, y *nornv1.MoveStatus) bool { return keyOf(x) == keyOf(y) })
+}
+
+// writeMoves prints the moves of a rebalance with their states, then how
+// many are done.
+func writeMoves(w io.Writer, moves []*nornv1.MoveStatus) {
+	if len(moves) == 0 {
+		fmt.Fprintf(w, "no rebalance under way\n")
+		return
+	}
+	fmt.Fprintf(w, "PARTITION\tFROM\tTO\tSTATE\tERROR\n")
+	for _, m := range moves {
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\n", m.GetPartition(), m.GetFromNode(), m.GetToNode(), dash(m.GetState()), dash(oneLine(m.GetError())))
+	}
+	fmt.Fprintf(w, "\n%s\n", moveSummary(moves))
+}
+
+// moveSummary counts moves: "3 of 10 moves done", and ", 1 failed" when
+// some failed.
+func moveSummary(moves []*nornv1.MoveStatus) string {
+	done, failed := 0, 0
+	for _, m := range moves {
+		switch m.GetState() {
+		case moveDone:
+			done++
+		case moveFailed:
+			failed++
+		}
+	}
+	s := fmt.Sprintf("%d of %s done", done, plural(len(moves), "move"))
+	if failed > 0 {
+		s += fmt.Sprintf(", %d failed", failed)
+	}
+	return s
+}
+
+// allDone reports whether every move is done (true for none).
+func allDone(moves []*nornv1.MoveStatus) bool {
+	for _, m := range moves {
+		if m.GetState() != moveDone {
+			return false
+		}
+	}
+	return true
+}
+
+// formatMove is one line of a watch: "p12 n1 -> n4: catching-up", and the
+// move's error in parentheses when it has one.
+func formatMove(m *nornv1.MoveStatus) string {
+	s := fmt.Sprintf("p%d %s -> %s: %s", m.GetPartition(), m.GetFromNode(), m.GetToNode(), dash(m.GetState()))
+	if m.GetError() != "" {
+		s += " (" + oneLine(m.GetError()) + ")"
+	}
+	return s
+}
+
+// plural is n and noun, with an s unless n is 1: "1 move", "2 moves".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
 
 // replicaRoots summarizes a partition's replica tree roots: "agree" and
