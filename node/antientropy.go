@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -238,7 +239,8 @@ func (n *Node) sharedPartitions(r *cluster.Ring, peerID string) []uint16 {
 }
 
 // exchangeWith runs one anti-entropy round with peerID, if it is up. It
-// reports whether any partition differed.
+// reports whether any partition differed, or the peer was not ready (the
+// next round comes sooner either way).
 func (n *Node) exchangeWith(r *cluster.Ring, peerID string, limiter *rate.Limiter) bool {
 	nd, ok := r.Node(peerID)
 	if !ok || !n.memberUp(peerID) {
@@ -271,10 +273,12 @@ func (n *Node) exchangeWith(r *cluster.Ring, peerID string, limiter *rate.Limite
 	}
 	switch {
 	case err == nil || errors.Is(err, context.Canceled):
-	case connect.CodeOf(err) == connect.CodeUnavailable:
-		// The peer is starting, or has not adopted the ring yet: the next
-		// round will do.
+	case connect.CodeOf(err) == connect.CodeUnavailable, errors.Is(err, antientropy.ErrNotReplicated),
+		connect.CodeOf(err) == connect.CodeFailedPrecondition && strings.Contains(err.Error(), antientropy.ErrNotReplicated.Error()):
+		// The peer is starting, or has not adopted the ring yet (a
+		// partition moves): a round soon will do.
 		n.cfg.Logger.Info("anti-entropy peer not ready", "peer", peerID, "err", err)
+		return true
 	default:
 		n.cfg.Logger.Warn("anti-entropy exchange failed", "peer", peerID, "err", err)
 	}

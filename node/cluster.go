@@ -298,6 +298,7 @@ func (n *Node) openGroup(r *cluster.Ring, p int, bootstrap bool) error {
 	}
 	rl := n.raftLogger().Named(fmt.Sprintf("p%d", p))
 	trans := newNetworkTransport(stream, rl)
+	n.store.ReopenPartition(uint16(p))
 	var servers []raft.Server
 	for _, id := range r.Cohort(p) {
 		nd, _ := r.Node(string(id))

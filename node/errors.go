@@ -38,7 +38,7 @@ func apiError(err error) error {
 		return connect.NewError(connect.CodeNotFound, err)
 	case errors.Is(err, claims.ErrClaimSuperseded), errors.Is(err, claims.ErrTaskTerminal):
 		return connect.NewError(connect.CodeFailedPrecondition, err)
-	case errors.Is(err, claims.ErrNotLeader):
+	case errors.Is(err, claims.ErrNotLeader), errors.Is(err, storage.ErrPartitionDropped):
 		return connect.NewError(connect.CodeUnavailable, err)
 	case errors.Is(err, storage.ErrCorrupt):
 		return connect.NewError(connect.CodeDataLoss, err)

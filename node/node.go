@@ -51,6 +51,7 @@ type Node struct {
 	hints         leaderHints   // leaders of partitions not replicated here (lists.go)
 	placeMu       sync.Mutex    // one ring proposal at a time on the meta leader (rebalance.go)
 	drv           driver        // the rebalance driver (rebalance.go)
+	metaFitMu     sync.Mutex    // one meta group membership change at a time (rebalance.go)
 
 	waiters  *queueWaiters
 	inflight inflightSet // tasks being claimed now

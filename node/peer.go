@@ -208,7 +208,10 @@ func (s peerService) Replicate(_ context.Context, req *connect.Request[nornv1.Re
 		}
 		p := n.partition(t.ID)
 		if n.group(p) == nil {
-			return nil, n.notReplicated(fmt.Sprintf("tasks[%d]", i), p)
+			// The caller's ring and this node's disagree (a partition
+			// moves): retryable, and the caller's next ring will tell.
+			return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf(
+				"tasks[%d]: partition %d is not replicated on %s (ring epoch %d)", i, p, n.cfg.NodeID, r.Epoch))
 		}
 		if err := n.checkEpoch(r, req.Header(), p); err != nil {
 			return nil, err

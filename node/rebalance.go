@@ -473,6 +473,8 @@ func (n *Node) removeEmptied() error {
 // role member first) are added until the group has MetaVoters of the
 // ring's size. The leader removes itself last.
 func (n *Node) fitMetaGroup() error {
+	n.metaFitMu.Lock()
+	defer n.metaFitMu.Unlock()
 	r := n.meta.Ring()
 	if r == nil || !n.meta.IsLeader() {
 		return nil

@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
@@ -23,6 +26,9 @@ import (
 func rebalanceTune(_ int, cfg *Config) {
 	cfg.AntiEntropyInterval = time.Second
 	cfg.AntiEntropySettle = 50 * time.Millisecond
+	if testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
 }
 
 // startJoiner starts a node that gossips with ms's cluster without being a
@@ -231,4 +237,157 @@ func checkAllReadable(t *testing.T, m *member, ids []uint64) {
 			t.Fatalf("task %d: %v", id, err)
 		}
 	}
+}
+
+// loadRun is continuous enqueue and claim+complete load on a cluster:
+// what it acked and how often each task was granted.
+type loadRun struct {
+	mu      sync.Mutex
+	acked   []uint64
+	grants  map[uint64]int
+	failed  int // enqueues not acked (retried by a real client)
+	stop    chan struct{}
+	stopped sync.WaitGroup
+}
+
+// startLoad runs 2 enqueuers and 2 workers against the members in turn
+// (leases of a minute: no claim may expire during a test, so a second
+// grant of a task is a double claim).
+func startLoad(t *testing.T, coords func() []*member) *loadRun {
+	l := &loadRun{grants: map[uint64]int{}, stop: make(chan struct{})}
+	ctx := context.Background()
+	for w := range 2 {
+		l.stopped.Add(2)
+		go func() {
+			defer l.stopped.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				cs := coords()
+				c := cs[(i+w)%len(cs)]
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				resp, err := c.api.Enqueue(cctx, connect.NewRequest(&nornv1.EnqueueRequest{
+					Task: &nornv1.TaskSpec{Queue: "load", Payload: []byte(fmt.Sprint(i))}}))
+				cancel()
+				l.mu.Lock()
+				if err == nil {
+					l.acked = append(l.acked, resp.Msg.GetId())
+				} else {
+					l.failed++
+				}
+				l.mu.Unlock()
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+		go func() {
+			defer l.stopped.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				cs := coords()
+				c := cs[(i+w+1)%len(cs)]
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				resp, err := c.api.Claim(cctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "load", Worker: fmt.Sprint("w", w),
+					Max: 8, Lease: durationpb.New(time.Minute), Wait: durationpb.New(200 * time.Millisecond)}))
+				cancel()
+				if err != nil {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				for _, ct := range resp.Msg.GetTasks() {
+					l.mu.Lock()
+					l.grants[ct.GetTask().GetId()]++
+					l.mu.Unlock()
+					cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					_, _ = c.api.Complete(cctx, connect.NewRequest(&nornv1.CompleteRequest{Id: ct.GetTask().GetId(), ClaimId: ct.GetClaimId()}))
+					cancel()
+				}
+			}
+		}()
+	}
+	return l
+}
+
+// finish stops the load and checks its promises: every acked task is
+// readable, no task was granted twice, and enough happened to mean
+// something.
+func (l *loadRun) finish(t *testing.T, reader *member) {
+	t.Helper()
+	close(l.stop)
+	l.stopped.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t.Logf("load: %d enqueues acked, %d not; %d tasks claimed", len(l.acked), l.failed, len(l.grants))
+	if len(l.acked) < 100 || len(l.grants) < 50 {
+		t.Fatalf("too little load to judge: %d acked, %d claimed", len(l.acked), len(l.grants))
+	}
+	for id, n := range l.grants {
+		if n > 1 {
+			t.Errorf("task %d was granted %d times while its first lease (1 min) held", id, n)
+		}
+	}
+	checkAllReadable(t, reader, l.acked)
+}
+
+// checkRootsAgree waits until every replica of every partition has the
+// same Merkle root.
+func checkRootsAgree(t *testing.T, ms []*member, r *cluster.Ring) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "replicas agree", func() bool {
+		for p := range r.Partitions {
+			var roots []uint64
+			for _, m := range ms {
+				if m.node == nil || !r.Hosts(p, m.cfg.NodeID) {
+					continue
+				}
+				tr := m.node.ae.Tree(uint16(p))
+				if tr == nil {
+					return false
+				}
+				roots = append(roots, tr.Root())
+			}
+			if len(roots) != r.Replication || slices.Min(roots) != slices.Max(roots) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestRebalanceUnderLoad(t *testing.T) {
+	ms := testClusterWith(t, 3, rebalanceTune)
+	n4, n5 := startJoiner(t, ms, 4), startJoiner(t, ms, 5)
+	all := append(slices.Clone(ms), n4, n5)
+	var coordMu sync.Mutex
+	coords := slices.Clone(all)
+	load := startLoad(t, func() []*member {
+		coordMu.Lock()
+		defer coordMu.Unlock()
+		return coords
+	})
+	admin := adminClient(ms[1])
+	ctx := context.Background()
+	time.Sleep(300 * time.Millisecond) // some tasks before the first move
+	for _, j := range []*member{n4, n5} {
+		if _, err := admin.Join(ctx, connect.NewRequest(&nornv1.JoinRequest{Node: j.cfg.NodeID})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Apply: true})); err != nil {
+		t.Fatal(err)
+	}
+	waitMovesDone(t, metaLeader(t, all), 2*time.Minute)
+	if _, err := admin.Drain(ctx, connect.NewRequest(&nornv1.DrainRequest{Node: "n3", Apply: true})); err != nil {
+		t.Fatal(err)
+	}
+	r := waitMovesDone(t, metaLeader(t, all), 2*time.Minute)
+	load.finish(t, n4)
+	checkPlacement(t, all, r)
+	checkRootsAgree(t, all, r)
 }

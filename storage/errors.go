@@ -15,3 +15,7 @@ var ErrCorrupt = errors.New("storage: corrupt value")
 // comparing err.Error() with that string (as raft-boltdb's ErrKeyNotFound
 // does); never wrap it on a path that raft reads.
 var ErrStableKeyNotFound = errors.New("not found")
+
+// ErrPartitionDropped is returned (wrapped) by a task merge into a
+// partition this store dropped (its replica was handed over).
+var ErrPartitionDropped = errors.New("storage: partition dropped from this node")

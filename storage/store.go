@@ -69,6 +69,12 @@ type Store struct {
 
 	stripes [lockStripes]sync.Mutex
 
+	// dropMu orders task merges (readers) before and after partition drops
+	// (writer); dropped holds the partitions dropped and not reopened, whose
+	// merges fail with ErrPartitionDropped.
+	dropMu  sync.RWMutex
+	dropped map[uint16]bool
+
 	horizons       idHorizons // ids above which no task or meta is stored
 	digests        digestSinks
 	deleteHorizon  deleteHorizon
@@ -236,7 +242,17 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 	for i, it := range items {
 		ids[i] = it.Task.ID
 	}
+	s.dropMu.RLock()
+	for _, it := range items {
+		if s.dropped[it.Partition] {
+			s.dropMu.RUnlock()
+			return nil, fmt.Errorf("%w: partition %d", ErrPartitionDropped, it.Partition)
+		}
+	}
 	unlock := s.lockIDs(ids)
+	unlock = func(unlockIDs func()) func() {
+		return func() { unlockIDs(); s.dropMu.RUnlock() }
+	}(unlock)
 
 	results, batch, changes, digests, err := s.prepareMerge(items)
 	if err != nil {
@@ -721,8 +737,15 @@ func idFromKey(k []byte) uint64 { return binary.BigEndian.Uint64(k[len(k)-8:]) }
 // DropPartition deletes every key of partition p (tasks, indexes, Raft log
 // and claim state) with one range delete, synced. The caller must have
 // stopped everything that writes to p first, and its digest sink
-// (UntrackDigests).
+// (UntrackDigests). Task merges of p already published come before the
+// delete; later ones fail with ErrPartitionDropped until ReopenPartition.
 func (s *Store) DropPartition(p uint16) error {
+	s.dropMu.Lock()
+	defer s.dropMu.Unlock()
+	if s.dropped == nil {
+		s.dropped = map[uint16]bool{}
+	}
+	s.dropped[p] = true
 	start, end := partitionSpan(p)
 	if err := s.db.DeleteRange(start, end, pebble.Sync); err != nil {
 		return fmt.Errorf("storage: drop partition %d: %w", p, err)
@@ -735,6 +758,14 @@ func (s *Store) DropPartition(p uint16) error {
 	}
 	s.headsMu.Unlock()
 	return nil
+}
+
+// ReopenPartition lets task merges of a dropped partition p in again (the
+// node replicates it anew).
+func (s *Store) ReopenPartition(p uint16) {
+	s.dropMu.Lock()
+	defer s.dropMu.Unlock()
+	delete(s.dropped, p)
 }
 
 // SegmentEntry is one (id, digest) pair of the anti-entropy segment index.
