@@ -9,7 +9,7 @@ BUF         ?= github.com/bufbuild/buf/cmd/buf@v1.73.0
 CORE_PKGS   := ./crdt/... ./ring/... ./faultfs/... ./storage/... ./claims/... ./cluster/... ./antientropy/... ./transport/... ./client/... ./node/...
 BIN         := bin
 
-.PHONY: all build test test-core test-rest lint fmt proto proto-check bench fuzz cluster cluster-stop run clean jepsen jepsen-short
+.PHONY: all build test test-core test-rest lint fmt proto proto-check bench fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
 
 all: build
 
@@ -79,6 +79,14 @@ cluster:
 	$(GO) build -o $(BIN)/nornd ./cmd/nornd
 	$(GO) build -o $(BIN)/nornctl ./cmd/nornctl
 	BIN=$(BIN) bash scripts/cluster.sh start
+
+# One more node (N=4 to 9) for growing the cluster: it gossips with it and
+# waits for `nornctl join nN` (docs/OPERATIONS.md).
+N ?= 4
+cluster-add:
+	$(GO) build -o $(BIN)/nornd ./cmd/nornd
+	$(GO) build -o $(BIN)/nornctl ./cmd/nornctl
+	BIN=$(BIN) bash scripts/cluster.sh add $(N)
 
 cluster-stop:
 	BIN=$(BIN) bash scripts/cluster.sh stop

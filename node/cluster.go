@@ -126,6 +126,15 @@ func (n *Node) startCluster() error {
 	return nil
 }
 
+// readsLocally reports whether this node answers reads of partition p
+// (lists, counts, lookups) from its own replica: it is in p's cohort. A
+// move's target, still being filled, reads from the cohort like a node
+// without a replica.
+func (n *Node) readsLocally(p uint16) bool {
+	r := n.ring.Load()
+	return n.group(p) != nil && r != nil && r.Hosts(int(p), n.cfg.NodeID)
+}
+
 // RaftAddr is the address of this node's Raft listener.
 func (n *Node) RaftAddr() string { return n.raftAddr }
 

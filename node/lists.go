@@ -114,7 +114,7 @@ func (s taskService) ListTasks(ctx context.Context, req *connect.Request[nornv1.
 	resp := &nornv1.ListTasksResponse{}
 	for ; int(p) < n.cfg.Partitions; p, start = p+1, 0 {
 		var pg listPage
-		if n.group(p) != nil {
+		if n.readsLocally(p) {
 			pg, err = n.listLocal(p, f, start, b)
 		} else {
 			pg, err = n.listRemote(ctx, p, f, start, b)
@@ -245,7 +245,7 @@ func (s taskService) CountTasks(ctx context.Context, req *connect.Request[nornv1
 	}
 	var local, remote []uint16
 	for p := range uint16(n.cfg.Partitions) {
-		if n.group(p) != nil {
+		if n.readsLocally(p) {
 			local = append(local, p)
 		} else {
 			remote = append(remote, p)

@@ -128,8 +128,8 @@ func (n *Node) checkEpoch(r *cluster.Ring, h http.Header, p uint16) error {
 	}
 	if m := r.ActiveMove(int(p)); m != nil && epoch < m.Epoch {
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf(
-			"partition %d is moving since ring epoch %d and the writer's ring is older (epoch %d); retry once it has the new ring",
-			p, m.Epoch, epoch))
+			"partition %d is moving since ring epoch %d and %s (epoch %d); retry once it has the new ring",
+			p, m.Epoch, staleRingRefusal, epoch))
 	}
 	return nil
 }

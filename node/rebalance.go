@@ -30,8 +30,9 @@ import (
 //	             and B, and need a quorum of both the old and the new
 //	             cohort). Once every live replica runs with that ring (a
 //	             replica refuses writes from older rings), B must complete
-//	             an anti-entropy exchange of p with A (with the other
-//	             members when A is dead) that started after that point.
+//	             an anti-entropy exchange of p with every live member of
+//	             the cohort (A included unless dead) that started after
+//	             that point.
 //	catching-up  p's leader has added B as a non-voter; B applies the log
 //	             up to the leader's last index.
 //	promoted     B votes; if A leads p it hands the leadership over; then
@@ -340,8 +341,7 @@ func serverVotes(servers []*nornv1.GroupServer, id string) bool {
 // moveFilled reports whether move m's target has its replica filled: every
 // live replica of the partition runs with a ring that has the move (so
 // writes reach the target, or are refused), and the target then completed
-// an anti-entropy exchange with the move's source (with the other live
-// members when the source is dead).
+// an anti-entropy exchange with every live member of the cohort.
 func (n *Node) moveFilled(ctx context.Context, r *cluster.Ring, m cluster.Move) (bool, error) {
 	p := m.Partition
 	to, _ := r.Node(m.To)
@@ -351,10 +351,6 @@ func (n *Node) moveFilled(ctx context.Context, r *cluster.Ring, m cluster.Move) 
 	fromDead := false
 	if role, _ := r.Role(m.From); role == cluster.RoleDead || !n.memberUp(m.From) {
 		fromDead = true
-	}
-	var sources []string
-	if !fromDead {
-		sources = []string{m.From}
 	}
 	if !known {
 		for _, id := range r.Replicas(p) {
@@ -377,15 +373,16 @@ func (n *Node) moveFilled(ctx context.Context, r *cluster.Ring, m cluster.Move) 
 		n.drv.fillFrom[p] = after
 		n.drv.mu.Unlock()
 	}
-	if fromDead {
-		for _, id := range r.Cohort(p) {
-			if string(id) != m.From && n.memberUp(string(id)) {
-				sources = append(sources, string(id))
-			}
+	// Every live member of the cohort, not only From: a write acked
+	// before the move by a quorum without From is on the others.
+	var sources []string
+	for _, id := range r.Cohort(p) {
+		if role, _ := r.Role(string(id)); role != cluster.RoleDead && n.memberUp(string(id)) {
+			sources = append(sources, string(id))
 		}
-		if len(sources) == 0 {
-			return false, fmt.Errorf("no live replica of partition %d to fill %s from", p, m.To)
-		}
+	}
+	if len(sources) == 0 {
+		return false, fmt.Errorf("no live replica of partition %d to fill %s from", p, m.To)
 	}
 	prog, err := n.replicaProgress(ctx, to, p, sources, after)
 	if err != nil {

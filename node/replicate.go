@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -106,6 +107,38 @@ func (n *Node) writeEach(ctx context.Context, tasks []*crdt.Task, w uint32) (ack
 	if err != nil {
 		return nil, 0, nil, err
 	}
+	for attempt := 0; ; attempt++ {
+		var stale string
+		acks, lastErr, stale = n.writeOnce(ctx, r, tasks, w)
+		if stale == "" || slices.Min(acks) >= w || attempt == 2 || ctx.Err() != nil {
+			return acks, w, lastErr, nil
+		}
+		// A replica refused the write for a move this node's ring does not
+		// have yet: take the replica's ring and write again (a merge is
+		// idempotent).
+		nd, ok := r.Node(stale)
+		if !ok {
+			return acks, w, lastErr, nil
+		}
+		if err := n.pullRing(nd.APIAddr); err != nil {
+			return acks, w, lastErr, nil
+		}
+		next := n.ring.Load()
+		if next.Epoch <= r.Epoch {
+			return acks, w, lastErr, nil
+		}
+		r = next
+	}
+}
+
+// staleRingRefusal is in the message of a replica's refusal of a write
+// from a coordinator whose ring predates a move (checkEpoch).
+const staleRingRefusal = "the writer's ring is older"
+
+// writeOnce sends tasks to their replicas as ring r places them and waits
+// as writeEach says. stale names a replica that refused the write because
+// r is older than its ring ("" when none did).
+func (n *Node) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*crdt.Task, w uint32) (acks []uint32, lastErr error, stale string) {
 	// Group by destination: every replica of each task's partition, a
 	// move's target included.
 	tr := &ackTracker{acks: make([]uint32, len(tasks)), w: w, left: len(tasks), done: make(chan struct{})}
@@ -147,7 +180,7 @@ func (n *Node) writeEach(ctx context.Context, tasks []*crdt.Task, w uint32) (ack
 	case <-ctx.Done():
 	}
 	acks, lastErr = tr.result()
-	return acks, w, lastErr, nil
+	return acks, lastErr, tr.staleFrom()
 }
 
 // ackTracker counts the synced acks of each task of a write. A task whose
@@ -166,6 +199,13 @@ type ackTracker struct {
 	closed  bool
 
 	moving map[int]*movingTask // by task index; nil when nothing moves
+	stale  string              // a destination that refused the writer's ring as stale
+}
+
+func (t *ackTracker) staleFrom() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stale
 }
 
 // movingTask is the quorum state of a task whose partition moves.
@@ -204,6 +244,9 @@ func (t *ackTracker) answer(dest string, idx []int, err error) {
 	t.pending--
 	if err != nil {
 		t.lastErr = err
+		if strings.Contains(err.Error(), staleRingRefusal) {
+			t.stale = dest
+		}
 	} else {
 		for _, i := range idx {
 			if t.count(dest, i) {

@@ -99,7 +99,7 @@ func (n *Node) prepareEnqueue(ctx context.Context, field string, spec *crdt.Spec
 // storage.ErrNotFound when none has it.
 func (n *Node) lookup(ctx context.Context, id uint64) (*crdt.Task, error) {
 	p := n.partition(id)
-	if n.group(p) != nil {
+	if n.readsLocally(p) {
 		t, err := n.store.TaskState(p, id)
 		if err == nil && t.Spec != nil {
 			return t, nil

@@ -7,7 +7,10 @@
 #   n2     7410   7411   7412     data/node2        data/logs/node2.log
 #   n3     7420   7421   7422     data/node3        data/logs/node3.log
 #
-# Pids are kept in data/pids/; stop signals exactly those processes.
+# `add N` (N = 4 to 9) starts one more node nN on ports 74N0-74N2 (data
+# data/nodeN) that gossips with the cluster without being a member:
+# `nornctl join nN` admits it (docs/OPERATIONS.md). Pids are kept in
+# data/pids/; stop signals exactly those processes, added nodes included.
 # PPROF=1 also serves net/http/pprof on 127.0.0.1:7409, 7419, 7429 (for
 # profiling benchmarks).
 set -euo pipefail
@@ -88,8 +91,50 @@ MSG
 	return 1
 }
 
+# add starts node $1 joining the cluster's gossip (not its ring).
+add() {
+	local i=${1:-}
+	if ! [[ "$i" =~ ^[4-9]$ ]]; then
+		echo "usage: $0 add N   (N from 4 to 9; n1-n3 are the cluster's first nodes)" >&2
+		exit 2
+	fi
+	mkdir -p "$DATA/logs" "$DATA/pids"
+	pidf="$DATA/pids/node$i.pid"
+	if running "$pidf"; then
+		echo "node n$i already running (pid $(cat "$pidf"))"
+		return 0
+	fi
+	"$BIN/nornd" -node-id "n$i" -machine-id "$i" -data-dir "$DATA/node$i" \
+		-listen "$(api "$i")" -raft-addr "$(raft "$i")" -gossip-addr "$(gossip "$i")" \
+		-join "$(gossip 1),$(gossip 2),$(gossip 3)" >>"$DATA/logs/node$i.log" 2>&1 &
+	echo $! >"$pidf"
+	echo -n "started n$i (pid $!): API $(api "$i"), log $DATA/logs/node$i.log; waiting for it to see the cluster"
+	for _ in $(seq 1 60); do
+		if curl -fsS -o /dev/null "http://$(api "$i")/healthz" 2>/dev/null; then
+			echo " ok"
+			echo "admit it with: $BIN/nornctl join n$i   (then $BIN/nornctl rebalance)"
+			return 0
+		fi
+		if ! running "$pidf"; then
+			echo; echo "node n$i exited; last lines of its log:" >&2
+			tail -n 20 "$DATA/logs/node$i.log" >&2
+			return 1
+		fi
+		echo -n .
+		sleep 0.5
+	done
+	echo; echo "n$i did not become healthy within 30 s; see $DATA/logs/node$i.log" >&2
+	return 1
+}
+
 stop() {
-	for i in "${NODES[@]}"; do
+	local all=("${NODES[@]}")
+	for f in "$DATA"/pids/node*.pid; do
+		[ -e "$f" ] || continue
+		j=${f##*/node}; j=${j%.pid}
+		[[ " ${all[*]} " == *" $j "* ]] || all+=("$j")
+	done
+	for i in "${all[@]}"; do
 		pidf="$DATA/pids/node$i.pid"
 		if running "$pidf"; then
 			pid=$(cat "$pidf")
@@ -104,6 +149,7 @@ stop() {
 
 case "${1:-start}" in
 start) start ;;
+add) add "${2:-}" ;;
 stop) stop ;;
-*) echo "usage: $0 start|stop" >&2; exit 2 ;;
+*) echo "usage: $0 start|add N|stop" >&2; exit 2 ;;
 esac
