@@ -132,6 +132,7 @@ type MembershipConfig struct {
 // mu, with its own locks held).
 type Membership struct {
 	ml      *memberlist.Memberlist
+	addr    string // gossip address, host:port (Addr)
 	changed chan struct{}
 	clock   Clock
 	steps   stepMeter // this node's clock steps, to correct offsets
@@ -213,14 +214,15 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 		return nil, fmt.Errorf("cluster: start gossip on %s: %w", cfg.BindAddr, err)
 	}
 	m.ml = ml
+	// Read once: memberlist's LocalNode is its live record, which
+	// UpdateMeta rewrites without a lock a reader could take.
+	n := ml.LocalNode()
+	m.addr = net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 	return m, nil
 }
 
 // Addr is this node's gossip address (host:port), for others to Join.
-func (m *Membership) Addr() string {
-	n := m.ml.LocalNode()
-	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
-}
+func (m *Membership) Addr() string { return m.addr }
 
 // Join contacts the gossip addresses in turn and returns how many answered
 // and merged; an error only when none did. If seeds refused because they

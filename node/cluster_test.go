@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -82,7 +83,9 @@ func testClusterWith(t *testing.T, k int, tune func(i int, cfg *Config)) []*memb
 
 func startMember(t *testing.T, cfg Config) *member {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// A restarted member listens where it did before.
+	addr := cmp.Or(cfg.APIAddr, "127.0.0.1:0")
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

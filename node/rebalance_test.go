@@ -391,3 +391,58 @@ func TestRebalanceUnderLoad(t *testing.T) {
 	checkPlacement(t, all, r)
 	checkRootsAgree(t, all, r)
 }
+
+// restartMember stops m and starts it again on the same data dir and
+// addresses (the Raft and gossip ports it was given are fixed first).
+func restartMember(t *testing.T, m *member) *member {
+	t.Helper()
+	cfg := m.cfg
+	cfg.RaftAddr, cfg.GossipAddr = m.node.RaftAddr(), m.node.GossipAddr()
+	m.stop()
+	return startMember(t, cfg)
+}
+
+// TestRebalanceResumesAfterRestarts restarts a move's target and then the
+// meta leader while moves are under way: the moves finish and the
+// placement is the planned one.
+func TestRebalanceResumesAfterRestarts(t *testing.T) {
+	ms := testClusterWith(t, 3, func(i int, cfg *Config) {
+		rebalanceTune(i, cfg)
+		cfg.MaxMovesPerNode = 1 // slower: the restarts land mid-rebalance
+	})
+	n4 := startJoiner(t, ms, 4)
+	admin := adminClient(ms[0])
+	ctx := context.Background()
+	if _, err := admin.Join(ctx, connect.NewRequest(&nornv1.JoinRequest{Node: "n4"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Apply: true})); err != nil {
+		t.Fatal(err)
+	}
+	all := append(slices.Clone(ms), n4)
+	underway := func() bool {
+		r := metaLeader(t, all).node.meta.Ring()
+		return len(r.MovesUnderway()) > 0
+	}
+	waitFor(t, 20*time.Second, "a move under way", underway)
+	n4 = restartMember(t, n4)
+	all[3] = n4
+	waitFor(t, 30*time.Second, "a move under way after the restart", func() bool {
+		r := metaLeader(t, all).node.meta.Ring()
+		done := 0
+		for _, m := range r.Moves {
+			if m.State == cluster.MoveDone {
+				done++
+			}
+		}
+		return len(r.MovesUnderway()) > 0 && done > 0
+	})
+	l := metaLeader(t, all)
+	i := slices.Index(all, l)
+	all[i] = restartMember(t, l)
+	r := waitMovesDone(t, metaLeader(t, all), 2*time.Minute)
+	if r.Holds("n4") == 0 {
+		t.Fatal("n4 holds nothing after the rebalance")
+	}
+	checkPlacement(t, all, r)
+}

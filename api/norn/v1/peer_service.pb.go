@@ -233,9 +233,12 @@ type ReplicaProgressRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The partition.
 	Partition uint32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
-	// The nodes whose replicas must have been exchanged with since the
-	// receiver opened its replica (the move's sources).
-	FillFrom      []string `protobuf:"bytes,2,rep,name=fill_from,json=fillFrom,proto3" json:"fill_from,omitempty"`
+	// The nodes whose replicas must have been exchanged with (the move's
+	// sources).
+	FillFrom []string `protobuf:"bytes,2,rep,name=fill_from,json=fillFrom,proto3" json:"fill_from,omitempty"`
+	// Count only exchanges that started after this anti-entropy round of
+	// the receiver (a round number an earlier answer gave).
+	AfterRound    uint64 `protobuf:"varint,3,opt,name=after_round,json=afterRound,proto3" json:"after_round,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -284,6 +287,13 @@ func (x *ReplicaProgressRequest) GetFillFrom() []string {
 	return nil
 }
 
+func (x *ReplicaProgressRequest) GetAfterRound() uint64 {
+	if x != nil {
+		return x.AfterRound
+	}
+	return 0
+}
+
 // ReplicaProgressResponse is the response of PeerService.ReplicaProgress.
 type ReplicaProgressResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -293,9 +303,11 @@ type ReplicaProgressResponse struct {
 	Open bool `protobuf:"varint,2,opt,name=open,proto3" json:"open,omitempty"`
 	// The last Raft index its claim state applied. A JSON string.
 	AppliedIndex uint64 `protobuf:"varint,3,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	// Whether an anti-entropy exchange with each of fill_from completed
-	// since the replica opened.
-	Filled        bool `protobuf:"varint,4,opt,name=filled,proto3" json:"filled,omitempty"`
+	// Whether an anti-entropy exchange of the partition with each of
+	// fill_from started after after_round and completed.
+	Filled bool `protobuf:"varint,4,opt,name=filled,proto3" json:"filled,omitempty"`
+	// The receiver's latest anti-entropy round number. A JSON string.
+	Round         uint64 `protobuf:"varint,5,opt,name=round,proto3" json:"round,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -356,6 +368,13 @@ func (x *ReplicaProgressResponse) GetFilled() bool {
 		return x.Filled
 	}
 	return false
+}
+
+func (x *ReplicaProgressResponse) GetRound() uint64 {
+	if x != nil {
+		return x.Round
+	}
+	return 0
 }
 
 // TreeRootsRequest is the request of PeerService.TreeRoots.
@@ -1405,16 +1424,19 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\vGroupServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x14\n" +
-	"\x05voter\x18\x03 \x01(\bR\x05voter\"S\n" +
+	"\x05voter\x18\x03 \x01(\bR\x05voter\"t\n" +
 	"\x16ReplicaProgressRequest\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x1b\n" +
-	"\tfill_from\x18\x02 \x03(\tR\bfillFrom\"\x89\x01\n" +
+	"\tfill_from\x18\x02 \x03(\tR\bfillFrom\x12\x1f\n" +
+	"\vafter_round\x18\x03 \x01(\x04R\n" +
+	"afterRound\"\x9f\x01\n" +
 	"\x17ReplicaProgressResponse\x12\x1d\n" +
 	"\n" +
 	"ring_epoch\x18\x01 \x01(\x04R\tringEpoch\x12\x12\n" +
 	"\x04open\x18\x02 \x01(\bR\x04open\x12#\n" +
 	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\x12\x16\n" +
-	"\x06filled\x18\x04 \x01(\bR\x06filled\"{\n" +
+	"\x06filled\x18\x04 \x01(\bR\x06filled\x12\x14\n" +
+	"\x05round\x18\x05 \x01(\x04R\x05round\"{\n" +
 	"\x10TreeRootsRequest\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x03(\rR\n" +
