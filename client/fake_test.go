@@ -26,6 +26,10 @@ import (
 // replication, Raft or lease expiry, served over real HTTP/2 cleartext on
 // 127.0.0.1. Hooks inject failures and record what the client sent.
 type fakeServer struct {
+	// The placement calls answer UNIMPLEMENTED: the client library does
+	// not make them.
+	nornv1connect.UnimplementedAdminServiceHandler
+
 	srv  *httptest.Server
 	addr string
 

@@ -109,7 +109,7 @@ func (n *Node) writeEach(ctx context.Context, tasks []*crdt.Task, w uint32) (ack
 	}
 	for attempt := 0; ; attempt++ {
 		var stale string
-		acks, lastErr, stale = n.writeOnce(ctx, r, tasks, w)
+		acks, stale, lastErr = n.writeOnce(ctx, r, tasks, w)
 		if stale == "" || slices.Min(acks) >= w || attempt == 2 || ctx.Err() != nil {
 			return acks, w, lastErr, nil
 		}
@@ -138,7 +138,7 @@ const staleRingRefusal = "the writer's ring is older"
 // writeOnce sends tasks to their replicas as ring r places them and waits
 // as writeEach says. stale names a replica that refused the write because
 // r is older than its ring ("" when none did).
-func (n *Node) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*crdt.Task, w uint32) (acks []uint32, lastErr error, stale string) {
+func (n *Node) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*crdt.Task, w uint32) (acks []uint32, stale string, lastErr error) {
 	// Group by destination: every replica of each task's partition, a
 	// move's target included.
 	tr := &ackTracker{acks: make([]uint32, len(tasks)), w: w, left: len(tasks), done: make(chan struct{})}
@@ -180,7 +180,7 @@ func (n *Node) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*crdt.Tas
 	case <-ctx.Done():
 	}
 	acks, lastErr = tr.result()
-	return acks, lastErr, tr.staleFrom()
+	return acks, tr.staleFrom(), lastErr
 }
 
 // ackTracker counts the synced acks of each task of a write. A task whose
