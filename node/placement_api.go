@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"connectrpc.com/connect"
 
@@ -197,7 +198,7 @@ func (n *Node) join(req *nornv1.JoinRequest) (*nornv1.JoinResponse, error) {
 		}
 		joined = cluster.RingNode{ID: found.ID, APIAddr: found.APIAddr, RaftAddr: found.RaftAddr, GossipAddr: found.GossipAddr}
 		i, _ := slices.BinarySearchFunc(r.Nodes, joined.ID, func(x cluster.RingNode, id string) int {
-			return compareStrings(x.ID, id)
+			return strings.Compare(x.ID, id)
 		})
 		r.Nodes = slices.Insert(r.Nodes, i, joined)
 		return true, nil
@@ -214,16 +215,6 @@ func (n *Node) join(req *nornv1.JoinRequest) (*nornv1.JoinResponse, error) {
 	}
 	n.cfg.Logger.Info("node joined the cluster", "node", joined.ID, "epoch", next.Epoch)
 	return &nornv1.JoinResponse{NodeId: joined.ID, RingEpoch: next.Epoch, MetaVoter: slices.Contains(voters, joined.ID)}, nil
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // plan computes the placement over the ring's members after giving the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -518,19 +519,28 @@ func (n *Node) fitMetaGroup() error {
 	return nil
 }
 
-// ChangeGroup changes partition p's Raft configuration on p's leader.
-func (s peerService) ChangeGroup(_ context.Context, req *connect.Request[nornv1.ChangeGroupRequest]) (*connect.Response[nornv1.ChangeGroupResponse], error) {
-	n := s.n
-	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+// peerRing checks a peer call about partition p: the caller, a formed
+// cluster, p below P. It returns the ring.
+func (n *Node) peerRing(addr string, h http.Header, p uint32) (*cluster.Ring, error) {
+	if err := n.checkPeer(addr, h); err != nil {
 		return nil, err
 	}
 	r := n.ring.Load()
 	if r == nil {
 		return nil, errNotFormed
 	}
-	m := req.Msg
-	if int(m.GetPartition()) >= r.Partitions {
-		return nil, invalid("partition", "%d is not below the partition count %d", m.GetPartition(), r.Partitions)
+	if int(p) >= r.Partitions {
+		return nil, invalid("partition", "%d is not below the partition count %d", p, r.Partitions)
+	}
+	return r, nil
+}
+
+// ChangeGroup changes partition p's Raft configuration on p's leader.
+func (s peerService) ChangeGroup(_ context.Context, req *connect.Request[nornv1.ChangeGroupRequest]) (*connect.Response[nornv1.ChangeGroupResponse], error) {
+	n, m := s.n, req.Msg
+	_, err := n.peerRing(req.Peer().Addr, req.Header(), m.GetPartition())
+	if err != nil {
+		return nil, err
 	}
 	if m.GetNode() == "" {
 		return nil, invalid("node", "is required")
@@ -544,7 +554,6 @@ func (s peerService) ChangeGroup(_ context.Context, req *connect.Request[nornv1.
 		return nil, connect.NewError(connect.CodeFailedPrecondition,
 			fmt.Errorf("not the leader of partition %d (leader: %q)", p, g.Leader()))
 	}
-	var err error
 	switch m.GetOp() {
 	case "add-nonvoter", "add-voter":
 		if m.GetRaftAddress() == "" {
@@ -584,17 +593,10 @@ func (s peerService) ChangeGroup(_ context.Context, req *connect.Request[nornv1.
 
 // ReplicaProgress reports this node's replica of a partition.
 func (s peerService) ReplicaProgress(_ context.Context, req *connect.Request[nornv1.ReplicaProgressRequest]) (*connect.Response[nornv1.ReplicaProgressResponse], error) {
-	n := s.n
-	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+	n, m := s.n, req.Msg
+	r, err := n.peerRing(req.Peer().Addr, req.Header(), m.GetPartition())
+	if err != nil {
 		return nil, err
-	}
-	r := n.ring.Load()
-	if r == nil {
-		return nil, errNotFormed
-	}
-	m := req.Msg
-	if int(m.GetPartition()) >= r.Partitions {
-		return nil, invalid("partition", "%d is not below the partition count %d", m.GetPartition(), r.Partitions)
 	}
 	if len(m.GetFillFrom()) > r.Replication+1 {
 		return nil, invalid("fill_from", "names %d nodes; at most %d", len(m.GetFillFrom()), r.Replication+1)
