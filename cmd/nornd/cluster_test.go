@@ -28,6 +28,7 @@ type clusterNode struct {
 	proc                *process
 	tasks               nornv1connect.TaskServiceClient
 	admin               nornv1connect.AdminServiceClient
+	flags               []string // more nornd flags
 }
 
 func (c *clusterNode) start(t *testing.T, i int) {
@@ -36,6 +37,7 @@ func (c *clusterNode) start(t *testing.T, i int) {
 		"-listen", c.api, "-raft-addr", c.raftA, "-gossip-addr", c.gossipA,
 		"-bootstrap-expect", "3", "-join", strings.Join(c.join, ","),
 		"-partitions", "8", "-raft-timeout", "300ms", "-write-timeout", "2s", "-log-level", "warn")
+	cmd.Args = append(cmd.Args, c.flags...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
