@@ -27,7 +27,7 @@ type churnLoad struct {
 	held     map[uint64]time.Time
 	overlaps []string
 	stop     chan struct{}
-	wg     sync.WaitGroup
+	wg       sync.WaitGroup
 }
 
 func startChurnLoad(nodes func() []*clusterNode) *churnLoad {
