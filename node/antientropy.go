@@ -143,7 +143,7 @@ func (n *Node) expireBefore(p uint16, ms int64) error {
 // starts or its partitions change), jittered, until Close.
 func (n *Node) antiEntropyLoop() {
 	defer n.stopped.Done()
-	limiter := rate.NewLimiter(rate.Limit(n.cfg.AntiEntropyRate), max(n.cfg.AntiEntropyRate, 1<<20))
+	limiter := n.aeLimiter
 	next := map[string]time.Time{} // peer id -> when its next round is due
 	timer := time.NewTimer(time.Second)
 	defer timer.Stop()
@@ -185,17 +185,6 @@ func (n *Node) kickAntiEntropy() {
 	case n.aeKick <- struct{}{}:
 	default:
 	}
-}
-
-// kickAntiEntropySoon kicks a round with every peer unless it did in the
-// last second (a move's fill is polled every movePoll).
-func (n *Node) kickAntiEntropySoon() {
-	now := time.Now().UnixNano()
-	last := n.aeLastKick.Load()
-	if now-last < int64(time.Second) || !n.aeLastKick.CompareAndSwap(last, now) {
-		return
-	}
-	n.kickAntiEntropy()
 }
 
 // jitter spreads d by ±20%.
@@ -242,13 +231,24 @@ func (n *Node) sharedPartitions(r *cluster.Ring, peerID string) []uint16 {
 // reports whether any partition differed, or the peer was not ready (the
 // next round comes sooner either way).
 func (n *Node) exchangeWith(r *cluster.Ring, peerID string, limiter *rate.Limiter) bool {
-	nd, ok := r.Node(peerID)
-	if !ok || !n.memberUp(peerID) {
+	if !n.memberUp(peerID) {
 		return false
 	}
 	parts := n.sharedPartitions(r, peerID)
 	if len(parts) == 0 {
 		return false
+	}
+	differed, _ := n.exchange(r, peerID, parts, limiter)
+	return differed
+}
+
+// exchange runs one anti-entropy exchange of parts with peerID. It
+// reports whether a partition differed or the peer was not ready, and
+// the exchange's error.
+func (n *Node) exchange(r *cluster.Ring, peerID string, parts []uint16, limiter *rate.Limiter) (bool, error) {
+	nd, ok := r.Node(peerID)
+	if !ok {
+		return false, fmt.Errorf("node %s is not in the ring", peerID)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.AntiEntropyTimeout)
 	defer cancel()
@@ -278,7 +278,7 @@ func (n *Node) exchangeWith(r *cluster.Ring, peerID string, limiter *rate.Limite
 		// The peer is starting, or has not adopted the ring yet (a
 		// partition moves): a round soon will do.
 		n.cfg.Logger.Info("anti-entropy peer not ready", "peer", peerID, "err", err)
-		return true
+		return true, err
 	default:
 		n.cfg.Logger.Warn("anti-entropy exchange failed", "peer", peerID, "err", err)
 	}
@@ -286,7 +286,49 @@ func (n *Node) exchangeWith(r *cluster.Ring, peerID string, limiter *rate.Limite
 		n.cfg.Logger.Info("anti-entropy repaired replicas", "peer", peerID, "partitions", st.Differing,
 			"pushed", st.Pushed, "pulled", st.Pulled)
 	}
-	return st.Differing > 0
+	return st.Differing > 0, err
+}
+
+// fill exchanges partition p with each of sources in a round of its own,
+// retrying each until it completes, the replica is dropped or the node
+// closes: a move's target is filled at once instead of waiting for its
+// rounds with every peer (ReplicaProgress starts it). One fill per
+// partition runs at a time.
+func (n *Node) fill(p uint16, sources []string) {
+	n.fillMu.Lock()
+	if n.filling[p] {
+		n.fillMu.Unlock()
+		return
+	}
+	n.filling[p] = true
+	n.fillMu.Unlock()
+	n.stopped.Add(1)
+	go func() {
+		defer n.stopped.Done()
+		defer func() {
+			n.fillMu.Lock()
+			delete(n.filling, p)
+			n.fillMu.Unlock()
+		}()
+		for _, src := range sources {
+			for {
+				r := n.ring.Load()
+				if n.group(p) == nil || !n.memberUp(src) {
+					return
+				}
+				round := n.aeStats.rounds.Add(1)
+				if _, err := n.exchange(r, src, []uint16{p}, n.aeLimiter); err == nil {
+					n.aeStats.completed(round, src, []uint16{p})
+					break
+				}
+				select {
+				case <-n.stop:
+					return
+				case <-time.After(movePoll):
+				}
+			}
+		}
+	}()
 }
 
 // memberUp reports whether gossip sees id alive or suspect.

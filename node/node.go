@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"golang.org/x/time/rate"
 
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
@@ -61,8 +62,11 @@ type Node struct {
 	ae      *antientropy.Replica // Merkle trees and exchanges (antientropy.go)
 	aeStats aeStats
 	aeKick  chan struct{}
-	// aeLastKick is when kickAntiEntropySoon last kicked (Unix ns).
-	aeLastKick atomic.Int64
+	// aeLimiter paces every anti-entropy byte (rounds and fills).
+	aeLimiter *rate.Limiter
+	// filling marks the partitions with a fill under way (antientropy.go).
+	fillMu  sync.Mutex
+	filling map[uint16]bool
 
 	specConflicts atomic.Uint64 // merges that met two specs for one id
 	draining      chan struct{} // closed by StopWaiting
@@ -138,6 +142,8 @@ func New(cfg Config) (*Node, error) {
 	n.reconcileKick = make(chan struct{}, 1)
 	n.peers.n = n
 	n.aeKick = make(chan struct{}, 1)
+	n.aeLimiter = rate.NewLimiter(rate.Limit(cfg.AntiEntropyRate), max(cfg.AntiEntropyRate, 1<<20))
+	n.filling = map[uint16]bool{}
 	n.drv = driver{running: map[int]bool{}, fillFrom: map[int]uint64{}, kick: make(chan struct{}, 1)}
 	if n.ae, err = n.newAntiEntropy(); err != nil {
 		store.Close()

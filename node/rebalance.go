@@ -609,7 +609,7 @@ func (s peerService) ReplicaProgress(_ context.Context, req *connect.Request[nor
 		if len(m.GetFillFrom()) > 0 {
 			resp.Filled = n.aeStats.filledFrom(p, m.GetFillFrom(), m.GetAfterRound())
 			if !resp.Filled {
-				n.kickAntiEntropySoon()
+				n.fill(p, m.GetFillFrom())
 			}
 		}
 	}
