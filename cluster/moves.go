@@ -256,15 +256,6 @@ func (r *Ring) Loads(pl ring.Placement) map[string]int {
 	return out
 }
 
-// ApplyMoves returns the next ring with moves queued in place of any
-// moves of an earlier plan (kept: only those under way, of which there
-// are none when PlanMoves allowed the plan).
-func (r *Ring) ApplyMoves(moves []Move) *Ring {
-	next := r.Next()
-	next.Moves = slices.Clone(moves)
-	return next
-}
-
 // FinishMove records the end of partition p's move under way: the cohort
 // has To in place of From and the move is done.
 func (r *Ring) FinishMove(p int) error {

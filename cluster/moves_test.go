@@ -39,7 +39,8 @@ func TestPlanMovesAndHandoff(t *testing.T) {
 			t.Fatalf("move %+v: want a queued move to d", m)
 		}
 	}
-	r = r.ApplyMoves(moves)
+	r = r.Next()
+	r.Moves = moves
 	if err := r.Validate(); err != nil {
 		t.Fatal(err)
 	}

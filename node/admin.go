@@ -127,7 +127,7 @@ func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
 	r := n.ring.Load()
 	var replicas map[string]int
 	if r != nil {
-		replicas = replicasOf(r)
+		replicas = r.Loads(r.Placement) // a move under way counts at its source
 	}
 	for _, st := range byID {
 		st.Role = "not a member"

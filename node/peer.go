@@ -117,16 +117,12 @@ func peerRequest[T any](n *Node, msg *T) *connect.Request[T] {
 }
 
 // checkEpoch refuses a write of partition p from a caller whose ring
-// (epoch) predates p's move under way: the caller would not write to the
-// move's target, and the handoff could lose the write. The caller pulls
-// the newer ring (it sees its epoch in gossip) and its client retries.
-// A caller with a newer ring makes this node pull it.
-func (n *Node) checkEpoch(r *cluster.Ring, h http.Header, p uint16) error {
-	epoch, _ := strconv.ParseUint(h.Get(headerEpoch), 10, 64)
-	if epoch > r.Epoch {
-		n.kickReconcile()
-	}
-	if m := r.ActiveMove(int(p)); m != nil && epoch < m.Epoch {
+// (epoch) predates p's move under way (moving, the ring's moves under
+// way): the caller would not write to the move's target, and the handoff
+// could lose the write. The caller takes this node's ring and writes
+// again.
+func (n *Node) checkEpoch(epoch uint64, moving map[int]*cluster.Move, p uint16) error {
+	if m := moving[int(p)]; m != nil && epoch < m.Epoch {
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf(
 			"partition %d is moving since ring epoch %d and %s (epoch %d); retry once it has the new ring",
 			p, m.Epoch, staleRingRefusal, epoch))
@@ -197,6 +193,12 @@ func (s peerService) Replicate(_ context.Context, req *connect.Request[nornv1.Re
 	if len(states) == 0 || len(states) > maxReplicate {
 		return nil, invalid("tasks", "must hold 1 to %d tasks, got %d", maxReplicate, len(states))
 	}
+	// The caller's ring epoch: a newer one makes this node pull it.
+	epoch, _ := strconv.ParseUint(req.Header().Get(headerEpoch), 10, 64)
+	if epoch > r.Epoch {
+		n.kickReconcile()
+	}
+	moving := r.MovesUnderway()
 	tasks := make([]*crdt.Task, len(states))
 	for i, b := range states {
 		t, err := crdt.Decode(b)
@@ -213,7 +215,7 @@ func (s peerService) Replicate(_ context.Context, req *connect.Request[nornv1.Re
 			return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf(
 				"tasks[%d]: partition %d is not replicated on %s (ring epoch %d)", i, p, n.cfg.NodeID, r.Epoch))
 		}
-		if err := n.checkEpoch(r, req.Header(), p); err != nil {
+		if err := n.checkEpoch(epoch, moving, p); err != nil {
 			return nil, err
 		}
 		tasks[i] = t

@@ -273,15 +273,3 @@ func moveStatus(m cluster.Move) *nornv1.MoveStatus {
 	return &nornv1.MoveStatus{Partition: uint32(m.Partition), FromNode: m.From, ToNode: m.To,
 		State: string(m.State), Error: m.Error, Epoch: m.Epoch}
 }
-
-// replicasOf counts the replicas the ring places on each node (a move
-// under way counts at its source).
-func replicasOf(r *cluster.Ring) map[string]int {
-	out := map[string]int{}
-	for p := range r.Partitions {
-		for _, id := range r.Cohort(p) {
-			out[string(id)]++
-		}
-	}
-	return out
-}

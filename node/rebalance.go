@@ -297,7 +297,7 @@ func (n *Node) stepMove(ctx context.Context, r *cluster.Ring, m cluster.Move) (b
 
 	case cluster.MovePromoted:
 		from, _ := r.Node(m.From)
-		from.ID = m.From
+		from.ID = m.From // the calls name it even if the ring lost it
 		cfg, err := n.changeGroup(ctx, r, p, "transfer-from", from)
 		if err != nil {
 			return false, err

@@ -249,10 +249,8 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 			return nil, fmt.Errorf("%w: partition %d", ErrPartitionDropped, it.Partition)
 		}
 	}
-	unlock := s.lockIDs(ids)
-	unlock = func(unlockIDs func()) func() {
-		return func() { unlockIDs(); s.dropMu.RUnlock() }
-	}(unlock)
+	unlockIDs := s.lockIDs(ids)
+	unlock := func() { unlockIDs(); s.dropMu.RUnlock() }
 
 	results, batch, changes, digests, err := s.prepareMerge(items)
 	if err != nil {
