@@ -239,7 +239,10 @@ func (g *Group) Propose(cmd *Command, timeout time.Duration) ([]Outcome, error) 
 		}
 	}
 	if err != nil {
-		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+		// A leader handing its leadership over refuses new entries
+		// (none is appended): the caller retries on the next leader.
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) ||
+			errors.Is(err, raft.ErrLeadershipTransferInProgress) {
 			return nil, fmt.Errorf("%w (partition %d): %v", ErrNotLeader, g.p, err)
 		}
 		return nil, fmt.Errorf("claims: partition %d: %w", g.p, err)

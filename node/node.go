@@ -144,7 +144,7 @@ func New(cfg Config) (*Node, error) {
 	n.aeKick = make(chan struct{}, 1)
 	n.aeLimiter = rate.NewLimiter(rate.Limit(cfg.AntiEntropyRate), max(cfg.AntiEntropyRate, 1<<20))
 	n.filling = map[uint16]bool{}
-	n.drv = driver{running: map[int]bool{}, fillFrom: map[int]uint64{}, kick: make(chan struct{}, 1)}
+	n.drv = driver{running: map[int]bool{}, fillFrom: map[int]uint64{}, catchUpTo: map[int]uint64{}, kick: make(chan struct{}, 1)}
 	if n.ae, err = n.newAntiEntropy(); err != nil {
 		store.Close()
 		lock.release()

@@ -55,7 +55,10 @@ type driver struct {
 	mu       sync.Mutex
 	running  map[int]bool   // partitions whose move has a goroutine
 	fillFrom map[int]uint64 // B's anti-entropy round once every replica had the move's ring, by partition
-	kick     chan struct{}
+	// catchUpTo is, by partition, the leader's last index at the previous
+	// catch-up poll.
+	catchUpTo map[int]uint64
+	kick      chan struct{}
 }
 
 // kickDriver asks the driver for a pass now (never blocks).
@@ -145,7 +148,9 @@ func (n *Node) editRing(edit func(r *cluster.Ring) (bool, error)) (*cluster.Ring
 // is up. A queued move that no longer matches its partition's cohort
 // fails.
 func (n *Node) startQueued() error {
+	var started []cluster.Move
 	_, err := n.editRing(func(r *cluster.Ring) (bool, error) {
+		started = started[:0]
 		busy := map[string]int{}
 		for _, m := range r.Moves {
 			if m.State.Active() {
@@ -172,11 +177,17 @@ func (n *Node) startQueued() error {
 				continue
 			}
 			m.State, m.Epoch, m.Error, changed = cluster.MoveFilling, r.Epoch, "", true
+			started = append(started, *m)
 			busy[m.From]++
 			busy[m.To]++
 		}
 		return changed, nil
 	})
+	if err == nil {
+		for _, m := range started {
+			n.cfg.Logger.Info("partition move started", "partition", m.Partition, "from", m.From, "to", m.To)
+		}
+	}
 	return err
 }
 
@@ -188,6 +199,7 @@ func (n *Node) driveMove(p int) {
 		n.drv.mu.Lock()
 		delete(n.drv.running, p)
 		delete(n.drv.fillFrom, p)
+		delete(n.drv.catchUpTo, p)
 		n.drv.mu.Unlock()
 	}()
 	backoff := movePoll
@@ -256,6 +268,9 @@ func (n *Node) setMoveState(p int, from, to cluster.MoveState) error {
 		m.State, m.Error = to, ""
 		return true, nil
 	})
+	if err == nil {
+		n.cfg.Logger.Info("partition move step", "partition", p, "state", to)
+	}
 	return err
 }
 
@@ -287,7 +302,17 @@ func (n *Node) stepMove(ctx context.Context, r *cluster.Ring, m cluster.Move) (b
 		if err != nil {
 			return false, err
 		}
-		if prog.AppliedIndex < cfg.LastIndex {
+		// Under load the leader's last index runs ahead of what any
+		// follower has applied (the commit index reaches followers with
+		// the next append), so B is caught up once it has applied the
+		// last index the leader had at the previous poll: it is less than
+		// a poll behind (the Raft thesis's catch-up rounds).
+		n.drv.mu.Lock()
+		prev := n.drv.catchUpTo[p]
+		caught := prev > 0 && prog.AppliedIndex >= prev || prog.AppliedIndex >= cfg.LastIndex
+		n.drv.catchUpTo[p] = cfg.LastIndex
+		n.drv.mu.Unlock()
+		if !caught {
 			return false, nil
 		}
 		if _, err := n.changeGroup(ctx, r, p, "add-voter", to); err != nil {

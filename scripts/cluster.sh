@@ -12,7 +12,8 @@
 # `nornctl join nN` admits it (docs/OPERATIONS.md). Pids are kept in
 # data/pids/; stop signals exactly those processes, added nodes included.
 # PPROF=1 also serves net/http/pprof on 127.0.0.1:7409, 7419, 7429 (for
-# profiling benchmarks).
+# profiling benchmarks). NORND_ARGS adds nornd flags to every node started
+# (for example NORND_ARGS='-raft-log-level warn').
 set -euo pipefail
 
 BIN=${BIN:-bin}
@@ -47,7 +48,7 @@ start() {
 		for j in "${NODES[@]}"; do [ "$j" != "$i" ] && joins+=("$(gossip "$j")"); done
 		"$BIN/nornd" -node-id "n$i" -machine-id "$i" -data-dir "$DATA/node$i" \
 			-listen "$(api "$i")" -raft-addr "$(raft "$i")" -gossip-addr "$(gossip "$i")" \
-			-bootstrap-expect 3 -join "$(IFS=,; echo "${joins[*]}")" ${extra[@]+"${extra[@]}"} \
+			-bootstrap-expect 3 -join "$(IFS=,; echo "${joins[*]}")" ${extra[@]+"${extra[@]}"} ${NORND_ARGS:-} \
 			>>"$DATA/logs/node$i.log" 2>&1 &
 		echo $! >"$pidf"
 		echo "started n$i (pid $!): API $(api "$i"), log $DATA/logs/node$i.log"
@@ -106,7 +107,7 @@ add() {
 	fi
 	"$BIN/nornd" -node-id "n$i" -machine-id "$i" -data-dir "$DATA/node$i" \
 		-listen "$(api "$i")" -raft-addr "$(raft "$i")" -gossip-addr "$(gossip "$i")" \
-		-join "$(gossip 1),$(gossip 2),$(gossip 3)" >>"$DATA/logs/node$i.log" 2>&1 &
+		-join "$(gossip 1),$(gossip 2),$(gossip 3)" ${NORND_ARGS:-} >>"$DATA/logs/node$i.log" 2>&1 &
 	echo $! >"$pidf"
 	echo -n "started n$i (pid $!): API $(api "$i"), log $DATA/logs/node$i.log; waiting for it to see the cluster"
 	for _ in $(seq 1 60); do
