@@ -27,8 +27,10 @@ func RoleName(role string) string {
 }
 
 // MoveState is where a replica move stands. A move goes queued -> filling
-// -> catching-up -> promoted -> done; it fails (and is rolled back) only
-// before it is promoted.
+// -> catching-up -> promoted -> done. Before it is promoted it can be
+// rolled back (cancelled, or its target down too long): filling or
+// catching-up -> rolling-back -> failed; a queued move that cannot start
+// or is cancelled fails at once. A promoted move always finishes.
 type MoveState string
 
 // The states of a move.
@@ -47,15 +49,24 @@ const (
 	// MoveDone: the cohort has To instead of From, whose replica is
 	// dropped.
 	MoveDone MoveState = "done"
-	// MoveFailed: given up and rolled back (Error says why).
+	// MoveRollingBack: given up before promotion (Rollback says why);
+	// To is being removed from the partition's Raft group. Writes still
+	// go to To until the move has failed.
+	MoveRollingBack MoveState = "rolling-back"
+	// MoveFailed: given up and rolled back (Error says why): the cohort
+	// is the old one, To's replica is dropped.
 	MoveFailed MoveState = "failed"
 )
 
 // Active reports whether the move is under way: To has a replica and
 // From has not handed its own over yet.
 func (s MoveState) Active() bool {
-	return s == MoveFilling || s == MoveCatchingUp || s == MovePromoted
+	return s == MoveFilling || s == MoveCatchingUp || s == MovePromoted || s == MoveRollingBack
 }
+
+// CanRollBack reports whether a move in this state can still be rolled
+// back: To does not vote yet (as the ring records it).
+func (s MoveState) CanRollBack() bool { return s == MoveFilling || s == MoveCatchingUp }
 
 // Ended reports whether the move is done or failed.
 func (s MoveState) Ended() bool { return s == MoveDone || s == MoveFailed }
@@ -74,6 +85,49 @@ type Move struct {
 	// Error is the last error of the current step (retried), or why the
 	// move failed.
 	Error string `json:"error,omitempty"`
+	// Rollback is why the move is rolled back (state rolling-back).
+	Rollback string `json:"rollback,omitempty"`
+}
+
+// RollBack starts rolling partition p's move under way back, for why,
+// when it is not promoted yet; it reports whether it did.
+func (r *Ring) RollBack(p int, why string) bool {
+	m := r.ActiveMove(p)
+	if m == nil || !m.State.CanRollBack() {
+		return false
+	}
+	m.State, m.Rollback, m.Error = MoveRollingBack, why, ""
+	return true
+}
+
+// CancelMoves gives up every move not promoted yet, for why: queued moves
+// fail, filling and catching-up moves roll back. Promoted moves finish.
+// It returns how many moves it cancelled.
+func (r *Ring) CancelMoves(why string) int {
+	n := 0
+	for i := range r.Moves {
+		m := &r.Moves[i]
+		switch {
+		case m.State == MoveQueued:
+			m.State, m.Error = MoveFailed, why
+			n++
+		case m.State.CanRollBack():
+			m.State, m.Rollback, m.Error = MoveRollingBack, why, ""
+			n++
+		}
+	}
+	return n
+}
+
+// FailRollback records the end of partition p's rollback: the move
+// failed, its cohort unchanged.
+func (r *Ring) FailRollback(p int) error {
+	m := r.ActiveMove(p)
+	if m == nil || m.State != MoveRollingBack {
+		return fmt.Errorf("cluster: partition %d has no move rolling back", p)
+	}
+	m.State, m.Error = MoveFailed, "rolled back: "+m.Rollback
+	return nil
 }
 
 // ActiveMove returns partition p's move under way, nil when none.
@@ -173,7 +227,7 @@ func (r *Ring) validateMoves() error {
 			return bad("move %d of partition %d: from %q to %q", i, m.Partition, m.From, m.To)
 		}
 		switch m.State {
-		case MoveQueued, MoveFilling, MoveCatchingUp, MovePromoted, MoveDone, MoveFailed:
+		case MoveQueued, MoveFilling, MoveCatchingUp, MovePromoted, MoveRollingBack, MoveDone, MoveFailed:
 		default:
 			return bad("move %d of partition %d: unknown state %q", i, m.Partition, m.State)
 		}

@@ -131,3 +131,65 @@ func TestPlanMovesDrain(t *testing.T) {
 		}
 	}
 }
+
+func TestCancelAndRollBack(t *testing.T) {
+	r := movesRing(t)
+	moves, _, err := r.PlanMoves()
+	if err != nil || len(moves) < 3 {
+		t.Fatalf("plan: %d moves, %v", len(moves), err)
+	}
+	r = r.Next()
+	r.Moves = moves
+	// Move 0 is filling, move 1 promoted, the rest queued.
+	r.Moves[0].State, r.Moves[0].Epoch = MoveFilling, r.Epoch
+	r.Moves[1].State, r.Moves[1].Epoch = MovePromoted, r.Epoch
+	p0, p1 := r.Moves[0].Partition, r.Moves[1].Partition
+	cohort0 := slices.Clone(r.Cohort(p0))
+	if r.RollBack(p1, "x") {
+		t.Fatal("a promoted move rolled back")
+	}
+	if got := r.CancelMoves("cancelled"); got != len(moves)-1 {
+		t.Fatalf("cancelled %d moves, want %d", got, len(moves)-1)
+	}
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	m0 := r.ActiveMove(p0)
+	if m0 == nil || m0.State != MoveRollingBack || m0.Rollback != "cancelled" {
+		t.Fatalf("filling move after cancel: %+v", m0)
+	}
+	// Rolling back, the target still receives writes.
+	if !r.HostsReplica(p0, m0.To) {
+		t.Fatal("a move rolling back must keep its target a replica until it failed")
+	}
+	if _, _, err := r.PlanMoves(); !errors.Is(err, ErrMovesUnderway) {
+		t.Fatalf("planning while a move rolls back: %v", err)
+	}
+	if m := r.ActiveMove(p1); m == nil || m.State != MovePromoted {
+		t.Fatalf("promoted move after cancel: %+v", m)
+	}
+	for _, m := range r.Moves[2:] {
+		if m.State != MoveFailed || m.Error != "cancelled" {
+			t.Fatalf("queued move after cancel: %+v", m)
+		}
+	}
+	to := m0.To
+	if err := r.FailRollback(p0); err != nil {
+		t.Fatal(err)
+	}
+	if r.Moves[0].State != MoveFailed || r.Moves[0].Error != "rolled back: cancelled" {
+		t.Fatalf("after FailRollback: %+v", r.Moves[0])
+	}
+	if r.HostsReplica(p0, to) || !slices.Equal(r.Cohort(p0), cohort0) {
+		t.Fatalf("after the rollback: %s hosts p%d (cohort %v, was %v)", to, p0, r.Cohort(p0), cohort0)
+	}
+	if err := r.FailRollback(p0); err == nil {
+		t.Fatal("FailRollback of a failed move")
+	}
+	if err := r.FinishMove(p1); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r.PlanMoves(); err != nil {
+		t.Fatalf("planning after the moves ended: %v", err)
+	}
+}

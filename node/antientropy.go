@@ -317,7 +317,7 @@ func (n *Node) fill(p uint16, sources []string) {
 					return
 				}
 				round := n.aeStats.rounds.Add(1)
-				if _, err := n.exchange(r, src, []uint16{p}, n.aeLimiter); err == nil {
+				if _, err := n.exchange(r, src, []uint16{p}, n.fillLimiter); err == nil {
 					n.aeStats.completed(round, src, []uint16{p})
 					break
 				}

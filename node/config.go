@@ -70,9 +70,27 @@ type Config struct {
 	// Default 500 ms.
 	AntiEntropySettle time.Duration
 	// MaxMovesPerNode bounds the replica moves under way that involve one
-	// node (as source or target); more wait queued. The bytes a move's
-	// fill sends count against AntiEntropyRate. Default 2.
+	// node (as source or target); more wait queued. The meta leader's
+	// setting counts. Default 2.
 	MaxMovesPerNode int
+	// MoveRate bounds the bytes per second the fills of this node's
+	// incoming replicas (moves to it) send and ask for, over all of them;
+	// anti-entropy rounds have AntiEntropyRate of their own. Default
+	// 16 MiB/s.
+	MoveRate int
+	// MoveTargetTimeout is how long a move's target may be down (as gossip
+	// sees it) before a move not yet promoted is rolled back; a promoted
+	// move always finishes. The meta leader's setting counts. Default
+	// 2 min.
+	MoveTargetTimeout time.Duration
+	// AutoRebalance lets the meta leader plan and apply a rebalance by
+	// itself when a member has joined and holds nothing, or a member has
+	// been dead for AutoDeadAfter (it is then removed as by Remove with
+	// dead). Off by default: placement changes only on an admin's call.
+	AutoRebalance bool
+	// AutoDeadAfter is how long a member must be dead, as gossip sees it,
+	// before AutoRebalance replaces it. Default 10 min.
+	AutoDeadAfter time.Duration
 	// AntiEntropyTimeout bounds one exchange with one peer. Default 30 s.
 	AntiEntropyTimeout time.Duration
 	// AntiEntropyRate bounds the bytes per second anti-entropy sends and
@@ -173,6 +191,11 @@ func (c *Config) setDefaults() {
 	if c.AntiEntropyRate == 0 {
 		c.AntiEntropyRate = 16 << 20
 	}
+	if c.MoveRate == 0 {
+		c.MoveRate = 16 << 20
+	}
+	def(&c.MoveTargetTimeout, 2*time.Minute)
+	def(&c.AutoDeadAfter, 10*time.Minute)
 	if c.TreeLeafBits == 0 {
 		c.TreeLeafBits = antientropy.DefaultLeafBits
 	}
@@ -218,8 +241,8 @@ func (c *Config) Validate() error {
 		return errors.New("node: retention must not be negative")
 	case c.MonitorInterval < 0 || c.ClaimRecheck < 0 || c.MaxWait < 0:
 		return errors.New("node: monitor interval, claim recheck and max wait must not be negative")
-	case c.MaxMovesPerNode < 0:
-		return errors.New("node: MaxMovesPerNode must not be negative")
+	case c.MaxMovesPerNode < 0 || c.MoveRate < 0 || c.MoveTargetTimeout < 0 || c.AutoDeadAfter < 0:
+		return errors.New("node: max moves per node, move rate, move target timeout and auto dead after must not be negative")
 	case c.AntiEntropyInterval < 0 || c.AntiEntropySettle < 0 || c.AntiEntropyTimeout < 0 || c.AntiEntropyRate < 0:
 		return errors.New("node: anti-entropy interval, settle, timeout and rate must not be negative")
 	case c.TreeLeafBits < antientropy.MinLeafBits || c.TreeLeafBits > antientropy.MaxLeafBits:

@@ -62,8 +62,9 @@ type Node struct {
 	ae      *antientropy.Replica // Merkle trees and exchanges (antientropy.go)
 	aeStats aeStats
 	aeKick  chan struct{}
-	// aeLimiter paces every anti-entropy byte (rounds and fills).
-	aeLimiter *rate.Limiter
+	// aeLimiter paces the anti-entropy rounds' bytes, fillLimiter the
+	// fills' of moves to this node.
+	aeLimiter, fillLimiter *rate.Limiter
 	// filling marks the partitions with a fill under way (antientropy.go).
 	fillMu  sync.Mutex
 	filling map[uint16]bool
@@ -143,8 +144,10 @@ func New(cfg Config) (*Node, error) {
 	n.peers.n = n
 	n.aeKick = make(chan struct{}, 1)
 	n.aeLimiter = rate.NewLimiter(rate.Limit(cfg.AntiEntropyRate), max(cfg.AntiEntropyRate, 1<<20))
+	n.fillLimiter = rate.NewLimiter(rate.Limit(cfg.MoveRate), max(cfg.MoveRate, 1<<20))
 	n.filling = map[uint16]bool{}
-	n.drv = driver{running: map[int]bool{}, fillFrom: map[int]uint64{}, catchUpTo: map[int]uint64{}, kick: make(chan struct{}, 1)}
+	n.drv = driver{running: map[int]bool{}, fillFrom: map[int]uint64{}, catchUpTo: map[int]uint64{},
+		down: map[string]time.Time{}, kick: make(chan struct{}, 1)}
 	if n.ae, err = n.newAntiEntropy(); err != nil {
 		store.Close()
 		lock.release()

@@ -101,9 +101,16 @@ func (a adminService) Join(ctx context.Context, req *connect.Request[nornv1.Join
 }
 
 func (a adminService) Rebalance(ctx context.Context, req *connect.Request[nornv1.RebalanceRequest]) (*connect.Response[nornv1.RebalanceResponse], error) {
+	if req.Msg.GetCancel() && req.Msg.GetApply() {
+		return nil, invalid("cancel", "cannot be combined with apply: cancel the moves under way, or apply a new plan")
+	}
 	return toMetaLeader(ctx, a.n, req, func(p *peer) func(context.Context, *connect.Request[nornv1.RebalanceRequest]) (*connect.Response[nornv1.RebalanceResponse], error) {
 		return p.admin.Rebalance
 	}, func(m *nornv1.RebalanceRequest) (*nornv1.RebalanceResponse, error) {
+		if m.GetCancel() {
+			plan, err := a.n.cancelMoves()
+			return &nornv1.RebalanceResponse{Plan: plan}, err
+		}
 		plan, err := a.n.plan("", "", m.GetApply())
 		return &nornv1.RebalanceResponse{Plan: plan}, err
 	})
@@ -270,6 +277,13 @@ func (n *Node) plan(name, role string, apply bool) (*nornv1.Plan, error) {
 }
 
 func moveStatus(m cluster.Move) *nornv1.MoveStatus {
+	msg := m.Error
+	if m.State == cluster.MoveRollingBack {
+		msg = "rolling back: " + m.Rollback
+		if m.Error != "" {
+			msg += "; " + m.Error
+		}
+	}
 	return &nornv1.MoveStatus{Partition: uint32(m.Partition), FromNode: m.From, ToNode: m.To,
-		State: string(m.State), Error: m.Error, Epoch: m.Epoch}
+		State: string(m.State), Error: msg, Epoch: m.Epoch}
 }

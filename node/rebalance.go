@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -58,7 +59,10 @@ type driver struct {
 	// catchUpTo is, by partition, the leader's last index at the previous
 	// catch-up poll.
 	catchUpTo map[int]uint64
-	kick      chan struct{}
+	// down is, by ring node, since when it is down (gossip), as the
+	// driver's passes saw it.
+	down map[string]time.Time
+	kick chan struct{}
 }
 
 // kickDriver asks the driver for a pass now (never blocks).
@@ -84,6 +88,10 @@ func (n *Node) driveLoop() {
 		}
 		if n.meta.IsLeader() {
 			n.drivePass()
+		} else {
+			n.drv.mu.Lock()
+			clear(n.drv.down) // a leader again starts counting afresh
+			n.drv.mu.Unlock()
 		}
 	}
 }
@@ -96,6 +104,17 @@ func (n *Node) drivePass() {
 	if r == nil {
 		return
 	}
+	n.drv.mu.Lock()
+	now := time.Now()
+	for _, nd := range r.Nodes {
+		switch _, seen := n.drv.down[nd.ID]; {
+		case n.memberUp(nd.ID):
+			delete(n.drv.down, nd.ID)
+		case !seen:
+			n.drv.down[nd.ID] = now
+		}
+	}
+	n.drv.mu.Unlock()
 	if err := n.startQueued(); err != nil {
 		n.cfg.Logger.Warn("starting queued moves failed", "err", err)
 	}
@@ -114,6 +133,21 @@ func (n *Node) drivePass() {
 	if err := n.removeEmptied(); err != nil {
 		n.cfg.Logger.Warn("removing emptied nodes failed", "err", err)
 	}
+}
+
+// downFor returns how long node id has been down as the driver saw it
+// (0 while it is up, or since this node leads the meta group).
+func (n *Node) downFor(id string) time.Duration {
+	n.drv.mu.Lock()
+	defer n.drv.mu.Unlock()
+	if since, ok := n.drv.down[id]; ok {
+		return time.Since(since)
+	}
+	return 0
+}
+
+func targetDownMsg(id string, down, timeout time.Duration) string {
+	return fmt.Sprintf("target %s down for %s (-move-target-timeout %s)", id, down.Round(time.Second), timeout)
 }
 
 // editRing applies edit to a copy of the meta group's current ring with
@@ -172,6 +206,10 @@ func (n *Node) startQueued() error {
 				m.State, m.Error, changed = cluster.MoveFailed, "the target left the ring", true
 				continue
 			}
+			if down := n.downFor(m.To); down >= n.cfg.MoveTargetTimeout {
+				m.State, m.Error, changed = cluster.MoveFailed, targetDownMsg(m.To, down, n.cfg.MoveTargetTimeout), true
+				continue
+			}
 			if r.ActiveMove(m.Partition) != nil || busy[m.From] >= n.cfg.MaxMovesPerNode ||
 				busy[m.To] >= n.cfg.MaxMovesPerNode || !n.memberUp(m.To) {
 				continue
@@ -217,6 +255,10 @@ func (n *Node) driveMove(p int) {
 		if m == nil {
 			return
 		}
+		if down := n.downFor(m.To); m.State.CanRollBack() && down >= n.cfg.MoveTargetTimeout {
+			n.rollBack(p, targetDownMsg(m.To, down, n.cfg.MoveTargetTimeout))
+			continue
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), moveStepTimeout)
 		progressed, err := n.stepMove(ctx, r, *m)
 		cancel()
@@ -255,6 +297,49 @@ func (n *Node) noteMoveError(p int, m cluster.Move, err error) {
 		cur.Error = msg
 		return true, nil
 	})
+}
+
+// rollBack starts rolling partition p's move back, for why, unless it is
+// promoted.
+func (n *Node) rollBack(p int, why string) {
+	_, err := n.editRing(func(r *cluster.Ring) (bool, error) {
+		return r.RollBack(p, why), nil
+	})
+	if err != nil {
+		n.cfg.Logger.Warn("rolling a partition move back failed", "partition", p, "err", err)
+		return
+	}
+	n.cfg.Logger.Warn("rolling a partition move back", "partition", p, "why", why)
+}
+
+// cancelMoves gives up every move not promoted yet (Ring.CancelMoves) and
+// returns the moves as they stand after.
+func (n *Node) cancelMoves() (*nornv1.Plan, error) {
+	var cancelled int
+	next, err := n.editRing(func(r *cluster.Ring) (bool, error) {
+		cancelled = r.CancelMoves("cancelled")
+		return cancelled > 0, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := &nornv1.Plan{RingEpoch: next.Epoch}
+	for _, m := range next.Moves {
+		out.Moves = append(out.Moves, moveStatus(m))
+	}
+	for id, c := range next.Loads(next.Placement) {
+		out.Loads = append(out.Loads, &nornv1.NodeLoad{NodeId: id, Before: uint32(c), After: uint32(c)})
+	}
+	slices.SortFunc(out.Loads, func(a, b *nornv1.NodeLoad) int { return strings.Compare(a.NodeId, b.NodeId) })
+	for _, l := range out.Loads {
+		role, _ := next.Role(l.NodeId)
+		l.Role = cluster.RoleName(role)
+	}
+	if cancelled > 0 {
+		n.kickDriver()
+		n.cfg.Logger.Info("moves cancelled", "moves", cancelled, "epoch", next.Epoch)
+	}
+	return out, nil
 }
 
 // setMoveState records partition p's move (still in state from) in state
@@ -349,6 +434,34 @@ func (n *Node) stepMove(ctx context.Context, r *cluster.Ring, m cluster.Move) (b
 		})
 		if err == nil {
 			n.cfg.Logger.Info("partition moved", "partition", p, "from", m.From, "to", m.To)
+		}
+		return err == nil, err
+
+	case cluster.MoveRollingBack:
+		// To leaves the group (it may have become a voter before the
+		// ring recorded it: hand its leadership over first), then the
+		// ring drops it as a replica and its replica is dropped.
+		cfg, err := n.changeGroup(ctx, r, p, "transfer-from", to)
+		if err != nil {
+			return false, err
+		}
+		if cfg.Leader == m.To {
+			return false, nil // the transfer is under way
+		}
+		if slices.ContainsFunc(cfg.Servers, func(s *nornv1.GroupServer) bool { return s.GetId() == m.To }) {
+			if _, err := n.changeGroup(ctx, r, p, "remove", to); err != nil {
+				return false, err
+			}
+		}
+		_, err = n.editRing(func(r *cluster.Ring) (bool, error) {
+			cur := r.ActiveMove(p)
+			if cur == nil || cur.State != cluster.MoveRollingBack {
+				return false, nil
+			}
+			return true, r.FailRollback(p)
+		})
+		if err == nil {
+			n.cfg.Logger.Warn("partition move rolled back", "partition", p, "from", m.From, "to", m.To, "why", m.Rollback)
 		}
 		return err == nil, err
 	}

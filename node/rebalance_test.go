@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -112,8 +113,11 @@ func checkPlacement(t *testing.T, ms []*member, r *cluster.Ring) {
 		slices.Sort(cohort)
 		waitFor(t, 10*time.Second, fmt.Sprintf("partition %d's voters are its cohort %v", p, cohort), func() bool {
 			for _, m := range ms {
+				if m.node == nil {
+					continue
+				}
 				g := m.node.group(uint16(p))
-				if m.node == nil || g == nil || !g.IsLeader() {
+				if g == nil || !g.IsLeader() {
 					continue
 				}
 				servers, err := g.Servers()
@@ -443,6 +447,168 @@ func TestRebalanceResumesAfterRestarts(t *testing.T) {
 	r := waitMovesDone(t, metaLeader(t, all), 2*time.Minute)
 	if r.Holds("n4") == 0 {
 		t.Fatal("n4 holds nothing after the rebalance")
+	}
+	checkPlacement(t, all, r)
+}
+
+// enqueueN enqueues n tasks through the members in turn and returns their
+// ids.
+func enqueueN(t *testing.T, ms []*member, n int) []uint64 {
+	t.Helper()
+	ids := make([]uint64, 0, n)
+	for i := range n {
+		resp, err := ms[i%len(ms)].api.Enqueue(context.Background(), connect.NewRequest(&nornv1.EnqueueRequest{
+			Task: &nornv1.TaskSpec{Queue: "q", Payload: []byte(fmt.Sprint(i))}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, resp.Msg.GetId())
+	}
+	return ids
+}
+
+// waitMovesEnded waits until no move of m's meta ring is queued or under
+// way and returns that ring.
+func waitMovesEnded(t *testing.T, ms []*member, timeout time.Duration) *cluster.Ring {
+	t.Helper()
+	var r *cluster.Ring
+	waitFor(t, timeout, "every move ended", func() bool {
+		r = metaLeader(t, ms).node.meta.Ring()
+		for _, mv := range r.Moves {
+			if !mv.State.Ended() {
+				return false
+			}
+		}
+		return true
+	})
+	return r
+}
+
+// TestRebalanceRollsBackWhenTargetDown stops the target of a rebalance
+// mid-move for good: the moves not yet promoted roll back (or, queued,
+// fail) after MoveTargetTimeout, the cohorts and groups are as before
+// them, and remove --dead then takes the node out.
+func TestRebalanceRollsBackWhenTargetDown(t *testing.T) {
+	ms := testClusterWith(t, 3, func(i int, cfg *Config) {
+		rebalanceTune(i, cfg)
+		cfg.MaxMovesPerNode = 1
+		cfg.MoveTargetTimeout = 2 * time.Second
+	})
+	ids := enqueueN(t, ms, 100)
+	n4 := startJoiner(t, ms, 4)
+	admin := adminClient(ms[0])
+	ctx := context.Background()
+	if _, err := admin.Join(ctx, connect.NewRequest(&nornv1.JoinRequest{Node: "n4"})); err != nil {
+		t.Fatal(err)
+	}
+	plan, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Apply: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Msg.GetPlan().GetMoves()) < 2 {
+		t.Fatalf("the plan moves %d replicas; the test needs queued ones", len(plan.Msg.GetPlan().GetMoves()))
+	}
+	waitFor(t, 20*time.Second, "a move to n4 filling or catching up", func() bool {
+		for _, m := range metaLeader(t, ms).node.meta.Ring().MovesUnderway() {
+			if m.State.CanRollBack() {
+				return true
+			}
+		}
+		return false
+	})
+	n4.stop()
+	r := waitMovesEnded(t, ms, time.Minute)
+	rolledBack, failedQueued := 0, 0
+	for _, m := range r.Moves {
+		switch {
+		case m.State == cluster.MoveDone:
+		case strings.HasPrefix(m.Error, "rolled back: target n4 down for"):
+			rolledBack++
+		case strings.HasPrefix(m.Error, "target n4 down for"):
+			failedQueued++
+		default:
+			t.Fatalf("move %+v", m)
+		}
+	}
+	t.Logf("%d moves: %d rolled back, %d queued failed", len(r.Moves), rolledBack, failedQueued)
+	if rolledBack == 0 || failedQueued == 0 {
+		t.Fatalf("want a rolled back move and a failed queued one: %+v", r.Moves)
+	}
+	for p := range r.Partitions {
+		if r.HostsReplica(p, "n4") != r.Hosts(p, "n4") {
+			t.Fatalf("n4 still receives partition %d after the rollback", p)
+		}
+	}
+	checkPlacement(t, ms, r)
+	checkAllReadable(t, ms[1], ids)
+
+	// The operator removes the dead node: its replicas (of moves done
+	// before it died) are made again on the others, and it leaves.
+	if _, err := admin.Remove(ctx, connect.NewRequest(&nornv1.RemoveRequest{Node: "n4", Dead: true, Apply: true})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "n4 removed from the ring", func() bool {
+		_, ok := metaLeader(t, ms).node.meta.Ring().Node("n4")
+		return !ok
+	})
+	checkPlacement(t, ms, metaLeader(t, ms).node.meta.Ring())
+	checkAllReadable(t, ms[2], ids)
+}
+
+// TestRebalanceCancel cancels a rebalance under way: queued moves fail,
+// moves not yet promoted roll back, promoted ones finish; the groups and
+// stores match the resulting ring, and a new rebalance then completes.
+func TestRebalanceCancel(t *testing.T) {
+	ms := testClusterWith(t, 3, func(i int, cfg *Config) {
+		rebalanceTune(i, cfg)
+		cfg.MaxMovesPerNode = 1
+	})
+	ids := enqueueN(t, ms, 100)
+	n4 := startJoiner(t, ms, 4)
+	all := append(slices.Clone(ms), n4)
+	admin := adminClient(ms[1])
+	ctx := context.Background()
+	if _, err := admin.Join(ctx, connect.NewRequest(&nornv1.JoinRequest{Node: "n4"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Cancel: true, Apply: true})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("cancel with apply: %v, want INVALID_ARGUMENT", err)
+	}
+	if _, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Apply: true})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "a move under way", func() bool {
+		return len(metaLeader(t, all).node.meta.Ring().MovesUnderway()) > 0
+	})
+	resp, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Cancel: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelled := 0
+	for _, m := range resp.Msg.GetPlan().GetMoves() {
+		if m.GetState() == string(cluster.MoveRollingBack) || m.GetError() == "cancelled" {
+			cancelled++
+		}
+	}
+	if cancelled == 0 {
+		t.Fatalf("cancel gave up no move: %v", resp.Msg.GetPlan().GetMoves())
+	}
+	r := waitMovesEnded(t, all, time.Minute)
+	for _, m := range r.Moves {
+		if m.State == cluster.MoveFailed && m.Error != "cancelled" && m.Error != "rolled back: cancelled" {
+			t.Fatalf("move %+v", m)
+		}
+	}
+	checkPlacement(t, all, r)
+	checkAllReadable(t, n4, ids)
+
+	// A new plan after the cancel goes through.
+	if _, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Apply: true})); err != nil {
+		t.Fatal(err)
+	}
+	r = waitMovesDone(t, metaLeader(t, all), time.Minute)
+	if r.Holds("n4") == 0 {
+		t.Fatal("n4 holds nothing after the second rebalance")
 	}
 	checkPlacement(t, all, r)
 }

@@ -14,6 +14,7 @@
 //	nornctl join n4                                   # admit a started node
 //	nornctl rebalance                                 # show the plan, ask, apply, watch
 //	nornctl rebalance status                          # the moves under way
+//	nornctl rebalance cancel                          # roll back the moves not yet promoted
 //	nornctl drain n2 --dry-run                        # what draining n2 would move
 //	nornctl decommission n2 --yes                     # move everything off n2, then remove it
 //	nornctl remove n3 --dead                          # replace a node gone for good
@@ -154,7 +155,7 @@ var commands = []*command{
 	{name: "cancel", args: "<id>", summary: "end a task as CANCELLED", run: runCancel},
 	{name: "status", summary: "show the node and its partitions", run: runStatus},
 	{name: "join", args: "<node>", summary: "make a started node a member of the cluster", help: joinHelp, run: runJoin},
-	{name: "rebalance", args: "[status]", summary: "spread the replicas over the members, or show the moves under way", help: rebalanceHelp, run: runRebalance},
+	{name: "rebalance", args: "[status|cancel]", summary: "spread the replicas over the members, show the moves under way, or cancel them", help: rebalanceHelp, run: runRebalance},
 	{name: "drain", args: "<node>", summary: "move every replica off a node, which stays a member", help: drainHelp, run: runDrain},
 	{name: "decommission", args: "<node>", summary: "drain a node, then remove it from the cluster", help: decommissionHelp, run: runDecommission},
 	{name: "remove", args: "--dead <node>", summary: "replace the replicas of a node gone for good and remove it", help: removeHelp, run: runRemove},

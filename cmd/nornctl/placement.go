@@ -18,7 +18,8 @@ import (
 	"github.com/norn-dev/norn/client"
 )
 
-// The placement commands: join, rebalance (and rebalance status), drain,
+// The placement commands: join, rebalance (and rebalance status and
+// cancel), drain,
 // decommission and remove. All but join share one flow, applyPlan: plan
 // without applying, print, ask, apply, watch. They send every call to
 // --addr only (discovery off), so that the watch reads one node's ring.
@@ -51,6 +52,14 @@ A placement with nothing to move prints so and exits 0.
 
 nornctl rebalance status prints the moves of the current (or last) plan as
 the node at --addr records them: state, error, and how many are done.
+
+nornctl rebalance cancel gives up the moves not yet promoted: queued ones
+fail at once, filling and catching-up ones roll back (rolling-back, then
+failed: the new replica leaves the partition's Raft group and is dropped;
+the cohort stays as it was). Promoted moves finish. It prints the moves
+and, unless --watch=false, their changes until none is under way. A move
+whose target stays down longer than nornd's -move-target-timeout (2 min by
+default) rolls back by itself.
 
 -o json prints the RebalanceResponse: the plan of --dry-run, else the
 applied plan; the plan before the question, the question and the watch go
@@ -174,8 +183,8 @@ func runRebalance(e *env, cmd *command, args []string) error {
 		return err
 	}
 	if len(pos) == 1 {
-		if pos[0] != "status" {
-			return usagef(cmd, "unexpected argument %q: rebalance takes none, or status", pos[0])
+		if pos[0] != "status" && pos[0] != "cancel" {
+			return usagef(cmd, "unexpected argument %q: rebalance takes none, status or cancel", pos[0])
 		}
 		var set []string
 		fs.Visit(func(fl *flag.Flag) {
@@ -185,6 +194,12 @@ func runRebalance(e *env, cmd *command, args []string) error {
 				}
 			}
 		})
+		if pos[0] == "cancel" {
+			if f.dryRun {
+				return usagef(cmd, "rebalance cancel takes no --dry-run")
+			}
+			return e.rebalanceCancel(f.watch)
+		}
 		if len(set) > 0 {
 			return usagef(cmd, "rebalance status takes no %s", strings.Join(set, ", "))
 		}
@@ -402,6 +417,65 @@ func (e *env) rebalanceStatus() error {
 		return err
 	}
 	return e.emit(st, func(w io.Writer) { writeMoves(w, st.GetMoves()) })
+}
+
+// rebalanceCancel serves `nornctl rebalance cancel`: it cancels the
+// moves not yet promoted and, with watch, prints the moves' changes until
+// none is under way (the rolled back ones end failed, the promoted ones
+// done).
+func (e *env) rebalanceCancel(watch bool) error {
+	admin, err := e.admin()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := e.callContext()
+	resp, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Cancel: true}))
+	cancel()
+	if err != nil {
+		return err
+	}
+	moves := resp.Msg.GetPlan().GetMoves()
+	if err := e.emit(resp.Msg, func(w io.Writer) { writeMoves(w, moves) }); err != nil || !watch {
+		return err
+	}
+	out := e.progressOut()
+	last := map[moveKey]string{}
+	for _, m := range moves {
+		last[keyOf(m)] = m.GetState() + m.GetError()
+	}
+	failures := 0
+	for underway(moves) {
+		if err := sleep(e.ctx, e.poll); err != nil {
+			return stoppedWatching(err)
+		}
+		st, err := e.moveStatus(admin)
+		if err != nil {
+			if failures++; failures >= maxWatchErrors || e.ctx.Err() != nil {
+				return fmt.Errorf("watching the moves: %w (see `nornctl rebalance status`)", err)
+			}
+			continue
+		}
+		failures = 0
+		moves = st.GetMoves()
+		for _, m := range moves {
+			if k := keyOf(m); last[k] != m.GetState()+m.GetError() {
+				last[k] = m.GetState() + m.GetError()
+				fmt.Fprintln(out, formatMove(m))
+			}
+		}
+	}
+	fmt.Fprintf(out, "no move under way: %s\n", moveSummary(moves))
+	return nil
+}
+
+// underway reports whether a move is neither queued nor ended.
+func underway(moves []*nornv1.MoveStatus) bool {
+	for _, m := range moves {
+		if s := m.GetState(); s != moveDone && s != moveFailed && s != "queued" {
+			return true
+		}
+	}
+	return false
 }
 
 // moveStatus calls Status without task counts (which read every task),

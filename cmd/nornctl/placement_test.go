@@ -114,7 +114,11 @@ func (f *fakeAdmin) Join(_ context.Context, req *connect.Request[nornv1.JoinRequ
 }
 
 func (f *fakeAdmin) Rebalance(_ context.Context, req *connect.Request[nornv1.RebalanceRequest]) (*connect.Response[nornv1.RebalanceResponse], error) {
-	p, err := f.answer("Rebalance", req.Msg, req.Msg.GetApply())
+	method := "Rebalance"
+	if req.Msg.GetCancel() {
+		method = "Rebalance cancel"
+	}
+	p, err := f.answer(method, req.Msg, req.Msg.GetApply())
 	if err != nil {
 		return nil, err
 	}
@@ -741,4 +745,40 @@ func TestStatusPlacement(t *testing.T) {
 	f.setStatuses(&nornv1.StatusResponse{NodeId: "n1", Healthy: true, Nodes: nodes,
 		Moves: []*nornv1.MoveStatus{move(3, "n2", "n1", "done", "")}})
 	mustNotContain(t, "status with every move done", runFake(t, f, "", "status").stdout, "rebalance:")
+}
+
+// TestRebalanceCancel cancels the moves and watches the rolled back one
+// end; the promoted one finishes.
+func TestRebalanceCancel(t *testing.T) {
+	f := newFakeAdmin(t)
+	f.plan = &nornv1.Plan{RingEpoch: 14, Moves: []*nornv1.MoveStatus{
+		move(3, "n1", "n4", "rolling-back", "rolling back: cancelled"),
+		move(7, "n3", "n4", "promoted", ""),
+		move(12, "n2", "n4", "failed", "cancelled"),
+	}}
+	f.statuses = []*nornv1.StatusResponse{
+		statusWith(move(3, "n1", "n4", "rolling-back", "rolling back: cancelled"), move(7, "n3", "n4", "done", ""), move(12, "n2", "n4", "failed", "cancelled")),
+		statusWith(move(3, "n1", "n4", "failed", "rolled back: cancelled"), move(7, "n3", "n4", "done", ""), move(12, "n2", "n4", "failed", "cancelled")),
+	}
+	r := runFake(t, f, "", "rebalance", "cancel")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	mustContain(t, "stdout", r.stdout,
+		"rolling-back", // the table
+		"p7 n3 -> n4: done\n",
+		"p3 n1 -> n4: failed (rolled back: cancelled)\n",
+		"no move under way: 1 of 3 moves done, 2 failed")
+	wantCalls(t, f, "Rebalance cancel apply=false", "Status", "Status")
+
+	f = newFakeAdmin(t)
+	f.plan = &nornv1.Plan{Moves: []*nornv1.MoveStatus{move(3, "n1", "n4", "rolling-back", "")}}
+	r = runFake(t, f, "", "rebalance", "cancel", "--watch=false")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	wantCalls(t, f, "Rebalance cancel apply=false")
+	if r := runFake(t, f, "", "rebalance", "cancel", "--dry-run"); r.code != 2 {
+		t.Fatalf("cancel --dry-run: exit %d, want 2 (usage)", r.code)
+	}
 }

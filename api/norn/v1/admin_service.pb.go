@@ -138,7 +138,13 @@ func (x *JoinResponse) GetMetaVoter() bool {
 type RebalanceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Start the moves; without it the plan is only computed.
-	Apply         bool `protobuf:"varint,1,opt,name=apply,proto3" json:"apply,omitempty"`
+	Apply bool `protobuf:"varint,1,opt,name=apply,proto3" json:"apply,omitempty"`
+	// Cancel the moves under way instead of planning: queued moves fail,
+	// filling and catching-up moves roll back (the new replica is removed
+	// from the partition's group and dropped), promoted moves finish. The
+	// response's plan lists the moves as they stand after the cancel
+	// (applied is false). Not with apply.
+	Cancel        bool `protobuf:"varint,2,opt,name=cancel,proto3" json:"cancel,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -176,6 +182,13 @@ func (*RebalanceRequest) Descriptor() ([]byte, []int) {
 func (x *RebalanceRequest) GetApply() bool {
 	if x != nil {
 		return x.Apply
+	}
+	return false
+}
+
+func (x *RebalanceRequest) GetCancel() bool {
+	if x != nil {
+		return x.Cancel
 	}
 	return false
 }
@@ -701,8 +714,10 @@ type MoveStatus struct {
 	// "queued" (waiting for the throttle), "filling" (the new replica is
 	// open, written to and filled by anti-entropy), "catching-up" (a Raft
 	// non-voter, catching up on the log), "promoted" (a voter; the old
-	// replica is being removed), "done", or "failed" (see error; the move
-	// was rolled back).
+	// replica is being removed), "done", "rolling-back" (given up before
+	// promotion: cancelled, or its target was down longer than the node's
+	// -move-target-timeout; the new replica is being removed), or "failed"
+	// (see error; the move was rolled back, the cohort is unchanged).
 	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
 	// The last error of the move's current step (it is retried), or why it
 	// failed.
@@ -1309,9 +1324,10 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
 	"ring_epoch\x18\x02 \x01(\x04R\tringEpoch\x12\x1d\n" +
 	"\n" +
-	"meta_voter\x18\x03 \x01(\bR\tmetaVoter\"(\n" +
+	"meta_voter\x18\x03 \x01(\bR\tmetaVoter\"@\n" +
 	"\x10RebalanceRequest\x12\x14\n" +
-	"\x05apply\x18\x01 \x01(\bR\x05apply\"8\n" +
+	"\x05apply\x18\x01 \x01(\bR\x05apply\x12\x16\n" +
+	"\x06cancel\x18\x02 \x01(\bR\x06cancel\"8\n" +
 	"\fDrainRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05apply\x18\x02 \x01(\bR\x05apply\"?\n" +

@@ -61,7 +61,8 @@ type AdminServiceClient interface {
 	Join(context.Context, *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error)
 	// Rebalance plans the placement over the cluster's members (without
 	// draining ones) and, with apply, starts moving replicas to it. A plan
-	// that moves nothing is not an error.
+	// that moves nothing is not an error. With cancel it gives up the moves
+	// not yet promoted instead (they roll back).
 	Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error)
 	// Drain moves every replica off a node. The node stays a member and
 	// keeps serving requests as a coordinator; a later Rebalance leaves it
@@ -177,7 +178,8 @@ type AdminServiceHandler interface {
 	Join(context.Context, *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error)
 	// Rebalance plans the placement over the cluster's members (without
 	// draining ones) and, with apply, starts moving replicas to it. A plan
-	// that moves nothing is not an error.
+	// that moves nothing is not an error. With cancel it gives up the moves
+	// not yet promoted instead (they roll back).
 	Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error)
 	// Drain moves every replica off a node. The node stays a member and
 	// keeps serving requests as a coordinator; a later Rebalance leaves it
