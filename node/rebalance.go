@@ -49,6 +49,7 @@ const (
 	moveStepTimeout = 10 * time.Second
 	movePoll        = 200 * time.Millisecond
 	driverInterval  = 500 * time.Millisecond
+	autoInterval    = 2 * time.Second
 )
 
 // driver is the rebalance driver's state on this node.
@@ -62,7 +63,11 @@ type driver struct {
 	// down is, by ring node, since when it is down (gossip), as the
 	// driver's passes saw it.
 	down map[string]time.Time
-	kick chan struct{}
+	// autoAt is when autoRebalance last looked, autoErr its last error
+	// (logged once); only the driver loop uses them.
+	autoAt  time.Time
+	autoErr string
+	kick    chan struct{}
 }
 
 // kickDriver asks the driver for a pass now (never blocks).
@@ -115,6 +120,9 @@ func (n *Node) drivePass() {
 		}
 	}
 	n.drv.mu.Unlock()
+	if n.cfg.AutoRebalance {
+		n.autoRebalance(r)
+	}
 	if err := n.startQueued(); err != nil {
 		n.cfg.Logger.Warn("starting queued moves failed", "err", err)
 	}
@@ -132,6 +140,51 @@ func (n *Node) drivePass() {
 	}
 	if err := n.removeEmptied(); err != nil {
 		n.cfg.Logger.Warn("removing emptied nodes failed", "err", err)
+	}
+}
+
+// autoRebalance (AutoRebalance) plans and applies a placement change when
+// no move is queued or under way and ring r has a member dead (as the
+// driver saw) for AutoDeadAfter, which is removed as by Remove with dead,
+// or else a live member that holds nothing (it joined), which a rebalance
+// gives replicas to. It looks at most every autoInterval.
+func (n *Node) autoRebalance(r *cluster.Ring) {
+	if time.Since(n.drv.autoAt) < autoInterval {
+		return
+	}
+	n.drv.autoAt = time.Now()
+	for _, m := range r.Moves {
+		if !m.State.Ended() {
+			return
+		}
+	}
+	name, role, why := "", "", ""
+	for _, nd := range r.Nodes {
+		if nd.Role != cluster.RoleMember && nd.Role != cluster.RoleDraining {
+			continue
+		}
+		if down := n.downFor(nd.ID); down >= n.cfg.AutoDeadAfter {
+			name, role, why = nd.ID, cluster.RoleDead, fmt.Sprintf("%s dead for %s", nd.ID, down.Round(time.Second))
+			break
+		}
+		if why == "" && nd.Role == cluster.RoleMember && r.Holds(nd.ID) == 0 && n.memberUp(nd.ID) {
+			why = nd.ID + " holds nothing"
+		}
+	}
+	if why == "" {
+		return
+	}
+	plan, err := n.plan(name, role, true)
+	if err != nil {
+		if msg := errorMessage(err); msg != n.drv.autoErr {
+			n.drv.autoErr = msg
+			n.cfg.Logger.Warn("auto rebalance failed", "why", why, "err", msg)
+		}
+		return
+	}
+	n.drv.autoErr = ""
+	if len(plan.GetMoves()) > 0 || role != "" {
+		n.cfg.Logger.Info("auto rebalance", "why", why, "moves", len(plan.GetMoves()), "epoch", plan.GetRingEpoch())
 	}
 }
 

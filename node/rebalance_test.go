@@ -612,3 +612,43 @@ func TestRebalanceCancel(t *testing.T) {
 	}
 	checkPlacement(t, all, r)
 }
+
+// TestAutoRebalance: with AutoRebalance the meta leader gives a joined
+// node replicas by itself, and replaces a member dead for AutoDeadAfter.
+func TestAutoRebalance(t *testing.T) {
+	ms := testClusterWith(t, 3, func(i int, cfg *Config) {
+		rebalanceTune(i, cfg)
+		cfg.AutoRebalance = true
+		cfg.AutoDeadAfter = 3 * time.Second
+	})
+	ids := enqueueN(t, ms, 100)
+	n4 := startJoiner(t, ms, 4)
+	all := append(slices.Clone(ms), n4)
+	if _, err := adminClient(ms[0]).Join(context.Background(), connect.NewRequest(&nornv1.JoinRequest{Node: "n4"})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "moves to n4 planned by the meta leader", func() bool {
+		return len(metaLeader(t, all).node.meta.Ring().Moves) > 0
+	})
+	r := waitMovesDone(t, metaLeader(t, all), time.Minute)
+	if r.Holds("n4") == 0 {
+		t.Fatal("n4 holds nothing after the auto rebalance")
+	}
+	checkPlacement(t, all, r)
+
+	// n4 dies for good: after AutoDeadAfter it is removed and its
+	// replicas are made again on the others.
+	n4.stop()
+	waitFor(t, time.Minute, "n4 removed from the ring", func() bool {
+		_, ok := metaLeader(t, ms).node.meta.Ring().Node("n4")
+		return !ok
+	})
+	r = metaLeader(t, ms).node.meta.Ring()
+	for p := range r.Partitions {
+		if len(r.Cohort(p)) != 3 {
+			t.Fatalf("partition %d has cohort %v", p, r.Cohort(p))
+		}
+	}
+	checkPlacement(t, ms, r)
+	checkAllReadable(t, ms[1], ids)
+}
