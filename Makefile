@@ -9,7 +9,7 @@ BUF         ?= github.com/bufbuild/buf/cmd/buf@v1.73.0
 CORE_PKGS   := ./crdt/... ./ring/... ./faultfs/... ./storage/... ./claims/... ./cluster/... ./antientropy/... ./transport/... ./client/... ./node/...
 BIN         := bin
 
-.PHONY: all build test test-core test-rest lint fmt proto proto-check bench fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
+.PHONY: all build test test-core test-rest lint fmt proto proto-check bench bench-move fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
 
 all: build
 
@@ -57,6 +57,14 @@ proto-check:
 BENCH ?= .
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -timeout 60m ./...
+
+# The rebalancing benchmark on real processes (docs/BENCHMARKS.md):
+# MODE=partition moves one partition of COUNT tasks (default 1M) between
+# nodes; MODE=grow rebalances 3 -> 5 nodes holding COUNT tasks. It runs
+# its own cluster under data-benchmove on make cluster's ports.
+MODE ?= partition
+bench-move: build
+	BIN=$(BIN) bash scripts/bench-move.sh $(MODE)
 
 # A short coverage-guided fuzz run of every decoder.
 FUZZTIME ?= 30s
