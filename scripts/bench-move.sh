@@ -9,8 +9,9 @@
 #              and n5 join and a rebalance spreads the replicas over 5.
 #
 # For each it reports the move's (or rebalance's) wall time, the
-# anti-entropy bytes the target(s) received and the sources sent (the fill;
-# the Raft catch-up ships only the claim log), and the cluster's
+# anti-entropy bytes (requests and responses) of the exchanges the new
+# node(s) started, which are the fills, and of all exchanges (the Raft
+# catch-up ships only the claim log, not counted), and the cluster's
 # throughput during the move against without one: rounds of `nornctl bench`
 # (enqueue ROUND_COUNT tasks, then claim+complete them) run back to back
 # before the move and while it runs, and the mean rates are compared.
@@ -40,7 +41,7 @@ trap 'bash scripts/cluster.sh stop >/dev/null 2>&1 || true' EXIT
 bash scripts/cluster.sh start >/dev/null
 echo "mode $MODE: preloading $COUNT tasks"
 ctl bench --workload enqueue --count "$COUNT" --concurrency 512 --queue preload -o json >"$DATA/preload.json"
-grep -o '"tasksPerSecond":[0-9.]*' "$DATA/preload.json" | head -1 | sed 's/.*:/  preload enqueue tasks\/s: /'
+grep -o '"tasksPerSecond": *[0-9.]*' "$DATA/preload.json" | head -1 | sed 's/.*: */  preload enqueue tasks\/s: /'
 
 # metric NODE NAME: the sum of a counter over its labels on node NODE.
 metric() {
@@ -49,25 +50,35 @@ metric() {
 }
 
 # round OUT: one bench round (enqueue then claim+complete), JSON to OUT.
-round() { ctl bench --count "$ROUND_COUNT" --timeout 30s -o json >"$1" 2>/dev/null || true; }
+# Through n2, which holds a replica throughout in both modes (a drained
+# node coordinates every request remotely).
+round() { ctl bench --addr 127.0.0.1:7410 --count "$ROUND_COUNT" --timeout 30s -o json >"$1" 2>/dev/null || true; }
 
 # rates FILES...: mean enqueue and claim+complete tasks/s over the rounds.
 rates() {
-	cat "$@" | grep -o '"tasksPerSecond":[0-9.]*' | awk -F: '
+	cat "$@" | grep -o '"tasksPerSecond": *[0-9.]*' | awk -F': *' '
 		NR % 2 == 1 { e += $2; ne++ } NR % 2 == 0 { c += $2; nc++ }
 		END { printf "%.0f %.0f %d\n", (ne ? e / ne : 0), (nc ? c / nc : 0), ne }'
 }
 
+# The new nodes run (as members holding nothing) during the baseline too:
+# the same processes share the cores with and without a move.
+for i in "${ADD[@]}"; do bash scripts/cluster.sh add "$i" >/dev/null; done
+for i in "${ADD[@]}"; do ctl join "n$i" >/dev/null; done
 echo "baseline: $BASE_ROUNDS bench rounds of $ROUND_COUNT tasks without a move"
 for i in $(seq 1 "$BASE_ROUNDS"); do round "$DATA/base-$i.json"; done
 read -r base_e base_c base_n < <(rates "$DATA"/base-*.json)
-
-for i in "${ADD[@]}"; do bash scripts/cluster.sh add "$i" >/dev/null; done
-for i in "${ADD[@]}"; do ctl join "n$i" >/dev/null; done
-sources=(1 2 3)
-before_recv=0; before_sent=0
-for i in "${ADD[@]}"; do before_recv=$((before_recv + $(metric "$i" norn_antientropy_bytes_received_total))); done
-for i in "${sources[@]}"; do before_sent=$((before_sent + $(metric "$i" norn_antientropy_bytes_sent_total))); done
+# aebytes NODES...: the anti-entropy bytes of the exchanges the nodes
+# started (requests and responses: the initiator counts both).
+aebytes() {
+	local s=0 i
+	for i in "$@"; do
+		s=$((s + $(metric "$i" norn_antientropy_bytes_sent_total) + $(metric "$i" norn_antientropy_bytes_received_total)))
+	done
+	echo "$s"
+}
+all=(1 2 3 "${ADD[@]}")
+before_new=$(aebytes "${ADD[@]}"); before_all=$(aebytes "${all[@]}")
 
 echo "moving while bench rounds run"
 start=$(date +%s.%N)
@@ -84,17 +95,15 @@ while kill -0 "$mover" 2>/dev/null; do
 done
 wait "$mover" || { echo "the move failed:"; cat "$DATA/move.out"; exit 1; }
 end=$(date +%s.%N)
-after_recv=0; after_sent=0
-for i in "${ADD[@]}"; do after_recv=$((after_recv + $(metric "$i" norn_antientropy_bytes_received_total))); done
-for i in "${sources[@]}"; do after_sent=$((after_sent + $(metric "$i" norn_antientropy_bytes_sent_total))); done
+after_new=$(aebytes "${ADD[@]}"); after_all=$(aebytes "${all[@]}")
 read -r mv_e mv_c mv_n < <(rates "$DATA"/during-*.json)
 moves=$(grep -c -- '-> n.: done' "$DATA/move.out" || true)
 
 awk -v mode="$MODE" -v count="$COUNT" -v s="$start" -v e="$end" -v moves="$moves" \
-	-v recv=$((after_recv - before_recv)) -v sent=$((after_sent - before_sent)) \
+	-v newb=$((after_new - before_new)) -v allb=$((after_all - before_all)) \
 	-v be="$base_e" -v bc="$base_c" -v bn="$base_n" -v me="$mv_e" -v mc="$mv_c" -v mn="$mv_n" 'BEGIN {
 	printf "\n%s: %d tasks, %d replica moves in %.1f s\n", mode, count, moves, e - s
-	printf "  anti-entropy bytes received by the new node(s): %.1f MiB; sent by n1-n3: %.1f MiB\n", recv / 1048576, sent / 1048576
+	printf "  anti-entropy bytes: %.1f MiB in the exchanges the new node(s) started (the fills), %.1f MiB on all nodes\n", newb / 1048576, allb / 1048576
 	printf "  enqueue tasks/s:        %6d without a move (%d rounds), %6d during (%d rounds): %.0f%%\n", be, bn, me, mn, (be ? 100 * me / be : 0)
 	printf "  claim+complete tasks/s: %6d without a move,            %6d during:            %.0f%%\n", bc, mc, (bc ? 100 * mc / bc : 0)
 }'
