@@ -68,7 +68,7 @@ func nemesisCrashAfterEnqueue(ctx context.Context, e *Env) {
 		if !ok {
 			return
 		}
-		e.crashFor(ctx, e.C.Nodes, time.Second, fmt.Sprintf("right after the enqueue of task %d was acked", o.Task))
+		e.crashFor(ctx, e.C.Active(), time.Second, fmt.Sprintf("right after the enqueue of task %d was acked", o.Task))
 	}
 }
 

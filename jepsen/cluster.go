@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +20,10 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 )
+
+// Replication is the cluster's replication factor N (-replication): the
+// write quorum that reaches every replica, whatever the number of nodes.
+const Replication = 3
 
 // Ports every node uses on its own address 127.0.0.(10+i).
 const (
@@ -31,7 +36,12 @@ const (
 
 // ClusterConfig describes the cluster under test.
 type ClusterConfig struct {
-	Nodes       int      // 3 or 5
+	Nodes int // node slots: 3 or 5
+	// Initial is how many nodes (n1..nInitial) form the cluster; 0 means
+	// all. The others are spares: prepared (uid, data dir, iptables, probe
+	// listener) but started only by StartSpare, without -bootstrap-expect,
+	// gossiping with the cluster until they are joined.
+	Initial     int
 	Partitions  int      // power of two, for example 8
 	Bin         string   // the nornd binary
 	Dir         string   // data dirs and logs go under it
@@ -67,9 +77,12 @@ type Node struct {
 // Cluster is the set of nodes under test.
 type Cluster struct {
 	Cfg   ClusterConfig
-	Nodes []*Node
+	Nodes []*Node // every slot, spares included
 	// DataRoot holds the nodes' data dirs (linked from Cfg.Dir/data).
 	DataRoot string
+
+	mu     sync.Mutex
+	active []*Node // see Active
 }
 
 // NodeIP is node i's loopback address.
@@ -85,6 +98,9 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	}
 	if cfg.SkewBuffer == 0 {
 		cfg.SkewBuffer = 2 * time.Second
+	}
+	if cfg.Initial <= 0 || cfg.Initial > cfg.Nodes {
+		cfg.Initial = cfg.Nodes
 	}
 	c := &Cluster{Cfg: cfg}
 	// The nodes run as their own uids, which must reach their data dirs:
@@ -109,8 +125,11 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 		n.Admin = nornv1connect.NewAdminServiceClient(hc, "http://"+n.API)
 		c.Nodes = append(c.Nodes, n)
 	}
+	c.active = append([]*Node(nil), c.Nodes[:cfg.Initial]...)
+	// Every node joins through the initial nodes' gossip addresses (a
+	// spare learns of the other spares from them).
 	for _, n := range c.Nodes {
-		for _, o := range c.Nodes {
+		for _, o := range c.Nodes[:cfg.Initial] {
 			if o != n {
 				n.join = append(n.join, fmt.Sprintf("%s:%d", o.IP, gossipPort))
 			}
@@ -148,12 +167,19 @@ func (n *Node) Start() error {
 	cfg := n.cfg
 	args := []string{"-node-id", n.ID, "-machine-id", fmt.Sprint(n.Index), "-data-dir", n.DataDir,
 		"-listen", n.API, "-raft-addr", fmt.Sprintf("%s:%d", n.IP, raftPort),
-		"-gossip-addr", fmt.Sprintf("%s:%d", n.IP, gossipPort),
-		"-bootstrap-expect", fmt.Sprint(cfg.Nodes), "-join", strings.Join(n.join, ","),
-		"-replication", "3", "-partitions", fmt.Sprint(cfg.Partitions),
+		"-gossip-addr", fmt.Sprintf("%s:%d", n.IP, gossipPort)}
+	if n.Index <= cfg.Initial {
+		// A spare has no -bootstrap-expect: it gossips with the cluster
+		// and takes its ring without being a member until it is joined
+		// (as scripts/cluster.sh add starts one). A restarted node
+		// ignores the flag (it rejoins from its data dir).
+		args = append(args, "-bootstrap-expect", fmt.Sprint(cfg.Initial))
+	}
+	args = append(args, "-join", strings.Join(n.join, ","),
+		"-replication", fmt.Sprint(Replication), "-partitions", fmt.Sprint(cfg.Partitions),
 		"-raft-timeout", cfg.RaftTimeout.String(), "-write-timeout", "2s",
 		"-skew-buffer", cfg.SkewBuffer.String(), "-max-clock-offset", (cfg.SkewBuffer * 9 / 10).String(),
-		"-antientropy-interval", "2s", "-log-level", "warn"}
+		"-antientropy-interval", "2s", "-log-level", "warn")
 	if cfg.Hooks {
 		args = append(args, "-test-hooks")
 		if len(cfg.Bugs) > 0 {
@@ -323,10 +349,50 @@ func (n *Node) post(path, body string) error {
 	return nil
 }
 
-// Start starts every node and waits until each is healthy and every
-// partition has a leader.
+// Active returns the nodes that currently take part in the run, in slot
+// order: the initial nodes, the spares the scenario started, less the
+// nodes it retired (decommissioned and stopped). Clients, the drain, the
+// final read, readiness, convergence, leader lookups, the nemeses' picks
+// and the heal use these. Without spares it is every node. The slice is
+// fresh.
+func (c *Cluster) Active() []*Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Node(nil), c.active...)
+}
+
+// IsActive reports whether n is among Active.
+func (c *Cluster) IsActive(n *Node) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Contains(c.active, n)
+}
+
+// Activate adds n to Active (a spare once started).
+func (c *Cluster) Activate(n *Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !slices.Contains(c.active, n) {
+		c.active = append(c.active, n)
+		slices.SortFunc(c.active, func(a, b *Node) int { return a.Index - b.Index })
+	}
+}
+
+// Retire removes n from Active (a node that left the ring, before it is
+// stopped): nothing picks it any more and the heal does not restart it.
+func (c *Cluster) Retire(n *Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.active = slices.DeleteFunc(c.active, func(x *Node) bool { return x == n })
+}
+
+// Spares returns the node slots beyond the initial ones.
+func (c *Cluster) Spares() []*Node { return c.Nodes[c.Cfg.Initial:] }
+
+// Start starts the initial nodes and waits until each is healthy and
+// every partition has a leader.
 func (c *Cluster) Start(timeout time.Duration) error {
-	for _, n := range c.Nodes {
+	for _, n := range c.Active() {
 		if err := n.Start(); err != nil {
 			return err
 		}
@@ -334,8 +400,31 @@ func (c *Cluster) Start(timeout time.Duration) error {
 	return c.WaitReady(timeout)
 }
 
-// WaitReady waits until every running node is healthy and sees a leader
-// for every partition.
+// StartSpare starts spare n (it gossips with the cluster, not a ring
+// member yet), waits until it answers /healthz, and adds it to Active
+// (even when it did not become healthy within timeout: the heal and the
+// checkers then see it).
+func (c *Cluster) StartSpare(n *Node, timeout time.Duration) error {
+	if err := n.Start(); err != nil {
+		return err
+	}
+	defer c.Activate(n)
+	deadline := time.Now().Add(timeout)
+	for !n.Healthy() {
+		if !n.Running() {
+			return fmt.Errorf("%s exited (see its log)", n.ID)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not healthy after %s", n.ID, timeout)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return nil
+}
+
+// WaitReady waits until every running active node is healthy and sees a
+// leader for every partition it replicates, and every ring member holding
+// replicas replicates some.
 func (c *Cluster) WaitReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last error
@@ -349,7 +438,7 @@ func (c *Cluster) WaitReady(timeout time.Duration) error {
 }
 
 func (c *Cluster) ready() error {
-	for _, n := range c.Nodes {
+	for _, n := range c.Active() {
 		if !n.Running() {
 			continue
 		}
@@ -360,7 +449,13 @@ func (c *Cluster) ready() error {
 		if err != nil {
 			return fmt.Errorf("%s status: %w", n.ID, err)
 		}
-		if len(st.Partitions) == 0 {
+		if st.RingEpoch == 0 {
+			return fmt.Errorf("%s has no ring yet", n.ID)
+		}
+		// A node outside the ring (a spare not joined yet), or a member
+		// the ring gives no replica (drained), legitimately replicates
+		// no partition.
+		if holdsReplicas(st, n.ID) && len(st.Partitions) == 0 {
 			return fmt.Errorf("%s replicates no partition yet", n.ID)
 		}
 		for _, p := range st.Partitions {
@@ -372,11 +467,28 @@ func (c *Cluster) ready() error {
 	return nil
 }
 
-// Leaders returns, as the first answering node sees it, the node leading
-// each partition.
+// holdsReplicas reports whether st (node id's own Status) shows id as a
+// ring member the placement gives replicas.
+func holdsReplicas(st *nornv1.StatusResponse, id string) bool {
+	if len(st.Nodes) == 0 {
+		return true // a single node: it holds everything
+	}
+	for _, nd := range st.Nodes {
+		if nd.Id == id {
+			return inRing(nd.Role) && nd.Replicas > 0
+		}
+	}
+	return false
+}
+
+// inRing reports whether a NodeStatus role is that of a ring node.
+func inRing(role string) bool { return role != "" && role != "not a member" }
+
+// Leaders returns, as the first answering active node sees it, the node
+// leading each partition it replicates.
 func (c *Cluster) Leaders() (map[uint32]string, error) {
 	var errs []error
-	for _, n := range c.Nodes {
+	for _, n := range c.Active() {
 		if !n.Running() || n.Paused() {
 			continue
 		}
@@ -394,19 +506,20 @@ func (c *Cluster) Leaders() (map[uint32]string, error) {
 	return nil, fmt.Errorf("no node answered Status: %w", errors.Join(errs...))
 }
 
-// TopLeader returns the node leading the most partitions (node 1 when
-// Status does not answer).
+// TopLeader returns the active node leading the most partitions (the
+// first active node when Status does not answer).
 func (c *Cluster) TopLeader() *Node {
+	active := c.Active()
 	ls, err := c.Leaders()
 	if err != nil {
-		return c.Nodes[0]
+		return active[0]
 	}
 	count := map[string]int{}
 	for _, l := range ls {
 		count[l]++
 	}
-	best := c.Nodes[0]
-	for _, n := range c.Nodes {
+	best := active[0]
+	for _, n := range active {
 		if count[n.ID] > count[best.ID] {
 			best = n
 		}

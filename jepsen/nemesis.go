@@ -17,6 +17,9 @@ type Env struct {
 	Rng   *rand.Rand
 	W     *Workload
 	Hooks bool
+	// Churn is what the membership-churn nemesis did and expects of the
+	// placement (CheckPlacement).
+	Churn *Churn
 }
 
 // lockedSource makes a rand.Source safe for the nemeses that run at the
@@ -46,7 +49,10 @@ func (e *Env) between(a, b time.Duration) time.Duration {
 	return a + time.Duration(e.Rng.Int64N(int64(b-a)+1))
 }
 
-func (e *Env) randomNode() *Node { return e.C.Nodes[e.Rng.IntN(len(e.C.Nodes))] }
+func (e *Env) randomNode() *Node {
+	ns := e.C.Active()
+	return ns[e.Rng.IntN(len(ns))]
+}
 
 func ids(ns []*Node) string {
 	var s []string
@@ -58,7 +64,7 @@ func ids(ns []*Node) string {
 
 func (e *Env) others(n *Node) []*Node {
 	var out []*Node
-	for _, o := range e.C.Nodes {
+	for _, o := range e.C.Active() {
 		if o != n {
 			out = append(out, o)
 		}
@@ -67,11 +73,13 @@ func (e *Env) others(n *Node) []*Node {
 }
 
 // HealAll ends every fault: removes the iptables rules, resumes paused
-// nodes, restarts dead ones and resets the injected clocks.
+// nodes, restarts dead ones and resets the injected clocks (of the active
+// nodes: a spare never started and a retired node stay down).
 func (e *Env) HealAll() {
 	err := e.Net.Heal()
 	e.TL.Log("end", "heal-network", "", err)
-	for _, n := range e.C.Nodes {
+	active := e.C.Active()
+	for _, n := range active {
 		if n.Paused() {
 			e.TL.Log("end", "pause", n.ID, n.Resume())
 		}
@@ -80,7 +88,7 @@ func (e *Env) HealAll() {
 		}
 	}
 	if e.Hooks {
-		for _, n := range e.C.Nodes {
+		for _, n := range active {
 			if err := n.SetClock(0, 1); err != nil {
 				e.TL.Log("note", "clock-reset", n.ID, err)
 			}
@@ -179,12 +187,13 @@ func nemesisKillRandom(ctx context.Context, e *Env) {
 
 func nemesisKillAll(ctx context.Context, e *Env) {
 	for sleep(ctx, e.between(4*time.Second, 6*time.Second)) {
-		for _, n := range e.C.Nodes {
+		victims := e.C.Active()
+		for _, n := range victims {
 			e.TL.Log("start", "kill", n.ID, nil)
 			n.Kill()
 		}
 		sleep(ctx, 2*time.Second)
-		for _, n := range e.C.Nodes {
+		for _, n := range victims {
 			e.TL.Log("end", "kill", n.ID, n.Start())
 		}
 		sleep(ctx, 6*time.Second)
@@ -199,7 +208,7 @@ func nemesisLeaderIsolation(ctx context.Context, e *Env) {
 
 func nemesisSplit(ctx context.Context, e *Env) {
 	for sleep(ctx, e.between(2*time.Second, 3*time.Second)) {
-		ns := append([]*Node(nil), e.C.Nodes...)
+		ns := e.C.Active()
 		e.Rng.Shuffle(len(ns), func(i, j int) { ns[i], ns[j] = ns[j], ns[i] })
 		minority, majority := ns[:len(ns)/2], ns[len(ns)/2:]
 		err := e.Net.Partition(minority, majority)
@@ -268,7 +277,7 @@ func nemesisPowerLoss(ctx context.Context, e *Env) {
 	for sleep(ctx, e.between(3*time.Second, 5*time.Second)) {
 		victims := []*Node{e.randomNode()}
 		if e.Rng.IntN(3) == 0 {
-			victims = e.C.Nodes
+			victims = e.C.Active()
 		}
 		e.crashFor(ctx, victims, 2*time.Second, "")
 	}
@@ -289,9 +298,9 @@ func both(ns ...Nemesis) Nemesis {
 	}
 }
 
-// shuffled returns the nodes in a seeded random order.
+// shuffled returns the active nodes in a seeded random order.
 func (e *Env) shuffled() []*Node {
-	ns := append([]*Node(nil), e.C.Nodes...)
+	ns := e.C.Active()
 	e.Rng.Shuffle(len(ns), func(i, j int) { ns[i], ns[j] = ns[j], ns[i] })
 	return ns
 }

@@ -24,9 +24,12 @@ import (
 
 // Scenario is a named fault schedule with its cluster shape.
 type Scenario struct {
-	Name       string
-	Desc       string
-	Nodes      int
+	Name  string
+	Desc  string
+	Nodes int // node slots
+	// Initial, when set, is how many nodes form the cluster; the other
+	// slots are spares the nemesis starts and joins (ClusterConfig).
+	Initial    int
 	NeedsHooks bool
 	Bugs       []string // seeded bugs: the run must FAIL (self-test)
 	Args       []string // more nornd flags
@@ -41,6 +44,13 @@ type Scenario struct {
 	// ReportOnly names checkers whose anomalies this scenario reports
 	// without failing: the faults go beyond what the promise covers.
 	ReportOnly []string
+	// UntilNemesis, when set, makes the nemesis a finite sequence: the
+	// workload runs until the nemesis returns (and at least the run's
+	// time), at most UntilNemesis (the nemesis's context ends then).
+	UntilNemesis time.Duration
+	// Placement adds the placement checker (CheckPlacement) to the run's
+	// verdicts; the nemesis records what it expects in Env.Churn.
+	Placement bool
 }
 
 // Scenarios lists every scenario, in the order `make jepsen` runs them.
@@ -63,6 +73,8 @@ var Scenarios = []Scenario{
 	{Name: "clock-strobe", Desc: "test hooks: a node's clock jumps +-700ms every 200ms", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockStrobe},
 	{Name: "power-loss", Desc: "test hooks: POST /test/crash (unsynced writes lost) on one node or all, restart", Nodes: 3, NeedsHooks: true, Nemesis: nemesisPowerLoss},
 	{Name: "combined", Desc: "a seeded schedule of one to three faults at once: kill, power loss or leader pause; isolation, leader isolation or flaky links; a clock bump below the buffer", Nodes: 3, NeedsHooks: true, Nemesis: nemesisCombined},
+	{Name: "membership-churn", Desc: "3 nodes grow to 5 (start two spares, join, rebalance), drain one, decommission another (then stop it), each under load with kill -9 of a move's source or target while it runs; placement checked at the end",
+		Nodes: 5, Initial: 3, Nemesis: nemesisMembershipChurn, UntilNemesis: 8 * time.Minute, Placement: true},
 	{Name: "bug-claim-no-check", Desc: "self-test: seeded bug claim-no-check; kill -9 the partition leader right after it grants a long claim (its successor has not applied it and serves waiting claims at once), 8 clients for 60 s; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"claim-no-check"}, Nemesis: nemesisKillClaimLeader, Time: time.Minute, Clients: 8, EnqueueShare: 0.2},
 	{Name: "bug-ack-before-sync", Desc: "self-test: seeded bug ack-before-sync; every node loses power right after an enqueue is acked; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"ack-before-sync"}, Nemesis: nemesisCrashAfterEnqueue, Short: true},
 	{Name: "bug-expiry-no-skew", Desc: "self-test: seeded bug expiry-no-skew; workers hold short claims past their leases while the granting leader's clock runs 3/4 of the buffer ahead; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"expiry-no-skew"}, Nemesis: nemesisStallLeaderClockAhead},
@@ -84,6 +96,7 @@ var Nemeses = []string{
 	"clock: bumps below and above the skew buffer, strobe, and (aimed) the granting leader ahead while its claim's holder stalls, through POST /test/clock (needs nornd -test-hooks)",
 	"power-loss: POST /test/crash, unsynced writes lost, on one node or all; (aimed) on all within 5 ms of an enqueue ack (needs nornd -test-hooks)",
 	"combined: one to three faults of different kinds at once on a seeded schedule",
+	"membership-churn: start spares and join them, rebalance, drain, decommission (AdminService), each with kill -9 of a node whose move is under way",
 }
 
 // FindScenario returns the named scenario.
@@ -245,7 +258,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}()
 
-	c, err := NewCluster(ClusterConfig{Nodes: sc.Nodes, Bin: bin, Dir: dir, Hooks: hooks, Bugs: sc.Bugs, ExtraArgs: sc.Args})
+	c, err := NewCluster(ClusterConfig{Nodes: sc.Nodes, Initial: sc.Initial, Bin: bin, Dir: dir, Hooks: hooks, Bugs: sc.Bugs, ExtraArgs: sc.Args})
 	if err != nil {
 		return nil, err
 	}
@@ -267,17 +280,25 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	h := NewHistory()
 	tl := &Timeline{h: h, logf: o.Logf}
-	o.Logf("%s seed %d: starting %d nodes in %s", name, o.Seed, sc.Nodes, dir)
+	o.Logf("%s seed %d: starting %d nodes in %s", name, o.Seed, len(c.Active()), dir)
 	if err := c.Start(90 * time.Second); err != nil {
 		return nil, err
 	}
 	tl.Log("note", "cluster-ready", "", nil)
 
-	w := &Workload{C: c, H: h, Clients: o.Clients, Seed: o.Seed, LongLease: o.Time + 10*time.Minute,
+	// The run lasts o.Time, or with UntilNemesis until the nemesis is
+	// done (at least o.Time, at most UntilNemesis); long leases outlast it.
+	runFor := o.Time
+	if sc.UntilNemesis > runFor {
+		runFor = sc.UntilNemesis
+	}
+	w := &Workload{C: c, H: h, Clients: o.Clients, Seed: o.Seed, LongLease: runFor + 10*time.Minute,
 		ShortLease: 2500 * time.Millisecond, TL: tl, EnqueueShare: sc.EnqueueShare}
 	w.init()
-	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks}
-	runCtx, cancel := context.WithTimeout(ctx, o.Time)
+	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks,
+		Churn: &Churn{}}
+	minEnd := time.Now().Add(o.Time)
+	runCtx, cancel := context.WithTimeout(ctx, runFor)
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -288,6 +309,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		// them before the nemesis starts.
 		if h.WaitOK(runCtx, minOKBeforeFault) {
 			sc.Nemesis(runCtx, env)
+		}
+		if sc.UntilNemesis > 0 {
+			if runCtx.Err() != nil {
+				env.Churn.Fail("the nemesis was cut short: the run reached its %s bound", runFor)
+			}
+			sleep(runCtx, time.Until(minEnd))
+			cancel() // the sequence is done: so is the workload
 		}
 	}()
 	w.Run(runCtx)
@@ -300,7 +328,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	// A sentinel task, so that a claim after the heal has something to get.
 	for i := 0; i < 20; i++ {
-		if o := w.enqueue(ctx, c.Nodes[i%len(c.Nodes)], h.NewProcess(), -1); true {
+		active := c.Active()
+		if o := w.enqueue(ctx, active[i%len(active)], h.NewProcess(), -1); true {
 			h.Add(o)
 			if o.Type == "ok" {
 				break
@@ -313,6 +342,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	firstClaim, _ := w.FirstClaim(ctx, max(time.Duration(heal+10*int64(time.Second)-h.Now()), time.Second))
 	conv := CheckConvergence(ctx, c, h, heal, 30*time.Second)
 	tl.Log("note", "checked-convergence", "", nil)
+	var placement *Verdict
+	if sc.Placement {
+		v := CheckPlacement(ctx, c, env.Churn, 60*time.Second)
+		placement = &v
+		tl.Log("note", "checked-placement", "", nil)
+	}
 	w.Drain(ctx, w.ShortLease+c.Cfg.SkewBuffer+3*time.Second, 60*time.Second)
 	tl.Log("note", "drained", "", nil)
 
@@ -332,14 +367,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	final := w.FinalRead(ctx, undelivered)
 
-	repl := uint32(3)
 	res.Verdicts = []Verdict{
-		CheckLinearizable(ops, repl, 60*time.Second, dir),
+		CheckLinearizable(ops, Replication, 60*time.Second, dir),
 		CheckQueue(ops, final),
 		CheckExclusion(ops),
-		CheckTerminal(ops, repl),
+		CheckTerminal(ops, Replication),
 		conv,
 		CheckLiveness(ops, tl.FirstFault(), heal, firstClaim, minOKBeforeFault),
+	}
+	if placement != nil {
+		res.Verdicts = append(res.Verdicts, *placement)
 	}
 	res.Valid = true
 	for i, v := range res.Verdicts {
@@ -368,7 +405,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	return res, nil
 }
 
-// CheckConvergence polls Status on every node until, for every partition,
+// CheckConvergence polls Status on every active node until, for every partition,
 // the replicas agree (equal anti-entropy roots) and have the same claim
 // state (equal applied index and claim digest), or within after the heal
 // (time on h's clock) passes.
@@ -399,7 +436,7 @@ func convergenceProblems(ctx context.Context, c *Cluster) []string {
 	var out []string
 	type claimState struct{ applied, digest uint64 }
 	states := map[uint32]map[string]claimState{}
-	for _, n := range c.Nodes {
+	for _, n := range c.Active() {
 		st, err := n.Status(ctx, true)
 		if err != nil {
 			out = append(out, fmt.Sprintf("%s: status: %v", n.ID, connect.CodeOf(err)))

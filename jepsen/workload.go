@@ -106,7 +106,8 @@ func (w *Workload) client(ctx context.Context, i int) {
 	proc := w.H.NewProcess()
 	var h *held
 	for ctx.Err() == nil {
-		n := w.C.Nodes[rng.IntN(len(w.C.Nodes))]
+		active := w.C.Active()
+		n := active[rng.IntN(len(active))]
 		r := rng.Float64()
 		var o *Op
 		switch {
@@ -288,11 +289,11 @@ func (w *Workload) read(ctx context.Context, n *Node, proc, client int, id uint6
 	return o
 }
 
+// cancel cancels a task with W = N: it reaches every replica (during a
+// move, every replica of the cohort and of the cohort to be), so the task
+// is terminal (CheckTerminal). nornd refuses a W above N.
 func (w *Workload) cancel(ctx context.Context, n *Node, proc, client int, id uint64) *Op {
-	wq := uint32(len(w.C.Nodes))
-	if wq > 3 {
-		wq = 3
-	}
+	wq := uint32(Replication)
 	o := &Op{Process: proc, Client: client, F: "cancel", Node: n.ID, Task: id, W: wq, Call: w.H.Now()}
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
@@ -324,7 +325,8 @@ func (w *Workload) drain(ctx context.Context, quiet, max time.Duration, once boo
 		if ctx.Err() != nil {
 			return firstClaim, ctx.Err()
 		}
-		n := w.C.Nodes[i%len(w.C.Nodes)]
+		active := w.C.Active()
+		n := active[i%len(active)]
 		call := w.H.Now()
 		cctx, cancel := w.opCtx(ctx)
 		r, err := n.Tasks.Claim(cctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: Queue, Worker: "drain",
@@ -375,7 +377,8 @@ func (w *Workload) drain(ctx context.Context, quiet, max time.Duration, once boo
 func (w *Workload) FinalRead(ctx context.Context, ids []uint64) map[uint64]string {
 	out := map[uint64]string{}
 	for i, id := range ids {
-		n := w.C.Nodes[i%len(w.C.Nodes)]
+		active := w.C.Active()
+		n := active[i%len(active)]
 		var st string
 		for attempt := 0; attempt < 3; attempt++ {
 			cctx, cancel := w.opCtx(ctx)

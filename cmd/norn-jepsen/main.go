@@ -23,7 +23,7 @@ func main() {
 	all := fs.Bool("all", false, "run every scenario")
 	short := fs.Bool("short", false, "run the short subset (make jepsen-short)")
 	seed := fs.Uint64("seed", 0, "seed of the fault schedule and the workload (0: from the time)")
-	dur := fs.Duration("time", 30*time.Second, "workload time under faults, per scenario")
+	dur := fs.Duration("time", 30*time.Second, "workload time under faults, per scenario (membership-churn: a minimum; it runs until its sequence is done, at most 8m)")
 	clients := fs.Int("clients", 5, "concurrent clients, 4 to 8")
 	results := fs.String("results", "jepsen-results", "parent directory of the results directories")
 	recheck := fs.String("check", "", "only check the history of this results directory again (linearizability, queue without final reads, exclusion, terminal stability)")
@@ -43,7 +43,11 @@ func main() {
 			if s.NeedsHooks {
 				tag += " [needs -test-hooks]"
 			}
-			fmt.Fprintf(fs.Output(), "  %-26s %d nodes: %s%s\n", s.Name, s.Nodes, s.Desc, tag)
+			nodes := fmt.Sprintf("%d nodes", s.Nodes)
+			if s.Initial > 0 && s.Initial < s.Nodes {
+				nodes = fmt.Sprintf("%d nodes (%d initial)", s.Nodes, s.Initial)
+			}
+			fmt.Fprintf(fs.Output(), "  %-26s %s: %s%s\n", s.Name, nodes, s.Desc, tag)
 		}
 		fmt.Fprintf(fs.Output(), "\nnemeses:\n")
 		for _, n := range jepsen.Nemeses {
@@ -62,7 +66,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "norn-jepsen:", err)
 			os.Exit(1)
 		}
-		for _, v := range []jepsen.Verdict{jepsen.CheckLinearizable(ops, 3, time.Minute, *recheck), jepsen.CheckExclusion(ops), jepsen.CheckTerminal(ops, 3)} {
+		for _, v := range []jepsen.Verdict{jepsen.CheckLinearizable(ops, jepsen.Replication, time.Minute, *recheck), jepsen.CheckExclusion(ops), jepsen.CheckTerminal(ops, jepsen.Replication)} {
 			fmt.Printf("%-16s %-7s %v\n  %s\n", v.Checker, v.Status(), v.Counts, strings.Join(v.Details, "\n  "))
 		}
 		return
