@@ -82,6 +82,13 @@ func nemesisMembershipChurn(ctx context.Context, e *Env) {
 		return
 	}
 
+	// Which initial node is drained and which decommissioned: fixed by
+	// the seed alone (e.Rng's draws depend on the moves' timing, and its
+	// first draws hardly differ between neighbouring seeds).
+	i, j := churnPicks(e.W.Seed, len(initial))
+	drained, leaving := initial[i], initial[j]
+	e.TL.Log("note", "churn-plan", fmt.Sprintf("grow with %s, drain %s, decommission %s", ids(spares), drained.ID, leaving.ID), nil)
+
 	// a. Grow: start the spares, join them, rebalance.
 	e.TL.Log("start", "grow", fmt.Sprintf("start %s, join, rebalance", ids(spares)), nil)
 	for _, n := range spares {
@@ -123,10 +130,7 @@ func nemesisMembershipChurn(ctx context.Context, e *Env) {
 		return
 	}
 
-	// b. Drain one initial node, c. decommission another (seeded picks).
-	order := slices.Clone(initial)
-	e.Rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-	drained, leaving := order[0], order[1]
+	// b. Drain one initial node, c. decommission another.
 	e.TL.Log("start", "drain", drained.ID+" (its replicas move off; it stays a member and coordinates requests)", nil)
 	done, ok = e.churnPhase(ctx, "drain", func(ctx context.Context, via *Node) (*nornv1.Plan, error) {
 		r, err := via.Admin.Drain(ctx, connect.NewRequest(&nornv1.DrainRequest{Node: drained.ID, Apply: true}))
@@ -444,6 +448,22 @@ func (e *Env) waitMovesDone(ctx context.Context, phase string, minEpoch uint64, 
 		}
 		sleep(ctx, churnPoll)
 	}
+}
+
+// churnPicks returns, for seed, the indexes of two different nodes of k:
+// the one to drain and the one to decommission.
+func churnPicks(seed uint64, k int) (drain, decommission int) {
+	h := splitmix64(seed)
+	drain = int(h % uint64(k))
+	return drain, (drain + 1 + int(h/uint64(k)%uint64(k-1))) % k
+}
+
+// splitmix64 is SplitMix64's output function: a well-mixed hash of x.
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 func moveList(ms []*nornv1.MoveStatus) string {

@@ -143,3 +143,20 @@ func TestActive(t *testing.T) {
 		t.Fatal("IsActive")
 	}
 }
+
+// TestChurnPicks: the drained and the decommissioned node are two
+// different initial nodes, and every ordered pair comes up over a few
+// seeds.
+func TestChurnPicks(t *testing.T) {
+	seen := map[[2]int]bool{}
+	for seed := uint64(1); seed <= 60; seed++ {
+		i, j := churnPicks(seed, 3)
+		if i == j || i < 0 || j < 0 || i > 2 || j > 2 {
+			t.Fatalf("seed %d drains and decommissions node %d", seed, i+1)
+		}
+		seen[[2]int{i, j}] = true
+	}
+	if len(seen) != 6 {
+		t.Fatalf("only %d of the 6 (drain, decommission) pairs over 60 seeds: %v", len(seen), seen)
+	}
+}
