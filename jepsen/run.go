@@ -429,7 +429,35 @@ func CheckConvergence(ctx context.Context, c *Cluster, h *History, heal int64, w
 		v.add("%s", p)
 	}
 	v.add("not converged %s after the heal", within)
+	// For the diagnosis: anti-entropy skips the peers gossip does not
+	// see up.
+	if g := gossipViews(ctx, c); g != "" {
+		v.Details = append(v.Details, "gossip: "+g)
+	}
 	return v
+}
+
+// gossipViews lists, for each active node, the other active nodes its
+// gossip does not see alive ("" when every node sees every other alive).
+func gossipViews(ctx context.Context, c *Cluster) string {
+	active := c.Active()
+	var out []string
+	for _, n := range active {
+		st, err := n.Status(ctx, false)
+		if err != nil {
+			continue
+		}
+		var not []string
+		for _, nd := range st.Nodes {
+			if o := c.Node(nd.Id); o != nil && o != n && c.IsActive(o) && nd.State != "alive" {
+				not = append(not, nd.Id+" "+nd.State)
+			}
+		}
+		if len(not) > 0 {
+			out = append(out, n.ID+" sees "+strings.Join(not, ", "))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 func convergenceProblems(ctx context.Context, c *Cluster) []string {
