@@ -216,11 +216,17 @@ func (n *Node) aePeers(r *cluster.Ring) []string {
 }
 
 // sharedPartitions returns the partitions this node and peerID both
-// replicate and this node has a tree of.
+// replicate and this node has a tree of, except a partition whose move
+// fills one of them: its fill (a dedicated exchange with each source)
+// copies it, and a round on top would compare and send the same tasks
+// again.
 func (n *Node) sharedPartitions(r *cluster.Ring, peerID string) []uint16 {
 	var parts []uint16
 	for p := range r.Partitions {
 		if r.HostsReplica(p, n.cfg.NodeID) && r.HostsReplica(p, peerID) && n.ae.Tree(uint16(p)) != nil {
+			if m := r.ActiveMove(p); m != nil && m.State == cluster.MoveFilling && (m.To == n.cfg.NodeID || m.To == peerID) {
+				continue
+			}
 			parts = append(parts, uint16(p))
 		}
 	}
@@ -238,19 +244,24 @@ func (n *Node) exchangeWith(r *cluster.Ring, peerID string, limiter *rate.Limite
 	if len(parts) == 0 {
 		return false
 	}
-	differed, _ := n.exchange(r, peerID, parts, limiter)
+	differed, _ := n.exchange(r, peerID, parts, limiter, n.cfg.AntiEntropyTimeout)
 	return differed
 }
 
-// exchange runs one anti-entropy exchange of parts with peerID. It
-// reports whether a partition differed or the peer was not ready, and
-// the exchange's error.
-func (n *Node) exchange(r *cluster.Ring, peerID string, parts []uint16, limiter *rate.Limiter) (bool, error) {
+// fillTimeout bounds one fill exchange: a fill copies a whole partition
+// (a million tasks take minutes on a loaded node), and a fill cut short
+// starts its comparison over.
+const fillTimeout = 30 * time.Minute
+
+// exchange runs one anti-entropy exchange of parts with peerID, within
+// timeout. It reports whether a partition differed or the peer was not
+// ready, and the exchange's error.
+func (n *Node) exchange(r *cluster.Ring, peerID string, parts []uint16, limiter *rate.Limiter, timeout time.Duration) (bool, error) {
 	nd, ok := r.Node(peerID)
 	if !ok {
 		return false, fmt.Errorf("node %s is not in the ring", peerID)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.AntiEntropyTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	go func() {
 		select {
@@ -317,7 +328,7 @@ func (n *Node) fill(p uint16, sources []string) {
 					return
 				}
 				round := n.aeStats.rounds.Add(1)
-				if _, err := n.exchange(r, src, []uint16{p}, n.fillLimiter); err == nil {
+				if _, err := n.exchange(r, src, []uint16{p}, n.fillLimiter, fillTimeout); err == nil {
 					n.aeStats.completed(round, src, []uint16{p})
 					break
 				}
