@@ -483,7 +483,47 @@ func (n *Node) reconcileOnce() {
 		if err := n.joinSeeds(); err != nil {
 			n.cfg.Logger.Error("a seed refused this node", "err", err)
 		}
+	} else if cur != nil {
+		n.rejoinDown(cur, members)
 	}
+}
+
+// rejoinInterval is how often a node tries to gossip again with the ring
+// nodes it sees dead.
+const rejoinInterval = 5 * time.Second
+
+// rejoinDown contacts again, every rejoinInterval and in the background,
+// the ring's nodes (other than dead-for-good ones) that gossip shows down
+// or does not show at all. Memberlist stops gossiping with a dead node
+// after a while, so the two sides of a healed network split would each
+// go on seeing the other dead (and anti-entropy and fills, which skip
+// down peers, would never reconcile them) until someone joins again.
+func (n *Node) rejoinDown(r *cluster.Ring, members []cluster.Member) {
+	if time.Since(n.rejoinAt) < rejoinInterval {
+		return
+	}
+	n.rejoinAt = time.Now()
+	up := map[string]bool{}
+	for _, m := range members {
+		up[m.ID] = m.State.Up()
+	}
+	var addrs []string
+	for _, nd := range r.Nodes {
+		if nd.ID != n.cfg.NodeID && nd.Role != cluster.RoleDead && nd.GossipAddr != "" && !up[nd.ID] {
+			addrs = append(addrs, nd.GossipAddr)
+		}
+	}
+	if len(addrs) == 0 || !n.rejoining.CompareAndSwap(false, true) {
+		return
+	}
+	n.stopped.Add(1)
+	go func() {
+		defer n.stopped.Done()
+		defer n.rejoining.Store(false)
+		if k, err := n.members.Join(addrs); k > 0 {
+			n.cfg.Logger.Info("gossiping again with nodes seen down", "joined", k, "tried", addrs, "err", err)
+		}
+	}()
 }
 
 func epochOf(r *cluster.Ring) uint64 {

@@ -43,8 +43,10 @@ type Node struct {
 	ring          atomic.Pointer[cluster.Ring]       // nil until the cluster is formed
 	parts         atomic.Pointer[partitions]         // set with the first ring
 	adoptMu       sync.Mutex
-	announced     uint64 // ring epoch gossiped (reconcile loop only)
-	seedsLogged   bool   // a failed join was logged (reconcile loop only)
+	announced     uint64      // ring epoch gossiped (reconcile loop only)
+	seedsLogged   bool        // a failed join was logged (reconcile loop only)
+	rejoinAt      time.Time   // the last rejoinDown attempt (reconcile loop only)
+	rejoining     atomic.Bool // a rejoinDown join is running
 	reconcileKick chan struct{}
 	peers         peerSet
 	readRepairs   atomic.Uint64
