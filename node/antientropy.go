@@ -222,9 +222,10 @@ func (n *Node) aePeers(r *cluster.Ring) []string {
 // again.
 func (n *Node) sharedPartitions(r *cluster.Ring, peerID string) []uint16 {
 	var parts []uint16
+	moving := r.MovesUnderway()
 	for p := range r.Partitions {
 		if r.HostsReplica(p, n.cfg.NodeID) && r.HostsReplica(p, peerID) && n.ae.Tree(uint16(p)) != nil {
-			if m := r.ActiveMove(p); m != nil && m.State == cluster.MoveFilling && (m.To == n.cfg.NodeID || m.To == peerID) {
+			if m := moving[p]; m != nil && m.State == cluster.MoveFilling && (m.To == n.cfg.NodeID || m.To == peerID) {
 				continue
 			}
 			parts = append(parts, uint16(p))

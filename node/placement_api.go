@@ -255,10 +255,7 @@ func (n *Node) plan(name, role string, apply bool) (*nornv1.Plan, error) {
 		for _, m := range moves {
 			out.Moves = append(out.Moves, moveStatus(m))
 		}
-		for _, nd := range r.Nodes {
-			out.Loads = append(out.Loads, &nornv1.NodeLoad{NodeId: nd.ID, Before: uint32(before[nd.ID]),
-				After: uint32(after[nd.ID]), Role: cluster.RoleName(nd.Role)})
-		}
+		out.Loads = nodeLoads(r, before, after)
 		if !apply || (len(moves) == 0 && !roleChanged) {
 			return false, nil
 		}
@@ -274,6 +271,17 @@ func (n *Node) plan(name, role string, apply bool) (*nornv1.Plan, error) {
 		n.cfg.Logger.Info("rebalance planned", "moves", len(out.Moves), "epoch", next.Epoch, "node", name, "role", role)
 	}
 	return out, nil
+}
+
+// nodeLoads is each node of ring r with its role and its replica counts
+// before and after a plan, in the ring's (id) order.
+func nodeLoads(r *cluster.Ring, before, after map[string]int) []*nornv1.NodeLoad {
+	out := make([]*nornv1.NodeLoad, 0, len(r.Nodes))
+	for _, nd := range r.Nodes {
+		out = append(out, &nornv1.NodeLoad{NodeId: nd.ID, Before: uint32(before[nd.ID]),
+			After: uint32(after[nd.ID]), Role: cluster.RoleName(nd.Role)})
+	}
+	return out
 }
 
 func moveStatus(m cluster.Move) *nornv1.MoveStatus {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -380,14 +379,8 @@ func (n *Node) cancelMoves() (*nornv1.Plan, error) {
 	for _, m := range next.Moves {
 		out.Moves = append(out.Moves, moveStatus(m))
 	}
-	for id, c := range next.Loads(next.Placement) {
-		out.Loads = append(out.Loads, &nornv1.NodeLoad{NodeId: id, Before: uint32(c), After: uint32(c)})
-	}
-	slices.SortFunc(out.Loads, func(a, b *nornv1.NodeLoad) int { return strings.Compare(a.NodeId, b.NodeId) })
-	for _, l := range out.Loads {
-		role, _ := next.Role(l.NodeId)
-		l.Role = cluster.RoleName(role)
-	}
+	loads := next.Loads(next.Placement)
+	out.Loads = nodeLoads(next, loads, loads)
 	if cancelled > 0 {
 		n.kickDriver()
 		n.cfg.Logger.Info("moves cancelled", "moves", cancelled, "epoch", next.Epoch)

@@ -149,15 +149,7 @@ func checkPlacement(t *testing.T, ms []*member, r *cluster.Ring) {
 
 func TestRebalanceGrowDrainDecommission(t *testing.T) {
 	ms := testClusterWith(t, 3, rebalanceTune)
-	ids := make([]uint64, 0, 200)
-	for i := range 200 {
-		resp, err := ms[i%3].api.Enqueue(context.Background(), connect.NewRequest(&nornv1.EnqueueRequest{
-			Task: &nornv1.TaskSpec{Queue: "q", Payload: []byte(fmt.Sprint(i))}}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, resp.Msg.GetId())
-	}
+	ids := enqueueN(t, ms, 200)
 	n4, n5 := startJoiner(t, ms, 4), startJoiner(t, ms, 5)
 	all := append(slices.Clone(ms), n4, n5)
 	admin := adminClient(ms[2])
