@@ -32,10 +32,13 @@ var allowed = map[string][]string{
 	"claims":      {"storage", "transport", "api", "crdt", "ring"},
 	"antientropy": {"storage", "transport", "api", "crdt", "ring"},
 	"cluster":     {"storage", "transport", "api", "crdt", "ring"},
+	"apierr":      {"claims", "storage", "crdt"},
+	"replicas":    {"cluster", "claims", "storage", "transport", "api", "crdt", "ring"},
+	"coord":       {"replicas", "apierr", "cluster", "claims", "storage", "transport", "api", "crdt", "ring"},
 	"client":      {"api", "transport", "crdt", "ring"},
-	"node":        {"cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs"},
+	"node":        {"coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs"},
 	"jepsen":      {"client", "api", "transport", "crdt", "ring"},
-	"cmd":         {"node", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs"},
+	"cmd":         {"node", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs"},
 }
 
 // pureExternal is everything outside the standard library that crdt and ring

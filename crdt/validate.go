@@ -152,3 +152,25 @@ func (t *Terminal) Validate(lim Limits) error {
 	}
 	return nil
 }
+
+// Validate checks every part of a task state received from a peer (its
+// spec, updates and terminal events) field by field, as the API edge
+// checks a client's.
+func (t *Task) Validate(lim Limits) error {
+	if t.Spec != nil {
+		if err := t.Spec.Validate(lim); err != nil {
+			return err
+		}
+	}
+	for i := range t.Updates {
+		if err := t.Updates[i].Validate(lim); err != nil {
+			return err
+		}
+	}
+	for i := range t.Terminals {
+		if err := t.Terminals[i].Validate(lim); err != nil {
+			return err
+		}
+	}
+	return nil
+}

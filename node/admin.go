@@ -14,7 +14,9 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/transport"
 )
 
 // adminService implements norn.v1.AdminService.
@@ -35,7 +37,7 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 		resp.Healthy = false
 		resp.Problems = append(resp.Problems, err.Error())
 	}
-	r := n.ring.Load()
+	r := n.host.Ring()
 	if r == nil {
 		return connect.NewResponse(resp), nil
 	}
@@ -47,7 +49,7 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 	if !req.Msg.GetSkipCounts() {
 		peerRoots = n.peerRoots(ctx, r)
 	}
-	for p, g := range n.groupList() {
+	for p, g := range n.host.Groups() {
 		if g == nil {
 			continue
 		}
@@ -62,7 +64,7 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 		if !req.Msg.GetSkipCounts() {
 			counts, err := n.countPartition(uint16(p), "")
 			if err != nil {
-				return nil, apiError(err)
+				return nil, apierr.From(err)
 			}
 			ps.Counts = counts
 			ps.ReplicaRoots, ps.ReplicasAgree = n.replicaRoots(r, uint16(p), peerRoots)
@@ -70,7 +72,7 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 		if req.Msg.GetClaimDigests() {
 			var err error
 			if ps.ClaimApplied, ps.ClaimDigest, err = n.store.ClaimFSMDigest(uint16(p)); err != nil {
-				return nil, apiError(err)
+				return nil, apierr.From(err)
 			}
 		}
 		resp.Partitions = append(resp.Partitions, ps)
@@ -82,12 +84,12 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 // their liveness and clock offset as this node sees them.
 func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
 	byID := map[string]*nornv1.NodeStatus{}
-	if r := n.ring.Load(); r != nil {
+	if r := n.host.Ring(); r != nil {
 		for _, nd := range r.Nodes {
 			byID[nd.ID] = &nornv1.NodeStatus{Id: nd.ID, ApiAddress: nd.APIAddr, State: "dead"}
 		}
 	}
-	for _, m := range n.members.Members() {
+	for _, m := range n.host.Members().Members() {
 		st, ok := byID[m.ID]
 		if !ok {
 			st = &nornv1.NodeStatus{Id: m.ID, ApiAddress: m.APIAddr}
@@ -124,7 +126,7 @@ func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
 		}
 	}
 	out := make([]*nornv1.NodeStatus, 0, len(byID))
-	r := n.ring.Load()
+	r := n.host.Ring()
 	var replicas map[string]int
 	if r != nil {
 		replicas = r.Loads(r.Placement) // a move under way counts at its source
@@ -173,7 +175,7 @@ func (n *Node) peerRoots(ctx context.Context, r *cluster.Ring) map[string]peerRo
 			for _, p := range parts {
 				req.Partitions = append(req.Partitions, uint32(p))
 			}
-			resp, err := peerUnary(ctx, n, req, n.peers.get(nd.APIAddr).peer.TreeRoots)
+			resp, err := transport.Unary(ctx, n.peers, req, n.peers.Get(nd.APIAddr).Peer.TreeRoots)
 			switch {
 			case err != nil:
 				ans.err = err

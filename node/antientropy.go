@@ -16,10 +16,13 @@ import (
 
 	"github.com/norn-dev/norn/antientropy"
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/ring"
+	"github.com/norn-dev/norn/transport"
 )
 
 // aeStats are the node's anti-entropy counters (metrics.go).
@@ -124,10 +127,10 @@ func (n *Node) retentionHorizon() int64 {
 // Raft; other replicas delete their task states alone.
 func (n *Node) expireBefore(p uint16, ms int64) error {
 	var forget func([]uint64) error
-	if g := n.group(p); g != nil && g.IsLeader() {
+	if g := n.host.Group(p); g != nil && g.IsLeader() {
 		forget = func(ids []uint64) error {
 			cmd := &claims.Command{Op: claims.OpForget, NowMs: n.cfg.Clock.Now().UnixMilli(), IDs: ids}
-			if _, err := g.Propose(cmd, proposeTimeout); err != nil {
+			if _, err := g.Propose(cmd, replicas.ProposeTimeout); err != nil {
 				return fmt.Errorf("forgetting expired tasks: %w", err)
 			}
 			return nil
@@ -155,7 +158,7 @@ func (n *Node) antiEntropyLoop() {
 			clear(next)
 		case <-timer.C:
 		}
-		r := n.ring.Load()
+		r := n.host.Ring()
 		soonest := n.cfg.AntiEntropyInterval
 		if r != nil {
 			now := time.Now()
@@ -238,7 +241,7 @@ func (n *Node) sharedPartitions(r *cluster.Ring, peerID string) []uint16 {
 // reports whether any partition differed, or the peer was not ready (the
 // next round comes sooner either way).
 func (n *Node) exchangeWith(r *cluster.Ring, peerID string, limiter *rate.Limiter) bool {
-	if !n.memberUp(peerID) {
+	if !n.host.Up(peerID) {
 		return false
 	}
 	parts := n.sharedPartitions(r, peerID)
@@ -278,7 +281,7 @@ func (n *Node) exchange(r *cluster.Ring, peerID string, parts []uint16, limiter 
 		},
 	}
 	round := n.aeStats.rounds.Add(1)
-	st, err := n.ae.Exchange(ctx, &aePeer{n: n, p: n.peers.get(nd.APIAddr)}, parts, opt)
+	st, err := n.ae.Exchange(ctx, &aePeer{n: n, p: n.peers.Get(nd.APIAddr)}, parts, opt)
 	n.aeStats.record(st, err, time.Now())
 	if err == nil {
 		n.aeStats.completed(round, peerID, parts)
@@ -324,8 +327,8 @@ func (n *Node) fill(p uint16, sources []string) {
 		}()
 		for _, src := range sources {
 			for {
-				r := n.ring.Load()
-				if n.group(p) == nil || !n.memberUp(src) {
+				r := n.host.Ring()
+				if n.host.Group(p) == nil || !n.host.Up(src) {
 					return
 				}
 				round := n.aeStats.rounds.Add(1)
@@ -345,7 +348,7 @@ func (n *Node) fill(p uint16, sources []string) {
 
 // memberUp reports whether gossip sees id alive or suspect.
 func (n *Node) memberUp(id string) bool {
-	for _, m := range n.members.Members() {
+	for _, m := range n.host.Members().Members() {
 		if m.ID == id {
 			return m.State.Up()
 		}
@@ -356,26 +359,26 @@ func (n *Node) memberUp(id string) bool {
 // aePeer is antientropy.Peer over PeerService.
 type aePeer struct {
 	n *Node
-	p *peer
+	p *transport.Peer
 }
 
 func (a *aePeer) TreeRoots(ctx context.Context, req *nornv1.TreeRootsRequest) (*nornv1.TreeRootsResponse, error) {
-	return peerUnary(ctx, a.n, req, a.p.peer.TreeRoots)
+	return transport.Unary(ctx, a.n.peers, req, a.p.Peer.TreeRoots)
 }
 
 func (a *aePeer) TreeNodes(ctx context.Context, req *nornv1.TreeNodesRequest) (*nornv1.TreeNodesResponse, error) {
-	return peerUnary(ctx, a.n, req, a.p.peer.TreeNodes)
+	return transport.Unary(ctx, a.n.peers, req, a.p.Peer.TreeNodes)
 }
 
 func (a *aePeer) SegmentEntries(ctx context.Context, req *nornv1.SegmentEntriesRequest) (*nornv1.SegmentEntriesResponse, error) {
-	return peerUnary(ctx, a.n, req, a.p.peer.SegmentEntries)
+	return transport.Unary(ctx, a.n.peers, req, a.p.Peer.SegmentEntries)
 }
 
 // peerUnary makes one PeerService call with this node's identity and
 // returns the answer's message.
 func peerUnary[Req, Resp any](ctx context.Context, n *Node, msg *Req,
 	call func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (*Resp, error) {
-	resp, err := call(ctx, peerRequest(n, msg))
+	resp, err := call(ctx, transport.Request(n.peers, msg))
 	if err != nil {
 		return nil, err
 	}
@@ -383,7 +386,7 @@ func peerUnary[Req, Resp any](ctx context.Context, n *Node, msg *Req,
 }
 
 func (a *aePeer) ReadStates(ctx context.Context, _ uint16, ids []uint64) ([]*crdt.Task, int, error) {
-	resp, err := a.p.peer.Read(ctx, peerRequest(a.n, &nornv1.ReadRequest{Ids: ids}))
+	resp, err := a.p.Peer.Read(ctx, transport.Request(a.n.peers, &nornv1.ReadRequest{Ids: ids}))
 	if err != nil {
 		return nil, 0, err
 	}
@@ -402,7 +405,7 @@ func (a *aePeer) ReadStates(ctx context.Context, _ uint16, ids []uint64) ([]*crd
 			err = validateTask(t, a.n.cfg.Limits)
 		}
 		if err != nil {
-			return nil, bytes, fmt.Errorf("state of %d from %s: %w", ids[i], a.p.addr, err)
+			return nil, bytes, fmt.Errorf("state of %d from %s: %w", ids[i], a.p.Addr, err)
 		}
 		out[i] = t
 	}
@@ -416,7 +419,7 @@ func (a *aePeer) Push(ctx context.Context, _ uint16, tasks []*crdt.Task) (int, e
 		req.Tasks[i] = t.Encode()
 		bytes += len(req.Tasks[i])
 	}
-	_, err := a.p.peer.Replicate(ctx, peerRequest(a.n, req))
+	_, err := a.p.Peer.Replicate(ctx, transport.Request(a.n.peers, req))
 	return bytes, err
 }
 
@@ -444,8 +447,8 @@ func serveAE[Req, Resp any](n *Node, req *connect.Request[Req], serve func(*Req)
 
 func (s peerService) TreeRoots(_ context.Context, req *connect.Request[nornv1.TreeRootsRequest]) (*connect.Response[nornv1.TreeRootsResponse], error) {
 	return serveAE(s.n, req, func(m *nornv1.TreeRootsRequest) (*nornv1.TreeRootsResponse, error) {
-		if s.n.ring.Load() == nil {
-			return nil, errNotFormed
+		if s.n.host.Ring() == nil {
+			return nil, apierr.NotFormed
 		}
 		return s.n.ae.ServeTreeRoots(m)
 	})
@@ -457,4 +460,14 @@ func (s peerService) TreeNodes(_ context.Context, req *connect.Request[nornv1.Tr
 
 func (s peerService) SegmentEntries(_ context.Context, req *connect.Request[nornv1.SegmentEntriesRequest]) (*connect.Response[nornv1.SegmentEntriesResponse], error) {
 	return serveAE(s.n, req, s.n.ae.ServeSegmentEntries)
+}
+
+// aeTrees is replicas.Trees over the node's anti-entropy replica.
+type aeTrees struct{ n *Node }
+
+func (t aeTrees) Add(p uint16) error { return t.n.ae.Add(p) }
+
+func (t aeTrees) Remove(p uint16) {
+	t.n.ae.Remove(p)
+	t.n.aeStats.forget(p)
 }

@@ -14,8 +14,11 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/replicas"
+	"github.com/norn-dev/norn/transport"
 )
 
 // Claim request bounds.
@@ -27,10 +30,10 @@ const (
 func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.ClaimRequest]) (*connect.Response[nornv1.ClaimResponse], error) {
 	n, m := s.n, req.Msg
 	if err := crdt.ValidateQueue("queue", m.GetQueue()); err != nil {
-		return nil, apiError(err)
+		return nil, apierr.From(err)
 	}
 	if w := m.GetWorker(); w == "" || len(w) > maxWorkerLen {
-		return nil, invalid("worker", "must be 1-%d bytes, got %d", maxWorkerLen, len(w))
+		return nil, apierr.Invalid("worker", "must be 1-%d bytes, got %d", maxWorkerLen, len(w))
 	}
 	lease, err := n.leaseArg(m.GetLease())
 	if err != nil {
@@ -41,12 +44,12 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 		limit = 1
 	}
 	if limit > maxClaimBatch {
-		return nil, invalid("max", "must be at most %d, got %d", maxClaimBatch, limit)
+		return nil, apierr.Invalid("max", "must be at most %d, got %d", maxClaimBatch, limit)
 	}
 	var wait time.Duration
 	if d := m.GetWait(); d != nil {
 		if err := d.CheckValid(); err != nil || d.AsDuration() < 0 {
-			return nil, invalid("wait", "must be a non-negative duration")
+			return nil, apierr.Invalid("wait", "must be a non-negative duration")
 		}
 		wait = min(d.AsDuration(), n.cfg.MaxWait)
 	}
@@ -54,13 +57,13 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	if dl, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(dl)-100*time.Millisecond)
 	}
-	r := n.ring.Load()
+	r := n.host.Ring()
 	if r == nil {
-		return nil, errNotFormed
+		return nil, apierr.NotFormed
 	}
 	// A claim forwarded by another node looks at this node's groups only
 	// and does not wait: the forwarding node waits.
-	proxied := hops(req) > 0
+	proxied := transport.Hops(req) > 0
 	if proxied {
 		wait = 0
 	}
@@ -129,7 +132,7 @@ const maxSettle = 8
 
 // leadsAny reports whether this node leads some partition.
 func (n *Node) leadsAny() bool {
-	for _, g := range n.groupList() {
+	for _, g := range n.host.Groups() {
 		if g != nil && g.IsLeader() {
 			return true
 		}
@@ -144,8 +147,8 @@ const proxyTimeout = 3 * time.Second
 // tasks from the partitions they lead. It returns an error only when no
 // node answered.
 func (n *Node) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, limit int) ([]*nornv1.ClaimedTask, error) {
-	r := n.ring.Load()
-	alive := n.aliveSet()
+	r := n.host.Ring()
+	alive := n.host.Alive()
 	var out []*nornv1.ClaimedTask
 	var lastErr error
 	answered := 0
@@ -156,7 +159,7 @@ func (n *Node) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, limit int
 		}
 		fwd := &nornv1.ClaimRequest{Queue: m.GetQueue(), Worker: m.GetWorker(), Lease: m.GetLease(), Max: uint32(limit - len(out))}
 		cctx, cancel := context.WithTimeout(ctx, proxyTimeout)
-		resp, err := n.peers.get(nd.APIAddr).tasks.Claim(cctx, forwarded(fwd, 0))
+		resp, err := n.peers.Get(nd.APIAddr).Tasks.Claim(cctx, transport.Forwarded(fwd, 0))
 		cancel()
 		if err != nil {
 			lastErr = err
@@ -168,21 +171,21 @@ func (n *Node) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, limit int
 	if answered == 0 {
 		why := "no other node is alive"
 		if lastErr != nil {
-			why = errorMessage(lastErr)
+			why = apierr.Message(lastErr)
 		}
 		return out, connect.NewError(connect.CodeUnavailable, fmt.Errorf("no partition leader reachable: %s", why))
 	}
 	return out, nil
 }
 
-// claimProposeTimeout bounds a claim's proposals: proposeTimeout, or less
+// claimProposeTimeout bounds a claim's proposals: replicas.ProposeTimeout, or less
 // to answer before the request's deadline (a deposed leader waits for its
 // claim's fate, see claims.Group.Propose).
 func claimProposeTimeout(ctx context.Context) time.Duration {
 	if dl, ok := ctx.Deadline(); ok {
-		return max(min(proposeTimeout, time.Until(dl)-100*time.Millisecond), time.Millisecond)
+		return max(min(replicas.ProposeTimeout, time.Until(dl)-100*time.Millisecond), time.Millisecond)
 	}
-	return proposeTimeout
+	return replicas.ProposeTimeout
 }
 
 // claimRounds bounds how often tryClaim picks again when candidates were
@@ -217,14 +220,14 @@ func (n *Node) tryClaim(queue, worker string, lease time.Duration, limit int, ti
 // proposing gives nothing, as one it does not lead.
 func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int, timeout time.Duration) (out []*nornv1.ClaimedTask, contended bool, err error) {
 	var leading []uint16
-	for p, g := range n.groupList() {
+	for p, g := range n.host.Groups() {
 		if g != nil && g.IsLeader() {
 			leading = append(leading, uint16(p))
 		}
 	}
 	heads, err := newHeadMerger(n.store, queue, leading)
 	if err != nil {
-		return nil, false, apiError(err)
+		return nil, false, apierr.From(err)
 	}
 	now := n.cfg.Clock.Now().UnixMilli()
 	byPart := map[uint16][]claims.Candidate{}
@@ -237,7 +240,7 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int, 
 		p, h, ok := heads.next()
 		if !ok {
 			if heads.err != nil {
-				return nil, false, apiError(heads.err)
+				return nil, false, apierr.From(heads.err)
 			}
 			break
 		}
@@ -261,7 +264,7 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int, 
 	for p, cands := range byPart {
 		cmd := &claims.Command{Op: claims.OpClaim, NowMs: now, Worker: worker, LeaseMs: lease.Milliseconds(), Candidates: cands}
 		go func() {
-			outs, err := n.group(p).Propose(cmd, timeout)
+			outs, err := n.host.Group(p).Propose(cmd, timeout)
 			if errors.Is(err, claims.ErrOutcomeUnknown) {
 				n.cfg.Logger.Warn("a claim's leader was deposed and its fate is unknown: its tasks may stay claimed until the lease ends",
 					"partition", p, "tasks", len(cands), "err", err)
@@ -275,7 +278,7 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int, 
 			continue // the partition has no leader here now
 		}
 		if r.err != nil {
-			err = apiError(r.err) // the rest stays ready
+			err = apierr.From(r.err) // the rest stays ready
 			continue
 		}
 		for _, o := range r.outs {

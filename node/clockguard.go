@@ -62,7 +62,7 @@ type clockGuard struct {
 // alive members (their clock minus this node's), and of those the ones
 // sampled after since.
 func (n *Node) peerOffsets(since time.Time) (all, fresh []time.Duration) {
-	for _, m := range n.members.Members() {
+	for _, m := range n.host.Members().Members() {
 		if m.ID != n.cfg.NodeID && m.State.Up() && m.OffsetKnown {
 			all = append(all, m.ClockOffset)
 			if m.OffsetAt.After(since) {
@@ -144,7 +144,7 @@ func (n *Node) checkClock() {
 // this node leads that has none under way.
 func (n *Node) handOverLeaderships() {
 	g := &n.clockGuard
-	for p, grp := range n.groupList() {
+	for p, grp := range n.host.Groups() {
 		if grp == nil || !grp.IsLeader() {
 			continue
 		}

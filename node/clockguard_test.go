@@ -164,7 +164,7 @@ func TestClockStepWithStalePeerOffset(t *testing.T) {
 	c3.off.Store(int64(60 * time.Second))
 	waitFor(t, 20*time.Second, "n1 to see n3 60 s ahead, and n2", func() bool {
 		seen := 0
-		for _, m := range n1.members.Members() {
+		for _, m := range n1.host.Members().Members() {
 			if m.ID == "n3" && m.OffsetKnown && m.ClockOffset > 59*time.Second || m.ID == "n2" && m.OffsetKnown {
 				seen++
 			}
@@ -176,7 +176,7 @@ func TestClockStepWithStalePeerOffset(t *testing.T) {
 	deadline := time.Now().Add(4 * time.Second)
 	for time.Now().Before(deadline) {
 		if err := n1.mayLead(); err == nil {
-			t.Fatalf("n1, 27 s ahead, may lead (last check %+v; members %+v)", n1.clockState(), n1.members.Members())
+			t.Fatalf("n1, 27 s ahead, may lead (last check %+v; members %+v)", n1.clockState(), n1.host.Members().Members())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/transport"
 )
 
 // member is one node of an in-process cluster: a real data dir, real
@@ -167,7 +168,7 @@ func TestClusterForms(t *testing.T) {
 		t.Fatal("no cluster id")
 	}
 	for _, m := range ms {
-		r := m.node.ring.Load()
+		r := m.node.host.Ring()
 		if r.ClusterID != id || len(r.Nodes) != 3 || r.Replication != 3 {
 			t.Fatalf("%s has ring %+v", m.cfg.NodeID, r)
 		}
@@ -592,20 +593,20 @@ func TestPeerServiceRefusesStrangers(t *testing.T) {
 	}
 	// Someone else's node id with another cluster id.
 	req := connect.NewRequest(&nornv1.ReplicateRequest{Tasks: [][]byte{state}})
-	req.Header().Set(headerNode, "n2")
-	req.Header().Set(headerCluster, "0123")
+	req.Header().Set(transport.HeaderNode, "n2")
+	req.Header().Set(transport.HeaderCluster, "0123")
 	if _, err := ms[0].peer.Replicate(ctx, req); connect.CodeOf(err) != connect.CodePermissionDenied {
 		t.Fatalf("other cluster: %v", err)
 	}
 	// A member's identity but garbage: refused, nothing stored, node fine.
-	req = peerRequest(ms[1].node, &nornv1.ReplicateRequest{Tasks: [][]byte{{0xff, 0x01, 0x02}}})
+	req = transport.Request(ms[1].node.peers, &nornv1.ReplicateRequest{Tasks: [][]byte{{0xff, 0x01, 0x02}}})
 	if _, err := ms[0].peer.Replicate(ctx, req); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("garbage state: %v", err)
 	}
 	if _, err := ms[0].node.store.TaskState(ms[0].node.partition(7), 7); err == nil {
 		t.Fatal("a refused replicate stored a task")
 	}
-	req2 := peerRequest(ms[1].node, &nornv1.ReadRequest{})
+	req2 := transport.Request(ms[1].node.peers, &nornv1.ReadRequest{})
 	if _, err := ms[0].peer.Read(ctx, req2); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("empty read: %v", err)
 	}

@@ -3,9 +3,10 @@ package node
 import (
 	"errors"
 	"fmt"
-	"github.com/norn-dev/norn/antientropy"
 	"log/slog"
 	"time"
+
+	"github.com/norn-dev/norn/antientropy"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/go-hclog"

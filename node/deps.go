@@ -124,8 +124,8 @@ func (n *Node) depOutcome(id uint64, watch bool) depOutcome {
 	if o, ok := n.deps.cache.get(id); ok {
 		return o
 	}
-	p := n.partition(id)
-	hosted := n.group(p) != nil
+	p := n.host.Partition(id)
+	hosted := n.host.Group(p) != nil
 	if hosted {
 		if t, err := n.store.TaskState(p, id); err == nil {
 			if o := outcomeOf(t); o != depUndecided {
@@ -133,7 +133,7 @@ func (n *Node) depOutcome(id uint64, watch bool) depOutcome {
 				return o
 			}
 		}
-		if r := n.ring.Load(); r != nil && r.Replication == 1 {
+		if r := n.host.Ring(); r != nil && r.Replication == 1 {
 			return depUndecided // this replica is the only one
 		}
 	}
@@ -359,7 +359,7 @@ func (c *depChecker) round(ctx context.Context) {
 			c.settle(id) // a claim found it in this node's replica meanwhile
 			continue
 		}
-		p := n.partition(id)
+		p := n.host.Partition(id)
 		byPart[p] = append(byPart[p], id)
 	}
 	var settled atomic.Int64

@@ -112,7 +112,7 @@ func TestClusterRemoteDependencies(t *testing.T) {
 	ms := testClusterWith(t, 4, func(_ int, cfg *Config) { cfg.RaftTimeout = time.Second })
 	ctx := context.Background()
 	const P = 8
-	r := ms[0].node.ring.Load()
+	r := ms[0].node.host.Ring()
 	leader := func(p int) *member {
 		t.Helper()
 		var l *member

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/replicas"
 )
 
 // ender coalesces the claim FSM ends of completed and aborted tasks: ends
@@ -71,11 +72,11 @@ func (e *ender) round() {
 	for p, ends := range batch {
 		wg.Go(func() {
 			cmd := &claims.Command{Op: claims.OpEnd, NowMs: e.n.cfg.Clock.Now().UnixMilli(), Ends: ends}
-			g := e.n.group(p)
+			g := e.n.host.Group(p)
 			if g == nil || !g.IsLeader() {
 				return // the leader ends them when the terminal states reach it
 			}
-			outs, err := g.Propose(cmd, proposeTimeout)
+			outs, err := g.Propose(cmd, replicas.ProposeTimeout)
 			if err != nil {
 				e.n.cfg.Logger.Warn("ending claims failed; the monitor ends them at expiry", "partition", p, "tasks", len(ends), "err", err)
 				return

@@ -1,56 +1,5 @@
 package node
 
-import (
-	"errors"
-	"fmt"
-	"strconv"
-
-	"connectrpc.com/connect"
-
-	"github.com/norn-dev/norn/claims"
-	"github.com/norn-dev/norn/crdt"
-	"github.com/norn-dev/norn/storage"
-)
+import "strconv"
 
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
-
-// invalid returns an INVALID_ARGUMENT error naming field.
-func invalid(field, format string, args ...any) error {
-	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
-}
-
-// apiError maps an internal error to its connect code (DESIGN section 6).
-// Errors that already carry a code pass through.
-func apiError(err error) error {
-	if err == nil {
-		return nil
-	}
-	var ce *connect.Error
-	var fe *crdt.FieldError
-	switch {
-	case errors.As(err, &ce):
-		return err
-	case errors.As(err, &fe) && errors.Is(err, crdt.ErrTooLarge):
-		return connect.NewError(connect.CodeResourceExhausted, err)
-	case errors.As(err, &fe):
-		return connect.NewError(connect.CodeInvalidArgument, err)
-	case errors.Is(err, storage.ErrNotFound):
-		return connect.NewError(connect.CodeNotFound, err)
-	case errors.Is(err, claims.ErrClaimSuperseded), errors.Is(err, claims.ErrTaskTerminal):
-		return connect.NewError(connect.CodeFailedPrecondition, err)
-	case errors.Is(err, claims.ErrNotLeader), errors.Is(err, storage.ErrPartitionDropped):
-		return connect.NewError(connect.CodeUnavailable, err)
-	case errors.Is(err, storage.ErrCorrupt):
-		return connect.NewError(connect.CodeDataLoss, err)
-	}
-	return connect.NewError(connect.CodeInternal, err)
-}
-
-// errorMessage is err's message without connect's code prefix.
-func errorMessage(err error) string {
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		return ce.Message()
-	}
-	return err.Error()
-}

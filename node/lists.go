@@ -27,10 +27,12 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
 )
 
 // Listing bounds.
@@ -55,11 +57,11 @@ type listFilter struct {
 func newListFilter(queue string, status nornv1.TaskStatus) (listFilter, error) {
 	if queue != "" {
 		if err := crdt.ValidateQueue("queue", queue); err != nil {
-			return listFilter{}, apiError(err)
+			return listFilter{}, apierr.From(err)
 		}
 	}
 	if _, ok := nornv1.TaskStatus_name[int32(status)]; !ok {
-		return listFilter{}, invalid("status", "unknown status %d", status)
+		return listFilter{}, apierr.Invalid("status", "unknown status %d", status)
 	}
 	return listFilter{queue: queue, status: status}, nil
 }
@@ -101,20 +103,20 @@ func (s taskService) ListTasks(ctx context.Context, req *connect.Request[nornv1.
 		size = defaultPageSize
 	}
 	if size > maxPageSize {
-		return nil, invalid("pageSize", "must be at most %d, got %d", maxPageSize, size)
+		return nil, apierr.Invalid("pageSize", "must be at most %d, got %d", maxPageSize, size)
 	}
 	p, start, err := decodePageToken(m.GetPageToken(), n.cfg.Partitions)
 	if err != nil {
 		return nil, err
 	}
-	if n.ring.Load() == nil {
-		return nil, errNotFormed
+	if n.host.Ring() == nil {
+		return nil, apierr.NotFormed
 	}
 	b := listBudget{tasks: size, scan: maxScanPerPage, bytes: maxPageBytes}
 	resp := &nornv1.ListTasksResponse{}
 	for ; int(p) < n.cfg.Partitions; p, start = p+1, 0 {
 		var pg listPage
-		if n.readsLocally(p) {
+		if n.host.ReadsLocally(p) {
 			pg, err = n.listLocal(p, f, start, b)
 		} else {
 			pg, err = n.listRemote(ctx, p, f, start, b)
@@ -139,7 +141,7 @@ func (n *Node) listLocal(p uint16, f listFilter, start uint64, b listBudget) (li
 	for {
 		batch, next, more, err := n.store.ScanTasks(p, start, min(256, b.scan+1))
 		if err != nil {
-			return listPage{}, apiError(err)
+			return listPage{}, apierr.From(err)
 		}
 		for _, st := range batch {
 			if b.less(pg).spent() {
@@ -197,7 +199,7 @@ func (n *Node) listRemote(ctx context.Context, p uint16, f listFilter, start uin
 func (n *Node) askList(ctx context.Context, nd cluster.RingNode, p uint16, f listFilter, start uint64, b listBudget) (listPage, error) {
 	cctx, cancel := context.WithTimeout(ctx, readTimeout)
 	defer cancel()
-	resp, err := n.peers.get(nd.APIAddr).peer.ListPartition(cctx, peerRequest(n, &nornv1.ListPartitionRequest{
+	resp, err := n.peers.Get(nd.APIAddr).Peer.ListPartition(cctx, transport.Request(n.peers, &nornv1.ListPartitionRequest{
 		Partition: uint32(p), Queue: f.queue, Status: f.status, Start: start,
 		Limit: uint32(b.tasks), MaxScan: uint32(b.scan), MaxBytes: uint32(max(b.bytes, 0))}))
 	if err != nil {
@@ -209,7 +211,7 @@ func (n *Node) askList(ctx context.Context, nd cluster.RingNode, p uint16, f lis
 	}
 	pg := listPage{scanned: int(m.GetScanned()), more: m.GetMore(), next: m.GetNext()}
 	for _, v := range m.GetTasks() {
-		if v.GetId() < start || n.partition(v.GetId()) != p {
+		if v.GetId() < start || n.host.Partition(v.GetId()) != p {
 			return listPage{}, fmt.Errorf("node %s answered task %d for partition %d", nd.ID, v.GetId(), p)
 		}
 		pg.add(v)
@@ -229,7 +231,7 @@ func decodePageToken(tok string, partitions int) (uint16, uint64, error) {
 	}
 	b, err := base64.RawURLEncoding.DecodeString(tok)
 	if err != nil || len(b) != 10 || int(binary.BigEndian.Uint16(b)) >= partitions {
-		return 0, 0, invalid("pageToken", "not a token from a previous ListTasks")
+		return 0, 0, apierr.Invalid("pageToken", "not a token from a previous ListTasks")
 	}
 	return binary.BigEndian.Uint16(b), binary.BigEndian.Uint64(b[2:]), nil
 }
@@ -240,12 +242,12 @@ func (s taskService) CountTasks(ctx context.Context, req *connect.Request[nornv1
 	if err != nil {
 		return nil, err
 	}
-	if n.ring.Load() == nil {
-		return nil, errNotFormed
+	if n.host.Ring() == nil {
+		return nil, apierr.NotFormed
 	}
 	var local, remote []uint16
 	for p := range uint16(n.cfg.Partitions) {
-		if n.readsLocally(p) {
+		if n.host.ReadsLocally(p) {
 			local = append(local, p)
 		} else {
 			remote = append(remote, p)
@@ -266,7 +268,7 @@ func (s taskService) CountTasks(ctx context.Context, req *connect.Request[nornv1
 	for _, p := range local {
 		c, err := n.countPartition(p, f.queue)
 		if err != nil {
-			localErr = apiError(err)
+			localErr = apierr.From(err)
 			break
 		}
 		counts = append(counts, c)
@@ -395,7 +397,7 @@ func (n *Node) askCount(ctx context.Context, nd cluster.RingNode, ps []uint16, q
 	for _, p := range ps {
 		req.Partitions = append(req.Partitions, uint32(p))
 	}
-	resp, err := n.peers.get(nd.APIAddr).peer.CountPartitions(cctx, peerRequest(n, req))
+	resp, err := n.peers.Get(nd.APIAddr).Peer.CountPartitions(cctx, transport.Request(n.peers, req))
 	if err != nil {
 		return nil, err
 	}
@@ -410,8 +412,8 @@ func (n *Node) askCount(ctx context.Context, nd cluster.RingNode, ps []uint16, q
 // this node, in the order to ask them: the leader a peer last reported,
 // then members in prefer, then the others in random order.
 func (n *Node) replicaOrder(p uint16, prefer map[string]bool) []cluster.RingNode {
-	r := n.ring.Load()
-	alive := n.aliveSet()
+	r := n.host.Ring()
+	alive := n.host.Alive()
 	hint := n.hints.get(p)
 	cohort := r.Cohort(int(p))
 	var leader, preferred, rest []cluster.RingNode
@@ -443,7 +445,7 @@ func partitionUnavailable(p uint16, asked []cluster.RingNode, lastErr error) err
 	}
 	msg := fmt.Sprintf("partition %d: no replica answered (asked %s)", p, strings.Join(ids, ", "))
 	if lastErr != nil {
-		msg += ": " + errorMessage(lastErr)
+		msg += ": " + apierr.Message(lastErr)
 	}
 	return connect.NewError(connect.CodeUnavailable, errors.New(msg))
 }
@@ -475,13 +477,13 @@ func (h *leaderHints) set(p uint16, id string) {
 // P, and replicated here (FAILED_PRECONDITION otherwise). It returns the
 // partition's group.
 func (n *Node) hostedPartition(field string, p uint32) (*claims.Group, error) {
-	if n.ring.Load() == nil {
-		return nil, errNotFormed
+	if n.host.Ring() == nil {
+		return nil, apierr.NotFormed
 	}
 	if p >= uint32(n.cfg.Partitions) {
-		return nil, invalid(field, "must be below %d, got %d", n.cfg.Partitions, p)
+		return nil, apierr.Invalid(field, "must be below %d, got %d", n.cfg.Partitions, p)
 	}
-	g := n.group(uint16(p))
+	g := n.host.Group(uint16(p))
 	if g == nil {
 		return nil, n.notReplicated(field, uint16(p))
 	}
@@ -513,7 +515,7 @@ func (s peerService) ListPartition(_ context.Context, req *connect.Request[nornv
 		got, max uint32
 	}{{"limit", m.GetLimit(), maxPageSize}, {"maxScan", m.GetMaxScan(), maxScanPerPage}, {"maxBytes", m.GetMaxBytes(), maxPageBytes}} {
 		if c.got > c.max {
-			return nil, invalid(c.field, "must be at most %d, got %d", c.max, c.got)
+			return nil, apierr.Invalid(c.field, "must be at most %d, got %d", c.max, c.got)
 		}
 	}
 	p := uint16(m.GetPartition())
@@ -536,7 +538,7 @@ func (s peerService) CountPartitions(_ context.Context, req *connect.Request[nor
 	}
 	ps := m.GetPartitions()
 	if len(ps) == 0 || len(ps) > n.cfg.Partitions {
-		return nil, invalid("partitions", "must hold 1 to %d partitions, got %d", n.cfg.Partitions, len(ps))
+		return nil, apierr.Invalid("partitions", "must hold 1 to %d partitions, got %d", n.cfg.Partitions, len(ps))
 	}
 	groups := make([]*claims.Group, len(ps))
 	seen := make([]bool, n.cfg.Partitions)
@@ -546,7 +548,7 @@ func (s peerService) CountPartitions(_ context.Context, req *connect.Request[nor
 			return nil, err
 		}
 		if seen[p] {
-			return nil, invalid(field, "partition %d is repeated", p)
+			return nil, apierr.Invalid(field, "partition %d is repeated", p)
 		}
 		seen[p] = true
 	}
@@ -554,7 +556,7 @@ func (s peerService) CountPartitions(_ context.Context, req *connect.Request[nor
 	for i, p := range ps {
 		counts, err := n.countPartition(uint16(p), f.queue)
 		if err != nil {
-			return nil, apiError(err)
+			return nil, apierr.From(err)
 		}
 		out[i] = &nornv1.PartitionCount{Partition: p, ByStatus: counts, Leader: string(groups[i].Leader())}
 	}

@@ -14,8 +14,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/ring"
+	"github.com/norn-dev/norn/transport"
 )
 
 // listAll pages through ListTasks on m with req's filters and page size,
@@ -94,7 +96,7 @@ func TestClusterListsAcrossNodes(t *testing.T) {
 	ctx := context.Background()
 	const P = 8
 	for _, m := range ms {
-		if m.node.replicatesAll(m.node.ring.Load()) {
+		if m.node.replicatesAll(m.node.host.Ring()) {
 			t.Fatalf("%s replicates every partition: nothing remote to list", m.cfg.NodeID)
 		}
 	}
@@ -229,29 +231,29 @@ func TestClusterListsAcrossNodes(t *testing.T) {
 		_, err = ms[0].peer.CountPartitions(ctx, connect.NewRequest(&nornv1.CountPartitionsRequest{Partitions: []uint32{h}}))
 		wantCode(t, err, connect.CodePermissionDenied)
 		// A member's identity and a good request.
-		resp, err := ms[0].peer.ListPartition(ctx, peerRequest(ms[1].node, &nornv1.ListPartitionRequest{
+		resp, err := ms[0].peer.ListPartition(ctx, transport.Request(ms[1].node.peers, &nornv1.ListPartitionRequest{
 			Partition: h, Limit: 100, MaxScan: 100, MaxBytes: 1 << 20}))
 		if err != nil || len(resp.Msg.Tasks) == 0 || resp.Msg.Leader == "" {
 			t.Fatalf("list partition %d: %v, %v", h, resp, err)
 		}
 		// A budget of 0 only says whether a task follows; a byte budget
 		// stops after the task that reaches it.
-		resp, err = ms[0].peer.ListPartition(ctx, peerRequest(ms[1].node, &nornv1.ListPartitionRequest{Partition: h}))
+		resp, err = ms[0].peer.ListPartition(ctx, transport.Request(ms[1].node.peers, &nornv1.ListPartitionRequest{Partition: h}))
 		if err != nil || len(resp.Msg.Tasks) != 0 || resp.Msg.Scanned != 0 || !resp.Msg.More || resp.Msg.Next == 0 {
 			t.Fatalf("list partition %d with no budget: %v, %v", h, resp, err)
 		}
-		resp, err = ms[0].peer.ListPartition(ctx, peerRequest(ms[1].node, &nornv1.ListPartitionRequest{
+		resp, err = ms[0].peer.ListPartition(ctx, transport.Request(ms[1].node.peers, &nornv1.ListPartitionRequest{
 			Partition: h, Limit: 100, MaxScan: 100, MaxBytes: 1}))
 		if err != nil || len(resp.Msg.Tasks) != 1 || resp.Msg.Scanned != 1 || !resp.Msg.More {
 			t.Fatalf("list partition %d with 1 byte: %v, %v", h, resp, err)
 		}
 		// Bad fields, each named.
 		list := func(m *nornv1.ListPartitionRequest) error {
-			_, err := ms[0].peer.ListPartition(ctx, peerRequest(ms[1].node, m))
+			_, err := ms[0].peer.ListPartition(ctx, transport.Request(ms[1].node.peers, m))
 			return err
 		}
 		count := func(m *nornv1.CountPartitionsRequest) error {
-			_, err := ms[0].peer.CountPartitions(ctx, peerRequest(ms[1].node, m))
+			_, err := ms[0].peer.CountPartitions(ctx, transport.Request(ms[1].node.peers, m))
 			return err
 		}
 		for _, c := range []struct {
@@ -306,7 +308,7 @@ func TestClusterListsAcrossNodes(t *testing.T) {
 			}
 		}
 		names := func(err error) bool {
-			return slices.ContainsFunc(missing, func(s string) bool { return strings.Contains(errorMessage(err), s) })
+			return slices.ContainsFunc(missing, func(s string) bool { return strings.Contains(apierr.Message(err), s) })
 		}
 		_, _, err := listAll(t, ms[0], &nornv1.ListTasksRequest{})
 		if connect.CodeOf(err) != connect.CodeUnavailable || !names(err) {

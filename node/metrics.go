@@ -41,10 +41,10 @@ func (n *Node) writeMetrics(w io.Writer) {
 		stats  map[string]string
 	}
 	var groups []series
-	if n.meta != nil {
-		groups = append(groups, series{`group="meta"`, n.meta.Stats()})
+	if n.host.Meta() != nil {
+		groups = append(groups, series{`group="meta"`, n.host.Meta().Stats()})
 	}
-	for p, g := range n.groupList() {
+	for p, g := range n.host.Groups() {
 		if g != nil {
 			groups = append(groups, series{fmt.Sprintf(`group="partition",partition="%d"`, p), g.Stats()})
 		}
@@ -98,13 +98,13 @@ func (n *Node) writeMetrics(w io.Writer) {
 	counter("norn_clock_out_of_bound_total", "Times this node's clock went beyond max_clock_offset from the cluster median.", outs)
 	counter("norn_clock_leadership_handovers_total", "Leadership transfers this node started because its clock was out of bound.", transfers)
 	epoch := uint64(0)
-	if r := n.ring.Load(); r != nil {
+	if r := n.host.Ring(); r != nil {
 		epoch = r.Epoch
 	}
 	fmt.Fprintf(w, "# HELP norn_ring_epoch Epoch of the ring this node works with (0: no cluster yet).\n# TYPE norn_ring_epoch gauge\nnorn_ring_epoch %d\n", epoch)
-	if n.members != nil {
+	if n.host.Members() != nil {
 		byState := map[string]int{}
-		for _, m := range n.members.Members() {
+		for _, m := range n.host.Members().Members() {
 			byState[m.State.String()]++
 		}
 		states := make([]string, 0, len(byState))

@@ -7,6 +7,7 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/replicas"
 )
 
 // monitorBatch bounds the claims and delayed tasks one monitor pass handles
@@ -42,7 +43,7 @@ func (n *Node) monitorOnce() {
 	defer n.monitorMu.Unlock()
 	extended := n.extended
 	clockOK := n.clockState().InBound
-	for p, g := range n.groupList() {
+	for p, g := range n.host.Groups() {
 		if g == nil {
 			continue
 		}
@@ -76,7 +77,7 @@ func (n *Node) monitorOnce() {
 // extendClaims proposes OpExtend for the partition's live claims that
 // expire before now + lease grace.
 func (n *Node) extendClaims(p uint16) error {
-	if err := n.group(p).Barrier(proposeTimeout); err != nil {
+	if err := n.host.Group(p).Barrier(replicas.ProposeTimeout); err != nil {
 		return err
 	}
 	now := n.cfg.Clock.Now().UnixMilli()
@@ -90,7 +91,7 @@ func (n *Node) extendClaims(p uint16) error {
 		for _, d := range due {
 			cmd.IDs = append(cmd.IDs, d.ID)
 		}
-		outs, err := n.group(p).Propose(cmd, proposeTimeout)
+		outs, err := n.host.Group(p).Propose(cmd, replicas.ProposeTimeout)
 		if err != nil {
 			return err
 		}

@@ -3,19 +3,18 @@ package node
 import (
 	"errors"
 	"fmt"
-	"github.com/norn-dev/norn/antientropy"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/raft"
+	"github.com/norn-dev/norn/antientropy"
+	"github.com/norn-dev/norn/replicas"
+
 	"golang.org/x/time/rate"
 
-	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
-	"github.com/norn-dev/norn/ring"
 	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/transport"
 )
@@ -33,28 +32,17 @@ type Node struct {
 	ids   *idGen
 	start time.Time
 
-	// Cluster plumbing (cluster.go).
-	mux           *transport.RaftMux
-	raftAddr      string // the mux's address, advertised
-	meta          *cluster.Meta
-	metaTrans     *raft.NetworkTransport
-	members       *cluster.Membership
-	gossip        atomic.Pointer[cluster.Membership] // members, for the Raft listener's check
-	ring          atomic.Pointer[cluster.Ring]       // nil until the cluster is formed
-	parts         atomic.Pointer[partitions]         // set with the first ring
-	adoptMu       sync.Mutex
-	announced     uint64      // ring epoch gossiped (reconcile loop only)
-	seedsLogged   bool        // a failed join was logged (reconcile loop only)
-	rejoinAt      time.Time   // the last rejoinDown attempt (reconcile loop only)
-	rejoining     atomic.Bool // a rejoinDown join is running
-	reconcileKick chan struct{}
-	peers         peerSet
-	readRepairs   atomic.Uint64
-	replicatesIn  atomic.Uint64 // incoming Replicate calls, for TestBugs.DropReplicatedWrite
-	hints         leaderHints   // leaders of partitions not replicated here (lists.go)
-	placeMu       sync.Mutex    // one ring proposal at a time on the meta leader (rebalance.go)
-	drv           driver        // the rebalance driver (rebalance.go)
-	metaFitMu     sync.Mutex    // one meta group membership change at a time (rebalance.go)
+	host      *replicas.Host   // the ring, the partition groups, meta group and gossip
+	peers     *transport.Peers // other nodes' APIs
+	sendersMu sync.Mutex
+	senders   map[string]*replicaSender // by peer API address
+
+	readRepairs  atomic.Uint64
+	replicatesIn atomic.Uint64 // incoming Replicate calls, for TestBugs.DropReplicatedWrite
+	hints        leaderHints   // leaders of partitions not replicated here (lists.go)
+	placeMu      sync.Mutex    // one ring proposal at a time on the meta leader (rebalance.go)
+	drv          driver        // the rebalance driver (rebalance.go)
+	metaFitMu    sync.Mutex    // one meta group membership change at a time (rebalance.go)
 
 	waiters  *queueWaiters
 	inflight inflightSet // tasks being claimed now
@@ -142,8 +130,17 @@ func New(cfg Config) (*Node, error) {
 	n.clockGuard.check = clockCheck{InBound: true}
 	n.ender = newEnder(n)
 	n.deps = newDepChecker(n)
-	n.reconcileKick = make(chan struct{}, 1)
-	n.peers.n = n
+	n.senders = map[string]*replicaSender{}
+	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr,
+		Ring: func() (string, uint64) {
+			if n.host == nil {
+				return "", 0
+			}
+			if r := n.host.Ring(); r != nil {
+				return r.ClusterID, r.Epoch
+			}
+			return "", 0
+		}})
 	n.aeKick = make(chan struct{}, 1)
 	n.aeLimiter = rate.NewLimiter(rate.Limit(cfg.AntiEntropyRate), max(cfg.AntiEntropyRate, 1<<20))
 	n.fillLimiter = rate.NewLimiter(rate.Limit(cfg.MoveRate), max(cfg.MoveRate, 1<<20))
@@ -155,14 +152,26 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
-	if err := n.startCluster(); err != nil {
-		n.stopCluster()
+	n.host, err = replicas.Start(replicas.Config{
+		NodeID: cfg.NodeID, DataDir: cfg.DataDir, Partitions: cfg.Partitions,
+		APIAddr: cfg.APIAddr, RaftAddr: cfg.RaftAddr, GossipAddr: cfg.GossipAddr, GossipLAN: cfg.GossipLAN,
+		Join: cfg.Join, BootstrapExpect: cfg.BootstrapExpect, Replication: cfg.Replication,
+		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Clock: cfg.Clock,
+		Logger: cfg.Logger, RaftLogger: cfg.RaftLogger,
+		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck,
+		Trees:          aeTrees{n},
+		MayLead:        n.mayLead,
+		OnLeaderChange: n.waiters.notifyAll,
+		OnMetaRing:     n.kickDriver,
+		OnPlacement:    n.kickAntiEntropy,
+	})
+	if err != nil {
+		n.peers.Close()
 		store.Close()
 		lock.release()
 		return nil, err
 	}
-	n.stopped.Add(7)
-	go n.reconcile()
+	n.stopped.Add(6)
 	go n.driveLoop()
 	go n.monitor()
 	go n.clockLoop()
@@ -181,7 +190,7 @@ func New(cfg Config) (*Node, error) {
 // Ready reports whether the cluster is formed and every partition this
 // node replicates has a leader.
 func (n *Node) Ready() bool {
-	gs := n.groupList()
+	gs := n.host.Groups()
 	if gs == nil {
 		return false
 	}
@@ -198,7 +207,7 @@ func (n *Node) WaitReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for !n.Ready() {
 		if time.Now().After(deadline) {
-			if n.ring.Load() == nil {
+			if n.host.Ring() == nil {
 				return errors.New("node: the cluster is not formed yet")
 			}
 			return errors.New("node: partitions have no leader yet")
@@ -227,12 +236,10 @@ func (n *Node) Close() error {
 	close(n.stop)
 	n.waiters.closeAll()
 	n.stopped.Wait()
-	errs := n.stopCluster()
+	errs := n.host.Close()
+	n.peers.Close()
 	return errors.Join(errs, n.store.Close(), n.lock.release())
 }
-
-// partition returns the partition of id.
-func (n *Node) partition(id uint64) uint16 { return uint16(ring.Partition(id, n.cfg.Partitions)) }
 
 // queueWaiters wakes long-polling claims when a queue may have work.
 type queueWaiters struct {
@@ -288,3 +295,12 @@ func (w *queueWaiters) closeAll() {
 		delete(w.chans, q)
 	}
 }
+
+// RaftAddr is the address of this node's Raft listener.
+func (n *Node) RaftAddr() string { return n.host.RaftAddr() }
+
+// GossipAddr is the address this node gossips on, for others to join.
+func (n *Node) GossipAddr() string { return n.host.GossipAddr() }
+
+// ClusterID is the id of this node's cluster, "" before it is formed.
+func (n *Node) ClusterID() string { return n.host.ClusterID() }

@@ -8,113 +8,18 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
-	"time"
 
 	"connectrpc.com/connect"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
 )
-
-// Headers of node-to-node calls.
-const (
-	headerNode    = "Norn-Node"    // the calling node's id
-	headerCluster = "Norn-Cluster" // the calling node's cluster id
-	// headerHops marks a TaskService call forwarded by another node (its
-	// value counts the hops), so the receiver does not forward it again.
-	headerHops = "Norn-Hops"
-	// headerEpoch is the calling node's ring epoch: a replica refuses
-	// writes of a moving partition from a caller whose ring does not know
-	// the move yet, and either side pulls the newer ring.
-	headerEpoch = "Norn-Epoch"
-)
-
-// peer is this node's connection to another node's API.
-type peer struct {
-	addr   string
-	peer   nornv1connect.PeerServiceClient
-	tasks  nornv1connect.TaskServiceClient
-	admin  nornv1connect.AdminServiceClient
-	sender *replicaSender
-}
-
-// peerSet holds one peer per API address, made on first use, sharing one
-// HTTP/2 transport.
-type peerSet struct {
-	n     *Node
-	once  sync.Once
-	hc    *http.Client
-	tr    *http.Transport
-	mu    sync.Mutex
-	peers map[string]*peer
-}
-
-func (s *peerSet) get(addr string) *peer {
-	s.once.Do(func() {
-		var p http.Protocols
-		p.SetUnencryptedHTTP2(true)
-		// Calls leave from this node's API IP when it is a specific one:
-		// peers check the caller's address against its API address
-		// (checkPeer), and on a host with several addresses (nodes on
-		// loopback aliases 127.0.0.x) the kernel would pick another source.
-		d := &net.Dialer{Timeout: 2 * time.Second, KeepAlive: 10 * time.Second}
-		if host, _, err := net.SplitHostPort(s.n.cfg.APIAddr); err == nil {
-			if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
-				d.LocalAddr = &net.TCPAddr{IP: ip}
-			}
-		}
-		s.tr = &http.Transport{
-			Protocols:   &p,
-			DialContext: d.DialContext,
-			HTTP2: &http.HTTP2Config{
-				// A peer that stops answering (paused, cut off) is noticed
-				// within seconds even on an idle connection.
-				SendPingTimeout: 5 * time.Second,
-				PingTimeout:     3 * time.Second,
-			},
-		}
-		s.hc = &http.Client{Transport: s.tr}
-		s.peers = map[string]*peer{}
-	})
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p, ok := s.peers[addr]; ok {
-		return p
-	}
-	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithSendMaxBytes(64 << 20), connect.WithReadMaxBytes(64 << 20)}
-	base := "http://" + addr
-	p := &peer{
-		addr:  addr,
-		peer:  nornv1connect.NewPeerServiceClient(s.hc, base, opts...),
-		tasks: nornv1connect.NewTaskServiceClient(s.hc, base, opts...),
-		admin: nornv1connect.NewAdminServiceClient(s.hc, base, opts...),
-	}
-	p.sender = newReplicaSender(s.n, p)
-	s.peers[addr] = p
-	return p
-}
-
-func (s *peerSet) close() {
-	if s.tr != nil {
-		s.tr.CloseIdleConnections()
-	}
-}
-
-// peerRequest wraps a node-to-node request with this node's identity.
-func peerRequest[T any](n *Node, msg *T) *connect.Request[T] {
-	req := connect.NewRequest(msg)
-	req.Header().Set(headerNode, n.cfg.NodeID)
-	if r := n.ring.Load(); r != nil {
-		req.Header().Set(headerCluster, r.ClusterID)
-		req.Header().Set(headerEpoch, strconv.FormatUint(r.Epoch, 10))
-	}
-	return req
-}
 
 // checkEpoch refuses a write of partition p from a caller whose ring
 // (epoch) predates p's move under way (moving, the ring's moves under
@@ -130,16 +35,6 @@ func (n *Node) checkEpoch(epoch uint64, moving map[int]*cluster.Move, p uint16) 
 	return nil
 }
 
-// hostIs reports whether hostport's host is the address ip.
-func hostIs(hostport string, ip net.IP) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return false
-	}
-	other := net.ParseIP(host)
-	return other != nil && other.Equal(ip)
-}
-
 // peerService implements norn.v1.PeerService.
 type peerService struct{ n *Node }
 
@@ -150,7 +45,7 @@ var _ nornv1connect.PeerServiceHandler = peerService{}
 // another cluster id. Before the cluster is formed, gossip members are
 // accepted (GetRing).
 func (n *Node) checkPeer(peerAddr string, h http.Header) error {
-	id := h.Get(headerNode)
+	id := h.Get(transport.HeaderNode)
 	deny := func(format string, args ...any) error {
 		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("peer call refused: "+format, args...))
 	}
@@ -159,17 +54,17 @@ func (n *Node) checkPeer(peerAddr string, h http.Header) error {
 	if err != nil || ip == nil {
 		return deny("unknown caller address %q", peerAddr)
 	}
-	sameHost := func(hostport string) bool { return hostIs(hostport, ip) }
-	r := n.ring.Load()
+	sameHost := func(hostport string) bool { return transport.SameHost(hostport, ip) }
+	r := n.host.Ring()
 	if r != nil {
-		if c := h.Get(headerCluster); c != "" && c != r.ClusterID {
+		if c := h.Get(transport.HeaderCluster); c != "" && c != r.ClusterID {
 			return deny("the caller is in cluster %s, this node in %s", c, r.ClusterID)
 		}
 		if nd, ok := r.Node(id); ok && sameHost(nd.APIAddr) {
 			return nil
 		}
 	}
-	for _, m := range n.members.Members() {
+	for _, m := range n.host.Members().Members() {
 		if m.ID == id && sameHost(m.APIAddr) && (r == nil || m.ClusterID == "" || m.ClusterID == r.ClusterID) {
 			return nil
 		}
@@ -185,31 +80,31 @@ func (s peerService) Replicate(_ context.Context, req *connect.Request[nornv1.Re
 	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
 		return nil, err
 	}
-	r := n.ring.Load()
+	r := n.host.Ring()
 	if r == nil {
-		return nil, errNotFormed
+		return nil, apierr.NotFormed
 	}
 	states := req.Msg.GetTasks()
 	if len(states) == 0 || len(states) > maxReplicate {
-		return nil, invalid("tasks", "must hold 1 to %d tasks, got %d", maxReplicate, len(states))
+		return nil, apierr.Invalid("tasks", "must hold 1 to %d tasks, got %d", maxReplicate, len(states))
 	}
 	// The caller's ring epoch: a newer one makes this node pull it.
-	epoch, _ := strconv.ParseUint(req.Header().Get(headerEpoch), 10, 64)
+	epoch, _ := strconv.ParseUint(req.Header().Get(transport.HeaderEpoch), 10, 64)
 	if epoch > r.Epoch {
-		n.kickReconcile()
+		n.host.KickReconcile()
 	}
 	moving := r.MovesUnderway()
 	tasks := make([]*crdt.Task, len(states))
 	for i, b := range states {
 		t, err := crdt.Decode(b)
 		if err != nil {
-			return nil, invalid(fmt.Sprintf("tasks[%d]", i), "%v", err)
+			return nil, apierr.Invalid(fmt.Sprintf("tasks[%d]", i), "%v", err)
 		}
 		if err := validateTask(t, n.cfg.Limits); err != nil {
-			return nil, invalid(fmt.Sprintf("tasks[%d]", i), "%v", err)
+			return nil, apierr.Invalid(fmt.Sprintf("tasks[%d]", i), "%v", err)
 		}
-		p := n.partition(t.ID)
-		if n.group(p) == nil {
+		p := n.host.Partition(t.ID)
+		if n.host.Group(p) == nil {
 			// The caller's ring and this node's disagree (a partition
 			// moves): retryable, and the caller's next ring will tell.
 			return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf(
@@ -238,17 +133,17 @@ func (s peerService) Read(_ context.Context, req *connect.Request[nornv1.ReadReq
 	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
 		return nil, err
 	}
-	if n.ring.Load() == nil {
-		return nil, errNotFormed
+	if n.host.Ring() == nil {
+		return nil, apierr.NotFormed
 	}
 	ids := req.Msg.GetIds()
 	if len(ids) == 0 || len(ids) > maxRead {
-		return nil, invalid("ids", "must hold 1 to %d ids, got %d", maxRead, len(ids))
+		return nil, apierr.Invalid("ids", "must hold 1 to %d ids, got %d", maxRead, len(ids))
 	}
 	out := make([]*nornv1.ReplicaTask, len(ids))
 	for i, id := range ids {
-		p := n.partition(id)
-		g := n.group(p)
+		p := n.host.Partition(id)
+		g := n.host.Group(p)
 		if g == nil {
 			return nil, n.notReplicated(fmt.Sprintf("ids[%d]", i), p)
 		}
@@ -258,7 +153,7 @@ func (s peerService) Read(_ context.Context, req *connect.Request[nornv1.ReadReq
 		case err == nil:
 			rt.State = t.Encode()
 		case !errors.Is(err, storage.ErrNotFound):
-			return nil, apiError(err)
+			return nil, apierr.From(err)
 		}
 		if rt.Leader {
 			rec, err := n.store.ClaimFSMRecord(p, id)
@@ -266,7 +161,7 @@ func (s peerService) Read(_ context.Context, req *connect.Request[nornv1.ReadReq
 			case err == nil:
 				rt.ClaimRecord = rec
 			case !errors.Is(err, storage.ErrNotFound):
-				return nil, apiError(err)
+				return nil, apierr.From(err)
 			}
 		}
 		out[i] = rt
@@ -280,7 +175,7 @@ func (s peerService) GetRing(_ context.Context, req *connect.Request[nornv1.GetR
 		return nil, err
 	}
 	resp := &nornv1.GetRingResponse{}
-	if r := n.ring.Load(); r != nil {
+	if r := n.host.Ring(); r != nil {
 		b, err := json.Marshal(r)
 		if err != nil {
 			return nil, connect.NewError(connect.CodeInternal, err)

@@ -10,39 +10,41 @@ import (
 	"connectrpc.com/connect"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/ring"
+	"github.com/norn-dev/norn/transport"
 )
 
 // The placement calls of AdminService (Join, Rebalance, Drain,
 // Decommission, Remove) change the ring, which only the meta group's
 // leader proposes: any node accepts them and passes them on to the
-// leader (one hop, marked with headerHops).
+// leader (one hop, marked with transport.HeaderHops).
 
 // toMetaLeader runs local on this node when it leads the meta group, or
 // forwards the call (with call, to another node's AdminService) to the
 // leader: the one this node knows of, else each ring node in turn until
 // one leads.
 func toMetaLeader[Req, Resp any](ctx context.Context, n *Node, req *connect.Request[Req],
-	call func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error),
+	call func(*transport.Peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error),
 	local func(*Req) (*Resp, error)) (*connect.Response[Resp], error) {
-	r := n.ring.Load()
+	r := n.host.Ring()
 	if r == nil {
-		return nil, errNotFormed
+		return nil, apierr.NotFormed
 	}
-	if n.meta.IsLeader() {
+	if n.host.Meta().IsLeader() {
 		resp, err := local(req.Msg)
 		if err != nil {
 			return nil, placementError(err)
 		}
 		return connect.NewResponse(resp), nil
 	}
-	if hops(req) > 0 {
+	if transport.Hops(req) > 0 {
 		return nil, connect.NewError(connect.CodeUnavailable,
-			fmt.Errorf("node %s does not lead the meta group (leader: %q)", n.cfg.NodeID, n.meta.Leader()))
+			fmt.Errorf("node %s does not lead the meta group (leader: %q)", n.cfg.NodeID, n.host.Meta().Leader()))
 	}
 	var order []string
-	if l := n.meta.Leader(); l != "" {
+	if l := n.host.Meta().Leader(); l != "" {
 		order = append(order, l)
 	}
 	for _, nd := range r.Nodes {
@@ -53,12 +55,12 @@ func toMetaLeader[Req, Resp any](ctx context.Context, n *Node, req *connect.Requ
 	var lastErr error
 	for _, id := range order {
 		nd, ok := r.Node(id)
-		if !ok || !n.memberUp(id) {
+		if !ok || !n.host.Up(id) {
 			continue
 		}
 		fwd := connect.NewRequest(req.Msg)
-		fwd.Header().Set(headerHops, "1")
-		resp, err := call(n.peers.get(nd.APIAddr))(ctx, fwd)
+		fwd.Header().Set(transport.HeaderHops, "1")
+		resp, err := call(n.peers.Get(nd.APIAddr))(ctx, fwd)
 		if err == nil {
 			return resp, nil
 		}
@@ -71,7 +73,7 @@ func toMetaLeader[Req, Resp any](ctx context.Context, n *Node, req *connect.Requ
 		lastErr = errors.New("no node of the meta group is up")
 	}
 	return nil, connect.NewError(connect.CodeUnavailable,
-		fmt.Errorf("the meta group has no reachable leader: %s", errorMessage(lastErr)))
+		fmt.Errorf("the meta group has no reachable leader: %s", apierr.Message(lastErr)))
 }
 
 // placementError maps the meta leader's errors: a plan refused while
@@ -93,19 +95,19 @@ func placementError(err error) error {
 
 func (a adminService) Join(ctx context.Context, req *connect.Request[nornv1.JoinRequest]) (*connect.Response[nornv1.JoinResponse], error) {
 	if req.Msg.GetNode() == "" {
-		return nil, invalid("node", "is required: a node id or API address")
+		return nil, apierr.Invalid("node", "is required: a node id or API address")
 	}
-	return toMetaLeader(ctx, a.n, req, func(p *peer) func(context.Context, *connect.Request[nornv1.JoinRequest]) (*connect.Response[nornv1.JoinResponse], error) {
-		return p.admin.Join
+	return toMetaLeader(ctx, a.n, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.JoinRequest]) (*connect.Response[nornv1.JoinResponse], error) {
+		return p.Admin.Join
 	}, a.n.join)
 }
 
 func (a adminService) Rebalance(ctx context.Context, req *connect.Request[nornv1.RebalanceRequest]) (*connect.Response[nornv1.RebalanceResponse], error) {
 	if req.Msg.GetCancel() && req.Msg.GetApply() {
-		return nil, invalid("cancel", "cannot be combined with apply: cancel the moves under way, or apply a new plan")
+		return nil, apierr.Invalid("cancel", "cannot be combined with apply: cancel the moves under way, or apply a new plan")
 	}
-	return toMetaLeader(ctx, a.n, req, func(p *peer) func(context.Context, *connect.Request[nornv1.RebalanceRequest]) (*connect.Response[nornv1.RebalanceResponse], error) {
-		return p.admin.Rebalance
+	return toMetaLeader(ctx, a.n, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.RebalanceRequest]) (*connect.Response[nornv1.RebalanceResponse], error) {
+		return p.Admin.Rebalance
 	}, func(m *nornv1.RebalanceRequest) (*nornv1.RebalanceResponse, error) {
 		if m.GetCancel() {
 			plan, err := a.n.cancelMoves()
@@ -118,10 +120,10 @@ func (a adminService) Rebalance(ctx context.Context, req *connect.Request[nornv1
 
 func (a adminService) Drain(ctx context.Context, req *connect.Request[nornv1.DrainRequest]) (*connect.Response[nornv1.DrainResponse], error) {
 	if req.Msg.GetNode() == "" {
-		return nil, invalid("node", "is required: a node id or API address")
+		return nil, apierr.Invalid("node", "is required: a node id or API address")
 	}
-	return toMetaLeader(ctx, a.n, req, func(p *peer) func(context.Context, *connect.Request[nornv1.DrainRequest]) (*connect.Response[nornv1.DrainResponse], error) {
-		return p.admin.Drain
+	return toMetaLeader(ctx, a.n, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.DrainRequest]) (*connect.Response[nornv1.DrainResponse], error) {
+		return p.Admin.Drain
 	}, func(m *nornv1.DrainRequest) (*nornv1.DrainResponse, error) {
 		plan, err := a.n.plan(m.GetNode(), cluster.RoleDraining, m.GetApply())
 		return &nornv1.DrainResponse{Plan: plan}, err
@@ -130,10 +132,10 @@ func (a adminService) Drain(ctx context.Context, req *connect.Request[nornv1.Dra
 
 func (a adminService) Decommission(ctx context.Context, req *connect.Request[nornv1.DecommissionRequest]) (*connect.Response[nornv1.DecommissionResponse], error) {
 	if req.Msg.GetNode() == "" {
-		return nil, invalid("node", "is required: a node id or API address")
+		return nil, apierr.Invalid("node", "is required: a node id or API address")
 	}
-	return toMetaLeader(ctx, a.n, req, func(p *peer) func(context.Context, *connect.Request[nornv1.DecommissionRequest]) (*connect.Response[nornv1.DecommissionResponse], error) {
-		return p.admin.Decommission
+	return toMetaLeader(ctx, a.n, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.DecommissionRequest]) (*connect.Response[nornv1.DecommissionResponse], error) {
+		return p.Admin.Decommission
 	}, func(m *nornv1.DecommissionRequest) (*nornv1.DecommissionResponse, error) {
 		plan, err := a.n.plan(m.GetNode(), cluster.RoleLeaving, m.GetApply())
 		return &nornv1.DecommissionResponse{Plan: plan}, err
@@ -142,13 +144,13 @@ func (a adminService) Decommission(ctx context.Context, req *connect.Request[nor
 
 func (a adminService) Remove(ctx context.Context, req *connect.Request[nornv1.RemoveRequest]) (*connect.Response[nornv1.RemoveResponse], error) {
 	if req.Msg.GetNode() == "" {
-		return nil, invalid("node", "is required: a node id or API address")
+		return nil, apierr.Invalid("node", "is required: a node id or API address")
 	}
 	if !req.Msg.GetDead() {
-		return nil, invalid("dead", "must be true: remove is for a node gone for good; decommission a live node")
+		return nil, apierr.Invalid("dead", "must be true: remove is for a node gone for good; decommission a live node")
 	}
-	return toMetaLeader(ctx, a.n, req, func(p *peer) func(context.Context, *connect.Request[nornv1.RemoveRequest]) (*connect.Response[nornv1.RemoveResponse], error) {
-		return p.admin.Remove
+	return toMetaLeader(ctx, a.n, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.RemoveRequest]) (*connect.Response[nornv1.RemoveResponse], error) {
+		return p.Admin.Remove
 	}, func(m *nornv1.RemoveRequest) (*nornv1.RemoveResponse, error) {
 		plan, err := a.n.plan(m.GetNode(), cluster.RoleDead, m.GetApply())
 		return &nornv1.RemoveResponse{Plan: plan}, err
@@ -186,7 +188,7 @@ func (n *Node) join(req *nornv1.JoinRequest) (*nornv1.JoinResponse, error) {
 			return true, nil
 		}
 		var found *cluster.Member
-		for _, m := range n.members.Members() {
+		for _, m := range n.host.Members().Members() {
 			if m.ID == name || m.APIAddr == name {
 				found = &m
 				break
@@ -216,7 +218,7 @@ func (n *Node) join(req *nornv1.JoinRequest) (*nornv1.JoinResponse, error) {
 	if err := n.fitMetaGroup(); err != nil {
 		return nil, err
 	}
-	voters, err := n.meta.Voters()
+	voters, err := n.host.Meta().Voters()
 	if err != nil {
 		return nil, err
 	}
@@ -237,7 +239,7 @@ func (n *Node) plan(name, role string, apply bool) (*nornv1.Plan, error) {
 			if !ok {
 				return false, fmt.Errorf("%w: %q is not a node of the cluster", cluster.ErrUnknownNode, name)
 			}
-			if role == cluster.RoleDead && n.memberUp(nd.ID) {
+			if role == cluster.RoleDead && n.host.Up(nd.ID) {
 				return false, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
 					"node %s is alive as gossip sees it; remove --dead is for a node gone for good (decommission a live one)", nd.ID))
 			}

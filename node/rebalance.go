@@ -12,8 +12,11 @@ import (
 	"connectrpc.com/connect"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/ring"
+	"github.com/norn-dev/norn/transport"
 )
 
 // The rebalance driver runs on the meta group's leader. It starts queued
@@ -90,7 +93,7 @@ func (n *Node) driveLoop() {
 		case <-t.C:
 		case <-n.drv.kick:
 		}
-		if n.meta.IsLeader() {
+		if n.host.Meta().IsLeader() {
 			n.drivePass()
 		} else {
 			n.drv.mu.Lock()
@@ -104,7 +107,7 @@ func (n *Node) driveLoop() {
 // each move under way that has none, and removes leaving and dead nodes
 // that hold nothing.
 func (n *Node) drivePass() {
-	r := n.meta.Ring()
+	r := n.host.Meta().Ring()
 	if r == nil {
 		return
 	}
@@ -112,7 +115,7 @@ func (n *Node) drivePass() {
 	now := time.Now()
 	for _, nd := range r.Nodes {
 		switch _, seen := n.drv.down[nd.ID]; {
-		case n.memberUp(nd.ID):
+		case n.host.Up(nd.ID):
 			delete(n.drv.down, nd.ID)
 		case !seen:
 			n.drv.down[nd.ID] = now
@@ -125,7 +128,7 @@ func (n *Node) drivePass() {
 	if err := n.startQueued(); err != nil {
 		n.cfg.Logger.Warn("starting queued moves failed", "err", err)
 	}
-	r = n.meta.Ring()
+	r = n.host.Meta().Ring()
 	for p := range r.MovesUnderway() {
 		n.drv.mu.Lock()
 		if n.drv.running[p] {
@@ -166,7 +169,7 @@ func (n *Node) autoRebalance(r *cluster.Ring) {
 			name, role, why = nd.ID, cluster.RoleDead, fmt.Sprintf("%s dead for %s", nd.ID, down.Round(time.Second))
 			break
 		}
-		if why == "" && nd.Role == cluster.RoleMember && r.Holds(nd.ID) == 0 && n.memberUp(nd.ID) {
+		if why == "" && nd.Role == cluster.RoleMember && r.Holds(nd.ID) == 0 && n.host.Up(nd.ID) {
 			why = nd.ID + " holds nothing"
 		}
 	}
@@ -175,7 +178,7 @@ func (n *Node) autoRebalance(r *cluster.Ring) {
 	}
 	plan, err := n.plan(name, role, true)
 	if err != nil {
-		if msg := errorMessage(err); msg != n.drv.autoErr {
+		if msg := apierr.Message(err); msg != n.drv.autoErr {
 			n.drv.autoErr = msg
 			n.cfg.Logger.Warn("auto rebalance failed", "why", why, "err", msg)
 		}
@@ -209,18 +212,18 @@ func (n *Node) editRing(edit func(r *cluster.Ring) (bool, error)) (*cluster.Ring
 	n.placeMu.Lock()
 	defer n.placeMu.Unlock()
 	for attempt := 0; ; attempt++ {
-		cur := n.meta.Ring()
+		cur := n.host.Meta().Ring()
 		if cur == nil {
-			return nil, errNotFormed
+			return nil, apierr.NotFormed
 		}
 		next := cur.Next()
 		ok, err := edit(next)
 		if err != nil || !ok {
 			return cur, err
 		}
-		err = n.meta.ProposeRing(next, proposeTimeout)
+		err = n.host.Meta().ProposeRing(next, replicas.ProposeTimeout)
 		if err == nil {
-			n.kickReconcile()
+			n.host.KickReconcile()
 			return next, nil
 		}
 		if !errors.Is(err, cluster.ErrStaleEpoch) || attempt == 3 {
@@ -263,7 +266,7 @@ func (n *Node) startQueued() error {
 				continue
 			}
 			if r.ActiveMove(m.Partition) != nil || busy[m.From] >= n.cfg.MaxMovesPerNode ||
-				busy[m.To] >= n.cfg.MaxMovesPerNode || !n.memberUp(m.To) {
+				busy[m.To] >= n.cfg.MaxMovesPerNode || !n.host.Up(m.To) {
 				continue
 			}
 			m.State, m.Epoch, m.Error, changed = cluster.MoveFilling, r.Epoch, "", true
@@ -299,10 +302,10 @@ func (n *Node) driveMove(p int) {
 			return
 		default:
 		}
-		if !n.meta.IsLeader() {
+		if !n.host.Meta().IsLeader() {
 			return
 		}
-		r := n.meta.Ring()
+		r := n.host.Meta().Ring()
 		m := r.ActiveMove(p)
 		if m == nil {
 			return
@@ -335,7 +338,7 @@ func (n *Node) driveMove(p int) {
 // noteMoveError records a step's error in the move (shown by status), once
 // per distinct message.
 func (n *Node) noteMoveError(p int, m cluster.Move, err error) {
-	msg := errorMessage(err)
+	msg := apierr.Message(err)
 	if m.Error == msg {
 		return
 	}
@@ -534,13 +537,13 @@ func (n *Node) moveFilled(ctx context.Context, r *cluster.Ring, m cluster.Move) 
 	after, known := n.drv.fillFrom[p]
 	n.drv.mu.Unlock()
 	fromDead := false
-	if role, _ := r.Role(m.From); role == cluster.RoleDead || !n.memberUp(m.From) {
+	if role, _ := r.Role(m.From); role == cluster.RoleDead || !n.host.Up(m.From) {
 		fromDead = true
 	}
 	if !known {
 		for _, id := range r.Replicas(p) {
 			nd, _ := r.Node(string(id))
-			if string(id) == m.From && fromDead || string(id) != m.To && !n.memberUp(string(id)) {
+			if string(id) == m.From && fromDead || string(id) != m.To && !n.host.Up(string(id)) {
 				continue
 			}
 			prog, err := n.replicaProgress(ctx, nd, p, nil, 0)
@@ -562,7 +565,7 @@ func (n *Node) moveFilled(ctx context.Context, r *cluster.Ring, m cluster.Move) 
 	// before the move by a quorum without From is on the others.
 	var sources []string
 	for _, id := range r.Cohort(p) {
-		if role, _ := r.Role(string(id)); role != cluster.RoleDead && n.memberUp(string(id)) {
+		if role, _ := r.Role(string(id)); role != cluster.RoleDead && n.host.Up(string(id)) {
 			sources = append(sources, string(id))
 		}
 	}
@@ -582,7 +585,7 @@ func (n *Node) moveFilled(ctx context.Context, r *cluster.Ring, m cluster.Move) 
 func (n *Node) changeGroup(ctx context.Context, r *cluster.Ring, p int, op string, nd cluster.RingNode) (*nornv1.ChangeGroupResponse, error) {
 	req := &nornv1.ChangeGroupRequest{Partition: uint32(p), Op: op, Node: nd.ID, RaftAddress: nd.RaftAddr}
 	candidates := r.Replicas(p)
-	if g := n.group(uint16(p)); g != nil {
+	if g := n.host.Group(uint16(p)); g != nil {
 		if l := string(g.Leader()); l != "" {
 			candidates = append([]ring.NodeID{ring.NodeID(l)}, candidates...)
 		}
@@ -595,10 +598,10 @@ func (n *Node) changeGroup(ctx context.Context, r *cluster.Ring, p int, op strin
 		}
 		tried[id] = true
 		target, ok := r.Node(string(id))
-		if !ok || !n.memberUp(string(id)) {
+		if !ok || !n.host.Up(string(id)) {
 			continue
 		}
-		resp, err := n.peers.get(target.APIAddr).peer.ChangeGroup(ctx, peerRequest(n, req))
+		resp, err := n.peers.Get(target.APIAddr).Peer.ChangeGroup(ctx, transport.Request(n.peers, req))
 		if err == nil {
 			return resp.Msg, nil
 		}
@@ -612,7 +615,7 @@ func (n *Node) changeGroup(ctx context.Context, r *cluster.Ring, p int, op strin
 
 // replicaProgress asks node nd how far its replica of p is.
 func (n *Node) replicaProgress(ctx context.Context, nd cluster.RingNode, p int, fillFrom []string, after uint64) (*nornv1.ReplicaProgressResponse, error) {
-	resp, err := n.peers.get(nd.APIAddr).peer.ReplicaProgress(ctx, peerRequest(n,
+	resp, err := n.peers.Get(nd.APIAddr).Peer.ReplicaProgress(ctx, transport.Request(n.peers,
 		&nornv1.ReplicaProgressRequest{Partition: uint32(p), FillFrom: fillFrom, AfterRound: after}))
 	if err != nil {
 		return nil, fmt.Errorf("progress of %s: %w", nd.ID, err)
@@ -657,11 +660,11 @@ func (n *Node) removeEmptied() error {
 func (n *Node) fitMetaGroup() error {
 	n.metaFitMu.Lock()
 	defer n.metaFitMu.Unlock()
-	r := n.meta.Ring()
-	if r == nil || !n.meta.IsLeader() {
+	r := n.host.Meta().Ring()
+	if r == nil || !n.host.Meta().IsLeader() {
 		return nil
 	}
-	voters, err := n.meta.Voters()
+	voters, err := n.host.Meta().Voters()
 	if err != nil {
 		return err
 	}
@@ -678,7 +681,7 @@ func (n *Node) fitMetaGroup() error {
 			removeSelf = true
 			continue
 		}
-		if err := n.meta.RemoveServer(v, proposeTimeout); err != nil {
+		if err := n.host.Meta().RemoveServer(v, replicas.ProposeTimeout); err != nil {
 			return fmt.Errorf("remove %s from the meta group: %w", v, err)
 		}
 		n.cfg.Logger.Info("node left the meta group", "node", v)
@@ -688,17 +691,17 @@ func (n *Node) fitMetaGroup() error {
 		if len(kept) >= want {
 			break
 		}
-		if slices.Contains(kept, nd.ID) || nd.Role != cluster.RoleMember || !n.memberUp(nd.ID) {
+		if slices.Contains(kept, nd.ID) || nd.Role != cluster.RoleMember || !n.host.Up(nd.ID) {
 			continue
 		}
-		if err := n.meta.AddVoter(nd, proposeTimeout); err != nil {
+		if err := n.host.Meta().AddVoter(nd, replicas.ProposeTimeout); err != nil {
 			return fmt.Errorf("add %s to the meta group: %w", nd.ID, err)
 		}
 		kept = append(kept, nd.ID)
 		n.cfg.Logger.Info("node joined the meta group", "node", nd.ID)
 	}
 	if removeSelf && len(kept) > 0 {
-		return n.meta.RemoveServer(self, proposeTimeout)
+		return n.host.Meta().RemoveServer(self, replicas.ProposeTimeout)
 	}
 	return nil
 }
@@ -709,12 +712,12 @@ func (n *Node) peerRing(addr string, h http.Header, p uint32) (*cluster.Ring, er
 	if err := n.checkPeer(addr, h); err != nil {
 		return nil, err
 	}
-	r := n.ring.Load()
+	r := n.host.Ring()
 	if r == nil {
-		return nil, errNotFormed
+		return nil, apierr.NotFormed
 	}
 	if int(p) >= r.Partitions {
-		return nil, invalid("partition", "%d is not below the partition count %d", p, r.Partitions)
+		return nil, apierr.Invalid("partition", "%d is not below the partition count %d", p, r.Partitions)
 	}
 	return r, nil
 }
@@ -727,10 +730,10 @@ func (s peerService) ChangeGroup(_ context.Context, req *connect.Request[nornv1.
 		return nil, err
 	}
 	if m.GetNode() == "" {
-		return nil, invalid("node", "is required")
+		return nil, apierr.Invalid("node", "is required")
 	}
 	p := uint16(m.GetPartition())
-	g := n.group(p)
+	g := n.host.Group(p)
 	if g == nil {
 		return nil, n.notReplicated("partition", p)
 	}
@@ -741,25 +744,25 @@ func (s peerService) ChangeGroup(_ context.Context, req *connect.Request[nornv1.
 	switch m.GetOp() {
 	case "add-nonvoter", "add-voter":
 		if m.GetRaftAddress() == "" {
-			return nil, invalid("raft_address", "is required to add a server")
+			return nil, apierr.Invalid("raft_address", "is required to add a server")
 		}
 		if m.GetOp() == "add-nonvoter" {
-			err = g.AddNonvoter(m.GetNode(), m.GetRaftAddress(), proposeTimeout)
+			err = g.AddNonvoter(m.GetNode(), m.GetRaftAddress(), replicas.ProposeTimeout)
 		} else {
-			err = g.AddVoter(m.GetNode(), m.GetRaftAddress(), proposeTimeout)
+			err = g.AddVoter(m.GetNode(), m.GetRaftAddress(), replicas.ProposeTimeout)
 		}
 	case "remove":
 		if m.GetNode() == n.cfg.NodeID {
 			return nil, connect.NewError(connect.CodeFailedPrecondition,
 				fmt.Errorf("the leader of partition %d does not remove itself; transfer the leadership first", p))
 		}
-		err = g.RemoveServer(m.GetNode(), proposeTimeout)
+		err = g.RemoveServer(m.GetNode(), replicas.ProposeTimeout)
 	case "transfer-from":
 		if m.GetNode() == n.cfg.NodeID {
 			err = g.TransferLeadership()
 		}
 	default:
-		return nil, invalid("op", "unknown operation %q", m.GetOp())
+		return nil, apierr.Invalid("op", "unknown operation %q", m.GetOp())
 	}
 	if err != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("partition %d %s %s: %w", p, m.GetOp(), m.GetNode(), err))
@@ -783,11 +786,11 @@ func (s peerService) ReplicaProgress(_ context.Context, req *connect.Request[nor
 		return nil, err
 	}
 	if len(m.GetFillFrom()) > r.Replication+1 {
-		return nil, invalid("fill_from", "names %d nodes; at most %d", len(m.GetFillFrom()), r.Replication+1)
+		return nil, apierr.Invalid("fill_from", "names %d nodes; at most %d", len(m.GetFillFrom()), r.Replication+1)
 	}
 	p := uint16(m.GetPartition())
 	resp := &nornv1.ReplicaProgressResponse{RingEpoch: r.Epoch, Round: n.aeStats.rounds.Load()}
-	if g := n.group(p); g != nil {
+	if g := n.host.Group(p); g != nil {
 		resp.Open = true
 		resp.AppliedIndex = g.AppliedIndex()
 		if len(m.GetFillFrom()) > 0 {

@@ -43,7 +43,7 @@ func startJoiner(t *testing.T, ms []*member, i int) *member {
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.RaftLogger = hclog.NewNullLogger()
 	m := startMember(t, cfg)
-	waitFor(t, 20*time.Second, m.cfg.NodeID+" has the ring", func() bool { return m.node.ring.Load() != nil })
+	waitFor(t, 20*time.Second, m.cfg.NodeID+" has the ring", func() bool { return m.node.host.Ring() != nil })
 	return m
 }
 
@@ -57,7 +57,7 @@ func waitMovesDone(t *testing.T, m *member, timeout time.Duration) *cluster.Ring
 	t.Helper()
 	var r *cluster.Ring
 	waitFor(t, timeout, "every move done", func() bool {
-		r = m.node.meta.Ring()
+		r = m.node.host.Meta().Ring()
 		for _, mv := range r.Moves {
 			if mv.State == cluster.MoveFailed {
 				t.Fatalf("move failed: %+v", mv)
@@ -77,7 +77,7 @@ func metaLeader(t *testing.T, ms []*member) *member {
 	var l *member
 	waitFor(t, 10*time.Second, "a meta leader", func() bool {
 		for _, m := range ms {
-			if m.node != nil && m.node.meta.IsLeader() {
+			if m.node != nil && m.node.host.Meta().IsLeader() {
 				l = m
 				return true
 			}
@@ -97,7 +97,7 @@ func checkPlacement(t *testing.T, ms []*member, r *cluster.Ring) {
 			if m.node == nil {
 				continue
 			}
-			if got := m.node.ring.Load(); got == nil || got.Epoch < r.Epoch {
+			if got := m.node.host.Ring(); got == nil || got.Epoch < r.Epoch {
 				return false
 			}
 			for p := range r.Partitions {
@@ -179,7 +179,7 @@ func TestRebalanceGrowDrainDecommission(t *testing.T) {
 	if len(dry.Msg.GetPlan().GetMoves()) == 0 {
 		t.Fatal("the plan after two joins moves nothing")
 	}
-	if r := metaLeader(t, all).node.meta.Ring(); len(r.Moves) != 0 {
+	if r := metaLeader(t, all).node.host.Meta().Ring(); len(r.Moves) != 0 {
 		t.Fatalf("a dry run queued %d moves", len(r.Moves))
 	}
 	applied, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Apply: true}))
@@ -213,12 +213,12 @@ func TestRebalanceGrowDrainDecommission(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 2*time.Minute, "n2 removed from the ring", func() bool {
-		_, ok := metaLeader(t, all).node.meta.Ring().Node("n2")
+		_, ok := metaLeader(t, all).node.host.Meta().Ring().Node("n2")
 		return !ok
 	})
-	r = metaLeader(t, all).node.meta.Ring()
+	r = metaLeader(t, all).node.host.Meta().Ring()
 	checkPlacement(t, all, r)
-	voters, err := metaLeader(t, all).node.meta.Voters()
+	voters, err := metaLeader(t, all).node.host.Meta().Voters()
 	if err != nil || slices.Contains(voters, "n2") {
 		t.Fatalf("meta voters %v after decommissioning n2 (%v)", voters, err)
 	}
@@ -417,14 +417,14 @@ func TestRebalanceResumesAfterRestarts(t *testing.T) {
 	}
 	all := append(slices.Clone(ms), n4)
 	underway := func() bool {
-		r := metaLeader(t, all).node.meta.Ring()
+		r := metaLeader(t, all).node.host.Meta().Ring()
 		return len(r.MovesUnderway()) > 0
 	}
 	waitFor(t, 20*time.Second, "a move under way", underway)
 	n4 = restartMember(t, n4)
 	all[3] = n4
 	waitFor(t, 30*time.Second, "a move under way after the restart", func() bool {
-		r := metaLeader(t, all).node.meta.Ring()
+		r := metaLeader(t, all).node.host.Meta().Ring()
 		done := 0
 		for _, m := range r.Moves {
 			if m.State == cluster.MoveDone {
@@ -465,7 +465,7 @@ func waitMovesEnded(t *testing.T, ms []*member, timeout time.Duration) *cluster.
 	t.Helper()
 	var r *cluster.Ring
 	waitFor(t, timeout, "every move ended", func() bool {
-		r = metaLeader(t, ms).node.meta.Ring()
+		r = metaLeader(t, ms).node.host.Meta().Ring()
 		for _, mv := range r.Moves {
 			if !mv.State.Ended() {
 				return false
@@ -501,7 +501,7 @@ func TestRebalanceRollsBackWhenTargetDown(t *testing.T) {
 		t.Fatalf("the plan moves %d replicas; the test needs queued ones", len(plan.Msg.GetPlan().GetMoves()))
 	}
 	waitFor(t, 20*time.Second, "a move to n4 filling or catching up", func() bool {
-		for _, m := range metaLeader(t, ms).node.meta.Ring().MovesUnderway() {
+		for _, m := range metaLeader(t, ms).node.host.Meta().Ring().MovesUnderway() {
 			if m.State.CanRollBack() {
 				return true
 			}
@@ -540,10 +540,10 @@ func TestRebalanceRollsBackWhenTargetDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, time.Minute, "n4 removed from the ring", func() bool {
-		_, ok := metaLeader(t, ms).node.meta.Ring().Node("n4")
+		_, ok := metaLeader(t, ms).node.host.Meta().Ring().Node("n4")
 		return !ok
 	})
-	checkPlacement(t, ms, metaLeader(t, ms).node.meta.Ring())
+	checkPlacement(t, ms, metaLeader(t, ms).node.host.Meta().Ring())
 	checkAllReadable(t, ms[2], ids)
 }
 
@@ -570,7 +570,7 @@ func TestRebalanceCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, "a move under way", func() bool {
-		return len(metaLeader(t, all).node.meta.Ring().MovesUnderway()) > 0
+		return len(metaLeader(t, all).node.host.Meta().Ring().MovesUnderway()) > 0
 	})
 	resp, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Cancel: true}))
 	if err != nil {
@@ -620,7 +620,7 @@ func TestAutoRebalance(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "moves to n4 planned by the meta leader", func() bool {
-		return len(metaLeader(t, all).node.meta.Ring().Moves) > 0
+		return len(metaLeader(t, all).node.host.Meta().Ring().Moves) > 0
 	})
 	r := waitMovesDone(t, metaLeader(t, all), time.Minute)
 	if r.Holds("n4") == 0 {
@@ -632,10 +632,10 @@ func TestAutoRebalance(t *testing.T) {
 	// replicas are made again on the others.
 	n4.stop()
 	waitFor(t, time.Minute, "n4 removed from the ring", func() bool {
-		_, ok := metaLeader(t, ms).node.meta.Ring().Node("n4")
+		_, ok := metaLeader(t, ms).node.host.Meta().Ring().Node("n4")
 		return !ok
 	})
-	r = metaLeader(t, ms).node.meta.Ring()
+	r = metaLeader(t, ms).node.host.Meta().Ring()
 	for p := range r.Partitions {
 		if len(r.Cohort(p)) != 3 {
 			t.Fatalf("partition %d has cohort %v", p, r.Cohort(p))

@@ -12,10 +12,12 @@ import (
 	"connectrpc.com/connect"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/ring"
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
 )
 
 // validateTask checks a task state received from a peer field by field,
@@ -41,13 +43,13 @@ func validateTask(t *crdt.Task, lim crdt.Limits) error {
 
 // quorum resolves a request's write quorum: 0 is the majority of N.
 func (n *Node) quorum(w uint32) (uint32, error) {
-	r := n.ring.Load()
+	r := n.host.Ring()
 	if r == nil {
-		return 0, errNotFormed
+		return 0, apierr.NotFormed
 	}
 	N := uint32(r.Replication)
 	if w > N {
-		return 0, invalid("w", "%d exceeds the replication factor %d", w, N)
+		return 0, apierr.Invalid("w", "%d exceeds the replication factor %d", w, N)
 	}
 	if w == 0 {
 		w = N/2 + 1
@@ -86,7 +88,7 @@ func (n *Node) quorumError(ids []uint64, acks, w uint32, lastErr error) error {
 	}
 	msg := fmt.Sprintf("write quorum not reached: %d acks of w=%d", acks, w)
 	if lastErr != nil {
-		msg += ": " + errorMessage(lastErr)
+		msg += ": " + apierr.Message(lastErr)
 	}
 	e := connect.NewError(connect.CodeUnavailable, errors.New(msg))
 	if d, err := connect.NewErrorDetail(&nornv1.WriteFailure{Ids: ids, Acks: acks, W: w}); err == nil {
@@ -99,9 +101,9 @@ func (n *Node) quorumError(ids []uint64, acks, w uint32, lastErr error) error {
 // task has w of them, every replica answered, or the deadline passed;
 // the resolved w; and the last error a replica gave.
 func (n *Node) writeEach(ctx context.Context, tasks []*crdt.Task, w uint32) (acks []uint32, quorum uint32, lastErr, err error) {
-	r := n.ring.Load()
+	r := n.host.Ring()
 	if r == nil {
-		return nil, 0, nil, errNotFormed
+		return nil, 0, nil, apierr.NotFormed
 	}
 	w, err = n.quorum(w)
 	if err != nil {
@@ -120,10 +122,10 @@ func (n *Node) writeEach(ctx context.Context, tasks []*crdt.Task, w uint32) (ack
 		if !ok {
 			return acks, w, lastErr, nil
 		}
-		if err := n.pullRing(nd.APIAddr); err != nil {
+		if err := n.host.PullRing(nd.APIAddr); err != nil {
 			return acks, w, lastErr, nil
 		}
-		next := n.ring.Load()
+		next := n.host.Ring()
 		if next.Epoch <= r.Epoch {
 			return acks, w, lastErr, nil
 		}
@@ -170,7 +172,7 @@ func (n *Node) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*crdt.Tas
 			tr.answer(dest, idx, fmt.Errorf("node %s is not in the ring", dest))
 			continue
 		}
-		n.peers.get(nd.APIAddr).sender.send(sub, func(err error) { tr.answer(dest, idx, err) })
+		n.sender(nd.APIAddr).send(sub, func(err error) { tr.answer(dest, idx, err) })
 	}
 	timer := time.NewTimer(n.cfg.WriteTimeout)
 	defer timer.Stop()
@@ -278,11 +280,11 @@ func (t *ackTracker) result() ([]uint32, error) {
 func (n *Node) mergeLocal(tasks []*crdt.Task) error {
 	items := make([]storage.MergeItem, len(tasks))
 	for i, t := range tasks {
-		items[i] = storage.MergeItem{Partition: n.partition(t.ID), Task: t}
+		items[i] = storage.MergeItem{Partition: n.host.Partition(t.ID), Task: t}
 	}
 	res, err := n.store.MergeTasks(items)
 	if err != nil {
-		return apiError(err)
+		return apierr.From(err)
 	}
 	for _, r := range res {
 		if r.SpecConflict {
@@ -299,7 +301,7 @@ func (n *Node) mergeLocal(tasks []*crdt.Task) error {
 			continue
 		}
 		terminal = true
-		if g := n.group(items[i].Partition); g != nil && g.IsLeader() {
+		if g := n.host.Group(items[i].Partition); g != nil && g.IsLeader() {
 			n.endClaim(t.ID, ev)
 		}
 	}
@@ -316,7 +318,7 @@ func (n *Node) mergeLocal(tasks []*crdt.Task) error {
 // few large Replicate calls rather than many small ones.
 type replicaSender struct {
 	n *Node
-	p *peer
+	p *transport.Peer
 
 	mu       sync.Mutex
 	queue    []*crdt.Task
@@ -333,7 +335,17 @@ const (
 	replicateTimeout = 10 * time.Second
 )
 
-func newReplicaSender(n *Node, p *peer) *replicaSender { return &replicaSender{n: n, p: p} }
+// sender returns the replica sender of the peer at API address addr.
+func (n *Node) sender(addr string) *replicaSender {
+	n.sendersMu.Lock()
+	defer n.sendersMu.Unlock()
+	s, ok := n.senders[addr]
+	if !ok {
+		s = &replicaSender{n: n, p: n.peers.Get(addr)}
+		n.senders[addr] = s
+	}
+	return s
+}
 
 // send queues tasks for the peer; done is called once with the outcome of
 // the call that carried them.
@@ -384,7 +396,7 @@ func (s *replicaSender) call(tasks []*crdt.Task, waiters []func(error)) {
 		}
 		chunk := tasks[:len(states)]
 		ctx, cancel := context.WithTimeout(context.Background(), replicateTimeout)
-		_, err := s.p.peer.Replicate(ctx, peerRequest(s.n, &nornv1.ReplicateRequest{Tasks: states}))
+		_, err := s.p.Peer.Replicate(ctx, transport.Request(s.n.peers, &nornv1.ReplicateRequest{Tasks: states}))
 		cancel()
 		if err != nil {
 			for _, w := range waiters {

@@ -12,9 +12,11 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
 )
 
 // maxHops bounds how often a request is forwarded: a node that does not
@@ -24,7 +26,7 @@ const maxHops = 2
 
 // hops is how often a request was forwarded already.
 func hops[T any](req *connect.Request[T]) int {
-	h, _ := strconv.Atoi(req.Header().Get(headerHops))
+	h, _ := strconv.Atoi(req.Header().Get(transport.HeaderHops))
 	return h
 }
 
@@ -32,7 +34,7 @@ func hops[T any](req *connect.Request[T]) int {
 // forwards after the client's.
 func forwarded[T any](msg *T, hopsSoFar int) *connect.Request[T] {
 	req := connect.NewRequest(msg)
-	req.Header().Set(headerHops, strconv.Itoa(hopsSoFar+1))
+	req.Header().Set(transport.HeaderHops, strconv.Itoa(hopsSoFar+1))
 	return req
 }
 
@@ -41,11 +43,11 @@ func forwarded[T any](msg *T, hopsSoFar int) *connect.Request[T] {
 // may not travel further), else the API address of the leader or, when
 // this node does not replicate p, of a replica.
 func (n *Node) routeTarget(p uint16, hopsSoFar int) string {
-	r := n.ring.Load()
+	r := n.host.Ring()
 	if r == nil || hopsSoFar >= maxHops {
 		return ""
 	}
-	g := n.group(p)
+	g := n.host.Group(p)
 	if g != nil {
 		if g.IsLeader() {
 			return ""
@@ -58,7 +60,7 @@ func (n *Node) routeTarget(p uint16, hopsSoFar int) string {
 		return ""
 	}
 	cohort := r.Cohort(int(p))
-	alive := n.aliveSet()
+	alive := n.host.Alive()
 	start := rand.IntN(len(cohort))
 	for i := range cohort {
 		id := string(cohort[(start+i)%len(cohort)])
@@ -73,7 +75,7 @@ func (n *Node) routeTarget(p uint16, hopsSoFar int) string {
 // aliveSet is the ids of the members gossip sees alive (this node too).
 func (n *Node) aliveSet() map[string]bool {
 	out := map[string]bool{n.cfg.NodeID: true}
-	for _, m := range n.members.Members() {
+	for _, m := range n.host.Members().Members() {
 		if m.State.Up() {
 			out[m.ID] = true
 		}
@@ -88,16 +90,16 @@ func (n *Node) aliveSet() map[string]bool {
 func forward[Req, Resp any](n *Node, ctx context.Context, req *connect.Request[Req], id uint64,
 	call func(nornv1connect.TaskServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Resp], error),
 ) (*connect.Response[Resp], bool, error) {
-	if id == 0 || n.ring.Load() == nil {
+	if id == 0 || n.host.Ring() == nil {
 		return nil, false, nil
 	}
-	p := n.partition(id)
-	target := n.routeTarget(p, hops(req))
+	p := n.host.Partition(id)
+	target := n.routeTarget(p, transport.Hops(req))
 	if target == "" {
 		return nil, false, nil
 	}
-	resp, err := call(n.peers.get(target).tasks, ctx, forwarded(req.Msg, hops(req)))
-	if err != nil && unreachable(err) && n.group(p) != nil {
+	resp, err := call(n.peers.Get(target).Tasks, ctx, transport.Forwarded(req.Msg, transport.Hops(req)))
+	if err != nil && unreachable(err) && n.host.Group(p) != nil {
 		n.cfg.Logger.Debug("forward failed; handling here", "id", id, "to", target, "err", err)
 		return nil, false, nil
 	}
@@ -143,18 +145,18 @@ const readTimeout = 3 * time.Second
 // repaired in the background. storage.ErrNotFound when no replica that
 // answered has the task's spec; UNAVAILABLE when fewer than r answered.
 func (n *Node) read(ctx context.Context, id uint64, r int) (*taskState, error) {
-	rg := n.ring.Load()
+	rg := n.host.Ring()
 	if rg == nil {
-		return nil, errNotFormed
+		return nil, apierr.NotFormed
 	}
 	if r == 0 {
 		r = rg.Replication/2 + 1
 	}
 	if r > rg.Replication {
-		return nil, invalid("r", "%d exceeds the replication factor %d", r, rg.Replication)
+		return nil, apierr.Invalid("r", "%d exceeds the replication factor %d", r, rg.Replication)
 	}
-	p := n.partition(id)
-	g := n.group(p)
+	p := n.host.Partition(id)
+	g := n.host.Group(p)
 	if r == 1 && g != nil && g.IsLeader() {
 		return n.load(id) // this replica is enough, and its record is the leader's
 	}
@@ -221,7 +223,7 @@ func (n *Node) read(ctx context.Context, id uint64, r int) (*taskState, error) {
 func (n *Node) askReplica(ctx context.Context, p uint16, member string, ids []uint64) ([]replicaAnswer, error) {
 	out := make([]replicaAnswer, len(ids))
 	if member == n.cfg.NodeID {
-		g := n.group(p)
+		g := n.host.Group(p)
 		leader := g != nil && g.IsLeader()
 		for i, id := range ids {
 			a := &out[i]
@@ -239,13 +241,13 @@ func (n *Node) askReplica(ctx context.Context, p uint16, member string, ids []ui
 		}
 		return out, nil
 	}
-	nd, ok := n.ring.Load().Node(member)
+	nd, ok := n.host.Ring().Node(member)
 	if !ok {
 		return nil, fmt.Errorf("node %s is not in the ring", member)
 	}
 	cctx, cancel := context.WithTimeout(ctx, readTimeout)
 	defer cancel()
-	resp, err := n.peers.get(nd.APIAddr).peer.Read(cctx, peerRequest(n, &nornv1.ReadRequest{Ids: ids}))
+	resp, err := n.peers.Get(nd.APIAddr).Peer.Read(cctx, transport.Request(n.peers, &nornv1.ReadRequest{Ids: ids}))
 	if err != nil {
 		return nil, err
 	}
@@ -277,9 +279,9 @@ func (n *Node) askReplica(ctx context.Context, p uint16, member string, ids []ui
 // in the background, and those that do not answer in time are not waited
 // for. UNAVAILABLE when fewer than a majority answered.
 func (n *Node) readStates(ctx context.Context, p uint16, ids []uint64) ([]*crdt.Task, error) {
-	rg := n.ring.Load()
+	rg := n.host.Ring()
 	if rg == nil {
-		return nil, errNotFormed
+		return nil, apierr.NotFormed
 	}
 	quorum := rg.Replication/2 + 1
 	cohort := rg.Cohort(int(p))
@@ -354,7 +356,7 @@ func (n *Node) readStates(ctx context.Context, p uint16, ids []uint64) ([]*crdt.
 func readQuorumError(answered string, lastErr error) error {
 	msg := "read quorum not reached: " + answered
 	if lastErr != nil {
-		msg += ": " + errorMessage(lastErr)
+		msg += ": " + apierr.Message(lastErr)
 	}
 	return connect.NewError(connect.CodeUnavailable, errors.New(msg))
 }
@@ -380,7 +382,7 @@ func (n *Node) repair(merged *crdt.Task, answers []replicaAnswer) {
 // repairPeers is repair but for this node's replica: it reports whether
 // that is behind too, for the caller to repair (repairLocal).
 func (n *Node) repairPeers(merged *crdt.Task, answers []replicaAnswer) (localBehind bool) {
-	rg := n.ring.Load()
+	rg := n.host.Ring()
 	want := crdt.Digest(merged.Encode())
 	for _, a := range answers {
 		if a.state != nil && crdt.Digest(a.state.Encode()) == want {
@@ -392,7 +394,7 @@ func (n *Node) repairPeers(merged *crdt.Task, answers []replicaAnswer) (localBeh
 			continue
 		}
 		if nd, ok := rg.Node(a.from); ok {
-			n.peers.get(nd.APIAddr).sender.send([]*crdt.Task{merged}, func(err error) {
+			n.sender(nd.APIAddr).send([]*crdt.Task{merged}, func(err error) {
 				if err != nil {
 					n.cfg.Logger.Warn("read repair failed", "id", merged.ID, "node", a.from, "err", err)
 				}

@@ -17,9 +17,12 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
 )
 
 // taskService implements norn.v1.TaskService on a node.
@@ -29,19 +32,16 @@ type taskService struct {
 
 var _ nornv1connect.TaskServiceHandler = taskService{}
 
-// proposeTimeout bounds a Raft proposal.
-const proposeTimeout = 10 * time.Second
-
 // specFromAPI validates and converts a TaskSpec.
 func (n *Node) specFromAPI(field string, s *nornv1.TaskSpec) (*crdt.Spec, error) {
 	if s == nil {
-		return nil, invalid(field, "required")
+		return nil, apierr.Invalid(field, "required")
 	}
 	spec := &crdt.Spec{Queue: s.GetQueue(), Priority: s.GetPriority(), Payload: s.GetPayload(),
 		DependsOn: s.GetDependsOn(), MaxClaims: s.GetMaxClaims()}
 	if nb := s.GetNotBefore(); nb != nil {
 		if err := nb.CheckValid(); err != nil {
-			return nil, invalid(field+".notBefore", "%v", err)
+			return nil, apierr.Invalid(field+".notBefore", "%v", err)
 		}
 		spec.NotBeforeMs = nb.AsTime().UnixMilli()
 	}
@@ -50,7 +50,7 @@ func (n *Node) specFromAPI(field string, s *nornv1.TaskSpec) (*crdt.Spec, error)
 		if errors.As(err, &fe) {
 			fe.Field = field + fe.Field[len("spec"):]
 		}
-		return nil, apiError(err)
+		return nil, apierr.From(err)
 	}
 	if len(spec.Payload) == 0 {
 		spec.Payload = nil
@@ -72,9 +72,9 @@ func (n *Node) prepareEnqueue(ctx context.Context, field string, spec *crdt.Spec
 	for i, d := range spec.DependsOn {
 		if _, err := n.lookup(ctx, d); err != nil {
 			if errors.Is(err, storage.ErrNotFound) {
-				return nil, invalid(fmt.Sprintf("%s.dependsOn[%d]", field, i), "task %d does not exist", d)
+				return nil, apierr.Invalid(fmt.Sprintf("%s.dependsOn[%d]", field, i), "task %d does not exist", d)
 			}
-			return nil, apiError(err)
+			return nil, apierr.From(err)
 		}
 	}
 	if id == 0 {
@@ -88,7 +88,7 @@ func (n *Node) prepareEnqueue(ctx context.Context, field string, spec *crdt.Spec
 		}
 		return stored, nil
 	} else if !errors.Is(err, storage.ErrNotFound) {
-		return nil, apiError(err)
+		return nil, apierr.From(err)
 	}
 	spec.CreatedAt = n.hlc.Now()
 	return &crdt.Task{ID: id, Spec: spec}, nil
@@ -98,8 +98,8 @@ func (n *Node) prepareEnqueue(ctx context.Context, field string, spec *crdt.Spec
 // replica when it has the task, else from a majority of its replicas.
 // storage.ErrNotFound when none has it.
 func (n *Node) lookup(ctx context.Context, id uint64) (*crdt.Task, error) {
-	p := n.partition(id)
-	if n.readsLocally(p) {
+	p := n.host.Partition(id)
+	if n.host.ReadsLocally(p) {
 		t, err := n.store.TaskState(p, id)
 		if err == nil && t.Spec != nil {
 			return t, nil
@@ -144,15 +144,15 @@ func (s taskService) EnqueueBatch(ctx context.Context, req *connect.Request[norn
 		return nil, err
 	}
 	if len(m.GetTasks()) == 0 || len(m.GetTasks()) > maxBatch {
-		return nil, invalid("tasks", "must hold 1-%d tasks, got %d", maxBatch, len(m.GetTasks()))
+		return nil, apierr.Invalid("tasks", "must hold 1-%d tasks, got %d", maxBatch, len(m.GetTasks()))
 	}
 	if len(m.GetIds()) != 0 && len(m.GetIds()) != len(m.GetTasks()) {
-		return nil, invalid("ids", "must be empty or one per task (%d), got %d", len(m.GetTasks()), len(m.GetIds()))
+		return nil, apierr.Invalid("ids", "must be empty or one per task (%d), got %d", len(m.GetTasks()), len(m.GetIds()))
 	}
 	seen := make(map[uint64]int, len(m.GetIds()))
 	for i, id := range m.GetIds() {
 		if j, dup := seen[id]; dup && id != 0 {
-			return nil, invalid(fmt.Sprintf("ids[%d]", i), "repeats ids[%d]", j)
+			return nil, apierr.Invalid(fmt.Sprintf("ids[%d]", i), "repeats ids[%d]", j)
 		}
 		seen[id] = i
 	}
@@ -185,11 +185,11 @@ func (s taskService) EnqueueBatch(ctx context.Context, req *connect.Request[norn
 func (s taskService) GetTask(ctx context.Context, req *connect.Request[nornv1.GetTaskRequest]) (*connect.Response[nornv1.GetTaskResponse], error) {
 	n := s.n
 	if req.Msg.GetId() == 0 {
-		return nil, invalid("id", "required")
+		return nil, apierr.Invalid("id", "required")
 	}
 	ts, err := n.read(ctx, req.Msg.GetId(), int(req.Msg.GetR()))
 	if err != nil {
-		return nil, apiError(err)
+		return nil, apierr.From(err)
 	}
 	return connect.NewResponse(&nornv1.GetTaskResponse{Task: n.view(ts)}), nil
 }
@@ -200,24 +200,24 @@ func (n *Node) leaseArg(d *durationpb.Duration) (time.Duration, error) {
 		return n.cfg.DefaultLease, nil
 	}
 	if err := d.CheckValid(); err != nil {
-		return 0, invalid("lease", "%v", err)
+		return 0, apierr.Invalid("lease", "%v", err)
 	}
 	l := d.AsDuration()
 	if l <= 0 || l > n.cfg.MaxLease {
-		return 0, invalid("lease", "must be in (0, %s], got %s", n.cfg.MaxLease, l)
+		return 0, apierr.Invalid("lease", "must be in (0, %s], got %s", n.cfg.MaxLease, l)
 	}
 	if l < time.Millisecond {
-		return 0, invalid("lease", "must be at least 1ms, got %s", l)
+		return 0, apierr.Invalid("lease", "must be at least 1ms, got %s", l)
 	}
 	return l, nil
 }
 
 func requireClaim(id, claimID uint64) error {
 	if id == 0 {
-		return invalid("id", "required")
+		return apierr.Invalid("id", "required")
 	}
 	if claimID == 0 {
-		return invalid("claimId", "required")
+		return apierr.Invalid("claimId", "required")
 	}
 	return nil
 }
@@ -225,18 +225,18 @@ func requireClaim(id, claimID uint64) error {
 // propose runs one claim FSM command on id's partition and returns its
 // outcome for id.
 func (n *Node) propose(id uint64, cmd *claims.Command) (claims.Outcome, error) {
-	g := n.group(n.partition(id))
+	g := n.host.Group(n.host.Partition(id))
 	if g == nil {
 		return claims.Outcome{}, connect.NewError(connect.CodeUnavailable,
 			fmt.Errorf("task %d's partition is not replicated on %s", id, n.cfg.NodeID))
 	}
-	outs, err := g.Propose(cmd, proposeTimeout)
+	outs, err := g.Propose(cmd, replicas.ProposeTimeout)
 	if err != nil {
-		return claims.Outcome{}, apiError(err)
+		return claims.Outcome{}, apierr.From(err)
 	}
 	for _, o := range outs {
 		if o.ID == id {
-			return o, apiError(o.Err)
+			return o, apierr.From(o.Err)
 		}
 	}
 	return claims.Outcome{}, connect.NewError(connect.CodeInternal, fmt.Errorf("no outcome for task %d", id))
@@ -263,7 +263,7 @@ func (n *Node) endIfTerminal(ts *taskState) bool {
 // the terminal event first. If the proposal fails (or the node dies
 // first), the monitor ends the claim when its lease runs out.
 func (n *Node) endClaim(id uint64, ev crdt.Terminal) {
-	n.ender.add(n.partition(id), claims.End{ID: id, Token: ev.Claim, Reason: endReason(ev.Kind)})
+	n.ender.add(n.host.Partition(id), claims.End{ID: id, Token: ev.Claim, Reason: endReason(ev.Kind)})
 }
 
 func endReason(k crdt.TerminalKind) claims.EndReason {
@@ -290,7 +290,7 @@ func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.Rene
 	}
 	ts, err := n.loadClaimed(ctx, m.GetId(), m.GetClaimId())
 	if err != nil {
-		return nil, apiError(err)
+		return nil, apierr.From(err)
 	}
 	if n.endIfTerminal(ts) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
@@ -326,18 +326,18 @@ func (s taskService) Update(ctx context.Context, req *connect.Request[nornv1.Upd
 		return resp, err
 	}
 	if m.GetSeq() == 0 {
-		return nil, invalid("seq", "must be at least 1")
+		return nil, apierr.Invalid("seq", "must be at least 1")
 	}
 	u := crdt.Update{Claim: m.GetClaimId(), Seq: m.GetSeq(), Progress: m.GetProgress(), Message: m.GetMessage(), Data: m.GetData()}
 	if len(u.Data) == 0 {
 		u.Data = nil
 	}
 	if err := u.Validate(n.cfg.Limits); err != nil {
-		return nil, apiError(err)
+		return nil, apierr.From(err)
 	}
 	ts, err := n.loadClaimed(ctx, m.GetId(), m.GetClaimId())
 	if err != nil {
-		return nil, apiError(err)
+		return nil, apierr.From(err)
 	}
 	if _, terminal := ts.task.Terminal(); terminal {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
@@ -378,11 +378,11 @@ func (n *Node) prepareFinish(ctx context.Context, id, claimID uint64, ev crdt.Te
 	}
 	ev.Claim = claimID
 	if err := ev.Validate(n.cfg.Limits); err != nil {
-		return nil, apiError(err)
+		return nil, apierr.From(err)
 	}
 	ts, err := n.loadClaimed(ctx, id, claimID)
 	if err != nil {
-		return nil, apiError(err)
+		return nil, apierr.From(err)
 	}
 	if prev, terminal := ts.task.Terminal(); terminal {
 		n.endIfTerminal(ts)
@@ -424,11 +424,11 @@ func (s taskService) CompleteBatch(ctx context.Context, req *connect.Request[nor
 	}
 	cs := m.GetCompletions()
 	if len(cs) == 0 || len(cs) > maxCompleteBatch {
-		return nil, invalid("completions", "must hold 1 to %d completions, got %d", maxCompleteBatch, len(cs))
+		return nil, apierr.Invalid("completions", "must hold 1 to %d completions, got %d", maxCompleteBatch, len(cs))
 	}
 	results := make([]*nornv1.CompletionResult, len(cs))
 	fail := func(i int, err error) {
-		results[i] = &nornv1.CompletionResult{Code: connect.CodeOf(err).String(), Message: fmt.Sprintf("completions[%d]: %s", i, errorMessage(err))}
+		results[i] = &nornv1.CompletionResult{Code: connect.CodeOf(err).String(), Message: fmt.Sprintf("completions[%d]: %s", i, apierr.Message(err))}
 	}
 	seen := make(map[uint64]bool, len(cs))
 	var local []int              // completions handled here
@@ -436,14 +436,14 @@ func (s taskService) CompleteBatch(ctx context.Context, req *connect.Request[nor
 	for i, c := range cs {
 		switch {
 		case c.GetW() != 0:
-			fail(i, invalid("w", "must be unset in a batch; set the batch's w"))
+			fail(i, apierr.Invalid("w", "must be unset in a batch; set the batch's w"))
 			continue
 		case seen[c.GetId()] && c.GetId() != 0:
-			fail(i, invalid("id", "task %d is completed twice in the batch", c.GetId()))
+			fail(i, apierr.Invalid("id", "task %d is completed twice in the batch", c.GetId()))
 			continue
 		}
 		seen[c.GetId()] = true
-		if target := n.routeTarget(n.partition(c.GetId()), hops(req)); target != "" && c.GetId() != 0 {
+		if target := n.routeTarget(n.host.Partition(c.GetId()), transport.Hops(req)); target != "" && c.GetId() != 0 {
 			remote[target] = append(remote[target], i)
 		} else {
 			local = append(local, i)
@@ -503,16 +503,16 @@ func (n *Node) forwardCompletions(ctx context.Context, req *connect.Request[norn
 	for _, i := range idx {
 		sub.Completions = append(sub.Completions, cs[i])
 	}
-	resp, err := n.peers.get(target).tasks.CompleteBatch(ctx, forwarded(sub, hops(req)))
+	resp, err := n.peers.Get(target).Tasks.CompleteBatch(ctx, transport.Forwarded(sub, transport.Hops(req)))
 	if err == nil && len(resp.Msg.GetResults()) != len(idx) {
 		err = connect.NewError(connect.CodeInternal, fmt.Errorf("node %s answered %d results for %d completions", target, len(resp.Msg.GetResults()), len(idx)))
 	}
 	for k, i := range idx {
 		switch {
-		case err != nil && unreachable(err) && n.group(n.partition(cs[i].GetId())) != nil:
+		case err != nil && unreachable(err) && n.host.Group(n.host.Partition(cs[i].GetId())) != nil:
 			here = append(here, i)
 		case err != nil:
-			results[i] = &nornv1.CompletionResult{Code: connect.CodeOf(err).String(), Message: fmt.Sprintf("completions[%d]: %s", i, errorMessage(err))}
+			results[i] = &nornv1.CompletionResult{Code: connect.CodeOf(err).String(), Message: fmt.Sprintf("completions[%d]: %s", i, apierr.Message(err))}
 		default:
 			r := resp.Msg.GetResults()[k]
 			if r.GetCode() != "" {
@@ -558,11 +558,11 @@ func (s taskService) Yield(ctx context.Context, req *connect.Request[nornv1.Yiel
 		return resp, err
 	}
 	if p := m.GetProgress(); math.IsNaN(p) || p < 0 || p > 1 {
-		return nil, invalid("progress", "must be in [0, 1], got %v", p)
+		return nil, apierr.Invalid("progress", "must be in [0, 1], got %v", p)
 	}
 	ts, err := n.loadClaimed(ctx, m.GetId(), m.GetClaimId())
 	if err != nil {
-		return nil, apiError(err)
+		return nil, apierr.From(err)
 	}
 	if n.endIfTerminal(ts) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
@@ -595,7 +595,7 @@ func (s taskService) Cancel(ctx context.Context, req *connect.Request[nornv1.Can
 		return nil, err
 	}
 	if m.GetId() == 0 {
-		return nil, invalid("id", "required")
+		return nil, apierr.Invalid("id", "required")
 	}
 	if resp, done, err := forward(n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Cancel); done {
 		return resp, err
@@ -607,7 +607,7 @@ func (s taskService) Cancel(ctx context.Context, req *connect.Request[nornv1.Can
 		ts, err = n.read(ctx, m.GetId(), 0)
 	}
 	if err != nil {
-		return nil, apiError(err)
+		return nil, apierr.From(err)
 	}
 	if prev, terminal := ts.task.Terminal(); terminal {
 		n.endIfTerminal(ts)

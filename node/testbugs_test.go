@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/norn-dev/norn/api/norn/v1"
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
 )
 
 func TestParseTestBugs(t *testing.T) {
@@ -63,11 +64,11 @@ func TestSeededBugDropReplicatedWrite(t *testing.T) {
 			for i := range 2 * dropReplicateEvery {
 				id := uint64(1000 + i)
 				state := (&crdt.Task{ID: id, Spec: &crdt.Spec{Queue: "q", CreatedAt: crdt.Timestamp{WallMs: 1, Node: 1}}}).Encode()
-				req := peerRequest(n, &nornv1.ReplicateRequest{Tasks: [][]byte{state}})
+				req := transport.Request(n.peers, &nornv1.ReplicateRequest{Tasks: [][]byte{state}})
 				if _, err := ms[0].peer.Replicate(context.Background(), req); err != nil {
 					t.Fatalf("replicate %d: %v", i+1, err)
 				}
-				_, err := n.store.TaskState(n.partition(id), id)
+				_, err := n.store.TaskState(n.host.Partition(id), id)
 				switch {
 				case errors.Is(err, storage.ErrNotFound):
 					missing = append(missing, i+1)

@@ -11,8 +11,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/storage"
 )
 
@@ -27,7 +29,7 @@ type taskState struct {
 // load reads a task's CRDT state and FSM record. It returns
 // storage.ErrNotFound when the node has not seen the task's spec.
 func (n *Node) load(id uint64) (*taskState, error) {
-	p := n.partition(id)
+	p := n.host.Partition(id)
 	t, err := n.store.TaskState(p, id)
 	if err != nil {
 		return nil, err
@@ -190,8 +192,8 @@ func (n *Node) loadClaimed(ctx context.Context, id, claimID uint64) (*taskState,
 	if err != nil && !errors.Is(err, storage.ErrNotFound) {
 		return nil, err
 	}
-	p := n.partition(id)
-	g := n.group(p)
+	p := n.host.Partition(id)
+	g := n.host.Group(p)
 	if g == nil {
 		return ts, err
 	}
@@ -199,8 +201,8 @@ func (n *Node) loadClaimed(ctx context.Context, id, claimID uint64) (*taskState,
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf(
 			"claim %d of task %d cannot be checked: partition %d has no reachable leader", claimID, id, p))
 	}
-	if err := g.Barrier(proposeTimeout); err != nil {
-		return nil, apiError(err)
+	if err := g.Barrier(replicas.ProposeTimeout); err != nil {
+		return nil, apierr.From(err)
 	}
 	ts, err = n.load(id)
 	if errors.Is(err, storage.ErrNotFound) {

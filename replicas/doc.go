@@ -1,0 +1,24 @@
+// Package replicas is this node's place in the cluster: the partition
+// replicas it holds and everything that decides which those are.
+//
+// A Host owns the Raft listener (one transport.RaftMux for every group on
+// the node), this node's replica of the meta group (cluster.Meta, which
+// holds the ring), gossip (cluster.Membership), the ring the node works
+// with, and one claims.Group per partition the ring places here. Every
+// other part of a node reads the ring and the groups through it:
+//
+//	h, err := replicas.Start(cfg) // listener, meta group, gossip; forms or joins
+//	r := h.Ring()                 // nil until the cluster is formed
+//	g := h.Group(h.Partition(id)) // nil when this node does not replicate it
+//	if g != nil && g.IsLeader() { ... propose a claim ... }
+//	defer h.Close()
+//
+// The reconcile loop (reconcile.go) keeps the Host in line with the
+// cluster: it joins the seeds, forms the cluster once BootstrapExpect
+// nodes are up, adopts every newer ring the meta group applies or a peer
+// shows (PullRing), opens the groups of partitions placed here and drops
+// those moved away (groups.go), and rejoins ring nodes gossip shows down.
+// The Host tells the rest of the node what changed through the callbacks
+// of its Config (Trees, OnLeaderChange, OnMetaRing, OnPlacement), so it
+// imports none of them.
+package replicas

@@ -1,0 +1,322 @@
+package replicas
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/ring"
+	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
+)
+
+// ProposeTimeout bounds a Raft proposal of the node's parts (a claim
+// command, a ring edit, a configuration change).
+const ProposeTimeout = 10 * time.Second
+
+// Trees is what a Host tells of the partition replicas it opens and
+// drops: the anti-entropy scheduler keeps a Merkle tree per replica.
+type Trees interface {
+	// Add builds partition p's tree (from the store) when its replica
+	// opens; an error fails the open, which the reconcile loop retries.
+	Add(p uint16) error
+	// Remove forgets partition p's tree (its replica closes or is
+	// dropped).
+	Remove(p uint16)
+}
+
+// Config configures a Host. The node's Config documents the shared
+// fields (units, defaults); New applies no defaults of its own.
+type Config struct {
+	NodeID          string
+	DataDir         string // the Raft snapshots go under DataDir/raft
+	Partitions      int
+	APIAddr         string
+	RaftAddr        string
+	GossipAddr      string
+	GossipLAN       bool
+	Join            []string
+	BootstrapExpect int
+	Replication     int
+	RaftTimeout     time.Duration
+	Version         string
+	Clock           crdt.Clock
+	Logger          *slog.Logger
+	RaftLogger      hclog.Logger // nil: warnings to stderr
+
+	// Store holds every replica's data and Raft log.
+	Store *storage.Store
+	// Peers reaches other nodes' APIs (to pull a newer ring).
+	Peers *transport.Peers
+	// ClaimNoCheck is the seeded bug claims.Bugs.ClaimNoCheck.
+	ClaimNoCheck bool
+
+	// Trees learns of replicas opened and dropped.
+	Trees Trees
+	// MayLead gates claim proposals (the clock guard): claims.GroupConfig.MayLead.
+	MayLead func() error
+	// OnLeaderChange runs when a partition group's leader changes (here or
+	// elsewhere): waiting claims look again.
+	OnLeaderChange func()
+	// OnMetaRing runs when the meta group applies a ring (the rebalance
+	// driver takes a pass); OnPlacement when this node's ring or its set
+	// of replicas changed (anti-entropy compares with every peer now).
+	// Neither may block.
+	OnMetaRing, OnPlacement func()
+}
+
+// Host is this node's place in the cluster: the Raft listener (one mux
+// for every group), its replica of the meta group, gossip, the ring it
+// works with, and one claims.Group per partition the ring places here.
+// The reconcile loop keeps them in line with the cluster (see
+// reconcile.go). Every other part of the node reads the ring and the
+// groups through it.
+type Host struct {
+	cfg Config
+
+	mux           *transport.RaftMux
+	raftAddr      string // the mux's address, advertised
+	meta          *cluster.Meta
+	metaTrans     *raft.NetworkTransport
+	members       *cluster.Membership
+	gossip        atomic.Pointer[cluster.Membership] // members, for the Raft listener's check
+	ring          atomic.Pointer[cluster.Ring]       // nil until the cluster is formed
+	parts         atomic.Pointer[partitions]         // set with the first ring
+	adoptMu       sync.Mutex
+	announced     uint64      // ring epoch gossiped (reconcile loop only)
+	seedsLogged   bool        // a failed join was logged (reconcile loop only)
+	rejoinAt      time.Time   // the last rejoinDown attempt (reconcile loop only)
+	rejoining     atomic.Bool // a rejoinDown join is running
+	reconcileKick chan struct{}
+
+	stop    chan struct{}
+	stopped sync.WaitGroup
+}
+
+// Start opens the Raft listener, starts the meta group's replica, adopts
+// the ring kept in the data dir (a restart), starts gossip and, for a
+// node that forms a cluster alone, forms it (Start returns with the
+// ring); then it starts the reconcile loop. On an error everything
+// started is stopped again.
+func Start(cfg Config) (*Host, error) {
+	h := &Host{cfg: cfg, reconcileKick: make(chan struct{}, 1), stop: make(chan struct{})}
+	if err := h.startCluster(); err != nil {
+		return nil, errors.Join(err, h.stopCluster())
+	}
+	h.stopped.Add(1)
+	go h.reconcile()
+	return h, nil
+}
+
+// Close stops the reconcile loop, then gossip (with a goodbye), the
+// partition groups, the meta group and the Raft listener. The node's
+// other parts must have stopped using the groups.
+func (h *Host) Close() error {
+	close(h.stop)
+	h.stopped.Wait()
+	return h.stopCluster()
+}
+
+// Ring is the ring this node works with, nil before the cluster is
+// formed. The caller must not modify it.
+func (h *Host) Ring() *cluster.Ring { return h.ring.Load() }
+
+// Partition returns the partition of task id.
+func (h *Host) Partition(id uint64) uint16 { return uint16(ring.Partition(id, h.cfg.Partitions)) }
+
+// Meta is this node's replica of the meta group.
+func (h *Host) Meta() *cluster.Meta { return h.meta }
+
+// Members is gossip's view of the cluster.
+func (h *Host) Members() *cluster.Membership { return h.members }
+
+// Alive is the ids of the members gossip sees alive (this node too).
+func (h *Host) Alive() map[string]bool {
+	out := map[string]bool{h.cfg.NodeID: true}
+	for _, m := range h.members.Members() {
+		if m.State.Up() {
+			out[m.ID] = true
+		}
+	}
+	return out
+}
+
+// Up reports whether gossip sees node id alive or suspect.
+func (h *Host) Up(id string) bool {
+	for _, m := range h.members.Members() {
+		if m.ID == id {
+			return m.State.Up()
+		}
+	}
+	return false
+}
+
+// metaPartition is the storage partition id of the meta group's Raft log
+// (partition groups use 0 to P-1, and P is at most 1<<15).
+const metaPartition = 0xFFFF
+
+func (h *Host) raftLogger() hclog.Logger {
+	if h.cfg.RaftLogger != nil {
+		return h.cfg.RaftLogger
+	}
+	return hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: os.Stderr})
+}
+
+// startCluster opens the Raft listener, starts the meta group's replica,
+// adopts the ring kept in the data dir (a restart), starts gossip and,
+// for a node that forms a cluster alone, forms it.
+func (h *Host) startCluster() error {
+	mux, err := transport.ListenRaftMux(h.cfg.RaftAddr, transport.MuxConfig{Allow: h.allowRaftPeer, Logger: h.cfg.Logger})
+	if err != nil {
+		return fmt.Errorf("node: raft listener: %w", err)
+	}
+	h.mux = mux
+	h.raftAddr = mux.Addr().String()
+
+	stream, err := mux.Register(transport.MetaGroup)
+	if err != nil {
+		return err
+	}
+	h.metaTrans = newNetworkTransport(stream, h.raftLogger().Named("meta"))
+	snaps, err := raft.NewFileSnapshotStore(filepath.Join(h.cfg.DataDir, "raft", "meta"), 2, io.Discard)
+	if err != nil {
+		return fmt.Errorf("node: meta snapshots: %w", err)
+	}
+	rs := h.cfg.Store.RaftStore(metaPartition)
+	h.meta, err = cluster.StartMeta(cluster.MetaConfig{
+		LocalID: h.cfg.NodeID, Transport: h.metaTrans, Log: rs, Stable: rs, Snapshots: snaps,
+		HeartbeatTimeout: h.cfg.RaftTimeout, ElectionTimeout: h.cfg.RaftTimeout, LeaderLeaseTimeout: h.cfg.RaftTimeout / 2,
+		OnRing: func(*cluster.Ring) {
+			h.KickReconcile()
+			h.cfg.OnMetaRing()
+		},
+		RaftLogger: h.raftLogger().Named("meta"),
+	})
+	if err != nil {
+		return err
+	}
+
+	r, err := cluster.LoadRing(h.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	if r != nil {
+		if err := h.adopt(r); err != nil {
+			return err
+		}
+	}
+	meta := cluster.NodeMeta{ID: h.cfg.NodeID, APIAddr: h.cfg.APIAddr, RaftAddr: h.raftAddr, Version: h.cfg.Version}
+	if r != nil {
+		meta.RingEpoch, meta.ClusterID = r.Epoch, r.ClusterID
+	}
+	h.members, err = cluster.StartMembership(cluster.MembershipConfig{Meta: meta, BindAddr: h.cfg.GossipAddr,
+		Logger: h.raftLogger().Named("gossip"), LAN: h.cfg.GossipLAN, Clock: h.cfg.Clock})
+	if err != nil {
+		return err
+	}
+	h.gossip.Store(h.members)
+	if r == nil && h.cfg.BootstrapExpect == 1 {
+		// A cluster of one forms at once: New returns with the ring.
+		self := []cluster.RingNode{h.self()}
+		if err := h.form(self); err != nil {
+			return err
+		}
+	}
+	if err := h.joinSeeds(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ReadsLocally reports whether this node answers reads of partition p
+// (lists, counts, lookups) from its own replica: it is in p's cohort. A
+// move's target, still being filled, reads from the cohort like a node
+// without a replica.
+func (h *Host) ReadsLocally(p uint16) bool {
+	r := h.ring.Load()
+	return h.Group(p) != nil && r != nil && r.Hosts(int(p), h.cfg.NodeID)
+}
+
+// RaftAddr is the address of this node's Raft listener.
+func (h *Host) RaftAddr() string { return h.raftAddr }
+
+// GossipAddr is the address this node gossips on, for others to join.
+func (h *Host) GossipAddr() string { return h.members.Addr() }
+
+// ClusterID is the id of this node's cluster, "" before it is formed.
+func (h *Host) ClusterID() string {
+	if r := h.ring.Load(); r != nil {
+		return r.ClusterID
+	}
+	return ""
+}
+
+// self is this node as the ring records it.
+func (h *Host) self() cluster.RingNode {
+	return cluster.RingNode{ID: h.cfg.NodeID, APIAddr: h.cfg.APIAddr, RaftAddr: h.raftAddr, GossipAddr: h.members.Addr()}
+}
+
+func newNetworkTransport(s *transport.GroupStream, logger hclog.Logger) *raft.NetworkTransport {
+	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: s, MaxPool: 2, Timeout: 10 * time.Second, Logger: logger,
+	})
+}
+
+// allowRaftPeer admits a Raft connection from an address of a node of the
+// ring or of a gossip member.
+func (h *Host) allowRaftPeer(remote net.Addr) bool {
+	ta, ok := remote.(*net.TCPAddr)
+	if !ok {
+		return false
+	}
+	match := func(hostport string) bool { return transport.SameHost(hostport, ta.IP) }
+	if r := h.ring.Load(); r != nil {
+		for _, nd := range r.Nodes {
+			if match(nd.RaftAddr) {
+				return true
+			}
+		}
+	}
+	if ms := h.gossip.Load(); ms != nil {
+		for _, m := range ms.Members() {
+			if m.State.Up() && match(m.RaftAddr) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// stopCluster stops gossip (with a goodbye), the partition groups and the
+// meta group, then the Raft listener.
+func (h *Host) stopCluster() error {
+	var errs []error
+	if h.members != nil {
+		errs = append(errs, h.members.Leave(time.Second))
+	}
+	if ps := h.parts.Load(); ps != nil {
+		errs = append(errs, h.stopGroups(ps))
+	}
+	if h.meta != nil {
+		errs = append(errs, h.meta.Shutdown())
+	}
+	if h.metaTrans != nil {
+		h.metaTrans.Close()
+	}
+	if h.mux != nil {
+		errs = append(errs, h.mux.Close())
+	}
+	return errors.Join(errs...)
+}

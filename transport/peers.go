@@ -1,0 +1,163 @@
+package transport
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+)
+
+// Headers of node-to-node calls.
+const (
+	HeaderNode    = "Norn-Node"    // the calling node's id
+	HeaderCluster = "Norn-Cluster" // the calling node's cluster id
+	// HeaderHops marks a TaskService or AdminService call forwarded by
+	// another node (its value counts the hops), so the receiver does not
+	// forward it again.
+	HeaderHops = "Norn-Hops"
+	// HeaderEpoch is the calling node's ring epoch: a replica refuses
+	// writes of a moving partition from a caller whose ring does not know
+	// the move yet, and either side pulls the newer ring.
+	HeaderEpoch = "Norn-Epoch"
+)
+
+// Peer is a node's connection to another node's API.
+type Peer struct {
+	Addr  string
+	Peer  nornv1connect.PeerServiceClient
+	Tasks nornv1connect.TaskServiceClient
+	Admin nornv1connect.AdminServiceClient
+}
+
+// PeersConfig configures a node's Peers.
+type PeersConfig struct {
+	// NodeID is this node's id, sent with every peer request.
+	NodeID string
+	// APIAddr is this node's API address: calls leave from its IP when it
+	// is a specific one (see Peers.Get).
+	APIAddr string
+	// Ring returns this node's cluster id and ring epoch ("" and 0 before
+	// the cluster is formed), sent with every peer request.
+	Ring func() (clusterID string, epoch uint64)
+}
+
+// Peers holds one Peer per API address, made on first use, sharing one
+// HTTP/2 (h2c) transport. Safe for concurrent use.
+type Peers struct {
+	cfg   PeersConfig
+	once  sync.Once
+	hc    *http.Client
+	tr    *http.Transport
+	mu    sync.Mutex
+	peers map[string]*Peer
+}
+
+// NewPeers returns an empty set; connections are made on first use.
+func NewPeers(cfg PeersConfig) *Peers { return &Peers{cfg: cfg} }
+
+// Get returns the peer at API address addr.
+func (s *Peers) Get(addr string) *Peer {
+	s.once.Do(func() {
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		// Calls leave from this node's API IP when it is a specific one:
+		// peers check the caller's address against its API address, and
+		// on a host with several addresses (nodes on loopback aliases
+		// 127.0.0.x) the kernel would pick another source.
+		d := &net.Dialer{Timeout: 2 * time.Second, KeepAlive: 10 * time.Second}
+		if host, _, err := net.SplitHostPort(s.cfg.APIAddr); err == nil {
+			if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+				d.LocalAddr = &net.TCPAddr{IP: ip}
+			}
+		}
+		s.tr = &http.Transport{
+			Protocols:   &p,
+			DialContext: d.DialContext,
+			HTTP2: &http.HTTP2Config{
+				// A peer that stops answering (paused, cut off) is noticed
+				// within seconds even on an idle connection.
+				SendPingTimeout: 5 * time.Second,
+				PingTimeout:     3 * time.Second,
+			},
+		}
+		s.hc = &http.Client{Transport: s.tr}
+		s.peers = map[string]*Peer{}
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p, ok := s.peers[addr]; ok {
+		return p
+	}
+	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithSendMaxBytes(64 << 20), connect.WithReadMaxBytes(64 << 20)}
+	base := "http://" + addr
+	p := &Peer{
+		Addr:  addr,
+		Peer:  nornv1connect.NewPeerServiceClient(s.hc, base, opts...),
+		Tasks: nornv1connect.NewTaskServiceClient(s.hc, base, opts...),
+		Admin: nornv1connect.NewAdminServiceClient(s.hc, base, opts...),
+	}
+	s.peers[addr] = p
+	return p
+}
+
+// Close closes the idle connections.
+func (s *Peers) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tr != nil {
+		s.tr.CloseIdleConnections()
+	}
+}
+
+// Request wraps a node-to-node request with this node's identity (its
+// id, cluster id and ring epoch).
+func Request[T any](s *Peers, msg *T) *connect.Request[T] {
+	req := connect.NewRequest(msg)
+	req.Header().Set(HeaderNode, s.cfg.NodeID)
+	if cid, epoch := s.cfg.Ring(); cid != "" {
+		req.Header().Set(HeaderCluster, cid)
+		req.Header().Set(HeaderEpoch, strconv.FormatUint(epoch, 10))
+	}
+	return req
+}
+
+// Unary makes one PeerService call with this node's identity and returns
+// the answer's message.
+func Unary[Req, Resp any](ctx context.Context, s *Peers, msg *Req,
+	call func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (*Resp, error) {
+	resp, err := call(ctx, Request(s, msg))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+// Hops is how often a request was forwarded already.
+func Hops[T any](req *connect.Request[T]) int {
+	h, _ := strconv.Atoi(req.Header().Get(HeaderHops))
+	return h
+}
+
+// Forwarded returns msg as a request forwarded by this node, hopsSoFar
+// forwards after the client's.
+func Forwarded[T any](msg *T, hopsSoFar int) *connect.Request[T] {
+	req := connect.NewRequest(msg)
+	req.Header().Set(HeaderHops, strconv.Itoa(hopsSoFar+1))
+	return req
+}
+
+// SameHost reports whether hostport's host is the address ip.
+func SameHost(hostport string, ip net.IP) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	other := net.ParseIP(host)
+	return other != nil && other.Equal(ip)
+}
