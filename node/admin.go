@@ -62,7 +62,7 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 			ps.Cohort = append(ps.Cohort, string(id))
 		}
 		if !req.Msg.GetSkipCounts() {
-			counts, err := n.countPartition(uint16(p), "")
+			counts, err := n.coord.CountPartition(uint16(p), "")
 			if err != nil {
 				return nil, apierr.From(err)
 			}

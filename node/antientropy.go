@@ -111,7 +111,7 @@ func (n *Node) newAntiEntropy() (*antientropy.Replica, error) {
 		Horizon:  n.retentionHorizon,
 		Expire:   n.expireBefore,
 		Merge: func(_ uint16, tasks []*crdt.Task) error {
-			return n.mergeLocal(tasks)
+			return n.coord.MergeLocal(tasks)
 		},
 	})
 }
@@ -346,16 +346,6 @@ func (n *Node) fill(p uint16, sources []string) {
 	}()
 }
 
-// memberUp reports whether gossip sees id alive or suspect.
-func (n *Node) memberUp(id string) bool {
-	for _, m := range n.host.Members().Members() {
-		if m.ID == id {
-			return m.State.Up()
-		}
-	}
-	return false
-}
-
 // aePeer is antientropy.Peer over PeerService.
 type aePeer struct {
 	n *Node
@@ -372,17 +362,6 @@ func (a *aePeer) TreeNodes(ctx context.Context, req *nornv1.TreeNodesRequest) (*
 
 func (a *aePeer) SegmentEntries(ctx context.Context, req *nornv1.SegmentEntriesRequest) (*nornv1.SegmentEntriesResponse, error) {
 	return transport.Unary(ctx, a.n.peers, req, a.p.Peer.SegmentEntries)
-}
-
-// peerUnary makes one PeerService call with this node's identity and
-// returns the answer's message.
-func peerUnary[Req, Resp any](ctx context.Context, n *Node, msg *Req,
-	call func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (*Resp, error) {
-	resp, err := call(ctx, transport.Request(n.peers, msg))
-	if err != nil {
-		return nil, err
-	}
-	return resp.Msg, nil
 }
 
 func (a *aePeer) ReadStates(ctx context.Context, _ uint16, ids []uint64) ([]*crdt.Task, int, error) {
@@ -402,7 +381,7 @@ func (a *aePeer) ReadStates(ctx context.Context, _ uint16, ids []uint64) ([]*crd
 		}
 		t, err := crdt.Decode(rt.State)
 		if err == nil {
-			err = validateTask(t, a.n.cfg.Limits)
+			err = t.Validate(a.n.cfg.Limits)
 		}
 		if err != nil {
 			return nil, bytes, fmt.Errorf("state of %d from %s: %w", ids[i], a.p.Addr, err)

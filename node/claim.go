@@ -16,8 +16,10 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/replicas"
+	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -231,7 +233,7 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int, 
 	}
 	now := n.cfg.Clock.Now().UnixMilli()
 	byPart := map[uint16][]claims.Candidate{}
-	loaded := map[uint64]*taskState{} // reused for the claimed tasks' views
+	loaded := map[uint64]*coord.TaskState{} // reused for the claimed tasks' views
 	var picked []uint64
 	defer func() { n.inflight.release(picked) }()
 	// Look past the limit, as heads blocked by dependencies or being
@@ -289,8 +291,8 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int, 
 			// The task's state is as candidate read it; only its claim
 			// record changed.
 			ts := loaded[o.ID]
-			ts.claims = o.Record
-			out = append(out, &nornv1.ClaimedTask{Task: n.view(ts), ClaimId: o.Claim.Token, Leader: n.cfg.APIAddr,
+			ts.Claims = o.Record
+			out = append(out, &nornv1.ClaimedTask{Task: n.coord.View(ts), ClaimId: o.Claim.Token, Leader: n.cfg.APIAddr,
 				Expiry: timestamppb.New(time.UnixMilli(o.Claim.ExpiryMs))})
 		}
 	}
@@ -300,27 +302,27 @@ func (n *Node) claimRound(queue, worker string, lease time.Duration, limit int, 
 // candidate checks a ready-index head before it is proposed: not
 // terminal, no live claim, its time has come and its dependencies are
 // completed. A dependant of a failed dependency is aborted here.
-func (n *Node) candidate(id uint64, nowMs int64) (claims.Candidate, *taskState, bool) {
-	ts, err := n.load(id)
+func (n *Node) candidate(id uint64, nowMs int64) (claims.Candidate, *coord.TaskState, bool) {
+	ts, err := n.coord.Load(id)
 	if err != nil {
 		return claims.Candidate{}, nil, false // index ahead of the task
 	}
-	if _, terminal := ts.task.Terminal(); terminal {
+	if _, terminal := ts.Task.Terminal(); terminal {
 		return claims.Candidate{}, nil, false
 	}
-	if ts.claims != nil {
-		if _, live := ts.claims.Live(); live || ts.claims.Done() {
+	if ts.Claims != nil {
+		if _, live := ts.Claims.Live(); live || ts.Claims.Done() {
 			return claims.Candidate{}, nil, false
 		}
 	}
-	spec := ts.task.Spec
+	spec := ts.Task.Spec
 	if spec.NotBeforeMs > nowMs {
 		return claims.Candidate{}, nil, false
 	}
 	if len(spec.DependsOn) > 0 {
 		done, failed := n.depsState(spec.DependsOn)
 		if failed != 0 {
-			n.abortTask(ts, dependencyFailedError(failed))
+			n.abortTask(ts, coord.DependencyFailedError(failed))
 		}
 		if !done {
 			return claims.Candidate{}, nil, false
@@ -356,4 +358,58 @@ func (s *inflightSet) release(ids []uint64) {
 	for _, id := range ids {
 		delete(s.ids, id)
 	}
+}
+
+// loadClaimed loads task id for a call made under claim claimID (Renew,
+// Yield, Update, Complete, Abort), where a refusal must rest on the
+// partition's authoritative claim state, not on a replica that is behind.
+// The local replica is believed when it shows claimID live or the task
+// terminal. Otherwise, on the partition's leader, it waits until the claim
+// FSM has applied every committed entry (a new leader may not have applied
+// its predecessor's yet) and, when the task's state has not reached this
+// replica (a write with W < N skipped it, or a power loss took it), reads
+// it from a majority of replicas. A replica that is not the leader (the
+// call could not reach one) cannot refute the claim: UNAVAILABLE, which
+// the caller may retry.
+func (n *Node) loadClaimed(ctx context.Context, id, claimID uint64) (*coord.TaskState, error) {
+	ts, err := n.coord.Load(id)
+	if err == nil && claimDecided(ts, claimID) {
+		return ts, nil
+	}
+	if err != nil && !errors.Is(err, storage.ErrNotFound) {
+		return nil, err
+	}
+	p := n.host.Partition(id)
+	g := n.host.Group(p)
+	if g == nil {
+		return ts, err
+	}
+	if !g.IsLeader() {
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf(
+			"claim %d of task %d cannot be checked: partition %d has no reachable leader", claimID, id, p))
+	}
+	if err := g.Barrier(replicas.ProposeTimeout); err != nil {
+		return nil, apierr.From(err)
+	}
+	ts, err = n.coord.Load(id)
+	if errors.Is(err, storage.ErrNotFound) {
+		// The read merges a majority's states with this leader's record
+		// and repairs this replica in the background.
+		return n.coord.Read(ctx, id, 0)
+	}
+	return ts, err
+}
+
+// claimDecided reports whether ts settles a call under claimID without
+// looking further: the claim is live, or the task is terminal.
+func claimDecided(ts *coord.TaskState, claimID uint64) bool {
+	if _, terminal := ts.Task.Terminal(); terminal {
+		return true
+	}
+	if ts.Claims != nil {
+		if c, ok := ts.Claims.Live(); ok && c.Token == claimID {
+			return true
+		}
+	}
+	return false
 }

@@ -22,6 +22,7 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/transport"
 )
@@ -295,7 +296,7 @@ func TestClusterQuorumNotReached(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Code() != connect.CodeUnavailable {
 		t.Fatalf("w=2 with one node: %v", err)
 	}
-	wf, ok := writeFailure(ce)
+	wf, ok := coord.WriteFailure(ce)
 	if !ok || len(wf.Ids) != 1 || wf.Ids[0] == 0 || wf.W != 2 || wf.Acks != 1 {
 		t.Fatalf("write failure detail %+v", wf)
 	}
@@ -507,7 +508,7 @@ func TestClusterReadRepair(t *testing.T) {
 	id := uint64(424242)
 	task := &crdt.Task{ID: id, Spec: &crdt.Spec{Queue: "q", CreatedAt: ms[0].node.hlc.Now()}}
 	// Only n1's replica has the task.
-	if err := ms[0].node.mergeLocal([]*crdt.Task{task}); err != nil {
+	if err := ms[0].node.coord.MergeLocal([]*crdt.Task{task}); err != nil {
 		t.Fatal(err)
 	}
 	p := ms[0].node.partition(id)

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 )
 
@@ -344,7 +345,7 @@ func (c *depChecker) run(stop <-chan struct{}) {
 }
 
 // round reads the dependencies due now, one readStates per partition (in
-// calls of at most maxRead ids, depReadParallel partitions at once),
+// calls of at most coord.MaxRead ids, depReadParallel partitions at once),
 // caches those found terminal and wakes the node's waiting claims if
 // there were any. A dependency a read fails for stays watched: it is read
 // again after its backoff.
@@ -370,9 +371,9 @@ func (c *depChecker) round(ctx context.Context) {
 			slots <- struct{}{}
 			defer func() { <-slots }()
 			for len(ids) > 0 {
-				chunk := ids[:min(len(ids), maxRead)]
+				chunk := ids[:min(len(ids), coord.MaxRead)]
 				ids = ids[len(chunk):]
-				states, err := n.readStates(ctx, p, chunk)
+				states, err := n.coord.ReadStates(ctx, p, chunk)
 				if err != nil {
 					n.cfg.Logger.Debug("reading dependencies failed; retrying after backoff", "partition", p, "ids", len(chunk), "err", err)
 					continue

@@ -223,7 +223,7 @@ func TestClusterRemoteDependencies(t *testing.T) {
 				continue
 			}
 			i := slices.IndexFunc(ms, func(m *member) bool { return m.cfg.NodeID == string(id) })
-			if err := ms[i].node.mergeLocal([]*crdt.Task{done}); err != nil {
+			if err := ms[i].node.coord.MergeLocal([]*crdt.Task{done}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -235,8 +235,8 @@ func TestClusterRemoteDependencies(t *testing.T) {
 		t.Logf("claimable after %v", time.Since(start))
 		// The read repaired the leader's replica (in the background).
 		waitFor(t, 5*time.Second, "read repair of the leader's replica of the dependency", func() bool {
-			ts, err := l.node.load(dep)
-			return err == nil && outcomeOf(ts.task) == depCompleted
+			ts, err := l.node.coord.Load(dep)
+			return err == nil && outcomeOf(ts.Task) == depCompleted
 		})
 	})
 

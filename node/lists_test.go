@@ -16,6 +16,7 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/ring"
 	"github.com/norn-dev/norn/transport"
 )
@@ -263,9 +264,9 @@ func TestClusterListsAcrossNodes(t *testing.T) {
 		}{
 			{list(&nornv1.ListPartitionRequest{Partition: P}), connect.CodeInvalidArgument, "partition"},
 			{list(&nornv1.ListPartitionRequest{Partition: r}), connect.CodeFailedPrecondition, "partition"},
-			{list(&nornv1.ListPartitionRequest{Partition: h, Limit: maxPageSize + 1}), connect.CodeInvalidArgument, "limit"},
-			{list(&nornv1.ListPartitionRequest{Partition: h, MaxScan: maxScanPerPage + 1}), connect.CodeInvalidArgument, "maxScan"},
-			{list(&nornv1.ListPartitionRequest{Partition: h, MaxBytes: maxPageBytes + 1}), connect.CodeInvalidArgument, "maxBytes"},
+			{list(&nornv1.ListPartitionRequest{Partition: h, Limit: coord.MaxPageSize + 1}), connect.CodeInvalidArgument, "limit"},
+			{list(&nornv1.ListPartitionRequest{Partition: h, MaxScan: coord.MaxScanPerPage + 1}), connect.CodeInvalidArgument, "maxScan"},
+			{list(&nornv1.ListPartitionRequest{Partition: h, MaxBytes: coord.MaxPageBytes + 1}), connect.CodeInvalidArgument, "maxBytes"},
 			{list(&nornv1.ListPartitionRequest{Partition: h, Queue: "no spaces"}), connect.CodeInvalidArgument, "queue"},
 			{list(&nornv1.ListPartitionRequest{Partition: h, Status: 99}), connect.CodeInvalidArgument, "status"},
 			{count(&nornv1.CountPartitionsRequest{}), connect.CodeInvalidArgument, "partitions"},

@@ -73,8 +73,8 @@ func (n *Node) writeMetrics(w io.Writer) {
 	counter := func(name, help string, v uint64) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", name, help, name, name, v)
 	}
-	counter("norn_spec_conflicts_total", "Merges that met two different specs for one task id (resolved by lowest digest).", n.specConflicts.Load())
-	counter("norn_read_repairs_total", "Replicas sent a task's merged state because a read found them behind.", n.readRepairs.Load())
+	counter("norn_spec_conflicts_total", "Merges that met two different specs for one task id (resolved by lowest digest).", n.coord.Stats().SpecConflicts)
+	counter("norn_read_repairs_total", "Replicas sent a task's merged state because a read found them behind.", n.coord.Stats().ReadRepairs)
 	gauge := func(name, help string, v int) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", name, help, name, name, v)
 	}

@@ -6,6 +6,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/replicas"
 )
@@ -120,12 +121,12 @@ func (n *Node) expireClaims(p uint16) {
 		return
 	}
 	for _, d := range due {
-		ts, err := n.load(d.ID)
+		ts, err := n.coord.Load(d.ID)
 		var rec *claims.Record
 		if err == nil {
-			rec = ts.claims
+			rec = ts.Claims
 		} else {
-			rec, _ = n.claimRecord(p, d.ID) // claimed before the task reached us
+			rec, _ = n.coord.ClaimRecord(p, d.ID) // claimed before the task reached us
 		}
 		if rec == nil {
 			continue
@@ -160,20 +161,20 @@ func (n *Node) deleteExpiredTasks(p uint16) {
 
 // abortDead writes the ABORTED terminal event of a task whose claims
 // expired max_claims times.
-func (n *Node) abortDead(ts *taskState, limit uint32) {
-	n.abortTask(ts, maxClaimsError(limit))
+func (n *Node) abortDead(ts *coord.TaskState, limit uint32) {
+	n.abortTask(ts, coord.MaxClaimsError(limit))
 }
 
 // abortTask writes an ABORTED terminal event with one server error (the
 // task is not claimed by anyone, or its claim just ended) and ends the
 // claim FSM's record of it.
-func (n *Node) abortTask(ts *taskState, e *nornv1.TaskError) {
+func (n *Node) abortTask(ts *coord.TaskState, e *nornv1.TaskError) {
 	ev := crdt.Terminal{At: n.hlc.Now(), Kind: crdt.Aborted,
 		Errors: []crdt.TaskError{{Code: e.Code, Description: e.Description, Args: e.Args}}}
 	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.WriteTimeout)
 	defer cancel()
 	// The claim ends when the event reaches the leader's replica (here).
-	if _, err := n.write(ctx, []*crdt.Task{{ID: ts.task.ID, Terminals: []crdt.Terminal{ev}}}, 0, []uint64{ts.task.ID}); err != nil {
-		n.cfg.Logger.Warn("aborting a task failed", "id", ts.task.ID, "code", e.Code, "err", err)
+	if _, err := n.coord.Write(ctx, []*crdt.Task{{ID: ts.Task.ID, Terminals: []crdt.Terminal{ev}}}, 0, []uint64{ts.Task.ID}); err != nil {
+		n.cfg.Logger.Warn("aborting a task failed", "id", ts.Task.ID, "code", e.Code, "err", err)
 	}
 }

@@ -6,10 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/norn-dev/norn/antientropy"
+	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/replicas"
 
 	"golang.org/x/time/rate"
@@ -32,17 +32,13 @@ type Node struct {
 	ids   *idGen
 	start time.Time
 
-	host      *replicas.Host   // the ring, the partition groups, meta group and gossip
-	peers     *transport.Peers // other nodes' APIs
-	sendersMu sync.Mutex
-	senders   map[string]*replicaSender // by peer API address
+	host  *replicas.Host     // the ring, the partition groups, meta group and gossip
+	peers *transport.Peers   // other nodes' APIs
+	coord *coord.Coordinator // quorum writes and reads, routing, lists and counts
 
-	readRepairs  atomic.Uint64
-	replicatesIn atomic.Uint64 // incoming Replicate calls, for TestBugs.DropReplicatedWrite
-	hints        leaderHints   // leaders of partitions not replicated here (lists.go)
-	placeMu      sync.Mutex    // one ring proposal at a time on the meta leader (rebalance.go)
-	drv          driver        // the rebalance driver (rebalance.go)
-	metaFitMu    sync.Mutex    // one meta group membership change at a time (rebalance.go)
+	placeMu   sync.Mutex // one ring proposal at a time on the meta leader (rebalance.go)
+	drv       driver     // the rebalance driver (rebalance.go)
+	metaFitMu sync.Mutex // one meta group membership change at a time (rebalance.go)
 
 	waiters  *queueWaiters
 	inflight inflightSet // tasks being claimed now
@@ -59,9 +55,8 @@ type Node struct {
 	fillMu  sync.Mutex
 	filling map[uint16]bool
 
-	specConflicts atomic.Uint64 // merges that met two specs for one id
-	draining      chan struct{} // closed by StopWaiting
-	drainMu       sync.Once
+	draining chan struct{} // closed by StopWaiting
+	drainMu  sync.Once
 
 	// monitorMu serializes monitor passes; extended[p] records that the
 	// current leadership of p has extended the live claims.
@@ -130,17 +125,7 @@ func New(cfg Config) (*Node, error) {
 	n.clockGuard.check = clockCheck{InBound: true}
 	n.ender = newEnder(n)
 	n.deps = newDepChecker(n)
-	n.senders = map[string]*replicaSender{}
-	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr,
-		Ring: func() (string, uint64) {
-			if n.host == nil {
-				return "", 0
-			}
-			if r := n.host.Ring(); r != nil {
-				return r.ClusterID, r.Epoch
-			}
-			return "", 0
-		}})
+	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr})
 	n.aeKick = make(chan struct{}, 1)
 	n.aeLimiter = rate.NewLimiter(rate.Limit(cfg.AntiEntropyRate), max(cfg.AntiEntropyRate, 1<<20))
 	n.fillLimiter = rate.NewLimiter(rate.Limit(cfg.MoveRate), max(cfg.MoveRate, 1<<20))
@@ -171,6 +156,14 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
+	n.coord = coord.New(coord.Config{
+		NodeID: cfg.NodeID, Partitions: cfg.Partitions,
+		WriteTimeout: cfg.WriteTimeout, Limits: cfg.Limits, Clock: cfg.Clock, Logger: cfg.Logger,
+		Store: store, Host: n.host, Peers: n.peers,
+		OnEnded:             n.ended,
+		DepsDone:            n.depsDone,
+		DropReplicatedWrite: cfg.TestBugs.DropReplicatedWrite,
+	})
 	n.stopped.Add(6)
 	go n.driveLoop()
 	go n.monitor()
@@ -304,3 +297,15 @@ func (n *Node) GossipAddr() string { return n.host.GossipAddr() }
 
 // ClusterID is the id of this node's cluster, "" before it is formed.
 func (n *Node) ClusterID() string { return n.host.ClusterID() }
+
+// ended ends the claims of tasks a merge made terminal, in the partitions
+// this node leads, and wakes waiting claims: dependants of these tasks, in
+// any queue, may be claimable (or doomed) now.
+func (n *Node) ended(tasks []coord.Ended) {
+	for _, e := range tasks {
+		if g := n.host.Group(e.P); g != nil && g.IsLeader() {
+			n.endClaim(e.ID, e.Event)
+		}
+	}
+	n.waiters.notifyAll()
+}

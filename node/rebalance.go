@@ -735,7 +735,7 @@ func (s peerService) ChangeGroup(_ context.Context, req *connect.Request[nornv1.
 	p := uint16(m.GetPartition())
 	g := n.host.Group(p)
 	if g == nil {
-		return nil, n.notReplicated("partition", p)
+		return nil, n.coord.NotReplicated("partition", p)
 	}
 	if !g.IsLeader() {
 		return nil, connect.NewError(connect.CodeFailedPrecondition,

@@ -19,6 +19,7 @@ import (
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/storage"
@@ -70,7 +71,7 @@ func sameSpec(a, b *crdt.Spec) bool {
 // (so that it reaches the quorum it may have missed).
 func (n *Node) prepareEnqueue(ctx context.Context, field string, spec *crdt.Spec, id uint64) (t *crdt.Task, err error) {
 	for i, d := range spec.DependsOn {
-		if _, err := n.lookup(ctx, d); err != nil {
+		if _, err := n.coord.Lookup(ctx, d); err != nil {
 			if errors.Is(err, storage.ErrNotFound) {
 				return nil, apierr.Invalid(fmt.Sprintf("%s.dependsOn[%d]", field, i), "task %d does not exist", d)
 			}
@@ -81,7 +82,7 @@ func (n *Node) prepareEnqueue(ctx context.Context, field string, spec *crdt.Spec
 		if id, err = n.ids.NextID(); err != nil {
 			return nil, connect.NewError(connect.CodeInternal, err)
 		}
-	} else if stored, err := n.lookup(ctx, id); err == nil {
+	} else if stored, err := n.coord.Lookup(ctx, id); err == nil {
 		if !sameSpec(stored.Spec, spec) {
 			return nil, connect.NewError(connect.CodeAlreadyExists,
 				fmt.Errorf("id: task %d exists with a different spec", id))
@@ -94,30 +95,9 @@ func (n *Node) prepareEnqueue(ctx context.Context, field string, spec *crdt.Spec
 	return &crdt.Task{ID: id, Spec: spec}, nil
 }
 
-// lookup returns a task's CRDT state (with its spec): from this node's
-// replica when it has the task, else from a majority of its replicas.
-// storage.ErrNotFound when none has it.
-func (n *Node) lookup(ctx context.Context, id uint64) (*crdt.Task, error) {
-	p := n.host.Partition(id)
-	if n.host.ReadsLocally(p) {
-		t, err := n.store.TaskState(p, id)
-		if err == nil && t.Spec != nil {
-			return t, nil
-		}
-		if err != nil && !errors.Is(err, storage.ErrNotFound) {
-			return nil, err
-		}
-	}
-	ts, err := n.read(ctx, id, 0)
-	if err != nil {
-		return nil, err
-	}
-	return ts.task, nil
-}
-
 func (s taskService) Enqueue(ctx context.Context, req *connect.Request[nornv1.EnqueueRequest]) (*connect.Response[nornv1.EnqueueResponse], error) {
 	n, m := s.n, req.Msg
-	if _, err := n.quorum(m.GetW()); err != nil {
+	if _, err := n.coord.Quorum(m.GetW()); err != nil {
 		return nil, err
 	}
 	spec, err := n.specFromAPI("task", m.GetTask())
@@ -128,7 +108,7 @@ func (s taskService) Enqueue(ctx context.Context, req *connect.Request[nornv1.En
 	if err != nil {
 		return nil, err
 	}
-	acks, err := n.write(ctx, []*crdt.Task{t}, m.GetW(), []uint64{t.ID})
+	acks, err := n.coord.Write(ctx, []*crdt.Task{t}, m.GetW(), []uint64{t.ID})
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +120,7 @@ const maxBatch = 10_000
 
 func (s taskService) EnqueueBatch(ctx context.Context, req *connect.Request[nornv1.EnqueueBatchRequest]) (*connect.Response[nornv1.EnqueueBatchResponse], error) {
 	n, m := s.n, req.Msg
-	if _, err := n.quorum(m.GetW()); err != nil {
+	if _, err := n.coord.Quorum(m.GetW()); err != nil {
 		return nil, err
 	}
 	if len(m.GetTasks()) == 0 || len(m.GetTasks()) > maxBatch {
@@ -175,7 +155,7 @@ func (s taskService) EnqueueBatch(ctx context.Context, req *connect.Request[norn
 		ids[i] = t.ID
 		writes = append(writes, t)
 	}
-	acks, err := n.write(ctx, writes, m.GetW(), ids)
+	acks, err := n.coord.Write(ctx, writes, m.GetW(), ids)
 	if err != nil {
 		return nil, err
 	}
@@ -187,11 +167,11 @@ func (s taskService) GetTask(ctx context.Context, req *connect.Request[nornv1.Ge
 	if req.Msg.GetId() == 0 {
 		return nil, apierr.Invalid("id", "required")
 	}
-	ts, err := n.read(ctx, req.Msg.GetId(), int(req.Msg.GetR()))
+	ts, err := n.coord.Read(ctx, req.Msg.GetId(), int(req.Msg.GetR()))
 	if err != nil {
 		return nil, apierr.From(err)
 	}
-	return connect.NewResponse(&nornv1.GetTaskResponse{Task: n.view(ts)}), nil
+	return connect.NewResponse(&nornv1.GetTaskResponse{Task: n.coord.View(ts)}), nil
 }
 
 // leaseArg validates a lease duration; nil means the default.
@@ -245,13 +225,13 @@ func (n *Node) propose(id uint64, cmd *claims.Command) (claims.Outcome, error) {
 // endIfTerminal queues the claim FSM's end of a task whose CRDT state is
 // terminal but whose FSM record does not say so yet; it returns whether the
 // task is terminal.
-func (n *Node) endIfTerminal(ts *taskState) bool {
-	ev, ok := ts.task.Terminal()
+func (n *Node) endIfTerminal(ts *coord.TaskState) bool {
+	ev, ok := ts.Task.Terminal()
 	if !ok {
 		return false
 	}
-	if ts.claims == nil || ts.claims.Terminal == claims.EndNone {
-		n.endClaim(ts.task.ID, ev)
+	if ts.Claims == nil || ts.Claims.Terminal == claims.EndNone {
+		n.endClaim(ts.Task.ID, ev)
 	}
 	return true
 }
@@ -263,17 +243,7 @@ func (n *Node) endIfTerminal(ts *taskState) bool {
 // the terminal event first. If the proposal fails (or the node dies
 // first), the monitor ends the claim when its lease runs out.
 func (n *Node) endClaim(id uint64, ev crdt.Terminal) {
-	n.ender.add(n.host.Partition(id), claims.End{ID: id, Token: ev.Claim, Reason: endReason(ev.Kind)})
-}
-
-func endReason(k crdt.TerminalKind) claims.EndReason {
-	switch k {
-	case crdt.Completed:
-		return claims.EndCompleted
-	case crdt.Aborted:
-		return claims.EndAborted
-	}
-	return claims.EndCancelled
+	n.ender.add(n.host.Partition(id), claims.End{ID: id, Token: ev.Claim, Reason: coord.EndReason(ev.Kind)})
 }
 
 func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.RenewRequest]) (*connect.Response[nornv1.RenewResponse], error) {
@@ -281,7 +251,7 @@ func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.Rene
 	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
 		return nil, err
 	}
-	if resp, done, err := forward(n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Renew); done {
+	if resp, done, err := coord.Forward(n.coord, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Renew); done {
 		return resp, err
 	}
 	lease, err := n.leaseArg(m.GetLease())
@@ -304,25 +274,25 @@ func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.Rene
 }
 
 // liveClaim checks that claimID is the task's live claim.
-func liveClaim(ts *taskState, claimID uint64) error {
-	if ts.claims != nil {
-		if c, ok := ts.claims.Live(); ok && c.Token == claimID {
+func liveClaim(ts *coord.TaskState, claimID uint64) error {
+	if ts.Claims != nil {
+		if c, ok := ts.Claims.Live(); ok && c.Token == claimID {
 			return nil
 		}
 	}
 	return connect.NewError(connect.CodeFailedPrecondition,
-		fmt.Errorf("claimId: %d is not the live claim of task %d: %w", claimID, ts.task.ID, claims.ErrClaimSuperseded))
+		fmt.Errorf("claimId: %d is not the live claim of task %d: %w", claimID, ts.Task.ID, claims.ErrClaimSuperseded))
 }
 
 func (s taskService) Update(ctx context.Context, req *connect.Request[nornv1.UpdateRequest]) (*connect.Response[nornv1.UpdateResponse], error) {
 	n, m := s.n, req.Msg
-	if _, err := n.quorum(m.GetW()); err != nil {
+	if _, err := n.coord.Quorum(m.GetW()); err != nil {
 		return nil, err
 	}
 	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
 		return nil, err
 	}
-	if resp, done, err := forward(n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Update); done {
+	if resp, done, err := coord.Forward(n.coord, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Update); done {
 		return resp, err
 	}
 	if m.GetSeq() == 0 {
@@ -339,14 +309,14 @@ func (s taskService) Update(ctx context.Context, req *connect.Request[nornv1.Upd
 	if err != nil {
 		return nil, apierr.From(err)
 	}
-	if _, terminal := ts.task.Terminal(); terminal {
+	if _, terminal := ts.Task.Terminal(); terminal {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
 	}
 	if err := liveClaim(ts, m.GetClaimId()); err != nil {
 		return nil, err
 	}
 	u.At = n.hlc.Now()
-	acks, err := n.write(ctx, []*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{u}}}, m.GetW(), []uint64{m.GetId()})
+	acks, err := n.coord.Write(ctx, []*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{u}}}, m.GetW(), []uint64{m.GetId()})
 	if err != nil {
 		return nil, err
 	}
@@ -357,7 +327,7 @@ func (s taskService) Update(ctx context.Context, req *connect.Request[nornv1.Upd
 // the claim must be the live one, or the one that already ended the task
 // the same way (an idempotent retry). It returns the acks.
 func (n *Node) finish(ctx context.Context, id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, error) {
-	if _, err := n.quorum(w); err != nil {
+	if _, err := n.coord.Quorum(w); err != nil {
 		return 0, err
 	}
 	t, err := n.prepareFinish(ctx, id, claimID, ev)
@@ -366,7 +336,7 @@ func (n *Node) finish(ctx context.Context, id, claimID uint64, w uint32, ev crdt
 	}
 	// A retry of the same call writes the stored state again, so that it
 	// reaches the quorum it may have missed.
-	return n.write(ctx, []*crdt.Task{t}, w, []uint64{id})
+	return n.coord.Write(ctx, []*crdt.Task{t}, w, []uint64{id})
 }
 
 // prepareFinish checks that the terminal event ev may end task id under
@@ -384,10 +354,10 @@ func (n *Node) prepareFinish(ctx context.Context, id, claimID uint64, ev crdt.Te
 	if err != nil {
 		return nil, apierr.From(err)
 	}
-	if prev, terminal := ts.task.Terminal(); terminal {
+	if prev, terminal := ts.Task.Terminal(); terminal {
 		n.endIfTerminal(ts)
 		if prev.Kind == ev.Kind && prev.Claim == claimID {
-			return ts.task, nil
+			return ts.Task, nil
 		}
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", id, prev.Kind))
 	}
@@ -400,7 +370,7 @@ func (n *Node) prepareFinish(ctx context.Context, id, claimID uint64, ev crdt.Te
 
 func (s taskService) Complete(ctx context.Context, req *connect.Request[nornv1.CompleteRequest]) (*connect.Response[nornv1.CompleteResponse], error) {
 	m := req.Msg
-	if resp, done, err := forward(s.n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Complete); done {
+	if resp, done, err := coord.Forward(s.n.coord, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Complete); done {
 		return resp, err
 	}
 	result := m.GetResult()
@@ -419,7 +389,7 @@ const maxCompleteBatch = 10_000
 
 func (s taskService) CompleteBatch(ctx context.Context, req *connect.Request[nornv1.CompleteBatchRequest]) (*connect.Response[nornv1.CompleteBatchResponse], error) {
 	n, m := s.n, req.Msg
-	if _, err := n.quorum(m.GetW()); err != nil {
+	if _, err := n.coord.Quorum(m.GetW()); err != nil {
 		return nil, err
 	}
 	cs := m.GetCompletions()
@@ -443,7 +413,7 @@ func (s taskService) CompleteBatch(ctx context.Context, req *connect.Request[nor
 			continue
 		}
 		seen[c.GetId()] = true
-		if target := n.routeTarget(n.host.Partition(c.GetId()), transport.Hops(req)); target != "" && c.GetId() != 0 {
+		if target := n.coord.RouteTarget(n.host.Partition(c.GetId()), transport.Hops(req)); target != "" && c.GetId() != 0 {
 			remote[target] = append(remote[target], i)
 		} else {
 			local = append(local, i)
@@ -478,7 +448,7 @@ func (s taskService) CompleteBatch(ctx context.Context, req *connect.Request[nor
 	}
 	if len(tasks) > 0 {
 		// One write (one synced commit per replica) for the whole batch.
-		acks, w, lastErr, err := n.writeEach(ctx, tasks, m.GetW())
+		acks, w, lastErr, err := n.coord.WriteEach(ctx, tasks, m.GetW())
 		if err != nil {
 			return nil, err
 		}
@@ -486,7 +456,7 @@ func (s taskService) CompleteBatch(ctx context.Context, req *connect.Request[nor
 			if acks[k] >= w {
 				results[i] = &nornv1.CompletionResult{Acks: acks[k]}
 			} else {
-				fail(i, n.quorumError([]uint64{cs[i].GetId()}, acks[k], w, lastErr))
+				fail(i, n.coord.QuorumError([]uint64{cs[i].GetId()}, acks[k], w, lastErr))
 			}
 		}
 	}
@@ -509,7 +479,7 @@ func (n *Node) forwardCompletions(ctx context.Context, req *connect.Request[norn
 	}
 	for k, i := range idx {
 		switch {
-		case err != nil && unreachable(err) && n.host.Group(n.host.Partition(cs[i].GetId())) != nil:
+		case err != nil && coord.Unreachable(err) && n.host.Group(n.host.Partition(cs[i].GetId())) != nil:
 			here = append(here, i)
 		case err != nil:
 			results[i] = &nornv1.CompletionResult{Code: connect.CodeOf(err).String(), Message: fmt.Sprintf("completions[%d]: %s", i, apierr.Message(err))}
@@ -531,7 +501,7 @@ func (n *Node) forwardCompletions(ctx context.Context, req *connect.Request[norn
 
 func (s taskService) Abort(ctx context.Context, req *connect.Request[nornv1.AbortRequest]) (*connect.Response[nornv1.AbortResponse], error) {
 	m := req.Msg
-	if resp, done, err := forward(s.n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Abort); done {
+	if resp, done, err := coord.Forward(s.n.coord, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Abort); done {
 		return resp, err
 	}
 	ev := crdt.Terminal{Kind: crdt.Aborted}
@@ -554,7 +524,7 @@ func (s taskService) Yield(ctx context.Context, req *connect.Request[nornv1.Yiel
 	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
 		return nil, err
 	}
-	if resp, done, err := forward(n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Yield); done {
+	if resp, done, err := coord.Forward(n.coord, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Yield); done {
 		return resp, err
 	}
 	if p := m.GetProgress(); math.IsNaN(p) || p < 0 || p > 1 {
@@ -572,13 +542,13 @@ func (s taskService) Yield(ctx context.Context, req *connect.Request[nornv1.Yiel
 	}
 	if p := m.GetProgress(); p > 0 {
 		seq := uint64(1)
-		for _, u := range ts.task.Updates {
+		for _, u := range ts.Task.Updates {
 			if u.Claim == m.GetClaimId() {
 				seq = max(seq, u.Seq+1)
 			}
 		}
 		up := crdt.Update{Claim: m.GetClaimId(), Seq: seq, At: n.hlc.Now(), Progress: p}
-		if _, err := n.write(ctx, []*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{up}}}, 0, []uint64{m.GetId()}); err != nil {
+		if _, err := n.coord.Write(ctx, []*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{up}}}, 0, []uint64{m.GetId()}); err != nil {
 			return nil, err
 		}
 	}
@@ -591,28 +561,28 @@ func (s taskService) Yield(ctx context.Context, req *connect.Request[nornv1.Yiel
 
 func (s taskService) Cancel(ctx context.Context, req *connect.Request[nornv1.CancelRequest]) (*connect.Response[nornv1.CancelResponse], error) {
 	n, m := s.n, req.Msg
-	if _, err := n.quorum(m.GetW()); err != nil {
+	if _, err := n.coord.Quorum(m.GetW()); err != nil {
 		return nil, err
 	}
 	if m.GetId() == 0 {
 		return nil, apierr.Invalid("id", "required")
 	}
-	if resp, done, err := forward(n, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Cancel); done {
+	if resp, done, err := coord.Forward(n.coord, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Cancel); done {
 		return resp, err
 	}
-	ts, err := n.load(m.GetId())
+	ts, err := n.coord.Load(m.GetId())
 	if errors.Is(err, storage.ErrNotFound) {
 		// This replica may have missed the enqueue (W < N, a power loss):
 		// only a majority can say the task does not exist.
-		ts, err = n.read(ctx, m.GetId(), 0)
+		ts, err = n.coord.Read(ctx, m.GetId(), 0)
 	}
 	if err != nil {
 		return nil, apierr.From(err)
 	}
-	if prev, terminal := ts.task.Terminal(); terminal {
+	if prev, terminal := ts.Task.Terminal(); terminal {
 		n.endIfTerminal(ts)
 		if prev.Kind == crdt.Cancelled {
-			acks, err := n.write(ctx, []*crdt.Task{ts.task}, m.GetW(), []uint64{m.GetId()})
+			acks, err := n.coord.Write(ctx, []*crdt.Task{ts.Task}, m.GetW(), []uint64{m.GetId()})
 			if err != nil {
 				return nil, err
 			}
@@ -621,7 +591,7 @@ func (s taskService) Cancel(ctx context.Context, req *connect.Request[nornv1.Can
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", m.GetId(), prev.Kind))
 	}
 	ev := crdt.Terminal{At: n.hlc.Now(), Kind: crdt.Cancelled}
-	acks, err := n.write(ctx, []*crdt.Task{{ID: m.GetId(), Terminals: []crdt.Terminal{ev}}}, m.GetW(), []uint64{m.GetId()})
+	acks, err := n.coord.Write(ctx, []*crdt.Task{{ID: m.GetId(), Terminals: []crdt.Terminal{ev}}}, m.GetW(), []uint64{m.GetId()})
 	if err != nil {
 		return nil, err
 	}

@@ -112,6 +112,12 @@ type Host struct {
 // started is stopped again.
 func Start(cfg Config) (*Host, error) {
 	h := &Host{cfg: cfg, reconcileKick: make(chan struct{}, 1), stop: make(chan struct{})}
+	cfg.Peers.SetRing(func() (string, uint64) {
+		if r := h.ring.Load(); r != nil {
+			return r.ClusterID, r.Epoch
+		}
+		return "", 0
+	})
 	if err := h.startCluster(); err != nil {
 		return nil, errors.Join(err, h.stopCluster())
 	}

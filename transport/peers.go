@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -42,15 +43,17 @@ type PeersConfig struct {
 	// APIAddr is this node's API address: calls leave from its IP when it
 	// is a specific one (see Peers.Get).
 	APIAddr string
-	// Ring returns this node's cluster id and ring epoch ("" and 0 before
-	// the cluster is formed), sent with every peer request.
-	Ring func() (clusterID string, epoch uint64)
 }
+
+// RingSource returns this node's cluster id and ring epoch ("" and 0
+// before the cluster is formed), sent with every peer request.
+type RingSource func() (clusterID string, epoch uint64)
 
 // Peers holds one Peer per API address, made on first use, sharing one
 // HTTP/2 (h2c) transport. Safe for concurrent use.
 type Peers struct {
 	cfg   PeersConfig
+	ring  atomic.Pointer[RingSource] // nil until SetRing
 	once  sync.Once
 	hc    *http.Client
 	tr    *http.Transport
@@ -60,6 +63,11 @@ type Peers struct {
 
 // NewPeers returns an empty set; connections are made on first use.
 func NewPeers(cfg PeersConfig) *Peers { return &Peers{cfg: cfg} }
+
+// SetRing sets where requests take the cluster id and ring epoch they
+// carry (the node's part that holds the ring sets it as it starts); until
+// then they carry neither.
+func (s *Peers) SetRing(src RingSource) { s.ring.Store(&src) }
 
 // Get returns the peer at API address addr.
 func (s *Peers) Get(addr string) *Peer {
@@ -120,9 +128,11 @@ func (s *Peers) Close() {
 func Request[T any](s *Peers, msg *T) *connect.Request[T] {
 	req := connect.NewRequest(msg)
 	req.Header().Set(HeaderNode, s.cfg.NodeID)
-	if cid, epoch := s.cfg.Ring(); cid != "" {
-		req.Header().Set(HeaderCluster, cid)
-		req.Header().Set(HeaderEpoch, strconv.FormatUint(epoch, 10))
+	if src := s.ring.Load(); src != nil {
+		if cid, epoch := (*src)(); cid != "" {
+			req.Header().Set(HeaderCluster, cid)
+			req.Header().Set(HeaderEpoch, strconv.FormatUint(epoch, 10))
+		}
 	}
 	return req
 }

@@ -1,4 +1,4 @@
-package node
+package coord
 
 import (
 	"context"
@@ -17,33 +17,11 @@ import (
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/ring"
 	"github.com/norn-dev/norn/storage"
-	"github.com/norn-dev/norn/transport"
 )
 
-// validateTask checks a task state received from a peer field by field,
-// like the API edge checks a client's.
-func validateTask(t *crdt.Task, lim crdt.Limits) error {
-	if t.Spec != nil {
-		if err := t.Spec.Validate(lim); err != nil {
-			return err
-		}
-	}
-	for i := range t.Updates {
-		if err := t.Updates[i].Validate(lim); err != nil {
-			return err
-		}
-	}
-	for i := range t.Terminals {
-		if err := t.Terminals[i].Validate(lim); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// quorum resolves a request's write quorum: 0 is the majority of N.
-func (n *Node) quorum(w uint32) (uint32, error) {
-	r := n.host.Ring()
+// Quorum resolves a request's write quorum: 0 is the majority of N.
+func (c *Coordinator) Quorum(w uint32) (uint32, error) {
+	r := c.host.Ring()
 	if r == nil {
 		return 0, apierr.NotFormed
 	}
@@ -57,15 +35,15 @@ func (n *Node) quorum(w uint32) (uint32, error) {
 	return w, nil
 }
 
-// write stores task states (deltas or whole states) on their cohorts:
+// Write stores task states (deltas or whole states) on their cohorts:
 // every cohort member gets them in parallel, this node through its store
 // and the others through their replica senders, and write answers once
 // every task has w synced acks. Fewer than w before the deadline (or the
 // request's context) is UNAVAILABLE with a WriteFailure naming ids (the
 // request's task ids, for the client to retry with). It returns the acks:
 // the least over the tasks at the moment each reached w.
-func (n *Node) write(ctx context.Context, tasks []*crdt.Task, w uint32, ids []uint64) (uint32, error) {
-	acks, w, lastErr, err := n.writeEach(ctx, tasks, w)
+func (c *Coordinator) Write(ctx context.Context, tasks []*crdt.Task, w uint32, ids []uint64) (uint32, error) {
+	acks, w, lastErr, err := c.WriteEach(ctx, tasks, w)
 	if err != nil {
 		return 0, err
 	}
@@ -73,13 +51,13 @@ func (n *Node) write(ctx context.Context, tasks []*crdt.Task, w uint32, ids []ui
 	if least >= w {
 		return least, nil
 	}
-	return least, n.quorumError(ids, least, w, lastErr)
+	return least, c.QuorumError(ids, least, w, lastErr)
 }
 
-// quorumError is the error of a write that did not reach w acks: the
+// QuorumError is the error of a write that did not reach w acks: the
 // refusal of a replica when one refused the write itself (no retry will
 // help), else UNAVAILABLE with a WriteFailure.
-func (n *Node) quorumError(ids []uint64, acks, w uint32, lastErr error) error {
+func (c *Coordinator) QuorumError(ids []uint64, acks, w uint32, lastErr error) error {
 	var ce *connect.Error
 	if lastErr != nil && errors.As(lastErr, &ce) && ce.Code() != connect.CodeUnavailable &&
 		ce.Code() != connect.CodeDeadlineExceeded && ce.Code() != connect.CodeCanceled &&
@@ -97,21 +75,21 @@ func (n *Node) quorumError(ids []uint64, acks, w uint32, lastErr error) error {
 	return e
 }
 
-// writeEach is write's fan-out: it returns each task's acks when every
+// WriteEach is write's fan-out: it returns each task's acks when every
 // task has w of them, every replica answered, or the deadline passed;
 // the resolved w; and the last error a replica gave.
-func (n *Node) writeEach(ctx context.Context, tasks []*crdt.Task, w uint32) (acks []uint32, quorum uint32, lastErr, err error) {
-	r := n.host.Ring()
+func (c *Coordinator) WriteEach(ctx context.Context, tasks []*crdt.Task, w uint32) (acks []uint32, quorum uint32, lastErr, err error) {
+	r := c.host.Ring()
 	if r == nil {
 		return nil, 0, nil, apierr.NotFormed
 	}
-	w, err = n.quorum(w)
+	w, err = c.Quorum(w)
 	if err != nil {
 		return nil, 0, nil, err
 	}
 	for attempt := 0; ; attempt++ {
 		var stale string
-		acks, stale, lastErr = n.writeOnce(ctx, r, tasks, w)
+		acks, stale, lastErr = c.writeOnce(ctx, r, tasks, w)
 		if stale == "" || slices.Min(acks) >= w || attempt == 2 || ctx.Err() != nil {
 			return acks, w, lastErr, nil
 		}
@@ -122,10 +100,10 @@ func (n *Node) writeEach(ctx context.Context, tasks []*crdt.Task, w uint32) (ack
 		if !ok {
 			return acks, w, lastErr, nil
 		}
-		if err := n.host.PullRing(nd.APIAddr); err != nil {
+		if err := c.host.PullRing(nd.APIAddr); err != nil {
 			return acks, w, lastErr, nil
 		}
-		next := n.host.Ring()
+		next := c.host.Ring()
 		if next.Epoch <= r.Epoch {
 			return acks, w, lastErr, nil
 		}
@@ -140,7 +118,7 @@ const staleRingRefusal = "the writer's ring is older"
 // writeOnce sends tasks to their replicas as ring r places them and waits
 // as writeEach says. stale names a replica that refused the write because
 // r is older than its ring ("" when none did).
-func (n *Node) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*crdt.Task, w uint32) (acks []uint32, stale string, lastErr error) {
+func (c *Coordinator) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*crdt.Task, w uint32) (acks []uint32, stale string, lastErr error) {
 	// Group by destination: every replica of each task's partition, a
 	// move's target included.
 	tr := &ackTracker{acks: make([]uint32, len(tasks)), w: w, left: len(tasks), done: make(chan struct{})}
@@ -163,8 +141,8 @@ func (n *Node) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*crdt.Tas
 		for j, i := range idx {
 			sub[j] = tasks[i]
 		}
-		if dest == n.cfg.NodeID {
-			go func() { tr.answer(dest, idx, n.mergeLocal(sub)) }()
+		if dest == c.cfg.NodeID {
+			go func() { tr.answer(dest, idx, c.MergeLocal(sub)) }()
 			continue
 		}
 		nd, ok := r.Node(dest)
@@ -172,9 +150,9 @@ func (n *Node) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*crdt.Tas
 			tr.answer(dest, idx, fmt.Errorf("node %s is not in the ring", dest))
 			continue
 		}
-		n.sender(nd.APIAddr).send(sub, func(err error) { tr.answer(dest, idx, err) })
+		c.sender(nd.APIAddr).send(sub, func(err error) { tr.answer(dest, idx, err) })
 	}
-	timer := time.NewTimer(n.cfg.WriteTimeout)
+	timer := time.NewTimer(c.cfg.WriteTimeout)
 	defer timer.Stop()
 	select {
 	case <-tr.done:
@@ -274,15 +252,14 @@ func (t *ackTracker) result() ([]uint32, error) {
 	return out, t.lastErr
 }
 
-// mergeLocal writes task states to this node's replicas (one synced
-// commit), wakes claims waiting on their queues and, for the partitions
-// this node leads, ends the claims of tasks that arrive terminal.
-func (n *Node) mergeLocal(tasks []*crdt.Task) error {
+// MergeLocal writes task states to this node's replicas (one synced
+// commit) and tells OnEnded of the tasks that arrived terminal.
+func (c *Coordinator) MergeLocal(tasks []*crdt.Task) error {
 	items := make([]storage.MergeItem, len(tasks))
 	for i, t := range tasks {
-		items[i] = storage.MergeItem{Partition: n.host.Partition(t.ID), Task: t}
+		items[i] = storage.MergeItem{Partition: c.host.Partition(t.ID), Task: t}
 	}
-	res, err := n.store.MergeTasks(items)
+	res, err := c.store.MergeTasks(items)
 	if err != nil {
 		return apierr.From(err)
 	}
@@ -290,123 +267,18 @@ func (n *Node) mergeLocal(tasks []*crdt.Task) error {
 		if r.SpecConflict {
 			// Two different specs for one id: corruption, or an id reused.
 			// Resolved deterministically (lowest digest wins); never silent.
-			n.specConflicts.Add(1)
-			n.cfg.Logger.Error("task spec conflict resolved", "id", r.ID)
+			c.specConflicts.Add(1)
+			c.cfg.Logger.Error("task spec conflict resolved", "id", r.ID)
 		}
 	}
-	terminal := false
+	var ended []Ended
 	for i, t := range tasks {
-		ev, ok := t.Terminal()
-		if !ok || !res[i].Changed() {
-			continue
-		}
-		terminal = true
-		if g := n.host.Group(items[i].Partition); g != nil && g.IsLeader() {
-			n.endClaim(t.ID, ev)
+		if ev, ok := t.Terminal(); ok && res[i].Changed() {
+			ended = append(ended, Ended{P: items[i].Partition, ID: t.ID, Event: ev})
 		}
 	}
-	if terminal {
-		// Dependants of these tasks, in any queue, may be claimable (or
-		// doomed) now.
-		n.waiters.notifyAll()
+	if len(ended) > 0 && c.cfg.OnEnded != nil {
+		c.cfg.OnEnded(ended)
 	}
 	return nil
-}
-
-// replicaSender batches the replication to one peer: writes queued while
-// a call is in flight go together in the next call, so a busy node sends
-// few large Replicate calls rather than many small ones.
-type replicaSender struct {
-	n *Node
-	p *transport.Peer
-
-	mu       sync.Mutex
-	queue    []*crdt.Task
-	waiters  []func(error)
-	inflight int
-}
-
-// Replication batching limits: calls in flight per peer, and the size of
-// one call.
-const (
-	senderInflight   = 2
-	senderMaxTasks   = maxReplicate
-	senderMaxBytes   = 8 << 20
-	replicateTimeout = 10 * time.Second
-)
-
-// sender returns the replica sender of the peer at API address addr.
-func (n *Node) sender(addr string) *replicaSender {
-	n.sendersMu.Lock()
-	defer n.sendersMu.Unlock()
-	s, ok := n.senders[addr]
-	if !ok {
-		s = &replicaSender{n: n, p: n.peers.Get(addr)}
-		n.senders[addr] = s
-	}
-	return s
-}
-
-// send queues tasks for the peer; done is called once with the outcome of
-// the call that carried them.
-func (s *replicaSender) send(tasks []*crdt.Task, done func(error)) {
-	s.mu.Lock()
-	s.queue = append(s.queue, tasks...)
-	s.waiters = append(s.waiters, done)
-	start := s.inflight < senderInflight
-	if start {
-		s.inflight++
-	}
-	s.mu.Unlock()
-	if start {
-		go s.loop()
-	}
-}
-
-// loop sends batches until the queue is empty.
-func (s *replicaSender) loop() {
-	for {
-		s.mu.Lock()
-		if len(s.queue) == 0 {
-			s.inflight--
-			s.mu.Unlock()
-			return
-		}
-		tasks, waiters := s.queue, s.waiters
-		s.queue, s.waiters = nil, nil
-		s.mu.Unlock()
-		s.call(tasks, waiters)
-	}
-}
-
-// call sends everything taken from the queue, in calls of at most
-// senderMaxTasks tasks and about senderMaxBytes, and tells every waiter
-// the outcome (an error of any call fails them all: conservative).
-func (s *replicaSender) call(tasks []*crdt.Task, waiters []func(error)) {
-	for len(tasks) > 0 {
-		var states [][]byte
-		size := 0
-		for _, t := range tasks {
-			if len(states) == senderMaxTasks || (size > senderMaxBytes && len(states) > 0) {
-				break
-			}
-			b := t.Encode()
-			states = append(states, b)
-			size += len(b)
-		}
-		chunk := tasks[:len(states)]
-		ctx, cancel := context.WithTimeout(context.Background(), replicateTimeout)
-		_, err := s.p.Peer.Replicate(ctx, transport.Request(s.n.peers, &nornv1.ReplicateRequest{Tasks: states}))
-		cancel()
-		if err != nil {
-			for _, w := range waiters {
-				w(err)
-			}
-			return
-		}
-		tasks = tasks[len(chunk):]
-	}
-	for _, w := range waiters {
-		w(nil)
-	}
 }

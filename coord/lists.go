@@ -1,0 +1,562 @@
+package coord
+
+// Lists and counts (TaskService.ListTasks and CountTasks) across the
+// cluster. A node reads the partitions it replicates from its own replica
+// (R=1) and every other partition from one replica elsewhere, through
+// PeerService.ListPartition and CountPartitions: the partition's leader
+// when a peer reported it (its claim records are the authoritative ones),
+// else an up member of the cohort, and the next one on an error. When no
+// replica of a partition answers, the call fails UNAVAILABLE naming the
+// partition: a list or count never leaves a partition out silently. A
+// node that replicates every partition (N equal to the node count) asks
+// no peer.
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
+)
+
+// Listing bounds.
+const (
+	defaultPageSize = 100
+	MaxPageSize     = 1000
+	MaxScanPerPage  = 10_000   // tasks examined per ListTasks call
+	MaxPageBytes    = 16 << 20 // encoded size of a page's tasks, exceeded by one task at most
+	// countTimeout bounds one CountPartitions call (it scans whole
+	// partitions); a ListPartition call does bounded work and takes
+	// ReadTimeout.
+	countTimeout = 30 * time.Second
+)
+
+// ListFilter selects the tasks of a list or count.
+type ListFilter struct {
+	queue  string            // "" for every queue
+	status nornv1.TaskStatus // TASK_STATUS_UNSPECIFIED for every status
+}
+
+// NewListFilter validates a request's queue and status filters.
+func NewListFilter(queue string, status nornv1.TaskStatus) (ListFilter, error) {
+	if queue != "" {
+		if err := crdt.ValidateQueue("queue", queue); err != nil {
+			return ListFilter{}, apierr.From(err)
+		}
+	}
+	if _, ok := nornv1.TaskStatus_name[int32(status)]; !ok {
+		return ListFilter{}, apierr.Invalid("status", "unknown status %d", status)
+	}
+	return ListFilter{queue: queue, status: status}, nil
+}
+
+// ListBudget is what is left of a page: tasks to return, tasks to
+// examine, bytes of returned tasks. A page stops before the next task
+// once any of them is used up.
+type ListBudget struct{ tasks, scan, bytes int }
+
+func (b ListBudget) spent() bool { return b.tasks <= 0 || b.scan <= 0 || b.bytes <= 0 }
+
+// less is what is left of b after pg.
+func (b ListBudget) less(pg ListPage) ListBudget {
+	return ListBudget{tasks: b.tasks - len(pg.tasks), scan: b.scan - pg.scanned, bytes: b.bytes - pg.bytes}
+}
+
+// ListPage is one partition's part of a ListTasks page.
+type ListPage struct {
+	tasks   []*nornv1.Task
+	scanned int    // tasks examined, matching or not
+	bytes   int    // encoded size of tasks
+	more    bool   // the partition holds more tasks, from next on
+	next    uint64 // the first task not examined, when more
+}
+
+func (pg *ListPage) add(v *nornv1.Task) {
+	pg.tasks = append(pg.tasks, v)
+	pg.bytes += proto.Size(v)
+}
+
+// ListLocal reads partition p's part of a page from this node's replica:
+// the tasks with id >= start that match f, in id order, until b is spent.
+func (c *Coordinator) ListLocal(p uint16, f ListFilter, start uint64, b ListBudget) (ListPage, error) {
+	var pg ListPage
+	for {
+		batch, next, more, err := c.store.ScanTasks(p, start, min(256, b.scan+1))
+		if err != nil {
+			return ListPage{}, apierr.From(err)
+		}
+		for _, st := range batch {
+			if b.less(pg).spent() {
+				pg.more, pg.next = true, st.Task.ID
+				return pg, nil
+			}
+			pg.scanned++
+			if v := c.listView(st, f); v != nil {
+				pg.add(v)
+			}
+		}
+		if !more {
+			return pg, nil
+		}
+		start = next
+	}
+}
+
+// listView renders a stored task if it matches f.
+func (c *Coordinator) listView(st *storage.StoredTask, f ListFilter) *nornv1.Task {
+	if st.Task.Spec == nil || (f.queue != "" && st.Task.Spec.Queue != f.queue) {
+		return nil
+	}
+	ts, err := c.WithClaims(st.Partition, st.Task)
+	if err != nil {
+		return nil
+	}
+	v := c.View(ts)
+	if f.status != nornv1.TaskStatus_TASK_STATUS_UNSPECIFIED && v.Status != f.status {
+		return nil
+	}
+	return v
+}
+
+// listRemote reads partition p's part of a page from a replica on
+// another node (see replicaOrder), trying the next on an error.
+func (c *Coordinator) listRemote(ctx context.Context, p uint16, f ListFilter, start uint64, b ListBudget) (ListPage, error) {
+	order := c.replicaOrder(p, nil)
+	var lastErr error
+	for _, nd := range order {
+		pg, err := c.askList(ctx, nd, p, f, start, b)
+		if err == nil {
+			return pg, nil
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return ListPage{}, partitionUnavailable(p, order, lastErr)
+}
+
+// askList asks node nd for partition p's part of a page and checks that
+// the answer keeps to the request.
+func (c *Coordinator) askList(ctx context.Context, nd cluster.RingNode, p uint16, f ListFilter, start uint64, b ListBudget) (ListPage, error) {
+	cctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+	defer cancel()
+	resp, err := c.peers.Get(nd.APIAddr).Peer.ListPartition(cctx, transport.Request(c.peers, &nornv1.ListPartitionRequest{
+		Partition: uint32(p), Queue: f.queue, Status: f.status, Start: start,
+		Limit: uint32(b.tasks), MaxScan: uint32(b.scan), MaxBytes: uint32(max(b.bytes, 0))}))
+	if err != nil {
+		return ListPage{}, err
+	}
+	m := resp.Msg
+	if len(m.GetTasks()) > b.tasks || int(m.GetScanned()) > b.scan || (m.GetMore() && m.GetNext() < start) {
+		return ListPage{}, fmt.Errorf("node %s answered beyond the request for partition %d", nd.ID, p)
+	}
+	pg := ListPage{scanned: int(m.GetScanned()), more: m.GetMore(), next: m.GetNext()}
+	for _, v := range m.GetTasks() {
+		if v.GetId() < start || c.host.Partition(v.GetId()) != p {
+			return ListPage{}, fmt.Errorf("node %s answered task %d for partition %d", nd.ID, v.GetId(), p)
+		}
+		pg.add(v)
+	}
+	c.hints.set(p, m.GetLeader())
+	return pg, nil
+}
+
+// CountPartition counts partition p's tasks (of queue, or all) by status
+// name. It scans the partition.
+func (c *Coordinator) CountPartition(p uint16, queue string) (map[string]uint64, error) {
+	counts := map[string]uint64{}
+	now := c.cfg.Clock.Now().UnixMilli()
+	var start uint64
+	for {
+		batch, next, more, err := c.store.ScanTasks(p, start, 1024)
+		if err != nil {
+			return nil, err
+		}
+		for _, st := range batch {
+			if st.Task.Spec == nil || (queue != "" && st.Task.Spec.Queue != queue) {
+				continue
+			}
+			ts, err := c.WithClaims(p, st.Task)
+			if err != nil {
+				return nil, err
+			}
+			counts[StatusName(ts.Status(now, c.cfg.DepsDone))]++
+		}
+		if !more {
+			return counts, nil
+		}
+		start = next
+	}
+}
+
+// StatusName is a status without its enum prefix ("READY").
+func StatusName(s nornv1.TaskStatus) string {
+	return s.String()[len("TASK_STATUS_"):]
+}
+
+// countRemote counts partitions this node does not replicate on other
+// nodes, one CountPartitions call per node in parallel, and asks the
+// next replica of the partitions whose call failed. It returns one count
+// per partition.
+func (c *Coordinator) countRemote(ctx context.Context, parts []uint16, queue string) ([]map[string]uint64, error) {
+	// Each partition's replicas in the order to ask them; a partition
+	// without a known leader goes to a node already asked for another,
+	// so that few nodes get one call each.
+	orders := map[uint16][]cluster.RingNode{}
+	chosen := map[string]bool{}
+	for _, p := range parts {
+		o := c.replicaOrder(p, chosen)
+		if len(o) > 0 {
+			chosen[o[0].ID] = true
+		}
+		orders[p] = o
+	}
+	type answer struct {
+		parts  []uint16
+		counts []*nornv1.PartitionCount
+		err    error
+	}
+	tried := map[uint16]int{}
+	lastErr := map[uint16]error{}
+	var out []map[string]uint64
+	for pending := parts; len(pending) > 0; {
+		plan := map[string][]uint16{}
+		nodes := map[string]cluster.RingNode{}
+		for _, p := range pending {
+			o := orders[p]
+			if tried[p] == len(o) {
+				return nil, partitionUnavailable(p, o, lastErr[p])
+			}
+			nd := o[tried[p]]
+			tried[p]++
+			plan[nd.ID] = append(plan[nd.ID], p)
+			nodes[nd.ID] = nd
+		}
+		answers := make(chan answer, len(plan))
+		for id, ps := range plan {
+			go func() {
+				counts, err := c.askCount(ctx, nodes[id], ps, queue)
+				answers <- answer{ps, counts, err}
+			}()
+		}
+		pending = nil
+		for range plan {
+			a := <-answers
+			if a.err != nil {
+				for _, p := range a.parts {
+					lastErr[p] = a.err
+				}
+				pending = append(pending, a.parts...)
+				continue
+			}
+			for i, pc := range a.counts {
+				c.hints.set(a.parts[i], pc.GetLeader())
+				out = append(out, pc.GetByStatus())
+			}
+		}
+		slices.Sort(pending)
+	}
+	return out, nil
+}
+
+// askCount asks node nd to count partitions ps and checks that it
+// answered for exactly those.
+func (c *Coordinator) askCount(ctx context.Context, nd cluster.RingNode, ps []uint16, queue string) ([]*nornv1.PartitionCount, error) {
+	cctx, cancel := context.WithTimeout(ctx, countTimeout)
+	defer cancel()
+	req := &nornv1.CountPartitionsRequest{Queue: queue}
+	for _, p := range ps {
+		req.Partitions = append(req.Partitions, uint32(p))
+	}
+	resp, err := c.peers.Get(nd.APIAddr).Peer.CountPartitions(cctx, transport.Request(c.peers, req))
+	if err != nil {
+		return nil, err
+	}
+	counts := resp.Msg.GetCounts()
+	if !slices.EqualFunc(counts, req.Partitions, func(c *nornv1.PartitionCount, p uint32) bool { return c.GetPartition() == p }) {
+		return nil, fmt.Errorf("node %s did not answer for partitions %v", nd.ID, ps)
+	}
+	return counts, nil
+}
+
+// replicaOrder lists the up members of partition p's cohort other than
+// this node, in the order to ask them: the leader a peer last reported,
+// then members in prefer, then the others in random order.
+func (c *Coordinator) replicaOrder(p uint16, prefer map[string]bool) []cluster.RingNode {
+	r := c.host.Ring()
+	alive := c.host.Alive()
+	hint := c.hints.get(p)
+	cohort := r.Cohort(int(p))
+	var leader, preferred, rest []cluster.RingNode
+	for _, i := range rand.Perm(len(cohort)) {
+		id := string(cohort[i])
+		nd, ok := r.Node(id)
+		switch {
+		case id == c.cfg.NodeID || !ok || !alive[id]:
+		case id == hint:
+			leader = append(leader, nd)
+		case prefer[id]:
+			preferred = append(preferred, nd)
+		default:
+			rest = append(rest, nd)
+		}
+	}
+	return slices.Concat(leader, preferred, rest)
+}
+
+// partitionUnavailable is the error of a list or count that no replica
+// of partition p answered; asked are the replicas tried.
+func partitionUnavailable(p uint16, asked []cluster.RingNode, lastErr error) error {
+	if len(asked) == 0 {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("partition %d: no replica is up", p))
+	}
+	ids := make([]string, len(asked))
+	for i, nd := range asked {
+		ids[i] = nd.ID
+	}
+	msg := fmt.Sprintf("partition %d: no replica answered (asked %s)", p, strings.Join(ids, ", "))
+	if lastErr != nil {
+		msg += ": " + apierr.Message(lastErr)
+	}
+	return connect.NewError(connect.CodeUnavailable, errors.New(msg))
+}
+
+// leaderHints remembers the leaders that peers reported for partitions
+// this node does not replicate, so lists and counts ask them first.
+type leaderHints struct {
+	mu     sync.Mutex
+	leader map[uint16]string
+}
+
+func (h *leaderHints) get(p uint16) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.leader[p]
+}
+
+// set records p's leader ("" forgets it).
+func (h *leaderHints) set(p uint16, id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.leader == nil {
+		h.leader = map[uint16]string{}
+	}
+	h.leader[p] = id
+}
+
+// HostedPartition checks the partition field of a peer request: below
+// P, and replicated here (FAILED_PRECONDITION otherwise). It returns the
+// partition's group.
+func (c *Coordinator) HostedPartition(field string, p uint32) (*claims.Group, error) {
+	if c.host.Ring() == nil {
+		return nil, apierr.NotFormed
+	}
+	if p >= uint32(c.cfg.Partitions) {
+		return nil, apierr.Invalid(field, "must be below %d, got %d", c.cfg.Partitions, p)
+	}
+	g := c.host.Group(uint16(p))
+	if g == nil {
+		return nil, c.NotReplicated(field, uint16(p))
+	}
+	return g, nil
+}
+
+// NotReplicated is the FAILED_PRECONDITION a peer gets for asking about
+// partition p (through field) of a node that does not replicate it.
+func (c *Coordinator) NotReplicated(field string, p uint16) error {
+	return connect.NewError(connect.CodeFailedPrecondition,
+		fmt.Errorf("%s: partition %d is not replicated on %s", field, p, c.cfg.NodeID))
+}
+
+// List answers TaskService.ListTasks: one page of the tasks that match
+// m's filters, in partition and id order, across the cluster.
+func (c *Coordinator) List(ctx context.Context, m *nornv1.ListTasksRequest) (*nornv1.ListTasksResponse, error) {
+	f, err := NewListFilter(m.GetQueue(), m.GetStatus())
+	if err != nil {
+		return nil, err
+	}
+	size := int(m.GetPageSize())
+	if size == 0 {
+		size = defaultPageSize
+	}
+	if size > MaxPageSize {
+		return nil, apierr.Invalid("pageSize", "must be at most %d, got %d", MaxPageSize, size)
+	}
+	p, start, err := decodePageToken(m.GetPageToken(), c.cfg.Partitions)
+	if err != nil {
+		return nil, err
+	}
+	if c.host.Ring() == nil {
+		return nil, apierr.NotFormed
+	}
+	b := ListBudget{tasks: size, scan: MaxScanPerPage, bytes: MaxPageBytes}
+	resp := &nornv1.ListTasksResponse{}
+	for ; int(p) < c.cfg.Partitions; p, start = p+1, 0 {
+		var pg ListPage
+		if c.host.ReadsLocally(p) {
+			pg, err = c.ListLocal(p, f, start, b)
+		} else {
+			pg, err = c.listRemote(ctx, p, f, start, b)
+		}
+		if err != nil {
+			return nil, err
+		}
+		resp.Tasks = append(resp.Tasks, pg.tasks...)
+		if pg.more {
+			resp.NextPageToken = encodePageToken(p, pg.next)
+			break
+		}
+		b = b.less(pg)
+	}
+	return resp, nil
+}
+
+func encodePageToken(p uint16, id uint64) string {
+	b := binary.BigEndian.AppendUint16(nil, p)
+	return base64.RawURLEncoding.EncodeToString(binary.BigEndian.AppendUint64(b, id))
+}
+
+func decodePageToken(tok string, partitions int) (uint16, uint64, error) {
+	if tok == "" {
+		return 0, 0, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil || len(b) != 10 || int(binary.BigEndian.Uint16(b)) >= partitions {
+		return 0, 0, apierr.Invalid("pageToken", "not a token from a previous ListTasks")
+	}
+	return binary.BigEndian.Uint16(b), binary.BigEndian.Uint64(b[2:]), nil
+}
+
+// Count answers TaskService.CountTasks: the tasks of m's queue (or all)
+// by status, across the cluster.
+func (c *Coordinator) Count(ctx context.Context, m *nornv1.CountTasksRequest) (*nornv1.CountTasksResponse, error) {
+	f, err := NewListFilter(m.GetQueue(), 0)
+	if err != nil {
+		return nil, err
+	}
+	if c.host.Ring() == nil {
+		return nil, apierr.NotFormed
+	}
+	var local, remote []uint16
+	for p := range uint16(c.cfg.Partitions) {
+		if c.host.ReadsLocally(p) {
+			local = append(local, p)
+		} else {
+			remote = append(remote, p)
+		}
+	}
+	// The other nodes count while this one does.
+	var remoteCounts []map[string]uint64
+	var remoteErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if len(remote) > 0 {
+			remoteCounts, remoteErr = c.countRemote(ctx, remote, f.queue)
+		}
+	}()
+	var localErr error
+	counts := make([]map[string]uint64, 0, c.cfg.Partitions)
+	for _, p := range local {
+		pc, err := c.CountPartition(p, f.queue)
+		if err != nil {
+			localErr = apierr.From(err)
+			break
+		}
+		counts = append(counts, pc)
+	}
+	<-done
+	if localErr != nil {
+		return nil, localErr
+	}
+	if remoteErr != nil {
+		return nil, remoteErr
+	}
+	resp := &nornv1.CountTasksResponse{ByStatus: map[string]uint64{}}
+	for _, pc := range append(counts, remoteCounts...) {
+		for k, v := range pc {
+			resp.ByStatus[k] += v
+			resp.Total += v
+		}
+	}
+	return resp, nil
+}
+
+// ListPartition answers PeerService.ListPartition from this node's
+// replica of m's partition.
+func (c *Coordinator) ListPartition(m *nornv1.ListPartitionRequest) (*nornv1.ListPartitionResponse, error) {
+	g, err := c.HostedPartition("partition", m.GetPartition())
+	if err != nil {
+		return nil, err
+	}
+	f, err := NewListFilter(m.GetQueue(), m.GetStatus())
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range []struct {
+		field    string
+		got, max uint32
+	}{{"limit", m.GetLimit(), MaxPageSize}, {"maxScan", m.GetMaxScan(), MaxScanPerPage}, {"maxBytes", m.GetMaxBytes(), MaxPageBytes}} {
+		if l.got > l.max {
+			return nil, apierr.Invalid(l.field, "must be at most %d, got %d", l.max, l.got)
+		}
+	}
+	p := uint16(m.GetPartition())
+	pg, err := c.ListLocal(p, f, m.GetStart(), ListBudget{tasks: int(m.GetLimit()), scan: int(m.GetMaxScan()), bytes: int(m.GetMaxBytes())})
+	if err != nil {
+		return nil, err
+	}
+	return &nornv1.ListPartitionResponse{Tasks: pg.tasks, Scanned: uint32(pg.scanned),
+		More: pg.more, Next: pg.next, Leader: string(g.Leader())}, nil
+}
+
+// CountPartitions answers PeerService.CountPartitions from this node's
+// replicas of m's partitions.
+func (c *Coordinator) CountPartitions(m *nornv1.CountPartitionsRequest) (*nornv1.CountPartitionsResponse, error) {
+	f, err := NewListFilter(m.GetQueue(), 0)
+	if err != nil {
+		return nil, err
+	}
+	ps := m.GetPartitions()
+	if len(ps) == 0 || len(ps) > c.cfg.Partitions {
+		return nil, apierr.Invalid("partitions", "must hold 1 to %d partitions, got %d", c.cfg.Partitions, len(ps))
+	}
+	groups := make([]*claims.Group, len(ps))
+	seen := make([]bool, c.cfg.Partitions)
+	for i, p := range ps {
+		field := fmt.Sprintf("partitions[%d]", i)
+		if groups[i], err = c.HostedPartition(field, p); err != nil {
+			return nil, err
+		}
+		if seen[p] {
+			return nil, apierr.Invalid(field, "partition %d is repeated", p)
+		}
+		seen[p] = true
+	}
+	out := make([]*nornv1.PartitionCount, len(ps))
+	for i, p := range ps {
+		counts, err := c.CountPartition(uint16(p), f.queue)
+		if err != nil {
+			return nil, apierr.From(err)
+		}
+		out[i] = &nornv1.PartitionCount{Partition: p, ByStatus: counts, Leader: string(groups[i].Leader())}
+	}
+	return &nornv1.CountPartitionsResponse{Counts: out}, nil
+}

@@ -1,0 +1,110 @@
+package coord
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/transport"
+)
+
+// replicaSender batches the replication to one peer: writes queued while
+// a call is in flight go together in the next call, so a busy node sends
+// few large Replicate calls rather than many small ones.
+type replicaSender struct {
+	c *Coordinator
+	p *transport.Peer
+
+	mu       sync.Mutex
+	queue    []*crdt.Task
+	waiters  []func(error)
+	inflight int
+}
+
+// Replication batching limits: calls in flight per peer, and the size of
+// one call.
+const (
+	senderInflight   = 2
+	senderMaxTasks   = MaxReplicate
+	senderMaxBytes   = 8 << 20
+	replicateTimeout = 10 * time.Second
+)
+
+// sender returns the replica sender of the peer at API address addr.
+func (c *Coordinator) sender(addr string) *replicaSender {
+	c.sendersMu.Lock()
+	defer c.sendersMu.Unlock()
+	s, ok := c.senders[addr]
+	if !ok {
+		s = &replicaSender{c: c, p: c.peers.Get(addr)}
+		c.senders[addr] = s
+	}
+	return s
+}
+
+// send queues tasks for the peer; done is called once with the outcome of
+// the call that carried them.
+func (s *replicaSender) send(tasks []*crdt.Task, done func(error)) {
+	s.mu.Lock()
+	s.queue = append(s.queue, tasks...)
+	s.waiters = append(s.waiters, done)
+	start := s.inflight < senderInflight
+	if start {
+		s.inflight++
+	}
+	s.mu.Unlock()
+	if start {
+		go s.loop()
+	}
+}
+
+// loop sends batches until the queue is empty.
+func (s *replicaSender) loop() {
+	for {
+		s.mu.Lock()
+		if len(s.queue) == 0 {
+			s.inflight--
+			s.mu.Unlock()
+			return
+		}
+		tasks, waiters := s.queue, s.waiters
+		s.queue, s.waiters = nil, nil
+		s.mu.Unlock()
+		s.call(tasks, waiters)
+	}
+}
+
+// call sends everything taken from the queue, in calls of at most
+// senderMaxTasks tasks and about senderMaxBytes, and tells every waiter
+// the outcome (an error of any call fails them all: conservative).
+func (s *replicaSender) call(tasks []*crdt.Task, waiters []func(error)) {
+	for len(tasks) > 0 {
+		var states [][]byte
+		size := 0
+		for _, t := range tasks {
+			if len(states) == senderMaxTasks || (size > senderMaxBytes && len(states) > 0) {
+				break
+			}
+			b := t.Encode()
+			states = append(states, b)
+			size += len(b)
+		}
+		chunk := tasks[:len(states)]
+		ctx, cancel := context.WithTimeout(context.Background(), replicateTimeout)
+		_, err := s.p.Peer.Replicate(ctx, transport.Request(s.c.peers, &nornv1.ReplicateRequest{Tasks: states}))
+		cancel()
+		if err != nil {
+			for _, w := range waiters {
+				w(err)
+			}
+			return
+		}
+		tasks = tasks[len(chunk):]
+	}
+	for _, w := range waiters {
+		w(nil)
+	}
+}
