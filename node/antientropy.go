@@ -17,10 +17,8 @@ import (
 	"github.com/norn-dev/norn/antientropy"
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/apierr"
-	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
-	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/ring"
 	"github.com/norn-dev/norn/transport"
 )
@@ -108,36 +106,12 @@ func (n *Node) newAntiEntropy() (*antientropy.Replica, error) {
 	return antientropy.NewReplica(antientropy.ReplicaConfig{
 		Store:    n.store,
 		LeafBits: n.cfg.TreeLeafBits,
-		Horizon:  n.retentionHorizon,
-		Expire:   n.expireBefore,
+		Horizon:  func() int64 { return n.dispatch.RetentionHorizon() },
+		Expire:   func(p uint16, ms int64) error { return n.dispatch.ExpireBefore(p, ms) },
 		Merge: func(_ uint16, tasks []*crdt.Task) error {
 			return n.coord.MergeLocal(tasks)
 		},
 	})
-}
-
-// retentionHorizon is now minus the retention (Unix ms): terminal tasks
-// older than that are deleted.
-func (n *Node) retentionHorizon() int64 {
-	return n.cfg.Clock.Now().Add(-n.cfg.Retention).UnixMilli()
-}
-
-// expireBefore deletes partition p's terminal tasks older than ms. On the
-// partition's leader the claim FSM forgets their records first, through
-// Raft; other replicas delete their task states alone.
-func (n *Node) expireBefore(p uint16, ms int64) error {
-	var forget func([]uint64) error
-	if g := n.host.Group(p); g != nil && g.IsLeader() {
-		forget = func(ids []uint64) error {
-			cmd := &claims.Command{Op: claims.OpForget, NowMs: n.cfg.Clock.Now().UnixMilli(), IDs: ids}
-			if _, err := g.Propose(cmd, replicas.ProposeTimeout); err != nil {
-				return fmt.Errorf("forgetting expired tasks: %w", err)
-			}
-			return nil
-		}
-	}
-	_, err := n.store.DeleteTerminalBefore(p, ms, monitorBatch, forget)
-	return err
 }
 
 // antiEntropyLoop exchanges, with every other node, the partitions both

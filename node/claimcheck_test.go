@@ -70,15 +70,15 @@ func TestClaimCheckAuthority(t *testing.T) {
 	id, _ := enqueueEverywhere(t, ms, "q")
 	leader, others := partitionRoles(t, ms, ms[0].node.partition(id))
 	const bogus = 987654 // never a claim of this task
-	if _, err := leader.node.loadClaimed(ctx, id, bogus); err != nil {
+	if _, err := leader.node.dispatch.LoadClaimed(ctx, id, bogus); err != nil {
 		t.Fatalf("leader's load under a dead claim: %v (the caller refuses it with liveClaim)", err)
 	}
-	ts, _ := leader.node.loadClaimed(ctx, id, bogus)
+	ts, _ := leader.node.dispatch.LoadClaimed(ctx, id, bogus)
 	if err := liveClaim(ts, bogus); connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("leader's check of a dead claim: %v, want FAILED_PRECONDITION", err)
 	}
 	for _, m := range others {
-		if _, err := m.node.loadClaimed(ctx, id, bogus); connect.CodeOf(err) != connect.CodeUnavailable {
+		if _, err := m.node.dispatch.LoadClaimed(ctx, id, bogus); connect.CodeOf(err) != connect.CodeUnavailable {
 			t.Fatalf("%s (not the leader) on a claim it cannot see: %v, want UNAVAILABLE", m.cfg.NodeID, err)
 		}
 	}
@@ -87,7 +87,7 @@ func TestClaimCheckAuthority(t *testing.T) {
 	if err := others[0].node.store.DeleteTasks(p, []uint64{id}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := others[0].node.loadClaimed(ctx, id, bogus); connect.CodeOf(err) != connect.CodeUnavailable {
+	if _, err := others[0].node.dispatch.LoadClaimed(ctx, id, bogus); connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Fatalf("follower without the task: %v, want UNAVAILABLE", err)
 	}
 }

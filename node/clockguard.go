@@ -75,7 +75,19 @@ func (n *Node) peerOffsets(since time.Time) (all, fresh []time.Duration) {
 
 // clockLoop judges the clock every monitor interval until Close, apart
 // from the monitor, whose passes can wait on Raft for seconds.
-func (n *Node) clockLoop() { n.every(n.cfg.MonitorInterval, n.checkClock) }
+func (n *Node) clockLoop() {
+	defer n.stopped.Done()
+	t := time.NewTicker(n.cfg.MonitorInterval)
+	defer t.Stop()
+	for {
+		n.checkClock()
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
 
 // stepSince is how far this node's wall clock has moved against the
 // monotonic one since wall and mono were read together (0 for a steady

@@ -384,9 +384,7 @@ func startWaitingClaim(t *testing.T, m *member, queue string, wait time.Duration
 		got <- resp.Msg.Tasks
 	}()
 	waitFor(t, 10*time.Second, "the claim to wait", func() bool {
-		m.node.waiters.mu.Lock()
-		defer m.node.waiters.mu.Unlock()
-		_, waiting := m.node.waiters.chans[queue]
+		waiting := m.node.waiters.Waiting(queue)
 		return waiting || len(got) > 0
 	})
 	return got

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/norn-dev/norn/dispatch"
 )
 
 // raftGauges are the numeric fields of hashicorp/raft's Stats() exported
@@ -78,9 +80,10 @@ func (n *Node) writeMetrics(w io.Writer) {
 	gauge := func(name, help string, v int) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", name, help, name, name, v)
 	}
-	if n.deps != nil {
-		gauge("norn_dependencies_watched", "Dependencies of blocked tasks this node reads from their replicas in the background.", n.deps.watched())
-		gauge("norn_dependencies_cached", fmt.Sprintf("Dependencies this node knows terminal (cached for good, up to %d).", depCacheSize), n.deps.cache.len())
+	if n.dispatch != nil {
+		ds := n.dispatch.DepStats()
+		gauge("norn_dependencies_watched", "Dependencies of blocked tasks this node reads from their replicas in the background.", ds.Watched)
+		gauge("norn_dependencies_cached", fmt.Sprintf("Dependencies this node knows terminal (cached for good, up to %d).", dispatch.DepCacheSize), ds.Cached)
 	}
 	n.writeAntiEntropyMetrics(w, counter, gauge)
 	n.clockGuard.mu.Lock()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/norn-dev/norn/antientropy"
 	"github.com/norn-dev/norn/coord"
+	"github.com/norn-dev/norn/dispatch"
 	"github.com/norn-dev/norn/replicas"
 
 	"golang.org/x/time/rate"
@@ -40,10 +41,8 @@ type Node struct {
 	drv       driver     // the rebalance driver (rebalance.go)
 	metaFitMu sync.Mutex // one meta group membership change at a time (rebalance.go)
 
-	waiters  *queueWaiters
-	inflight inflightSet // tasks being claimed now
-	ender    *ender      // coalesced claim ends of finished tasks
-	deps     *depChecker // dependencies of blocked tasks (deps.go)
+	waiters  *dispatch.Waiters    // long-polling claims, woken by the store and the host
+	dispatch *dispatch.Dispatcher // claims, the monitor, claim ends, dependencies
 
 	ae      *antientropy.Replica // Merkle trees and exchanges (antientropy.go)
 	aeStats aeStats
@@ -55,13 +54,6 @@ type Node struct {
 	fillMu  sync.Mutex
 	filling map[uint16]bool
 
-	draining chan struct{} // closed by StopWaiting
-	drainMu  sync.Once
-
-	// monitorMu serializes monitor passes; extended[p] records that the
-	// current leadership of p has extended the live claims.
-	monitorMu sync.Mutex
-	extended  []bool
 	// clockGuard judges this node's clock against the cluster's and hands
 	// over its leaderships while it is out of bound (clockguard.go).
 	clockGuard clockGuard
@@ -94,10 +86,10 @@ func New(cfg Config) (*Node, error) {
 	// enqueue merged here, or a yield, expiry or promotion applied by a
 	// partition's claim FSM on any of its cohort members (the claim then
 	// finds the task through its leader, here or proxied).
-	waiters := newQueueWaiters()
+	waiters := dispatch.NewWaiters()
 	store, err := storage.Open(storage.Config{Dir: filepath.Join(cfg.DataDir, "db"), Clock: cfg.Clock,
 		FS: cfg.StorageFS, AckBeforeSync: cfg.TestBugs.AckBeforeSync,
-		OnReady: func(_ uint16, queue string) { waiters.notify(queue) }})
+		OnReady: func(_ uint16, queue string) { waiters.Notify(queue) }})
 	if err != nil {
 		lock.release()
 		return nil, err
@@ -118,13 +110,8 @@ func New(cfg Config) (*Node, error) {
 		stop:  make(chan struct{}),
 
 		waiters: waiters,
-
-		draining: make(chan struct{}),
 	}
-	n.extended = make([]bool, cfg.Partitions)
 	n.clockGuard.check = clockCheck{InBound: true}
-	n.ender = newEnder(n)
-	n.deps = newDepChecker(n)
 	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr})
 	n.aeKick = make(chan struct{}, 1)
 	n.aeLimiter = rate.NewLimiter(rate.Limit(cfg.AntiEntropyRate), max(cfg.AntiEntropyRate, 1<<20))
@@ -146,7 +133,7 @@ func New(cfg Config) (*Node, error) {
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck,
 		Trees:          aeTrees{n},
 		MayLead:        n.mayLead,
-		OnLeaderChange: n.waiters.notifyAll,
+		OnLeaderChange: n.waiters.NotifyAll,
 		OnMetaRing:     n.kickDriver,
 		OnPlacement:    n.kickAntiEntropy,
 	})
@@ -160,23 +147,24 @@ func New(cfg Config) (*Node, error) {
 		NodeID: cfg.NodeID, Partitions: cfg.Partitions,
 		WriteTimeout: cfg.WriteTimeout, Limits: cfg.Limits, Clock: cfg.Clock, Logger: cfg.Logger,
 		Store: store, Host: n.host, Peers: n.peers,
-		OnEnded:             n.ended,
-		DepsDone:            n.depsDone,
+		OnEnded:             func(e []coord.Ended) { n.dispatch.Ended(e) },
+		DepsDone:            func(ids []uint64) bool { return n.dispatch.DepsDone(ids) },
 		DropReplicatedWrite: cfg.TestBugs.DropReplicatedWrite,
 	})
-	n.stopped.Add(6)
+	n.dispatch = dispatch.New(dispatch.Config{
+		NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Partitions: cfg.Partitions,
+		MonitorInterval: cfg.MonitorInterval, ClaimRecheck: cfg.ClaimRecheck,
+		LeaseGrace: cfg.LeaseGrace, SkewBuffer: cfg.SkewBuffer, Retention: cfg.Retention,
+		WriteTimeout: cfg.WriteTimeout, Clock: cfg.Clock, HLC: n.hlc, Logger: cfg.Logger,
+		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Waiters: waiters,
+		ClockInBound: func() bool { return n.clockState().InBound },
+		ExpiryNoSkew: cfg.TestBugs.ExpiryNoSkew,
+	})
+	n.dispatch.Start()
+	n.stopped.Add(3)
 	go n.driveLoop()
-	go n.monitor()
 	go n.clockLoop()
 	go n.antiEntropyLoop()
-	go func() {
-		defer n.stopped.Done()
-		n.ender.run(n.stop)
-	}()
-	go func() {
-		defer n.stopped.Done()
-		n.deps.run(n.stop)
-	}()
 	return n, nil
 }
 
@@ -213,7 +201,7 @@ func (n *Node) WaitReady(timeout time.Duration) error {
 // StopWaiting makes long-polling claims return now (empty) and new ones
 // not wait, so that a server shutting down can drain its requests.
 func (n *Node) StopWaiting() {
-	n.drainMu.Do(func() { close(n.draining) })
+	n.dispatch.StopWaiting()
 }
 
 // Close stops the monitor and the groups and closes the store, in that
@@ -227,66 +215,11 @@ func (n *Node) Close() error {
 	n.closed = true
 	n.StopWaiting()
 	close(n.stop)
-	n.waiters.closeAll()
+	n.dispatch.Close()
 	n.stopped.Wait()
 	errs := n.host.Close()
 	n.peers.Close()
 	return errors.Join(errs, n.store.Close(), n.lock.release())
-}
-
-// queueWaiters wakes long-polling claims when a queue may have work.
-type queueWaiters struct {
-	mu     sync.Mutex
-	chans  map[string]chan struct{}
-	closed bool
-}
-
-func newQueueWaiters() *queueWaiters { return &queueWaiters{chans: map[string]chan struct{}{}} }
-
-// wait returns a channel closed at the next notify of queue.
-func (w *queueWaiters) wait(queue string) <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	ch, ok := w.chans[queue]
-	if !ok {
-		ch = make(chan struct{})
-		if w.closed {
-			close(ch)
-		} else {
-			w.chans[queue] = ch
-		}
-	}
-	return ch
-}
-
-// notify wakes every claim waiting on queue.
-func (w *queueWaiters) notify(queue string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if ch, ok := w.chans[queue]; ok {
-		close(ch)
-		delete(w.chans, queue)
-	}
-}
-
-// notifyAll wakes every waiting claim (they re-check their queues).
-func (w *queueWaiters) notifyAll() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for q, ch := range w.chans {
-		close(ch)
-		delete(w.chans, q)
-	}
-}
-
-func (w *queueWaiters) closeAll() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.closed = true
-	for q, ch := range w.chans {
-		close(ch)
-		delete(w.chans, q)
-	}
 }
 
 // RaftAddr is the address of this node's Raft listener.
@@ -297,15 +230,3 @@ func (n *Node) GossipAddr() string { return n.host.GossipAddr() }
 
 // ClusterID is the id of this node's cluster, "" before it is formed.
 func (n *Node) ClusterID() string { return n.host.ClusterID() }
-
-// ended ends the claims of tasks a merge made terminal, in the partitions
-// this node leads, and wakes waiting claims: dependants of these tasks, in
-// any queue, may be claimable (or doomed) now.
-func (n *Node) ended(tasks []coord.Ended) {
-	for _, e := range tasks {
-		if g := n.host.Group(e.P); g != nil && g.IsLeader() {
-			n.endClaim(e.ID, e.Event)
-		}
-	}
-	n.waiters.notifyAll()
-}

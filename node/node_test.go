@@ -100,7 +100,7 @@ func newHarnessWith(t testing.TB, dir string, clock *fakeClock, tune func(*Confi
 	h.hc = hc
 	h.api = nornv1connect.NewTaskServiceClient(hc, srv.URL, connect.WithGRPC())
 	h.admin = nornv1connect.NewAdminServiceClient(hc, srv.URL)
-	n.monitorOnce() // the leaderships' first pass: extend live claims
+	n.dispatch.MonitorOnce() // the leaderships' first pass: extend live claims
 	t.Cleanup(h.close)
 	return h
 }
@@ -353,7 +353,7 @@ func TestDelayedAndDependencies(t *testing.T) {
 		t.Fatalf("child after its dependency completed: %v", c)
 	}
 	h.clock.advance(time.Minute)
-	h.node.monitorOnce()
+	h.node.dispatch.MonitorOnce()
 	if c := h.claim("q", 1, time.Minute); len(c) != 1 || c[0].Task.Id != later {
 		t.Fatalf("delayed task after its time: %v", c)
 	}
@@ -380,7 +380,7 @@ func TestRetentionDeletesTerminalTasks(t *testing.T) {
 	}
 	live := h.enqueue(&nornv1.TaskSpec{Queue: "q"})
 	h.clock.advance(6*24*time.Hour + time.Minute) // the first is past 7 days, the second not
-	h.node.monitorOnce()
+	h.node.dispatch.MonitorOnce()
 	_, err := h.api.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: done}))
 	wantCode(t, err, connect.CodeNotFound)
 	if rec, err := h.node.store.ClaimFSMRecord(h.node.partition(done), done); err == nil {
@@ -417,7 +417,7 @@ func TestLeaseExpiryWaitsForSkewBuffer(t *testing.T) {
 	id := h.enqueue(&nornv1.TaskSpec{Queue: "q"})
 	c := h.claim("q", 1, 10*time.Second)
 	h.clock.advance(10*time.Second + testSkew) // expiry + skew: not yet past it
-	h.node.monitorOnce()
+	h.node.dispatch.MonitorOnce()
 	if got := h.get(id); got.Status != nornv1.TaskStatus_TASK_STATUS_CLAIMED {
 		t.Fatalf("expired at expiry + skew buffer: %v", got.Status)
 	}
@@ -425,7 +425,7 @@ func TestLeaseExpiryWaitsForSkewBuffer(t *testing.T) {
 		t.Fatalf("claimable before lease + skew: %v", again)
 	}
 	h.clock.advance(time.Millisecond)
-	h.node.monitorOnce()
+	h.node.dispatch.MonitorOnce()
 	got := h.get(id)
 	if got.Status != nornv1.TaskStatus_TASK_STATUS_READY || got.Claims[0].EndReason != nornv1.ClaimEnd_CLAIM_END_EXPIRED {
 		t.Fatalf("after lease + skew: %v", got)
@@ -446,7 +446,7 @@ func TestMaxClaimsAborts(t *testing.T) {
 			t.Fatalf("claim %d: %v", i, c)
 		}
 		h.clock.advance(time.Second + testSkew + time.Millisecond)
-		h.node.monitorOnce()
+		h.node.dispatch.MonitorOnce()
 	}
 	got := h.get(id)
 	if got.Status != nornv1.TaskStatus_TASK_STATUS_ABORTED || len(got.Errors) != 1 || got.Errors[0].Code != "max_claims_exceeded" {
@@ -562,9 +562,7 @@ func TestLongPollWakesOnEnqueue(t *testing.T) {
 	}()
 	// Enqueue once the claim is waiting (it registered on the queue).
 	for {
-		h.node.waiters.mu.Lock()
-		_, waiting := h.node.waiters.chans["slow"]
-		h.node.waiters.mu.Unlock()
+		waiting := h.node.waiters.Waiting("slow")
 		if waiting {
 			break
 		}

@@ -21,7 +21,6 @@ import (
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
-	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/transport"
 )
@@ -202,50 +201,6 @@ func requireClaim(id, claimID uint64) error {
 	return nil
 }
 
-// propose runs one claim FSM command on id's partition and returns its
-// outcome for id.
-func (n *Node) propose(id uint64, cmd *claims.Command) (claims.Outcome, error) {
-	g := n.host.Group(n.host.Partition(id))
-	if g == nil {
-		return claims.Outcome{}, connect.NewError(connect.CodeUnavailable,
-			fmt.Errorf("task %d's partition is not replicated on %s", id, n.cfg.NodeID))
-	}
-	outs, err := g.Propose(cmd, replicas.ProposeTimeout)
-	if err != nil {
-		return claims.Outcome{}, apierr.From(err)
-	}
-	for _, o := range outs {
-		if o.ID == id {
-			return o, apierr.From(o.Err)
-		}
-	}
-	return claims.Outcome{}, connect.NewError(connect.CodeInternal, fmt.Errorf("no outcome for task %d", id))
-}
-
-// endIfTerminal queues the claim FSM's end of a task whose CRDT state is
-// terminal but whose FSM record does not say so yet; it returns whether the
-// task is terminal.
-func (n *Node) endIfTerminal(ts *coord.TaskState) bool {
-	ev, ok := ts.Task.Terminal()
-	if !ok {
-		return false
-	}
-	if ts.Claims == nil || ts.Claims.Terminal == claims.EndNone {
-		n.endClaim(ts.Task.ID, ev)
-	}
-	return true
-}
-
-// endClaim queues the claim FSM's end of a task that just became terminal
-// (ev is its deciding terminal event). The ender proposes it in the
-// background: the outcome is decided and durable already, and every path
-// that could act on the claim (renew, yield, expiry, the task view) checks
-// the terminal event first. If the proposal fails (or the node dies
-// first), the monitor ends the claim when its lease runs out.
-func (n *Node) endClaim(id uint64, ev crdt.Terminal) {
-	n.ender.add(n.host.Partition(id), claims.End{ID: id, Token: ev.Claim, Reason: coord.EndReason(ev.Kind)})
-}
-
 func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.RenewRequest]) (*connect.Response[nornv1.RenewResponse], error) {
 	n, m := s.n, req.Msg
 	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
@@ -258,14 +213,14 @@ func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.Rene
 	if err != nil {
 		return nil, err
 	}
-	ts, err := n.loadClaimed(ctx, m.GetId(), m.GetClaimId())
+	ts, err := n.dispatch.LoadClaimed(ctx, m.GetId(), m.GetClaimId())
 	if err != nil {
 		return nil, apierr.From(err)
 	}
-	if n.endIfTerminal(ts) {
+	if n.dispatch.EndIfTerminal(ts) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
 	}
-	o, err := n.propose(m.GetId(), &claims.Command{Op: claims.OpRenew, NowMs: n.cfg.Clock.Now().UnixMilli(),
+	o, err := n.dispatch.Propose(m.GetId(), &claims.Command{Op: claims.OpRenew, NowMs: n.cfg.Clock.Now().UnixMilli(),
 		ID: m.GetId(), Token: m.GetClaimId(), LeaseMs: lease.Milliseconds()})
 	if err != nil {
 		return nil, err
@@ -305,7 +260,7 @@ func (s taskService) Update(ctx context.Context, req *connect.Request[nornv1.Upd
 	if err := u.Validate(n.cfg.Limits); err != nil {
 		return nil, apierr.From(err)
 	}
-	ts, err := n.loadClaimed(ctx, m.GetId(), m.GetClaimId())
+	ts, err := n.dispatch.LoadClaimed(ctx, m.GetId(), m.GetClaimId())
 	if err != nil {
 		return nil, apierr.From(err)
 	}
@@ -350,12 +305,12 @@ func (n *Node) prepareFinish(ctx context.Context, id, claimID uint64, ev crdt.Te
 	if err := ev.Validate(n.cfg.Limits); err != nil {
 		return nil, apierr.From(err)
 	}
-	ts, err := n.loadClaimed(ctx, id, claimID)
+	ts, err := n.dispatch.LoadClaimed(ctx, id, claimID)
 	if err != nil {
 		return nil, apierr.From(err)
 	}
 	if prev, terminal := ts.Task.Terminal(); terminal {
-		n.endIfTerminal(ts)
+		n.dispatch.EndIfTerminal(ts)
 		if prev.Kind == ev.Kind && prev.Claim == claimID {
 			return ts.Task, nil
 		}
@@ -530,11 +485,11 @@ func (s taskService) Yield(ctx context.Context, req *connect.Request[nornv1.Yiel
 	if p := m.GetProgress(); math.IsNaN(p) || p < 0 || p > 1 {
 		return nil, apierr.Invalid("progress", "must be in [0, 1], got %v", p)
 	}
-	ts, err := n.loadClaimed(ctx, m.GetId(), m.GetClaimId())
+	ts, err := n.dispatch.LoadClaimed(ctx, m.GetId(), m.GetClaimId())
 	if err != nil {
 		return nil, apierr.From(err)
 	}
-	if n.endIfTerminal(ts) {
+	if n.dispatch.EndIfTerminal(ts) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
 	}
 	if err := liveClaim(ts, m.GetClaimId()); err != nil {
@@ -552,7 +507,7 @@ func (s taskService) Yield(ctx context.Context, req *connect.Request[nornv1.Yiel
 			return nil, err
 		}
 	}
-	if _, err := n.propose(m.GetId(), &claims.Command{Op: claims.OpYield, NowMs: n.cfg.Clock.Now().UnixMilli(),
+	if _, err := n.dispatch.Propose(m.GetId(), &claims.Command{Op: claims.OpYield, NowMs: n.cfg.Clock.Now().UnixMilli(),
 		ID: m.GetId(), Token: m.GetClaimId()}); err != nil {
 		return nil, err
 	}
@@ -580,7 +535,7 @@ func (s taskService) Cancel(ctx context.Context, req *connect.Request[nornv1.Can
 		return nil, apierr.From(err)
 	}
 	if prev, terminal := ts.Task.Terminal(); terminal {
-		n.endIfTerminal(ts)
+		n.dispatch.EndIfTerminal(ts)
 		if prev.Kind == crdt.Cancelled {
 			acks, err := n.coord.Write(ctx, []*crdt.Task{ts.Task}, m.GetW(), []uint64{m.GetId()})
 			if err != nil {

@@ -41,7 +41,7 @@ func TestSeededBugExpiryNoSkew(t *testing.T) {
 			id := h.enqueue(&nornv1.TaskSpec{Queue: "q"})
 			h.claim("q", 1, 10*time.Second)
 			h.clock.advance(10*time.Second + time.Millisecond) // past the expiry, within the skew buffer
-			h.node.monitorOnce()
+			h.node.dispatch.MonitorOnce()
 			want := nornv1.TaskStatus_TASK_STATUS_CLAIMED
 			if bug {
 				want = nornv1.TaskStatus_TASK_STATUS_READY
@@ -98,7 +98,7 @@ func TestSeededBugClaimNoCheck(t *testing.T) {
 			if c := h.claim("q", 1, 10*time.Second); len(c) != 1 {
 				t.Fatalf("first claim: %v", c)
 			}
-			o, err := h.node.propose(id, &claims.Command{Op: claims.OpClaim, NowMs: h.clock.Now().UnixMilli(),
+			o, err := h.node.dispatch.Propose(id, &claims.Command{Op: claims.OpClaim, NowMs: h.clock.Now().UnixMilli(),
 				Worker: "w2", LeaseMs: 10_000, Candidates: []claims.Candidate{{ID: id}}})
 			if err == nil {
 				err = o.Err

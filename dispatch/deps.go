@@ -1,4 +1,4 @@
-package node
+package dispatch
 
 import (
 	"container/list"
@@ -19,7 +19,7 @@ import (
 // from, first hit wins:
 //
 //  1. the depCache: dependencies this node found terminal, kept for good
-//     (a terminal event is permanent), up to depCacheSize ids;
+//     (a terminal event is permanent), up to DepCacheSize ids;
 //  2. this node's replica of the dependency's partition, when it has one
 //     (a terminal state found there goes into the cache);
 //  3. a majority read of the dependency's replicas (readStates), done in
@@ -34,17 +34,17 @@ import (
 // a dependency terminal, the checker caches it and wakes the node's
 // waiting claims, which look at their queues again (and abort the
 // dependants of a failed dependency). A completion merged into this
-// node's replica wakes them at once (mergeLocal). Views (GetTask,
-// ListTasks, CountTasks, through depsDone) look at 1 and 2 only and ask
+// node's replica wakes them at once (coord's MergeLocal, through Ended). Views (GetTask,
+// ListTasks, CountTasks, through DepsDone) look at 1 and 2 only and ask
 // for nothing: a dependant may show DELAYED there until a claim has had
 // its dependencies resolved.
 
 // Dependency checking bounds and intervals.
 const (
-	// depCacheSize bounds the depCache: about 100 bytes an id (map entry,
+	// DepCacheSize bounds the depCache: about 100 bytes an id (map entry,
 	// list element), so about 6.5 MiB when full. An evicted dependency is
 	// read again when a claim needs it.
-	depCacheSize = 1 << 16
+	DepCacheSize = 1 << 16
 	// depWatchMax bounds the dependencies the checker reads at once; one
 	// a claim hands over while it is full is handed over again by a later
 	// claim.
@@ -66,33 +66,33 @@ const (
 	depReadParallel = 8
 )
 
-// depOutcome is what a node knows of a dependency.
-type depOutcome uint8
+// DepOutcome is what a node knows of a dependency.
+type DepOutcome uint8
 
 const (
-	depUndecided depOutcome = iota // not terminal, or not known here
-	depCompleted
-	depFailed // ABORTED or CANCELLED: it never completes
+	DepUndecided DepOutcome = iota // not terminal, or not known here
+	DepCompleted                   // COMPLETED
+	DepFailed                      // ABORTED or CANCELLED: it never completes
 )
 
 // outcomeOf is the outcome a task state shows.
-func outcomeOf(t *crdt.Task) depOutcome {
+func outcomeOf(t *crdt.Task) DepOutcome {
 	ev, ok := t.Terminal()
 	switch {
 	case !ok:
-		return depUndecided
+		return DepUndecided
 	case ev.Kind == crdt.Completed:
-		return depCompleted
+		return DepCompleted
 	default:
-		return depFailed
+		return DepFailed
 	}
 }
 
-// depsDone reports whether every id is a COMPLETED task as far as this
+// DepsDone reports whether every id is a COMPLETED task as far as this
 // node knows without asking another (the cache and its own replicas).
 // For views; it hands nothing to the checker.
-func (n *Node) depsDone(ids []uint64) bool {
-	done, _ := n.depsKnown(ids, false)
+func (d *Dispatcher) DepsDone(ids []uint64) bool {
+	done, _ := d.depsKnown(ids, false)
 	return done
 }
 
@@ -100,17 +100,17 @@ func (n *Node) depsDone(ids []uint64) bool {
 // that ended otherwise (ABORTED or CANCELLED: it never will), or 0. For
 // the claim path: it reads no other node, and hands the ids it cannot
 // decide to the checker, which wakes the node's claims when it has.
-func (n *Node) depsState(ids []uint64) (done bool, failed uint64) {
-	return n.depsKnown(ids, true)
+func (d *Dispatcher) depsState(ids []uint64) (done bool, failed uint64) {
+	return d.depsKnown(ids, true)
 }
 
 // depsKnown is depsState; watch hands the undecided ids to the checker.
-func (n *Node) depsKnown(ids []uint64, watch bool) (done bool, failed uint64) {
+func (d *Dispatcher) depsKnown(ids []uint64, watch bool) (done bool, failed uint64) {
 	done = true
 	for _, id := range ids {
-		switch n.depOutcome(id, watch) {
-		case depCompleted:
-		case depFailed:
+		switch d.depOutcome(id, watch) {
+		case DepCompleted:
+		case DepFailed:
 			return false, id
 		default:
 			done = false
@@ -121,27 +121,27 @@ func (n *Node) depsKnown(ids []uint64, watch bool) (done bool, failed uint64) {
 
 // depOutcome is what the cache or this node's replica says of dependency
 // id; watch hands it to the checker when neither decides it.
-func (n *Node) depOutcome(id uint64, watch bool) depOutcome {
-	if o, ok := n.deps.cache.get(id); ok {
+func (d *Dispatcher) depOutcome(id uint64, watch bool) DepOutcome {
+	if o, ok := d.deps.cache.get(id); ok {
 		return o
 	}
-	p := n.host.Partition(id)
-	hosted := n.host.Group(p) != nil
+	p := d.host.Partition(id)
+	hosted := d.host.Group(p) != nil
 	if hosted {
-		if t, err := n.store.TaskState(p, id); err == nil {
-			if o := outcomeOf(t); o != depUndecided {
-				n.deps.cache.put(id, o)
+		if t, err := d.store.TaskState(p, id); err == nil {
+			if o := outcomeOf(t); o != DepUndecided {
+				d.deps.cache.put(id, o)
 				return o
 			}
 		}
-		if r := n.host.Ring(); r != nil && r.Replication == 1 {
-			return depUndecided // this replica is the only one
+		if r := d.host.Ring(); r != nil && r.Replication == 1 {
+			return DepUndecided // this replica is the only one
 		}
 	}
 	if watch {
-		n.deps.want(id, hosted)
+		d.deps.want(id, hosted)
 	}
-	return depUndecided
+	return DepUndecided
 }
 
 // depCache maps dependencies found terminal to their outcome, for good,
@@ -156,7 +156,7 @@ type depCache struct {
 
 type depCacheEntry struct {
 	id      uint64
-	outcome depOutcome
+	outcome DepOutcome
 }
 
 // newDepCache returns an empty cache of at most size ids (size > 0).
@@ -168,20 +168,20 @@ func newDepCache(size int) *depCache {
 }
 
 // get returns id's outcome and true when the cache has it.
-func (c *depCache) get(id uint64) (depOutcome, bool) {
+func (c *depCache) get(id uint64) (DepOutcome, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.items[id]
 	if !ok {
-		return depUndecided, false
+		return DepUndecided, false
 	}
 	c.lru.MoveToFront(e)
 	return e.Value.(depCacheEntry).outcome, true
 }
 
 // put records id's outcome, which must be terminal.
-func (c *depCache) put(id uint64, o depOutcome) {
-	if o == depUndecided {
+func (c *depCache) put(id uint64, o DepOutcome) {
+	if o == DepUndecided {
 		panic("node: caching an undecided dependency")
 	}
 	c.mu.Lock()
@@ -278,7 +278,7 @@ func (w *depWatch) next() (due time.Time, ok bool) {
 // this file), one batched read per partition, and wakes the node's
 // waiting claims when it finds some terminal.
 type depChecker struct {
-	n     *Node
+	d     *Dispatcher
 	cache *depCache
 	kick  chan struct{} // the watch changed
 
@@ -286,8 +286,8 @@ type depChecker struct {
 	watch depWatch
 }
 
-func newDepChecker(n *Node) *depChecker {
-	return &depChecker{n: n, cache: newDepCache(depCacheSize), kick: make(chan struct{}, 1),
+func newDepChecker(d *Dispatcher) *depChecker {
+	return &depChecker{d: d, cache: newDepCache(DepCacheSize), kick: make(chan struct{}, 1),
 		watch: depWatch{max: depWatchMax}}
 }
 
@@ -350,7 +350,7 @@ func (c *depChecker) run(stop <-chan struct{}) {
 // there were any. A dependency a read fails for stays watched: it is read
 // again after its backoff.
 func (c *depChecker) round(ctx context.Context) {
-	n := c.n
+	d := c.d
 	c.mu.Lock()
 	due := c.watch.take(time.Now())
 	c.mu.Unlock()
@@ -360,7 +360,7 @@ func (c *depChecker) round(ctx context.Context) {
 			c.settle(id) // a claim found it in this node's replica meanwhile
 			continue
 		}
-		p := n.host.Partition(id)
+		p := d.host.Partition(id)
 		byPart[p] = append(byPart[p], id)
 	}
 	var settled atomic.Int64
@@ -373,16 +373,16 @@ func (c *depChecker) round(ctx context.Context) {
 			for len(ids) > 0 {
 				chunk := ids[:min(len(ids), coord.MaxRead)]
 				ids = ids[len(chunk):]
-				states, err := n.coord.ReadStates(ctx, p, chunk)
+				states, err := d.coord.ReadStates(ctx, p, chunk)
 				if err != nil {
-					n.cfg.Logger.Debug("reading dependencies failed; retrying after backoff", "partition", p, "ids", len(chunk), "err", err)
+					d.cfg.Logger.Debug("reading dependencies failed; retrying after backoff", "partition", p, "ids", len(chunk), "err", err)
 					continue
 				}
 				for i, t := range states {
 					if t == nil {
 						continue
 					}
-					if o := outcomeOf(t); o != depUndecided {
+					if o := outcomeOf(t); o != DepUndecided {
 						c.cache.put(chunk[i], o)
 						c.settle(chunk[i])
 						settled.Add(1)
@@ -393,7 +393,7 @@ func (c *depChecker) round(ctx context.Context) {
 	}
 	wg.Wait()
 	if settled.Load() > 0 {
-		n.waiters.notifyAll() // their dependants may be claimable, or doomed
+		d.waiters.notifyAll() // their dependants may be claimable, or doomed
 	}
 }
 
@@ -402,3 +402,6 @@ func (c *depChecker) settle(id uint64) {
 	c.watch.settle(id)
 	c.mu.Unlock()
 }
+
+// CachedDep is what the dependency cache says of id (ok: it holds id).
+func (d *Dispatcher) CachedDep(id uint64) (o DepOutcome, ok bool) { return d.deps.cache.get(id) }

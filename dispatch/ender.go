@@ -1,4 +1,4 @@
-package node
+package dispatch
 
 import (
 	"errors"
@@ -15,14 +15,14 @@ import (
 // decided (and durable) by its CRDT terminal event before it is queued here;
 // every path that could act on the claim checks that event first.
 type ender struct {
-	n       *Node
+	d       *Dispatcher
 	mu      sync.Mutex
 	pending map[uint16][]claims.End
 	kick    chan struct{} // a round is due
 }
 
-func newEnder(n *Node) *ender {
-	return &ender{n: n, pending: map[uint16][]claims.End{}, kick: make(chan struct{}, 1)}
+func newEnder(d *Dispatcher) *ender {
+	return &ender{d: d, pending: map[uint16][]claims.End{}, kick: make(chan struct{}, 1)}
 }
 
 // add queues the end of one task's claim.
@@ -71,19 +71,19 @@ func (e *ender) round() {
 	var wg sync.WaitGroup
 	for p, ends := range batch {
 		wg.Go(func() {
-			cmd := &claims.Command{Op: claims.OpEnd, NowMs: e.n.cfg.Clock.Now().UnixMilli(), Ends: ends}
-			g := e.n.host.Group(p)
+			cmd := &claims.Command{Op: claims.OpEnd, NowMs: e.d.cfg.Clock.Now().UnixMilli(), Ends: ends}
+			g := e.d.host.Group(p)
 			if g == nil || !g.IsLeader() {
 				return // the leader ends them when the terminal states reach it
 			}
 			outs, err := g.Propose(cmd, replicas.ProposeTimeout)
 			if err != nil {
-				e.n.cfg.Logger.Warn("ending claims failed; the monitor ends them at expiry", "partition", p, "tasks", len(ends), "err", err)
+				e.d.cfg.Logger.Warn("ending claims failed; the monitor ends them at expiry", "partition", p, "tasks", len(ends), "err", err)
 				return
 			}
 			for _, o := range outs {
 				if o.Err != nil && !errors.Is(o.Err, claims.ErrTaskTerminal) {
-					e.n.cfg.Logger.Warn("ending a claim failed", "id", o.ID, "err", o.Err)
+					e.d.cfg.Logger.Warn("ending a claim failed", "id", o.ID, "err", o.Err)
 				}
 			}
 		})

@@ -1,4 +1,4 @@
-package node
+package dispatch
 
 import (
 	"container/heap"

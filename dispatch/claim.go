@@ -1,0 +1,316 @@
+package dispatch
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/coord"
+	"github.com/norn-dev/norn/replicas"
+	"github.com/norn-dev/norn/transport"
+)
+
+// ClaimRequest is a claim whose fields the API edge has validated.
+type ClaimRequest struct {
+	// Msg is the request as the worker sent it (its queue, worker and
+	// lease travel on with claims proxied to other nodes).
+	Msg *nornv1.ClaimRequest
+	// Lease is Msg's lease, defaulted and bounded.
+	Lease time.Duration
+	// Max is how many tasks to claim at most (at least 1).
+	Max int
+	// Wait is how long to long-poll for work, bounded by MaxWait and
+	// the caller's deadline.
+	Wait time.Duration
+	// Proxied marks a claim another node forwarded: it looks at this
+	// node's groups only and does not wait (the forwarding node waits).
+	Proxied bool
+}
+
+// Claim claims up to req.Max ready tasks of a queue for a worker: from
+// the partitions this node leads, then, on a cluster of several nodes,
+// from the other leaders (proxied); when none is ready it waits up to
+// req.Wait for one. It returns what it claimed, possibly nothing.
+func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.ClaimedTask, error) {
+	m, limit, wait := req.Msg, req.Max, req.Wait
+	r := d.host.Ring()
+	if r == nil {
+		return nil, apierr.NotFormed
+	}
+	// A claim forwarded by another node looks at this node's groups only
+	// and does not wait: the forwarding node waits.
+	proxied := req.Proxied
+	if proxied {
+		wait = 0
+	}
+	// Tasks of partitions this node does not replicate wake no local
+	// waiter, and a task can become ready at its leader without a
+	// wake-up here (a delayed task promoted there after this node
+	// promoted it, before this claim came): a waiting claim looks across
+	// the cluster again every ClaimRecheck.
+	var recheck <-chan time.Time
+	if !proxied && len(r.Nodes) > 1 && wait > 0 {
+		t := time.NewTicker(d.cfg.ClaimRecheck)
+		defer t.Stop()
+		recheck = t.C
+	}
+	timer := time.NewTimer(max(wait, 0))
+	defer timer.Stop()
+	// A replica can see a task become ready before the partition's
+	// leader does (a follower applies a yield, or promotes a delayed
+	// task, before the leader): a wake-up that finds nothing looks again
+	// a monitor interval later, by which time the leader normally has
+	// too, and then at doubling intervals up to maxSettle intervals.
+	var settle <-chan time.Time
+	var settleIn time.Duration // the delay of the pending look
+	wokeUp := false
+	for {
+		woken := d.waiters.wait(m.GetQueue()) // before trying: no lost wake-up
+		got, err := d.tryClaim(m.GetQueue(), m.GetWorker(), req.Lease, limit, claimProposeTimeout(ctx))
+		if err == nil && len(got) < limit && !proxied && len(r.Nodes) > 1 {
+			more, perr := d.proxyClaim(ctx, m, limit-len(got))
+			got = append(got, more...)
+			if len(got) == 0 && perr != nil && !d.leadsAny() {
+				err = perr
+			}
+		}
+		if err != nil || len(got) > 0 || wait <= 0 {
+			return got, err
+		}
+		if wokeUp && len(r.Nodes) > 1 {
+			settleIn = d.cfg.MonitorInterval
+			settle = time.After(settleIn)
+		}
+		wokeUp = false
+		select {
+		case <-woken:
+			wokeUp = true
+		case <-settle:
+			settle = nil
+			if settleIn < maxSettle*d.cfg.MonitorInterval {
+				settleIn *= 2
+				settle = time.After(settleIn)
+			}
+		case <-recheck:
+		case <-timer.C:
+			wait = 0 // one last try
+		case <-ctx.Done():
+			return nil, nil
+		case <-d.draining:
+			return nil, nil
+		}
+	}
+}
+
+// maxSettle bounds the looks after one wake-up that found nothing (see
+// Claim): at one, two, four and eight monitor intervals.
+const maxSettle = 8
+
+// leadsAny reports whether this node leads some partition.
+func (d *Dispatcher) leadsAny() bool {
+	for _, g := range d.host.Groups() {
+		if g != nil && g.IsLeader() {
+			return true
+		}
+	}
+	return false
+}
+
+// proxyTimeout bounds a claim proxied to another node.
+const proxyTimeout = 3 * time.Second
+
+// proxyClaim asks the other live nodes, in random order, for up to limit
+// tasks from the partitions they lead. It returns an error only when no
+// node answered.
+func (d *Dispatcher) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, limit int) ([]*nornv1.ClaimedTask, error) {
+	r := d.host.Ring()
+	alive := d.host.Alive()
+	var out []*nornv1.ClaimedTask
+	var lastErr error
+	answered := 0
+	for _, i := range rand.Perm(len(r.Nodes)) {
+		nd := r.Nodes[i]
+		if nd.ID == d.cfg.NodeID || !alive[nd.ID] || len(out) >= limit {
+			continue
+		}
+		fwd := &nornv1.ClaimRequest{Queue: m.GetQueue(), Worker: m.GetWorker(), Lease: m.GetLease(), Max: uint32(limit - len(out))}
+		cctx, cancel := context.WithTimeout(ctx, proxyTimeout)
+		resp, err := d.peers.Get(nd.APIAddr).Tasks.Claim(cctx, transport.Forwarded(fwd, 0))
+		cancel()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		answered++
+		out = append(out, resp.Msg.GetTasks()...)
+	}
+	if answered == 0 {
+		why := "no other node is alive"
+		if lastErr != nil {
+			why = apierr.Message(lastErr)
+		}
+		return out, connect.NewError(connect.CodeUnavailable, fmt.Errorf("no partition leader reachable: %s", why))
+	}
+	return out, nil
+}
+
+// claimProposeTimeout bounds a claim's proposals: replicas.ProposeTimeout, or less
+// to answer before the request's deadline (a deposed leader waits for its
+// claim's fate, see claims.Group.Propose).
+func claimProposeTimeout(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return max(min(replicas.ProposeTimeout, time.Until(dl)-100*time.Millisecond), time.Millisecond)
+	}
+	return replicas.ProposeTimeout
+}
+
+// claimRounds bounds how often tryClaim picks again when candidates were
+// taken by concurrent claims meanwhile.
+const claimRounds = 3
+
+// tryClaim claims up to limit ready tasks of queue: the best heads (priority,
+// then age) across the partitions this node leads, one Raft entry per
+// partition, proposed concurrently, each within timeout.
+func (d *Dispatcher) tryClaim(queue, worker string, lease time.Duration, limit int, timeout time.Duration) ([]*nornv1.ClaimedTask, error) {
+	var out []*nornv1.ClaimedTask
+	for round := 0; round < claimRounds && len(out) < limit; round++ {
+		got, contended, err := d.claimRound(queue, worker, lease, limit-len(out), timeout)
+		if err != nil && len(out) == 0 && len(got) == 0 {
+			return nil, err
+		}
+		out = append(out, got...)
+		if !contended {
+			break // nothing more to find
+		}
+	}
+	slices.SortFunc(out, func(a, b *nornv1.ClaimedTask) int {
+		return cmp.Or(cmp.Compare(b.Task.Spec.Priority, a.Task.Spec.Priority), cmp.Compare(a.Task.Id, b.Task.Id))
+	})
+	return out, nil
+}
+
+// claimRound picks up to limit candidates and proposes them. contended
+// reports that some candidates were skipped because a concurrent claim on
+// this node was proposing them, or were refused by the FSM, so another
+// round may find more. A partition whose leadership this node lost while
+// proposing gives nothing, as one it does not lead.
+func (d *Dispatcher) claimRound(queue, worker string, lease time.Duration, limit int, timeout time.Duration) (out []*nornv1.ClaimedTask, contended bool, err error) {
+	var leading []uint16
+	for p, g := range d.host.Groups() {
+		if g != nil && g.IsLeader() {
+			leading = append(leading, uint16(p))
+		}
+	}
+	heads, err := newHeadMerger(d.store, queue, leading)
+	if err != nil {
+		return nil, false, apierr.From(err)
+	}
+	now := d.cfg.Clock.Now().UnixMilli()
+	byPart := map[uint16][]claims.Candidate{}
+	loaded := map[uint64]*coord.TaskState{} // reused for the claimed tasks' views
+	var picked []uint64
+	defer func() { d.inflight.release(picked) }()
+	// Look past the limit, as heads blocked by dependencies or being
+	// claimed concurrently are skipped, but not without bound.
+	for examined := 0; len(picked) < limit && examined < 4*limit+256; examined++ {
+		p, h, ok := heads.next()
+		if !ok {
+			if heads.err != nil {
+				return nil, false, apierr.From(heads.err)
+			}
+			break
+		}
+		if !d.inflight.reserve(h.ID) {
+			contended = true
+			continue
+		}
+		if c, ts, ok := d.candidate(h.ID, now); ok {
+			byPart[p] = append(byPart[p], c)
+			loaded[h.ID] = ts
+			picked = append(picked, h.ID)
+		} else {
+			d.inflight.release([]uint64{h.ID})
+		}
+	}
+	type result struct {
+		outs []claims.Outcome
+		err  error
+	}
+	results := make(chan result, len(byPart))
+	for p, cands := range byPart {
+		cmd := &claims.Command{Op: claims.OpClaim, NowMs: now, Worker: worker, LeaseMs: lease.Milliseconds(), Candidates: cands}
+		go func() {
+			outs, err := d.host.Group(p).Propose(cmd, timeout)
+			if errors.Is(err, claims.ErrOutcomeUnknown) {
+				d.cfg.Logger.Warn("a claim's leader was deposed and its fate is unknown: its tasks may stay claimed until the lease ends",
+					"partition", p, "tasks", len(cands), "err", err)
+			}
+			results <- result{outs, err}
+		}()
+	}
+	for range byPart {
+		r := <-results
+		if errors.Is(r.err, claims.ErrNotLeader) {
+			continue // the partition has no leader here now
+		}
+		if r.err != nil {
+			err = apierr.From(r.err) // the rest stays ready
+			continue
+		}
+		for _, o := range r.outs {
+			if o.Err != nil {
+				contended = true
+				continue
+			}
+			// The task's state is as candidate read it; only its claim
+			// record changed.
+			ts := loaded[o.ID]
+			ts.Claims = o.Record
+			out = append(out, &nornv1.ClaimedTask{Task: d.coord.View(ts), ClaimId: o.Claim.Token, Leader: d.cfg.APIAddr,
+				Expiry: timestamppb.New(time.UnixMilli(o.Claim.ExpiryMs))})
+		}
+	}
+	return out, contended, err
+}
+
+// candidate checks a ready-index head before it is proposed: not
+// terminal, no live claim, its time has come and its dependencies are
+// completed. A dependant of a failed dependency is aborted here.
+func (d *Dispatcher) candidate(id uint64, nowMs int64) (claims.Candidate, *coord.TaskState, bool) {
+	ts, err := d.coord.Load(id)
+	if err != nil {
+		return claims.Candidate{}, nil, false // index ahead of the task
+	}
+	if _, terminal := ts.Task.Terminal(); terminal {
+		return claims.Candidate{}, nil, false
+	}
+	if ts.Claims != nil {
+		if _, live := ts.Claims.Live(); live || ts.Claims.Done() {
+			return claims.Candidate{}, nil, false
+		}
+	}
+	spec := ts.Task.Spec
+	if spec.NotBeforeMs > nowMs {
+		return claims.Candidate{}, nil, false
+	}
+	if len(spec.DependsOn) > 0 {
+		done, failed := d.depsState(spec.DependsOn)
+		if failed != 0 {
+			d.abortTask(ts, coord.DependencyFailedError(failed))
+		}
+		if !done {
+			return claims.Candidate{}, nil, false
+		}
+	}
+	return claims.Candidate{ID: id, NotBeforeMs: spec.NotBeforeMs, MaxClaims: spec.MaxClaims}, ts, true
+}

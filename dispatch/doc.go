@@ -1,0 +1,46 @@
+// Package dispatch hands tasks to workers on one node: the CP side of the
+// task API, on top of the claim FSM and the Raft groups of claims/.
+//
+// A Dispatcher works with the partitions this node leads (their groups
+// come from replicas.Host) and reads task states through coord:
+//
+//	d := dispatch.New(dispatch.Config{Store: st, Host: h, Coord: c, Waiters: w, ...})
+//	d.Start()                                 // monitor, ender, dependency checker
+//	got, err := d.Claim(ctx, dispatch.ClaimRequest{Msg: m, Lease: 30 * time.Second, Max: 16, Wait: 10 * time.Second})
+//	o, err := d.Propose(id, &claims.Command{Op: claims.OpRenew, ...})
+//	defer d.Close()
+//
+// A claim (claim.go) merges the ready-index heads of the partitions this
+// node leads (heads.go: priority, then age), checks each candidate
+// (not terminal, no live claim, its time has come, its dependencies are
+// completed), and proposes one OpClaim entry per partition, concurrently.
+// On a cluster of several nodes it then asks the other leaders (a proxied
+// claim, which looks at their own groups only). When nothing is ready it
+// waits on the queue's Waiters, which the store's ready index and the
+// host's leader changes wake, and looks across the cluster again every
+// ClaimRecheck.
+//
+// The monitor (monitor.go) runs every MonitorInterval: on a new
+// leadership it extends every live claim to at least now + LeaseGrace;
+// then it expires claims past their lease plus SkewBuffer (OpExpire, or
+// OpEnd for a task already terminal; a task that reaches max_claims is
+// aborted), promotes delayed tasks whose time has come, and deletes
+// terminal tasks past Retention (ExpireBefore, which anti-entropy uses
+// too).
+//
+// The ender (ender.go) coalesces the claim ends of tasks that became
+// terminal (EndClaim, and Ended, which coord calls for tasks a merge made
+// terminal) into one OpEnd entry per partition a few milliseconds later:
+// the outcome is decided by the task's CRDT terminal event before, so
+// nothing waits for an end.
+//
+// Dependencies (deps.go): a task whose dependencies are not all completed
+// is DELAYED; a dependency is looked up in a cache of terminal outcomes,
+// then in this node's replica, and otherwise read from a majority of its
+// replicas in the background by the dependency checker, which wakes the
+// waiting claims when it finds one terminal.
+//
+// LoadClaimed is how a call under a claim (renew, update, complete,
+// abort, yield) reads a task: a refusal rests on the partition leader's
+// applied claim state, never on a replica that is behind.
+package dispatch

@@ -1,0 +1,207 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/coord"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/replicas"
+)
+
+// monitorBatch bounds the claims and delayed tasks one monitor pass handles
+// per partition.
+const monitorBatch = 256
+
+// monitor runs the leader's periodic duties until Close.
+func (d *Dispatcher) monitor() { d.every(d.cfg.MonitorInterval, d.MonitorOnce) }
+
+// every runs fn now and then every period until Close (a goroutine
+// counted in d.stopped).
+func (d *Dispatcher) every(period time.Duration, fn func()) {
+	defer d.stopped.Done()
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		fn()
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// MonitorOnce does one pass over the partitions this node leads: on a
+// new leadership it first extends every live claim to at least now +
+// lease grace; then it expires claims past expiry + skew buffer, deletes
+// terminal tasks past retention and promotes delayed tasks whose time has
+// come.
+func (d *Dispatcher) MonitorOnce() {
+	d.monitorMu.Lock()
+	defer d.monitorMu.Unlock()
+	extended := d.extended
+	clockOK := d.cfg.ClockInBound == nil || d.cfg.ClockInBound()
+	for p, g := range d.host.Groups() {
+		if g == nil {
+			continue
+		}
+		// Every replica promotes its delayed tasks, so that waiting
+		// claims on every cohort member wake when a task's time comes
+		// (storage's OnReady), and a new leader's index is current.
+		if _, err := d.store.PromoteDelayed(uint16(p), monitorBatch); err != nil {
+			d.cfg.Logger.Warn("promoting delayed tasks failed", "partition", p, "err", err)
+		}
+		if !g.IsLeader() || !clockOK {
+			// A leader whose clock is out of bound is handing its
+			// leadership over (checkClock): no lease work on its clock.
+			extended[p] = false
+			// Every replica deletes its terminal tasks past retention, so
+			// that replicas agree (anti-entropy compares what is kept).
+			d.deleteExpiredTasks(uint16(p))
+			continue
+		}
+		if !extended[p] {
+			if err := d.extendClaims(uint16(p)); err != nil {
+				d.cfg.Logger.Warn("extending claims on leadership failed", "partition", p, "err", err)
+				continue // no expiries before the extension is in
+			}
+			extended[p] = true
+		}
+		d.expireClaims(uint16(p))
+		d.deleteExpiredTasks(uint16(p))
+	}
+}
+
+// extendClaims proposes OpExtend for the partition's live claims that
+// expire before now + lease grace.
+func (d *Dispatcher) extendClaims(p uint16) error {
+	if err := d.host.Group(p).Barrier(replicas.ProposeTimeout); err != nil {
+		return err
+	}
+	now := d.cfg.Clock.Now().UnixMilli()
+	minExpiry := now + d.cfg.LeaseGrace.Milliseconds()
+	for {
+		due, err := d.store.ClaimsExpiring(p, minExpiry-1, monitorBatch)
+		if err != nil || len(due) == 0 {
+			return err
+		}
+		cmd := &claims.Command{Op: claims.OpExtend, NowMs: now, MinExpiryMs: minExpiry}
+		for _, e := range due {
+			cmd.IDs = append(cmd.IDs, e.ID)
+		}
+		outs, err := d.host.Group(p).Propose(cmd, replicas.ProposeTimeout)
+		if err != nil {
+			return err
+		}
+		progressed := false
+		for _, o := range outs {
+			progressed = progressed || o.Err == nil
+		}
+		if !progressed || len(due) < monitorBatch {
+			return nil
+		}
+	}
+}
+
+// expireClaims ends the partition's claims whose lease plus skew buffer has
+// passed on this leader's clock: OpEnd when the task is terminal by now,
+// OpExpire otherwise. A claim that reaches max_claims aborts its task.
+func (d *Dispatcher) expireClaims(p uint16) {
+	now := d.cfg.Clock.Now().UnixMilli()
+	skew := d.cfg.SkewBuffer.Milliseconds()
+	if d.cfg.ExpiryNoSkew {
+		skew = 0 // the seeded bug: expire at the expiry itself
+	}
+	due, err := d.store.ClaimsExpiring(p, now-skew-1, monitorBatch)
+	if err != nil {
+		d.cfg.Logger.Warn("scanning expired claims failed", "partition", p, "err", err)
+		return
+	}
+	for _, e := range due {
+		ts, err := d.coord.Load(e.ID)
+		var rec *claims.Record
+		if err == nil {
+			rec = ts.Claims
+		} else {
+			rec, _ = d.coord.ClaimRecord(p, e.ID) // claimed before the task reached us
+		}
+		if rec == nil {
+			continue
+		}
+		c, live := rec.Live()
+		if !live {
+			continue
+		}
+		if ts != nil && d.EndIfTerminal(ts) {
+			continue
+		}
+		cmd := &claims.Command{Op: claims.OpExpire, NowMs: now, ID: e.ID, Token: c.Token, SkewMs: skew}
+		o, err := d.Propose(e.ID, cmd)
+		if err != nil {
+			d.cfg.Logger.Warn("expiring a claim failed", "id", e.ID, "claim", c.Token, "err", err)
+			continue
+		}
+		if o.Dead && ts != nil {
+			d.abortDead(ts, rec.MaxClaims)
+		}
+	}
+}
+
+// deleteExpiredTasks deletes the partition's terminal tasks whose terminal
+// event is older than the retention (expireBefore: on the leader the claim
+// FSM forgets their records first).
+func (d *Dispatcher) deleteExpiredTasks(p uint16) {
+	if err := d.ExpireBefore(p, d.RetentionHorizon()); err != nil {
+		d.cfg.Logger.Warn("deleting expired tasks failed", "partition", p, "err", err)
+	}
+}
+
+// abortDead writes the ABORTED terminal event of a task whose claims
+// expired max_claims times.
+func (d *Dispatcher) abortDead(ts *coord.TaskState, limit uint32) {
+	d.abortTask(ts, coord.MaxClaimsError(limit))
+}
+
+// abortTask writes an ABORTED terminal event with one server error (the
+// task is not claimed by anyone, or its claim just ended) and ends the
+// claim FSM's record of it.
+func (d *Dispatcher) abortTask(ts *coord.TaskState, e *nornv1.TaskError) {
+	ev := crdt.Terminal{At: d.cfg.HLC.Now(), Kind: crdt.Aborted,
+		Errors: []crdt.TaskError{{Code: e.Code, Description: e.Description, Args: e.Args}}}
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.WriteTimeout)
+	defer cancel()
+	// The claim ends when the event reaches the leader's replica (here).
+	if _, err := d.coord.Write(ctx, []*crdt.Task{{ID: ts.Task.ID, Terminals: []crdt.Terminal{ev}}}, 0, []uint64{ts.Task.ID}); err != nil {
+		d.cfg.Logger.Warn("aborting a task failed", "id", ts.Task.ID, "code", e.Code, "err", err)
+	}
+}
+
+// RetentionHorizon is now minus the retention (Unix ms): terminal tasks
+// older than that are deleted.
+func (d *Dispatcher) RetentionHorizon() int64 {
+	return d.cfg.Clock.Now().Add(-d.cfg.Retention).UnixMilli()
+}
+
+// ExpireBefore deletes partition p's terminal tasks older than ms. On the
+// partition's leader the claim FSM forgets their records first, through
+// Raft; other replicas delete their task states alone. Anti-entropy
+// calls it too (antientropy.ReplicaConfig.Expire), so that both sides of
+// an exchange compare what they keep at a common horizon.
+func (d *Dispatcher) ExpireBefore(p uint16, ms int64) error {
+	var forget func([]uint64) error
+	if g := d.host.Group(p); g != nil && g.IsLeader() {
+		forget = func(ids []uint64) error {
+			cmd := &claims.Command{Op: claims.OpForget, NowMs: d.cfg.Clock.Now().UnixMilli(), IDs: ids}
+			if _, err := g.Propose(cmd, replicas.ProposeTimeout); err != nil {
+				return fmt.Errorf("forgetting expired tasks: %w", err)
+			}
+			return nil
+		}
+	}
+	_, err := d.store.DeleteTerminalBefore(p, ms, monitorBatch, forget)
+	return err
+}
