@@ -36,10 +36,11 @@ var allowed = map[string][]string{
 	"replicas":    {"cluster", "claims", "storage", "transport", "api", "crdt", "ring"},
 	"coord":       {"replicas", "apierr", "cluster", "claims", "storage", "transport", "api", "crdt", "ring"},
 	"dispatch":    {"coord", "replicas", "apierr", "claims", "storage", "transport", "api", "crdt", "ring"},
+	"server":      {"dispatch", "coord", "replicas", "apierr", "claims", "storage", "transport", "api", "crdt", "ring"},
 	"client":      {"api", "transport", "crdt", "ring"},
-	"node":        {"dispatch", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs"},
+	"node":        {"server", "dispatch", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs"},
 	"jepsen":      {"client", "api", "transport", "crdt", "ring"},
-	"cmd":         {"node", "dispatch", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs"},
+	"cmd":         {"node", "server", "dispatch", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs"},
 }
 
 // pureExternal is everything outside the standard library that crdt and ring

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/server"
 )
 
 // TestLiveClaimOnLeaderWithoutTheTask: the partition's leader has lost the
@@ -71,10 +72,10 @@ func TestClaimCheckAuthority(t *testing.T) {
 	leader, others := partitionRoles(t, ms, ms[0].node.partition(id))
 	const bogus = 987654 // never a claim of this task
 	if _, err := leader.node.dispatch.LoadClaimed(ctx, id, bogus); err != nil {
-		t.Fatalf("leader's load under a dead claim: %v (the caller refuses it with liveClaim)", err)
+		t.Fatalf("leader's load under a dead claim: %v (the caller refuses it with server.LiveClaim)", err)
 	}
 	ts, _ := leader.node.dispatch.LoadClaimed(ctx, id, bogus)
-	if err := liveClaim(ts, bogus); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+	if err := server.LiveClaim(ts, bogus); connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("leader's check of a dead claim: %v, want FAILED_PRECONDITION", err)
 	}
 	for _, m := range others {

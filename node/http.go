@@ -18,7 +18,7 @@ func (n *Node) Handler() http.Handler {
 		connect.WithCompressMinBytes(4 << 10),
 	}
 	mux := http.NewServeMux()
-	mux.Handle(nornv1connect.NewTaskServiceHandler(taskService{n}, opts...))
+	mux.Handle(nornv1connect.NewTaskServiceHandler(n.server.TaskService(), opts...))
 	mux.Handle(nornv1connect.NewAdminServiceHandler(adminService{n}, opts...))
 	// Replication batches many tasks in one call (up to maxReplicate).
 	mux.Handle(nornv1connect.NewPeerServiceHandler(peerService{n},

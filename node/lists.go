@@ -8,22 +8,6 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 )
 
-func (s taskService) ListTasks(ctx context.Context, req *connect.Request[nornv1.ListTasksRequest]) (*connect.Response[nornv1.ListTasksResponse], error) {
-	resp, err := s.n.coord.List(ctx, req.Msg)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(resp), nil
-}
-
-func (s taskService) CountTasks(ctx context.Context, req *connect.Request[nornv1.CountTasksRequest]) (*connect.Response[nornv1.CountTasksResponse], error) {
-	resp, err := s.n.coord.Count(ctx, req.Msg)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(resp), nil
-}
-
 func (s peerService) ListPartition(_ context.Context, req *connect.Request[nornv1.ListPartitionRequest]) (*connect.Response[nornv1.ListPartitionResponse], error) {
 	if err := s.n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/dispatch"
 	"github.com/norn-dev/norn/replicas"
+	"github.com/norn-dev/norn/server"
 
 	"golang.org/x/time/rate"
 
@@ -43,6 +44,7 @@ type Node struct {
 
 	waiters  *dispatch.Waiters    // long-polling claims, woken by the store and the host
 	dispatch *dispatch.Dispatcher // claims, the monitor, claim ends, dependencies
+	server   *server.Server       // the API edge: validation and translation
 
 	ae      *antientropy.Replica // Merkle trees and exchanges (antientropy.go)
 	aeStats aeStats
@@ -161,6 +163,11 @@ func New(cfg Config) (*Node, error) {
 		ExpiryNoSkew: cfg.TestBugs.ExpiryNoSkew,
 	})
 	n.dispatch.Start()
+	n.server = server.New(server.Config{
+		Limits: cfg.Limits, DefaultLease: cfg.DefaultLease, MaxLease: cfg.MaxLease, MaxWait: cfg.MaxWait,
+		Clock: cfg.Clock, HLC: n.hlc, IDs: ids, Logger: cfg.Logger,
+		Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
+	})
 	n.stopped.Add(3)
 	go n.driveLoop()
 	go n.clockLoop()

@@ -23,6 +23,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/server"
 )
 
 // fakeClock is the node's wall clock in tests, moved by hand.
@@ -879,6 +880,6 @@ func TestCompleteBatch(t *testing.T) {
 	_, err = h.api.CompleteBatch(ctx, connect.NewRequest(&nornv1.CompleteBatchRequest{}))
 	wantCode(t, err, connect.CodeInvalidArgument)
 	_, err = h.api.CompleteBatch(ctx, connect.NewRequest(&nornv1.CompleteBatchRequest{
-		Completions: make([]*nornv1.CompleteRequest, maxCompleteBatch+1)}))
+		Completions: make([]*nornv1.CompleteRequest, server.MaxCompleteBatch+1)}))
 	wantCode(t, err, connect.CodeInvalidArgument)
 }

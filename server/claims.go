@@ -1,0 +1,207 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/apierr"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/coord"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/dispatch"
+	"github.com/norn-dev/norn/transport"
+)
+
+// Claim request bounds.
+const (
+	maxClaimBatch = 1000
+	maxWorkerLen  = 256
+)
+
+func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.ClaimRequest]) (*connect.Response[nornv1.ClaimResponse], error) {
+	sv, m := s.sv, req.Msg
+	if err := crdt.ValidateQueue("queue", m.GetQueue()); err != nil {
+		return nil, apierr.From(err)
+	}
+	if w := m.GetWorker(); w == "" || len(w) > maxWorkerLen {
+		return nil, apierr.Invalid("worker", "must be 1-%d bytes, got %d", maxWorkerLen, len(w))
+	}
+	lease, err := sv.leaseArg(m.GetLease())
+	if err != nil {
+		return nil, err
+	}
+	limit := int(m.GetMax())
+	if limit == 0 {
+		limit = 1
+	}
+	if limit > maxClaimBatch {
+		return nil, apierr.Invalid("max", "must be at most %d, got %d", maxClaimBatch, limit)
+	}
+	var wait time.Duration
+	if d := m.GetWait(); d != nil {
+		if err := d.CheckValid(); err != nil || d.AsDuration() < 0 {
+			return nil, apierr.Invalid("wait", "must be a non-negative duration")
+		}
+		wait = min(d.AsDuration(), sv.cfg.MaxWait)
+	}
+	// Answer before the caller's deadline rather than after it.
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)-100*time.Millisecond)
+	}
+	got, err := sv.dispatch.Claim(ctx, dispatch.ClaimRequest{Msg: m, Lease: lease, Max: limit, Wait: wait,
+		Proxied: transport.Hops(req) > 0})
+	return connect.NewResponse(&nornv1.ClaimResponse{Tasks: got}), err
+}
+
+// leaseArg validates a lease duration; nil means the default.
+func (sv *Server) leaseArg(d *durationpb.Duration) (time.Duration, error) {
+	if d == nil {
+		return sv.cfg.DefaultLease, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, apierr.Invalid("lease", "%v", err)
+	}
+	l := d.AsDuration()
+	if l <= 0 || l > sv.cfg.MaxLease {
+		return 0, apierr.Invalid("lease", "must be in (0, %s], got %s", sv.cfg.MaxLease, l)
+	}
+	if l < time.Millisecond {
+		return 0, apierr.Invalid("lease", "must be at least 1ms, got %s", l)
+	}
+	return l, nil
+}
+
+func requireClaim(id, claimID uint64) error {
+	if id == 0 {
+		return apierr.Invalid("id", "required")
+	}
+	if claimID == 0 {
+		return apierr.Invalid("claimId", "required")
+	}
+	return nil
+}
+
+func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.RenewRequest]) (*connect.Response[nornv1.RenewResponse], error) {
+	sv, m := s.sv, req.Msg
+	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
+		return nil, err
+	}
+	if resp, done, err := coord.Forward(sv.coord, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Renew); done {
+		return resp, err
+	}
+	lease, err := sv.leaseArg(m.GetLease())
+	if err != nil {
+		return nil, err
+	}
+	ts, err := sv.dispatch.LoadClaimed(ctx, m.GetId(), m.GetClaimId())
+	if err != nil {
+		return nil, apierr.From(err)
+	}
+	if sv.dispatch.EndIfTerminal(ts) {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
+	}
+	o, err := sv.dispatch.Propose(m.GetId(), &claims.Command{Op: claims.OpRenew, NowMs: sv.cfg.Clock.Now().UnixMilli(),
+		ID: m.GetId(), Token: m.GetClaimId(), LeaseMs: lease.Milliseconds()})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&nornv1.RenewResponse{Expiry: timestamppb.New(time.UnixMilli(o.Claim.ExpiryMs))}), nil
+}
+
+// LiveClaim checks that claimID is the task's live claim.
+func LiveClaim(ts *coord.TaskState, claimID uint64) error {
+	if ts.Claims != nil {
+		if c, ok := ts.Claims.Live(); ok && c.Token == claimID {
+			return nil
+		}
+	}
+	return connect.NewError(connect.CodeFailedPrecondition,
+		fmt.Errorf("claimId: %d is not the live claim of task %d: %w", claimID, ts.Task.ID, claims.ErrClaimSuperseded))
+}
+
+func (s taskService) Update(ctx context.Context, req *connect.Request[nornv1.UpdateRequest]) (*connect.Response[nornv1.UpdateResponse], error) {
+	sv, m := s.sv, req.Msg
+	if _, err := sv.coord.Quorum(m.GetW()); err != nil {
+		return nil, err
+	}
+	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
+		return nil, err
+	}
+	if resp, done, err := coord.Forward(sv.coord, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Update); done {
+		return resp, err
+	}
+	if m.GetSeq() == 0 {
+		return nil, apierr.Invalid("seq", "must be at least 1")
+	}
+	u := crdt.Update{Claim: m.GetClaimId(), Seq: m.GetSeq(), Progress: m.GetProgress(), Message: m.GetMessage(), Data: m.GetData()}
+	if len(u.Data) == 0 {
+		u.Data = nil
+	}
+	if err := u.Validate(sv.cfg.Limits); err != nil {
+		return nil, apierr.From(err)
+	}
+	ts, err := sv.dispatch.LoadClaimed(ctx, m.GetId(), m.GetClaimId())
+	if err != nil {
+		return nil, apierr.From(err)
+	}
+	if _, terminal := ts.Task.Terminal(); terminal {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
+	}
+	if err := LiveClaim(ts, m.GetClaimId()); err != nil {
+		return nil, err
+	}
+	u.At = sv.hlc.Now()
+	acks, err := sv.coord.Write(ctx, []*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{u}}}, m.GetW(), []uint64{m.GetId()})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&nornv1.UpdateResponse{Acks: acks}), nil
+}
+
+func (s taskService) Yield(ctx context.Context, req *connect.Request[nornv1.YieldRequest]) (*connect.Response[nornv1.YieldResponse], error) {
+	sv, m := s.sv, req.Msg
+	if err := requireClaim(m.GetId(), m.GetClaimId()); err != nil {
+		return nil, err
+	}
+	if resp, done, err := coord.Forward(sv.coord, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Yield); done {
+		return resp, err
+	}
+	if p := m.GetProgress(); math.IsNaN(p) || p < 0 || p > 1 {
+		return nil, apierr.Invalid("progress", "must be in [0, 1], got %v", p)
+	}
+	ts, err := sv.dispatch.LoadClaimed(ctx, m.GetId(), m.GetClaimId())
+	if err != nil {
+		return nil, apierr.From(err)
+	}
+	if sv.dispatch.EndIfTerminal(ts) {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
+	}
+	if err := LiveClaim(ts, m.GetClaimId()); err != nil {
+		return nil, err
+	}
+	if p := m.GetProgress(); p > 0 {
+		seq := uint64(1)
+		for _, u := range ts.Task.Updates {
+			if u.Claim == m.GetClaimId() {
+				seq = max(seq, u.Seq+1)
+			}
+		}
+		up := crdt.Update{Claim: m.GetClaimId(), Seq: seq, At: sv.hlc.Now(), Progress: p}
+		if _, err := sv.coord.Write(ctx, []*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{up}}}, 0, []uint64{m.GetId()}); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := sv.dispatch.Propose(m.GetId(), &claims.Command{Op: claims.OpYield, NowMs: sv.cfg.Clock.Now().UnixMilli(),
+		ID: m.GetId(), Token: m.GetClaimId()}); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&nornv1.YieldResponse{}), nil
+}

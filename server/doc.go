@@ -1,0 +1,26 @@
+// Package server is the API edge of a node: the connect handlers of
+// norn.v1's services. A handler validates every field of its request
+// (naming the field in the error, INVALID_ARGUMENT; sizes bounded),
+// translates the API's messages into the node's domain types, calls the
+// parts that do the work, and translates back. It holds no state and
+// makes no decision of its own, so that authorization and request
+// metrics have one obvious place: around these handlers.
+//
+//	sv := server.New(server.Config{Coord: c, Dispatch: d, Host: h, ...})
+//	mux.Handle(nornv1connect.NewTaskServiceHandler(sv.TaskService(), opts...))
+//
+// Where a TaskService call goes:
+//
+//	Enqueue, EnqueueBatch   specFromAPI -> coord.Write (quorum W)             tasks.go
+//	GetTask, List, Count    coord.Read / coord.List / coord.Count              tasks.go
+//	Claim                   dispatch.Claim (long poll, proxied claims)        claims.go
+//	Renew, Yield            coord.Forward to the leader, dispatch.LoadClaimed,
+//	                        dispatch.Propose (the claim FSM)                   claims.go
+//	Update                  dispatch.LoadClaimed, LiveClaim -> coord.Write     claims.go
+//	Complete, Abort         dispatch.LoadClaimed, LiveClaim -> coord.Write     finish.go
+//	CompleteBatch           grouped by partition leader, forwarded in batches finish.go
+//	Cancel                  coord.Forward, coord.Load (or Read) -> coord.Write tasks.go
+//
+// Errors of the parts come back through apierr, which maps them to
+// connect codes (DESIGN section 6).
+package server
