@@ -163,9 +163,9 @@ func (n *Node) peerRoots(ctx context.Context, r *cluster.Ring) map[string]peerRo
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	out := map[string]peerRootsAnswer{}
-	for _, id := range n.aePeers(r) {
+	for _, id := range n.ae.SharedPeers(r) {
 		nd, ok := r.Node(id)
-		parts := n.sharedPartitions(r, id)
+		parts := n.ae.SharedPartitions(r, id)
 		if !ok || len(parts) == 0 {
 			continue
 		}

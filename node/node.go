@@ -10,11 +10,8 @@ import (
 
 	"github.com/norn-dev/norn/antientropy"
 	"github.com/norn-dev/norn/coord"
-	"github.com/norn-dev/norn/replicas"
-
-	"golang.org/x/time/rate"
-
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/transport"
 )
@@ -45,15 +42,7 @@ type Node struct {
 	ender    *ender      // coalesced claim ends of finished tasks
 	deps     *depChecker // dependencies of blocked tasks (deps.go)
 
-	ae      *antientropy.Replica // Merkle trees and exchanges (antientropy.go)
-	aeStats aeStats
-	aeKick  chan struct{}
-	// aeLimiter paces the anti-entropy rounds' bytes, fillLimiter the
-	// fills' of moves to this node.
-	aeLimiter, fillLimiter *rate.Limiter
-	// filling marks the partitions with a fill under way (antientropy.go).
-	fillMu  sync.Mutex
-	filling map[uint16]bool
+	ae *antientropy.Scheduler // Merkle trees, rounds with peers, fills of moves here
 
 	draining chan struct{} // closed by StopWaiting
 	drainMu  sync.Once
@@ -126,13 +115,24 @@ func New(cfg Config) (*Node, error) {
 	n.ender = newEnder(n)
 	n.deps = newDepChecker(n)
 	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr})
-	n.aeKick = make(chan struct{}, 1)
-	n.aeLimiter = rate.NewLimiter(rate.Limit(cfg.AntiEntropyRate), max(cfg.AntiEntropyRate, 1<<20))
-	n.fillLimiter = rate.NewLimiter(rate.Limit(cfg.MoveRate), max(cfg.MoveRate, 1<<20))
-	n.filling = map[uint16]bool{}
 	n.drv = driver{running: map[int]bool{}, fillFrom: map[int]uint64{}, catchUpTo: map[int]uint64{},
 		down: map[string]time.Time{}, kick: make(chan struct{}, 1)}
-	if n.ae, err = n.newAntiEntropy(); err != nil {
+	n.ae, err = antientropy.New(antientropy.Config{
+		NodeID: cfg.NodeID,
+		Replica: antientropy.ReplicaConfig{
+			Store:    store,
+			LeafBits: cfg.TreeLeafBits,
+			Horizon:  n.retentionHorizon,
+			Expire:   n.expireBefore,
+			Merge: func(_ uint16, tasks []*crdt.Task) error {
+				return n.coord.MergeLocal(tasks)
+			},
+		},
+		Interval: cfg.AntiEntropyInterval, Timeout: cfg.AntiEntropyTimeout, Settle: cfg.AntiEntropySettle,
+		Rate: cfg.AntiEntropyRate, FillRate: cfg.MoveRate,
+		Limits: cfg.Limits, Peers: n.peers, Logger: cfg.Logger,
+	})
+	if err != nil {
 		store.Close()
 		lock.release()
 		return nil, err
@@ -144,11 +144,11 @@ func New(cfg Config) (*Node, error) {
 		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Clock: cfg.Clock,
 		Logger: cfg.Logger, RaftLogger: cfg.RaftLogger,
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck,
-		Trees:          aeTrees{n},
+		Trees:          n.ae,
 		MayLead:        n.mayLead,
 		OnLeaderChange: n.waiters.notifyAll,
 		OnMetaRing:     n.kickDriver,
-		OnPlacement:    n.kickAntiEntropy,
+		OnPlacement:    n.ae.Kick,
 	})
 	if err != nil {
 		n.peers.Close()
@@ -164,11 +164,11 @@ func New(cfg Config) (*Node, error) {
 		DepsDone:            n.depsDone,
 		DropReplicatedWrite: cfg.TestBugs.DropReplicatedWrite,
 	})
-	n.stopped.Add(6)
+	n.ae.Start(aeHost{n.host})
+	n.stopped.Add(5)
 	go n.driveLoop()
 	go n.monitor()
 	go n.clockLoop()
-	go n.antiEntropyLoop()
 	go func() {
 		defer n.stopped.Done()
 		n.ender.run(n.stop)
@@ -228,6 +228,7 @@ func (n *Node) Close() error {
 	n.StopWaiting()
 	close(n.stop)
 	n.waiters.closeAll()
+	n.ae.Close()
 	n.stopped.Wait()
 	errs := n.host.Close()
 	n.peers.Close()
