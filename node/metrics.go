@@ -83,10 +83,8 @@ func (n *Node) writeMetrics(w io.Writer) {
 		gauge("norn_dependencies_cached", fmt.Sprintf("Dependencies this node knows terminal (cached for good, up to %d).", depCacheSize), n.deps.cache.len())
 	}
 	n.writeAntiEntropyMetrics(w, counter, gauge)
-	n.clockGuard.mu.Lock()
-	cg := n.clockGuard.check
-	outs, transfers := n.clockGuard.outOfBound, n.clockGuard.transfers
-	n.clockGuard.mu.Unlock()
+	cs := n.clockGuard.Stats()
+	cg, outs, transfers := cs.Check, cs.OutOfBound, cs.Transfers
 	inBound := 0
 	if cg.InBound {
 		inBound = 1

@@ -43,7 +43,7 @@ func (n *Node) monitorOnce() {
 	n.monitorMu.Lock()
 	defer n.monitorMu.Unlock()
 	extended := n.extended
-	clockOK := n.clockState().InBound
+	clockOK := n.clockGuard.State().InBound
 	for p, g := range n.host.Groups() {
 		if g == nil {
 			continue
@@ -56,7 +56,7 @@ func (n *Node) monitorOnce() {
 		}
 		if !g.IsLeader() || !clockOK {
 			// A leader whose clock is out of bound is handing its
-			// leadership over (checkClock): no lease work on its clock.
+			// leadership over (the clock guard): no lease work on its clock.
 			extended[p] = false
 			// Every replica deletes its terminal tasks past retention, so
 			// that replicas agree (anti-entropy compares what is kept).

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/norn-dev/norn/antientropy"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/replicas"
@@ -52,8 +53,8 @@ type Node struct {
 	monitorMu sync.Mutex
 	extended  []bool
 	// clockGuard judges this node's clock against the cluster's and hands
-	// over its leaderships while it is out of bound (clockguard.go).
-	clockGuard clockGuard
+	// over its leaderships while it is out of bound.
+	clockGuard *cluster.ClockGuard
 
 	stop    chan struct{}
 	stopped sync.WaitGroup
@@ -111,7 +112,11 @@ func New(cfg Config) (*Node, error) {
 		draining: make(chan struct{}),
 	}
 	n.extended = make([]bool, cfg.Partitions)
-	n.clockGuard.check = clockCheck{InBound: true}
+	n.clockGuard = cluster.NewClockGuard(cluster.ClockGuardConfig{
+		NodeID: cfg.NodeID, MaxOffset: cfg.MaxClockOffset, Clock: cfg.Clock, Logger: cfg.Logger,
+		Members: func() []cluster.Member { return n.host.Members().Members() },
+		Groups:  n.leaders,
+	})
 	n.ender = newEnder(n)
 	n.deps = newDepChecker(n)
 	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr})
@@ -145,7 +150,7 @@ func New(cfg Config) (*Node, error) {
 		Logger: cfg.Logger, RaftLogger: cfg.RaftLogger,
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck,
 		Trees:          n.ae,
-		MayLead:        n.mayLead,
+		MayLead:        n.clockGuard.MayLead,
 		OnLeaderChange: n.waiters.notifyAll,
 		OnMetaRing:     n.kickDriver,
 		OnPlacement:    n.ae.Kick,
@@ -168,7 +173,9 @@ func New(cfg Config) (*Node, error) {
 	n.stopped.Add(5)
 	go n.driveLoop()
 	go n.monitor()
-	go n.clockLoop()
+	// The clock guard judges the clock every monitor interval, apart from
+	// the monitor, whose passes can wait on Raft for seconds.
+	go n.every(n.cfg.MonitorInterval, n.clockGuard.Check)
 	go func() {
 		defer n.stopped.Done()
 		n.ender.run(n.stop)
@@ -309,4 +316,17 @@ func (n *Node) ended(tasks []coord.Ended) {
 		}
 	}
 	n.waiters.notifyAll()
+}
+
+// leaders lists the partition groups on this node, indexed by partition,
+// for the clock guard (nil where there is none).
+func (n *Node) leaders() []cluster.Leader {
+	gs := n.host.Groups()
+	out := make([]cluster.Leader, len(gs))
+	for p, g := range gs {
+		if g != nil {
+			out[p] = g
+		}
+	}
+	return out
 }
