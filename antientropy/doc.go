@@ -2,6 +2,8 @@
 // hold the same partition compare Merkle trees of their task states and
 // transfer exactly the tasks whose states differ, merged by the CRDT join.
 // The cost of an exchange grows with the difference, not with the data.
+// A node's Scheduler runs those exchanges with its peers, and the fills of
+// the partitions moving to it.
 //
 // # Trees
 //
@@ -73,7 +75,53 @@
 // the roots are compared, and neither stores a pulled or pushed state that
 // is past it.
 //
+// # Scheduler
+//
+// A Scheduler is one node's anti-entropy: it owns the node's Replica and
+// decides when to exchange what with whom. Data flows through it so:
+//
+//   - the node's replicas (replicas.Host) open and drop partition
+//     replicas and tell the Scheduler (Add, Remove: it satisfies
+//     replicas.Trees), which builds and forgets their trees; a change of
+//     the ring or of the replicas here calls Kick;
+//   - the round loop reads the ring (a cluster.Ring, through Host, once
+//     per pass) and, for every other node sharing partitions with this
+//     one (SharedPeers), runs a round of the partitions they share
+//     (SharedPartitions; not a partition whose move fills either side)
+//     every Config.Interval, a fifth of it after a round that found
+//     differences, jittered ±20%, at once after Kick; a peer gossip sees
+//     down is skipped;
+//   - a round is Replica.Exchange with the peer over PeerService (TreeRoots,
+//     TreeNodes, SegmentEntries, then Read and Replicate), every byte
+//     paced by one token bucket for all rounds (Config.Rate) and bounded
+//     by Config.Timeout; pulled states enter the store through
+//     ReplicaConfig.Merge, which the node points at its coordinator's
+//     merge, so a terminal state pulled here ends the task's claim;
+//   - a move's target fills its new replica with Fill (started by the
+//     ReplicaProgress call of the rebalance driver): one exchange of the
+//     partition with each source in turn, retried until it completes,
+//     paced by Config.FillRate and bounded by 30 minutes; FilledFrom
+//     tells the driver when every source was exchanged with in a round
+//     numbered above the one the ring named (Rounds);
+//   - the peers' rounds arrive at the node's PeerService handlers, which
+//     check the caller and call ServeTreeRoots, ServeTreeNodes and
+//     ServeSegmentEntries (the Replica's answers, errors as connect codes:
+//     a partition not replicated here or trees of another size are
+//     FAILED_PRECONDITION, other refusals INVALID_ARGUMENT);
+//   - Counters and Converged are what the rounds did, for /metrics.
+//
 // # Use
+//
+//	s, err := antientropy.New(antientropy.Config{
+//		NodeID:  id,
+//		Replica: antientropy.ReplicaConfig{Store: store, Horizon: horizon, Merge: merge},
+//		Interval: 10 * time.Second, Timeout: 30 * time.Second, Settle: 500 * time.Millisecond,
+//		Rate: 16 << 20, FillRate: 16 << 20, Peers: peers, Logger: logger,
+//	})
+//	// replicas.Config{Trees: s, OnPlacement: s.Kick, ...}
+//	s.Start(host) // the rounds, until s.Close()
+//
+// A Replica alone (tests, benchmarks) is used so:
 //
 //	r, err := antientropy.NewReplica(antientropy.ReplicaConfig{
 //		Store:   store,

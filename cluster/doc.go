@@ -1,7 +1,8 @@
 // Package cluster holds what makes nodes one cluster: membership, liveness
-// and clock offsets over memberlist (Membership), the ring (Ring, its
-// formation rule DecideFormation, SaveRing/LoadRing) and the meta Raft
-// group that holds it (Meta).
+// and clock offsets over memberlist (Membership), the guard that keeps a
+// node whose clock is off the cluster's from leading (ClockGuard), the
+// ring (Ring, its formation rule DecideFormation, SaveRing/LoadRing) and
+// the meta Raft group that holds it (Meta).
 //
 // Membership gossips each node's metadata (NodeMeta: node id, cluster id,
 // API and Raft addresses, ring epoch, version) and liveness. It never
@@ -17,8 +18,7 @@
 // this node by gossip is not seen, as memberlist does not expose it);
 // dead; or left. It also reports each member's clock offset from this
 // node, estimated from the wall-clock time every node puts in its probe
-// acks (MembershipConfig.Clock) — the input the clock-sync detector will
-// read.
+// acks (MembershipConfig.Clock) — the input of the clock guard.
 //
 // A node starts with no cluster id and sets one with UpdateMeta once the
 // cluster is formed. Two nodes whose cluster ids are both set and differ
@@ -28,4 +28,21 @@
 // In order: StartMembership, Join one or more seeds (retry until it
 // succeeds), read Members on each Changed signal, UpdateMeta as the
 // node's ring epoch or cluster id change, Leave (or Shutdown) at the end.
+//
+// The clock guard (ClockGuard) judges this node's clock against the
+// cluster's. Its Check, which the node runs every monitor interval, reads
+// the members' offsets (ClockGuardConfig.Members: Members above) and
+// takes this node's offset from the median of the alive nodes' clocks,
+// itself included (JudgeClock; at least three measured, else nothing to
+// judge by). Beyond ClockGuardConfig.MaxOffset the node is out of bound:
+// Check starts a leadership transfer for every partition group it leads
+// (ClockGuardConfig.Groups; one under way per partition at a time, and
+// again at the next Check while the node still leads it), and MayLead,
+// which the claim groups ask before every proposal, refuses. MayLead also
+// corrects the last check by how far this node's own wall clock has
+// stepped against the monotonic clock since, so a step shows at once;
+// after a step beyond MaxOffset, Check keeps the node out of bound
+// (Stepped) until two peers have been sampled since the step, or 30 s
+// have passed, since the older estimates may predate the peers' own
+// steps. Stats is the last check and the counts of the node's metrics.
 package cluster

@@ -57,7 +57,7 @@ func (d *Dispatcher) MonitorOnce() {
 		}
 		if !g.IsLeader() || !clockOK {
 			// A leader whose clock is out of bound is handing its
-			// leadership over (checkClock): no lease work on its clock.
+			// leadership over (the clock guard): no lease work on its clock.
 			extended[p] = false
 			// Every replica deletes its terminal tasks past retention, so
 			// that replicas agree (anti-entropy compares what is kept).

@@ -33,7 +33,7 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 		Nodes:   n.nodeStatuses(),
 		Healthy: true,
 	}
-	if err := n.mayLead(); err != nil {
+	if err := n.clockGuard.MayLead(); err != nil {
 		resp.Healthy = false
 		resp.Problems = append(resp.Problems, err.Error())
 	}
@@ -110,7 +110,7 @@ func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
 	}
 	self.State, self.ApiAddress, self.ClockOffset = "alive", n.cfg.APIAddr, durationpb.New(0)
 	// Each measured clock's offset from the median of them all (as
-	// judgeClock, with at least three).
+	// cluster.JudgeClock, with at least three).
 	var known []time.Duration
 	for _, st := range byID {
 		if st.ClockOffset != nil {
@@ -118,7 +118,7 @@ func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
 		}
 	}
 	if len(known) >= 3 {
-		med := median(known)
+		med := cluster.Median(known)
 		for _, st := range byID {
 			if st.ClockOffset != nil {
 				st.MedianOffset = durationpb.New(st.ClockOffset.AsDuration() - med)
@@ -163,9 +163,9 @@ func (n *Node) peerRoots(ctx context.Context, r *cluster.Ring) map[string]peerRo
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	out := map[string]peerRootsAnswer{}
-	for _, id := range n.aePeers(r) {
+	for _, id := range n.ae.SharedPeers(r) {
 		nd, ok := r.Node(id)
-		parts := n.sharedPartitions(r, id)
+		parts := n.ae.SharedPartitions(r, id)
 		if !ok || len(parts) == 0 {
 			continue
 		}

@@ -12,35 +12,8 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/cluster"
 )
-
-func TestJudgeClock(t *testing.T) {
-	const max = 500 * time.Millisecond
-	s := time.Second
-	for _, tc := range []struct {
-		name    string
-		others  []time.Duration
-		offset  time.Duration
-		known   bool
-		inBound bool
-	}{
-		{"alone", nil, 0, false, true},
-		{"one other: no majority", []time.Duration{10 * s}, 0, false, true},
-		{"in sync", []time.Duration{10 * time.Millisecond, -20 * time.Millisecond}, 0, true, true},
-		{"this node 3 s ahead", []time.Duration{-3 * s, -3*s + 100*time.Millisecond}, 3*s - 100*time.Millisecond, true, false},
-		{"this node 3 s behind", []time.Duration{3 * s, 3 * s}, -3 * s, true, false},
-		{"another node off: the median is not", []time.Duration{0, 30 * s}, 0, true, true},
-		{"just in bound", []time.Duration{-max, -max}, max, true, true},
-		{"four clocks: mean of the middle two", []time.Duration{-2 * s, -2 * s, 5 * s}, s, true, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := judgeClock(tc.others, max)
-			if c.Offset != tc.offset || c.Known != tc.known || c.InBound != tc.inBound {
-				t.Fatalf("judgeClock(%v) = %+v, want offset %v known %v in bound %v", tc.others, c, tc.offset, tc.known, tc.inBound)
-			}
-		})
-	}
-}
 
 // shiftClock is the system clock shifted by an offset that can change.
 type shiftClock struct{ off atomic.Int64 }
@@ -87,8 +60,8 @@ func TestClockOutOfBoundGivesUpLeaderships(t *testing.T) {
 		return false
 	})
 	waitFor(t, 10*time.Second, "n1 to measure both other clocks", func() bool {
-		all, _ := skewed.node.peerOffsets(time.Time{})
-		return judgeClock(all, time.Second).Known
+		all, _ := skewed.node.clockGuard.PeerOffsets(time.Time{})
+		return cluster.JudgeClock(all, time.Second).Known
 	})
 	clk.off.Store(int64(3 * time.Second))
 	waitFor(t, 10*time.Second, "n1 to lead no partition", func() bool { return leads(skewed) == 0 })
@@ -103,7 +76,7 @@ func TestClockOutOfBoundGivesUpLeaderships(t *testing.T) {
 	if st.Healthy || len(st.Problems) == 0 {
 		t.Fatalf("n1 out of bound reports healthy=%v problems=%v", st.Healthy, st.Problems)
 	}
-	if err := skewed.node.mayLead(); err == nil {
+	if err := skewed.node.clockGuard.MayLead(); err == nil {
 		t.Fatal("n1 out of bound may lead")
 	}
 	// Its groups refuse proposals for the clock (as a leader would).
@@ -133,7 +106,7 @@ func TestClockOutOfBoundGivesUpLeaderships(t *testing.T) {
 		t.Fatalf("claim granted by %q, want another node", l)
 	}
 	clk.off.Store(0)
-	waitFor(t, 10*time.Second, "n1 back in bound", func() bool { return skewed.node.mayLead() == nil })
+	waitFor(t, 10*time.Second, "n1 back in bound", func() bool { return skewed.node.clockGuard.MayLead() == nil })
 	st = status()
 	if !st.Healthy || len(st.Problems) != 0 {
 		t.Fatalf("n1 back in bound reports healthy=%v problems=%v", st.Healthy, st.Problems)
@@ -169,17 +142,17 @@ func TestClockStepWithStalePeerOffset(t *testing.T) {
 				seen++
 			}
 		}
-		return seen == 2 && n1.clockState().Known
+		return seen == 2 && n1.clockGuard.State().Known
 	})
 	c3.off.Store(0)
 	c1.off.Store(int64(27 * time.Second))
 	deadline := time.Now().Add(4 * time.Second)
 	for time.Now().Before(deadline) {
-		if err := n1.mayLead(); err == nil {
-			t.Fatalf("n1, 27 s ahead, may lead (last check %+v; members %+v)", n1.clockState(), n1.host.Members().Members())
+		if err := n1.clockGuard.MayLead(); err == nil {
+			t.Fatalf("n1, 27 s ahead, may lead (last check %+v; members %+v)", n1.clockGuard.State(), n1.host.Members().Members())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	c1.off.Store(0)
-	waitFor(t, 10*time.Second, "n1 back in bound", func() bool { return n1.mayLead() == nil })
+	waitFor(t, 10*time.Second, "n1 back in bound", func() bool { return n1.clockGuard.MayLead() == nil })
 }

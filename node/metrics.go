@@ -86,10 +86,8 @@ func (n *Node) writeMetrics(w io.Writer) {
 		gauge("norn_dependencies_cached", fmt.Sprintf("Dependencies this node knows terminal (cached for good, up to %d).", dispatch.DepCacheSize), ds.Cached)
 	}
 	n.writeAntiEntropyMetrics(w, counter, gauge)
-	n.clockGuard.mu.Lock()
-	cg := n.clockGuard.check
-	outs, transfers := n.clockGuard.outOfBound, n.clockGuard.transfers
-	n.clockGuard.mu.Unlock()
+	cs := n.clockGuard.Stats()
+	cg, outs, transfers := cs.Check, cs.OutOfBound, cs.Transfers
 	inBound := 0
 	if cg.InBound {
 		inBound = 1
@@ -138,29 +136,26 @@ func lastContact(s string) (time.Duration, bool) {
 // writeAntiEntropyMetrics writes the anti-entropy counters, the trees'
 // memory and, per partition, when its replicas were last seen equal.
 func (n *Node) writeAntiEntropyMetrics(w io.Writer, counter func(string, string, uint64), gauge func(string, string, int)) {
-	s := &n.aeStats
-	counter("norn_antientropy_exchanges_total", "Anti-entropy rounds with a peer (one per peer, covering every shared partition).", s.exchanges.Load())
-	counter("norn_antientropy_failures_total", "Anti-entropy rounds that ended with an error.", s.failures.Load())
-	counter("norn_antientropy_partitions_differing_total", "Partitions whose tree roots differed at the start of a round.", s.differing.Load())
-	counter("norn_antientropy_segments_differing_total", "Tree leaves (groups of segments) found differing.", s.leaves.Load())
-	counter("norn_antientropy_tasks_pushed_total", "Task states sent to peers that lacked them or held older ones.", s.pushed.Load())
-	counter("norn_antientropy_tasks_pulled_total", "Task states received from peers and merged here.", s.pulled.Load())
-	counter("norn_antientropy_bytes_sent_total", "Bytes of anti-entropy requests (protobuf sizes, task states included).", s.bytesSent.Load())
-	counter("norn_antientropy_bytes_received_total", "Bytes of anti-entropy responses.", s.bytesRecv.Load())
-	if n.ae != nil {
-		trees, bytes := n.ae.Partitions()
-		gauge("norn_antientropy_trees", "Partition replicas with a Merkle tree on this node.", trees)
-		gauge("norn_antientropy_tree_bytes", "Memory of this node's Merkle trees.", bytes)
-	}
-	s.mu.Lock()
-	parts := make([]uint16, 0, len(s.converged))
-	for p := range s.converged {
+	s := n.ae.Counters()
+	counter("norn_antientropy_exchanges_total", "Anti-entropy rounds with a peer (one per peer, covering every shared partition).", s.Exchanges)
+	counter("norn_antientropy_failures_total", "Anti-entropy rounds that ended with an error.", s.Failures)
+	counter("norn_antientropy_partitions_differing_total", "Partitions whose tree roots differed at the start of a round.", s.Differing)
+	counter("norn_antientropy_segments_differing_total", "Tree leaves (groups of segments) found differing.", s.Leaves)
+	counter("norn_antientropy_tasks_pushed_total", "Task states sent to peers that lacked them or held older ones.", s.Pushed)
+	counter("norn_antientropy_tasks_pulled_total", "Task states received from peers and merged here.", s.Pulled)
+	counter("norn_antientropy_bytes_sent_total", "Bytes of anti-entropy requests (protobuf sizes, task states included).", s.BytesSent)
+	counter("norn_antientropy_bytes_received_total", "Bytes of anti-entropy responses.", s.BytesRecv)
+	trees, bytes := n.ae.Partitions()
+	gauge("norn_antientropy_trees", "Partition replicas with a Merkle tree on this node.", trees)
+	gauge("norn_antientropy_tree_bytes", "Memory of this node's Merkle trees.", bytes)
+	converged := n.ae.Converged()
+	parts := make([]uint16, 0, len(converged))
+	for p := range converged {
 		parts = append(parts, p)
 	}
 	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
 	fmt.Fprintf(w, "# HELP norn_antientropy_last_converged_seconds Unix time of the last round that found (or left) this partition's replica equal to a peer's.\n# TYPE norn_antientropy_last_converged_seconds gauge\n")
 	for _, p := range parts {
-		fmt.Fprintf(w, "norn_antientropy_last_converged_seconds{partition=\"%d\"} %d\n", p, s.converged[p].Unix())
+		fmt.Fprintf(w, "norn_antientropy_last_converged_seconds{partition=\"%d\"} %d\n", p, converged[p].Unix())
 	}
-	s.mu.Unlock()
 }

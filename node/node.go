@@ -9,14 +9,12 @@ import (
 	"time"
 
 	"github.com/norn-dev/norn/antientropy"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/coord"
+	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/dispatch"
 	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/server"
-
-	"golang.org/x/time/rate"
-
-	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/transport"
 )
@@ -46,19 +44,11 @@ type Node struct {
 	dispatch *dispatch.Dispatcher // claims, the monitor, claim ends, dependencies
 	server   *server.Server       // the API edge: validation and translation
 
-	ae      *antientropy.Replica // Merkle trees and exchanges (antientropy.go)
-	aeStats aeStats
-	aeKick  chan struct{}
-	// aeLimiter paces the anti-entropy rounds' bytes, fillLimiter the
-	// fills' of moves to this node.
-	aeLimiter, fillLimiter *rate.Limiter
-	// filling marks the partitions with a fill under way (antientropy.go).
-	fillMu  sync.Mutex
-	filling map[uint16]bool
+	ae *antientropy.Scheduler // Merkle trees, rounds with peers, fills of moves here
 
 	// clockGuard judges this node's clock against the cluster's and hands
-	// over its leaderships while it is out of bound (clockguard.go).
-	clockGuard clockGuard
+	// over its leaderships while it is out of bound.
+	clockGuard *cluster.ClockGuard
 
 	stop    chan struct{}
 	stopped sync.WaitGroup
@@ -113,15 +103,30 @@ func New(cfg Config) (*Node, error) {
 
 		waiters: waiters,
 	}
-	n.clockGuard.check = clockCheck{InBound: true}
+	n.clockGuard = cluster.NewClockGuard(cluster.ClockGuardConfig{
+		NodeID: cfg.NodeID, MaxOffset: cfg.MaxClockOffset, Clock: cfg.Clock, Logger: cfg.Logger,
+		Members: func() []cluster.Member { return n.host.Members().Members() },
+		Groups:  n.leaders,
+	})
 	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr})
-	n.aeKick = make(chan struct{}, 1)
-	n.aeLimiter = rate.NewLimiter(rate.Limit(cfg.AntiEntropyRate), max(cfg.AntiEntropyRate, 1<<20))
-	n.fillLimiter = rate.NewLimiter(rate.Limit(cfg.MoveRate), max(cfg.MoveRate, 1<<20))
-	n.filling = map[uint16]bool{}
 	n.drv = driver{running: map[int]bool{}, fillFrom: map[int]uint64{}, catchUpTo: map[int]uint64{},
 		down: map[string]time.Time{}, kick: make(chan struct{}, 1)}
-	if n.ae, err = n.newAntiEntropy(); err != nil {
+	n.ae, err = antientropy.New(antientropy.Config{
+		NodeID: cfg.NodeID,
+		Replica: antientropy.ReplicaConfig{
+			Store:    store,
+			LeafBits: cfg.TreeLeafBits,
+			Horizon:  func() int64 { return n.dispatch.RetentionHorizon() },
+			Expire:   func(p uint16, ms int64) error { return n.dispatch.ExpireBefore(p, ms) },
+			Merge: func(_ uint16, tasks []*crdt.Task) error {
+				return n.coord.MergeLocal(tasks)
+			},
+		},
+		Interval: cfg.AntiEntropyInterval, Timeout: cfg.AntiEntropyTimeout, Settle: cfg.AntiEntropySettle,
+		Rate: cfg.AntiEntropyRate, FillRate: cfg.MoveRate,
+		Limits: cfg.Limits, Peers: n.peers, Logger: cfg.Logger,
+	})
+	if err != nil {
 		store.Close()
 		lock.release()
 		return nil, err
@@ -133,11 +138,11 @@ func New(cfg Config) (*Node, error) {
 		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Clock: cfg.Clock,
 		Logger: cfg.Logger, RaftLogger: cfg.RaftLogger,
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck,
-		Trees:          aeTrees{n},
-		MayLead:        n.mayLead,
+		Trees:          n.ae,
+		MayLead:        n.clockGuard.MayLead,
 		OnLeaderChange: n.waiters.NotifyAll,
 		OnMetaRing:     n.kickDriver,
-		OnPlacement:    n.kickAntiEntropy,
+		OnPlacement:    n.ae.Kick,
 	})
 	if err != nil {
 		n.peers.Close()
@@ -159,7 +164,7 @@ func New(cfg Config) (*Node, error) {
 		LeaseGrace: cfg.LeaseGrace, SkewBuffer: cfg.SkewBuffer, Retention: cfg.Retention,
 		WriteTimeout: cfg.WriteTimeout, Clock: cfg.Clock, HLC: n.hlc, Logger: cfg.Logger,
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Waiters: waiters,
-		ClockInBound: func() bool { return n.clockState().InBound },
+		ClockInBound: func() bool { return n.clockGuard.State().InBound },
 		ExpiryNoSkew: cfg.TestBugs.ExpiryNoSkew,
 	})
 	n.dispatch.Start()
@@ -168,10 +173,12 @@ func New(cfg Config) (*Node, error) {
 		Clock: cfg.Clock, HLC: n.hlc, IDs: ids, Logger: cfg.Logger,
 		Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
 	})
-	n.stopped.Add(3)
+	n.ae.Start(aeHost{n.host})
+	n.stopped.Add(2)
 	go n.driveLoop()
-	go n.clockLoop()
-	go n.antiEntropyLoop()
+	// The clock guard judges the clock every monitor interval, apart from
+	// the monitor, whose passes can wait on Raft for seconds.
+	go n.every(n.cfg.MonitorInterval, n.clockGuard.Check)
 	return n, nil
 }
 
@@ -223,6 +230,7 @@ func (n *Node) Close() error {
 	n.StopWaiting()
 	close(n.stop)
 	n.dispatch.Close()
+	n.ae.Close()
 	n.stopped.Wait()
 	errs := n.host.Close()
 	n.peers.Close()
@@ -237,3 +245,32 @@ func (n *Node) GossipAddr() string { return n.host.GossipAddr() }
 
 // ClusterID is the id of this node's cluster, "" before it is formed.
 func (n *Node) ClusterID() string { return n.host.ClusterID() }
+
+// leaders lists the partition groups on this node, indexed by partition,
+// for the clock guard (nil where there is none).
+func (n *Node) leaders() []cluster.Leader {
+	gs := n.host.Groups()
+	out := make([]cluster.Leader, len(gs))
+	for p, g := range gs {
+		if g != nil {
+			out[p] = g
+		}
+	}
+	return out
+}
+
+// every runs fn now and then every period until Close (a goroutine
+// counted in n.stopped).
+func (n *Node) every(period time.Duration, fn func()) {
+	defer n.stopped.Done()
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		fn()
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+	}
+}

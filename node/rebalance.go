@@ -789,14 +789,14 @@ func (s peerService) ReplicaProgress(_ context.Context, req *connect.Request[nor
 		return nil, apierr.Invalid("fill_from", "names %d nodes; at most %d", len(m.GetFillFrom()), r.Replication+1)
 	}
 	p := uint16(m.GetPartition())
-	resp := &nornv1.ReplicaProgressResponse{RingEpoch: r.Epoch, Round: n.aeStats.rounds.Load()}
+	resp := &nornv1.ReplicaProgressResponse{RingEpoch: r.Epoch, Round: n.ae.Rounds()}
 	if g := n.host.Group(p); g != nil {
 		resp.Open = true
 		resp.AppliedIndex = g.AppliedIndex()
 		if len(m.GetFillFrom()) > 0 {
-			resp.Filled = n.aeStats.filledFrom(p, m.GetFillFrom(), m.GetAfterRound())
+			resp.Filled = n.ae.FilledFrom(p, m.GetFillFrom(), m.GetAfterRound())
 			if !resp.Filled {
-				n.fill(p, m.GetFillFrom())
+				n.ae.Fill(p, m.GetFillFrom())
 			}
 		}
 	}
