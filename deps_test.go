@@ -35,10 +35,11 @@ var allowed = map[string][]string{
 	"apierr":      {"claims", "storage", "crdt"},
 	"replicas":    {"cluster", "claims", "storage", "transport", "api", "crdt", "ring"},
 	"coord":       {"replicas", "apierr", "cluster", "claims", "storage", "transport", "api", "crdt", "ring"},
+	"rebalance":   {"replicas", "apierr", "cluster", "claims", "transport", "api", "ring"},
 	"client":      {"api", "transport", "crdt", "ring"},
-	"node":        {"coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs"},
+	"node":        {"rebalance", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs"},
 	"jepsen":      {"client", "api", "transport", "crdt", "ring"},
-	"cmd":         {"node", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs"},
+	"cmd":         {"node", "rebalance", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs"},
 }
 
 // pureExternal is everything outside the standard library that crdt and ring

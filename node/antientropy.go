@@ -20,6 +20,7 @@ import (
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/rebalance"
 	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/ring"
 	"github.com/norn-dev/norn/transport"
@@ -339,7 +340,7 @@ func (n *Node) fill(p uint16, sources []string) {
 				select {
 				case <-n.stop:
 					return
-				case <-time.After(movePoll):
+				case <-time.After(rebalance.MovePoll):
 				}
 			}
 		}
@@ -450,3 +451,15 @@ func (t aeTrees) Remove(p uint16) {
 	t.n.ae.Remove(p)
 	t.n.aeStats.forget(p)
 }
+
+// aeFills is rebalance.Fills over the node's anti-entropy: a move's
+// target reports its fill (ReplicaProgress).
+type aeFills struct{ n *Node }
+
+func (f aeFills) Round() uint64 { return f.n.aeStats.rounds.Load() }
+
+func (f aeFills) FilledFrom(p uint16, sources []string, after uint64) bool {
+	return f.n.aeStats.filledFrom(p, sources, after)
+}
+
+func (f aeFills) Fill(p uint16, sources []string) { f.n.fill(p, sources) }

@@ -8,13 +8,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/norn-dev/norn/antientropy"
-	"github.com/norn-dev/norn/coord"
-	"github.com/norn-dev/norn/replicas"
-
 	"golang.org/x/time/rate"
 
+	"github.com/norn-dev/norn/antientropy"
+	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/rebalance"
+	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/transport"
 )
@@ -36,9 +36,7 @@ type Node struct {
 	peers *transport.Peers   // other nodes' APIs
 	coord *coord.Coordinator // quorum writes and reads, routing, lists and counts
 
-	placeMu   sync.Mutex // one ring proposal at a time on the meta leader (rebalance.go)
-	drv       driver     // the rebalance driver (rebalance.go)
-	metaFitMu sync.Mutex // one meta group membership change at a time (rebalance.go)
+	rebalance *rebalance.Driver // placement calls, partition moves and the meta group's voters
 
 	waiters  *queueWaiters
 	inflight inflightSet // tasks being claimed now
@@ -130,8 +128,12 @@ func New(cfg Config) (*Node, error) {
 	n.aeLimiter = rate.NewLimiter(rate.Limit(cfg.AntiEntropyRate), max(cfg.AntiEntropyRate, 1<<20))
 	n.fillLimiter = rate.NewLimiter(rate.Limit(cfg.MoveRate), max(cfg.MoveRate, 1<<20))
 	n.filling = map[uint16]bool{}
-	n.drv = driver{running: map[int]bool{}, fillFrom: map[int]uint64{}, catchUpTo: map[int]uint64{},
-		down: map[string]time.Time{}, kick: make(chan struct{}, 1)}
+	n.rebalance = rebalance.New(rebalance.Config{
+		NodeID: cfg.NodeID, Peers: n.peers, Logger: cfg.Logger,
+		MaxMovesPerNode: cfg.MaxMovesPerNode, MoveTargetTimeout: cfg.MoveTargetTimeout,
+		AutoRebalance: cfg.AutoRebalance, AutoDeadAfter: cfg.AutoDeadAfter,
+		Fills: aeFills{n},
+	})
 	if n.ae, err = n.newAntiEntropy(); err != nil {
 		store.Close()
 		lock.release()
@@ -147,7 +149,7 @@ func New(cfg Config) (*Node, error) {
 		Trees:          aeTrees{n},
 		MayLead:        n.mayLead,
 		OnLeaderChange: n.waiters.notifyAll,
-		OnMetaRing:     n.kickDriver,
+		OnMetaRing:     n.rebalance.Kick,
 		OnPlacement:    n.kickAntiEntropy,
 	})
 	if err != nil {
@@ -164,8 +166,8 @@ func New(cfg Config) (*Node, error) {
 		DepsDone:            n.depsDone,
 		DropReplicatedWrite: cfg.TestBugs.DropReplicatedWrite,
 	})
-	n.stopped.Add(6)
-	go n.driveLoop()
+	n.rebalance.Start(n.host)
+	n.stopped.Add(5)
 	go n.monitor()
 	go n.clockLoop()
 	go n.antiEntropyLoop()
@@ -228,6 +230,7 @@ func (n *Node) Close() error {
 	n.StopWaiting()
 	close(n.stop)
 	n.waiters.closeAll()
+	n.rebalance.Close()
 	n.stopped.Wait()
 	errs := n.host.Close()
 	n.peers.Close()
