@@ -16,6 +16,7 @@ import (
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/rebalance"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -43,7 +44,7 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 	}
 	resp.RingEpoch = r.Epoch
 	for _, m := range r.Moves {
-		resp.Moves = append(resp.Moves, moveStatus(m))
+		resp.Moves = append(resp.Moves, rebalance.MoveStatus(m))
 	}
 	var peerRoots map[string]peerRootsAnswer
 	if !req.Msg.GetSkipCounts() {

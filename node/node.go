@@ -13,6 +13,7 @@ import (
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/dispatch"
+	"github.com/norn-dev/norn/rebalance"
 	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/server"
 	"github.com/norn-dev/norn/storage"
@@ -36,9 +37,7 @@ type Node struct {
 	peers *transport.Peers   // other nodes' APIs
 	coord *coord.Coordinator // quorum writes and reads, routing, lists and counts
 
-	placeMu   sync.Mutex // one ring proposal at a time on the meta leader (rebalance.go)
-	drv       driver     // the rebalance driver (rebalance.go)
-	metaFitMu sync.Mutex // one meta group membership change at a time (rebalance.go)
+	rebalance *rebalance.Driver // placement calls, partition moves and the meta group's voters
 
 	waiters  *dispatch.Waiters    // long-polling claims, woken by the store and the host
 	dispatch *dispatch.Dispatcher // claims, the monitor, claim ends, dependencies
@@ -109,8 +108,6 @@ func New(cfg Config) (*Node, error) {
 		Groups:  n.leaders,
 	})
 	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr})
-	n.drv = driver{running: map[int]bool{}, fillFrom: map[int]uint64{}, catchUpTo: map[int]uint64{},
-		down: map[string]time.Time{}, kick: make(chan struct{}, 1)}
 	n.ae, err = antientropy.New(antientropy.Config{
 		NodeID: cfg.NodeID,
 		Replica: antientropy.ReplicaConfig{
@@ -131,6 +128,12 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
+	n.rebalance = rebalance.New(rebalance.Config{
+		NodeID: cfg.NodeID, Peers: n.peers, Logger: cfg.Logger,
+		MaxMovesPerNode: cfg.MaxMovesPerNode, MoveTargetTimeout: cfg.MoveTargetTimeout,
+		AutoRebalance: cfg.AutoRebalance, AutoDeadAfter: cfg.AutoDeadAfter,
+		Fills: n.ae,
+	})
 	n.host, err = replicas.Start(replicas.Config{
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, Partitions: cfg.Partitions,
 		APIAddr: cfg.APIAddr, RaftAddr: cfg.RaftAddr, GossipAddr: cfg.GossipAddr, GossipLAN: cfg.GossipLAN,
@@ -141,7 +144,7 @@ func New(cfg Config) (*Node, error) {
 		Trees:          n.ae,
 		MayLead:        n.clockGuard.MayLead,
 		OnLeaderChange: n.waiters.NotifyAll,
-		OnMetaRing:     n.kickDriver,
+		OnMetaRing:     n.rebalance.Kick,
 		OnPlacement:    n.ae.Kick,
 	})
 	if err != nil {
@@ -174,8 +177,8 @@ func New(cfg Config) (*Node, error) {
 		Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
 	})
 	n.ae.Start(aeHost{n.host})
-	n.stopped.Add(2)
-	go n.driveLoop()
+	n.rebalance.Start(n.host)
+	n.stopped.Add(1)
 	// The clock guard judges the clock every monitor interval, apart from
 	// the monitor, whose passes can wait on Raft for seconds.
 	go n.every(n.cfg.MonitorInterval, n.clockGuard.Check)
@@ -231,6 +234,7 @@ func (n *Node) Close() error {
 	close(n.stop)
 	n.dispatch.Close()
 	n.ae.Close()
+	n.rebalance.Close()
 	n.stopped.Wait()
 	errs := n.host.Close()
 	n.peers.Close()

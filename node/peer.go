@@ -12,6 +12,8 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/apierr"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -89,4 +91,54 @@ func (s peerService) GetRing(_ context.Context, req *connect.Request[nornv1.GetR
 		resp.Ring = b
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// peerRing checks a peer call about partition p: the caller, a formed
+// cluster, p below P. It returns the ring.
+func (n *Node) peerRing(addr string, h http.Header, p uint32) (*cluster.Ring, error) {
+	if err := n.checkPeer(addr, h); err != nil {
+		return nil, err
+	}
+	r := n.host.Ring()
+	if r == nil {
+		return nil, apierr.NotFormed
+	}
+	if int(p) >= r.Partitions {
+		return nil, apierr.Invalid("partition", "%d is not below the partition count %d", p, r.Partitions)
+	}
+	return r, nil
+}
+
+// ChangeGroup changes partition p's Raft configuration on p's leader.
+func (s peerService) ChangeGroup(_ context.Context, req *connect.Request[nornv1.ChangeGroupRequest]) (*connect.Response[nornv1.ChangeGroupResponse], error) {
+	n, m := s.n, req.Msg
+	if _, err := n.peerRing(req.Peer().Addr, req.Header(), m.GetPartition()); err != nil {
+		return nil, err
+	}
+	if m.GetNode() == "" {
+		return nil, apierr.Invalid("node", "is required")
+	}
+	p := uint16(m.GetPartition())
+	g := n.host.Group(p)
+	if g == nil {
+		return nil, n.coord.NotReplicated("partition", p)
+	}
+	resp, err := n.rebalance.ChangeGroup(g, p, m.GetOp(), m.GetNode(), m.GetRaftAddress())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// ReplicaProgress reports this node's replica of a partition.
+func (s peerService) ReplicaProgress(_ context.Context, req *connect.Request[nornv1.ReplicaProgressRequest]) (*connect.Response[nornv1.ReplicaProgressResponse], error) {
+	n, m := s.n, req.Msg
+	r, err := n.peerRing(req.Peer().Addr, req.Header(), m.GetPartition())
+	if err != nil {
+		return nil, err
+	}
+	if len(m.GetFillFrom()) > r.Replication+1 {
+		return nil, apierr.Invalid("fill_from", "names %d nodes; at most %d", len(m.GetFillFrom()), r.Replication+1)
+	}
+	return connect.NewResponse(n.rebalance.ReplicaProgress(r, uint16(m.GetPartition()), m.GetFillFrom(), m.GetAfterRound())), nil
 }
