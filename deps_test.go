@@ -40,12 +40,46 @@ var allowed = map[string][]string{
 	"replicas":    {"cluster", "claims", "storage", "transport", "api", "crdt", "ring"},
 	"coord":       {"replicas", "apierr", "cluster", "claims", "storage", "transport", "api", "crdt", "ring"},
 	"dispatch":    {"coord", "replicas", "apierr", "claims", "storage", "transport", "api", "crdt", "ring"},
-	"server":      {"dispatch", "coord", "replicas", "apierr", "claims", "storage", "transport", "api", "crdt", "ring"},
+	"server":      {"dispatch", "rebalance", "coord", "antientropy", "replicas", "apierr", "cluster", "claims", "storage", "transport", "api", "crdt", "ring"},
 	"rebalance":   {"replicas", "apierr", "cluster", "claims", "transport", "api", "ring"},
 	"client":      {"api", "transport", "crdt", "ring"},
 	"node":        {"server", "dispatch", "rebalance", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs"},
 	"jepsen":      {"client", "api", "transport", "crdt", "ring"},
 	"cmd":         {"node", "server", "dispatch", "rebalance", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs"},
+}
+
+// banned lists arrows that must never exist, whatever the table above
+// says, with the reason: the table may grow, these stay.
+var banned = []struct{ from, to, why string }{
+	{"coord", "dispatch", "the AP side must not depend on the claim side; dispatch plugs in through coord.Config.OnEnded and DepsDone"},
+	{"coord", "server", "the API edge sits above the parts it calls"},
+	{"dispatch", "server", "the API edge sits above the parts it calls"},
+	{"rebalance", "server", "the API edge sits above the parts it calls"},
+	{"antientropy", "server", "the API edge sits above the parts it calls"},
+	{"replicas", "coord", "the host tells the parts above it what changed through callbacks (replicas.Config)"},
+	{"replicas", "dispatch", "the host tells the parts above it what changed through callbacks (replicas.Config)"},
+	{"replicas", "antientropy", "the host tells the parts above it what changed through callbacks (replicas.Config)"},
+	{"replicas", "rebalance", "the host tells the parts above it what changed through callbacks (replicas.Config)"},
+	{"claims", "antientropy", "the claim FSM and the Merkle exchange are independent; node plugs them together"},
+	{"antientropy", "claims", "the claim FSM and the Merkle exchange are independent; node plugs them together"},
+	{"rebalance", "dispatch", "moves change placement, not who holds a task"},
+	{"server", "node", "nothing but cmd imports the composition root"},
+}
+
+// TestBannedArrows checks that no package imports what banned forbids,
+// and that the table does not allow it either.
+func TestBannedArrows(t *testing.T) {
+	got := imports(t)
+	for _, b := range banned {
+		if slices.Contains(allowed[b.from], b.to) {
+			t.Errorf("the table allows %s -> %s, which is banned: %s", b.from, b.to, b.why)
+		}
+		for _, p := range got[b.from] {
+			if d, _, _ := strings.Cut(strings.TrimPrefix(p, module+"/"), "/"); strings.HasPrefix(p, module+"/") && d == b.to {
+				t.Errorf("%s imports %s: banned, %s", b.from, p, b.why)
+			}
+		}
+	}
 }
 
 // pureExternal is everything outside the standard library that crdt and ring

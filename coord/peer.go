@@ -30,8 +30,8 @@ func (c *Coordinator) checkEpoch(epoch uint64, moving map[int]*cluster.Move, p u
 // MaxReplicate bounds the tasks of one Replicate call.
 const MaxReplicate = 10_000
 
-// dropReplicateEvery is how often DropReplicatedWrite drops a Replicate.
-const dropReplicateEvery = 20
+// DropReplicateEvery is how often DropReplicatedWrite drops a Replicate.
+const DropReplicateEvery = 20
 
 // Replicate merges the task states a peer replicates to this node
 // (PeerService.Replicate); epoch is the caller's ring epoch. Every state
@@ -72,7 +72,7 @@ func (c *Coordinator) Replicate(epoch uint64, states [][]byte) error {
 		}
 		tasks[i] = t
 	}
-	if c.cfg.DropReplicatedWrite && c.replicatesIn.Add(1)%dropReplicateEvery == 0 {
+	if c.cfg.DropReplicatedWrite && c.replicatesIn.Add(1)%DropReplicateEvery == 0 {
 		return nil // the seeded bug: acknowledged, not stored
 	}
 	return c.MergeLocal(tasks)

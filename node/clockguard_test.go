@@ -66,7 +66,7 @@ func TestClockOutOfBoundGivesUpLeaderships(t *testing.T) {
 	clk.off.Store(int64(3 * time.Second))
 	waitFor(t, 10*time.Second, "n1 to lead no partition", func() bool { return leads(skewed) == 0 })
 	status := func() *nornv1.StatusResponse {
-		r, err := adminService{skewed.node}.Status(context.Background(), connect.NewRequest(&nornv1.StatusRequest{SkipCounts: true}))
+		r, err := skewed.node.server.AdminService().Status(context.Background(), connect.NewRequest(&nornv1.StatusRequest{SkipCounts: true}))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -208,7 +208,7 @@ func TestClusterStatusNodes(t *testing.T) {
 	})
 	byID := func() map[string]*nornv1.NodeStatus {
 		out := map[string]*nornv1.NodeStatus{}
-		for _, st := range ms[0].node.nodeStatuses() {
+		for _, st := range ms[0].node.server.NodeStatuses() {
 			out[st.Id] = st
 		}
 		return out

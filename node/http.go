@@ -19,9 +19,9 @@ func (n *Node) Handler() http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(nornv1connect.NewTaskServiceHandler(n.server.TaskService(), opts...))
-	mux.Handle(nornv1connect.NewAdminServiceHandler(adminService{n}, opts...))
+	mux.Handle(nornv1connect.NewAdminServiceHandler(n.server.AdminService(), opts...))
 	// Replication batches many tasks in one call (up to maxReplicate).
-	mux.Handle(nornv1connect.NewPeerServiceHandler(peerService{n},
+	mux.Handle(nornv1connect.NewPeerServiceHandler(n.server.PeerService(),
 		connect.WithReadMaxBytes(64<<20), connect.WithCompressMinBytes(4<<10)))
 	mux.HandleFunc("GET /metrics", n.serveMetrics)
 	// Ready once every partition has a leader; 503 before.

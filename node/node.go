@@ -174,7 +174,9 @@ func New(cfg Config) (*Node, error) {
 	n.server = server.New(server.Config{
 		Limits: cfg.Limits, DefaultLease: cfg.DefaultLease, MaxLease: cfg.MaxLease, MaxWait: cfg.MaxWait,
 		Clock: cfg.Clock, HLC: n.hlc, IDs: ids, Logger: cfg.Logger,
-		Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
+		NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Version: cfg.Version, Start: n.start,
+		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
+		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard,
 	})
 	n.ae.Start(aeHost{n.host})
 	n.rebalance.Start(n.host)

@@ -26,9 +26,6 @@ type TestBugs struct {
 	DropReplicatedWrite bool
 }
 
-// dropReplicateEvery is how often DropReplicatedWrite drops a Replicate.
-const dropReplicateEvery = 20
-
 // testBugs maps the names of -test-bug to their fields.
 var testBugs = map[string]func(*TestBugs) *bool{
 	"claim-no-check":        func(b *TestBugs) *bool { return &b.ClaimNoCheck },

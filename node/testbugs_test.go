@@ -10,6 +10,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/transport"
@@ -61,7 +62,7 @@ func TestSeededBugDropReplicatedWrite(t *testing.T) {
 			ms := testClusterWith(t, 1, func(_ int, c *Config) { c.TestBugs.DropReplicatedWrite = bug })
 			n := ms[0].node
 			var missing []int
-			for i := range 2 * dropReplicateEvery {
+			for i := range 2 * coord.DropReplicateEvery {
 				id := uint64(1000 + i)
 				state := (&crdt.Task{ID: id, Spec: &crdt.Spec{Queue: "q", CreatedAt: crdt.Timestamp{WallMs: 1, Node: 1}}}).Encode()
 				req := transport.Request(n.peers, &nornv1.ReplicateRequest{Tasks: [][]byte{state}})
@@ -78,7 +79,7 @@ func TestSeededBugDropReplicatedWrite(t *testing.T) {
 			}
 			want := fmt.Sprint([]int{})
 			if bug {
-				want = fmt.Sprint([]int{dropReplicateEvery, 2 * dropReplicateEvery})
+				want = fmt.Sprint([]int{coord.DropReplicateEvery, 2 * coord.DropReplicateEvery})
 			}
 			if got := fmt.Sprint(missing); got != want {
 				t.Fatalf("acked but not stored: %v, want %v", got, want)

@@ -4,11 +4,15 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/norn-dev/norn/antientropy"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/dispatch"
+	"github.com/norn-dev/norn/rebalance"
 	"github.com/norn-dev/norn/replicas"
+	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -21,6 +25,11 @@ type IDs interface {
 // Config configures a Server. The node's Config documents the shared
 // fields (units, defaults); New applies no defaults of its own.
 type Config struct {
+	// NodeID and APIAddr are this node's id and API address; Version its
+	// build (Status).
+	NodeID, APIAddr, Version string
+	// Start is when the node started (Status's uptime).
+	Start time.Time
 	// Limits bounds the fields of a task (queue, payload, errors, ...).
 	Limits crdt.Limits
 	// DefaultLease is the lease of a Claim or Renew that names none;
@@ -31,10 +40,14 @@ type Config struct {
 	IDs                             IDs
 	Logger                          *slog.Logger
 
-	Host     *replicas.Host
-	Peers    *transport.Peers
-	Coord    *coord.Coordinator
-	Dispatch *dispatch.Dispatcher
+	Store      *storage.Store
+	Host       *replicas.Host
+	Peers      *transport.Peers
+	Coord      *coord.Coordinator
+	Dispatch   *dispatch.Dispatcher
+	AE         *antientropy.Scheduler
+	Rebalance  *rebalance.Driver
+	ClockGuard *cluster.ClockGuard
 }
 
 // Server is the API edge of a node: it validates every request field by
@@ -42,20 +55,33 @@ type Config struct {
 // messages and the node's parts, and calls them. It holds no state of its
 // own. Safe for concurrent use.
 type Server struct {
-	cfg      Config
-	host     *replicas.Host
-	peers    *transport.Peers
-	coord    *coord.Coordinator
-	dispatch *dispatch.Dispatcher
-	hlc      *crdt.HLC
-	ids      IDs
+	cfg        Config
+	start      time.Time
+	store      *storage.Store
+	host       *replicas.Host
+	peers      *transport.Peers
+	coord      *coord.Coordinator
+	dispatch   *dispatch.Dispatcher
+	ae         *antientropy.Scheduler
+	rebalance  *rebalance.Driver
+	clockGuard *cluster.ClockGuard
+	hlc        *crdt.HLC
+	ids        IDs
 }
 
 // New returns a server over cfg's parts.
 func New(cfg Config) *Server {
-	return &Server{cfg: cfg, host: cfg.Host, peers: cfg.Peers, coord: cfg.Coord, dispatch: cfg.Dispatch,
+	return &Server{cfg: cfg, start: cfg.Start, store: cfg.Store, host: cfg.Host, peers: cfg.Peers, coord: cfg.Coord,
+		dispatch: cfg.Dispatch, ae: cfg.AE, rebalance: cfg.Rebalance, clockGuard: cfg.ClockGuard,
 		hlc: cfg.HLC, ids: cfg.IDs}
 }
+
+// AdminService is the server's norn.v1.AdminService.
+func (sv *Server) AdminService() nornv1connect.AdminServiceHandler { return adminService{sv} }
+
+// PeerService is the server's norn.v1.PeerService: the calls between
+// nodes, each refused unless it comes from a node of this cluster.
+func (sv *Server) PeerService() nornv1connect.PeerServiceHandler { return peerService{sv} }
 
 // TaskService is the server's norn.v1.TaskService.
 func (sv *Server) TaskService() nornv1connect.TaskServiceHandler { return taskService{sv} }

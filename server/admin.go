@@ -1,4 +1,4 @@
-package node
+package server
 
 import (
 	"context"
@@ -21,24 +21,24 @@ import (
 )
 
 // adminService implements norn.v1.AdminService.
-type adminService struct{ n *Node }
+type adminService struct{ sv *Server }
 
 var _ nornv1connect.AdminServiceHandler = adminService{}
 
 func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.StatusRequest]) (*connect.Response[nornv1.StatusResponse], error) {
-	n := a.n
+	sv := a.sv
 	resp := &nornv1.StatusResponse{
-		NodeId:  n.cfg.NodeID,
-		Version: n.cfg.Version,
-		Uptime:  durationpb.New(n.cfg.Clock.Now().Sub(n.start)),
-		Nodes:   n.nodeStatuses(),
+		NodeId:  sv.cfg.NodeID,
+		Version: sv.cfg.Version,
+		Uptime:  durationpb.New(sv.cfg.Clock.Now().Sub(sv.start)),
+		Nodes:   sv.NodeStatuses(),
 		Healthy: true,
 	}
-	if err := n.clockGuard.MayLead(); err != nil {
+	if err := sv.clockGuard.MayLead(); err != nil {
 		resp.Healthy = false
 		resp.Problems = append(resp.Problems, err.Error())
 	}
-	r := n.host.Ring()
+	r := sv.host.Ring()
 	if r == nil {
 		return connect.NewResponse(resp), nil
 	}
@@ -48,9 +48,9 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 	}
 	var peerRoots map[string]peerRootsAnswer
 	if !req.Msg.GetSkipCounts() {
-		peerRoots = n.peerRoots(ctx, r)
+		peerRoots = sv.peerRoots(ctx, r)
 	}
-	for p, g := range n.host.Groups() {
+	for p, g := range sv.host.Groups() {
 		if g == nil {
 			continue
 		}
@@ -63,16 +63,16 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 			ps.Cohort = append(ps.Cohort, string(id))
 		}
 		if !req.Msg.GetSkipCounts() {
-			counts, err := n.coord.CountPartition(uint16(p), "")
+			counts, err := sv.coord.CountPartition(uint16(p), "")
 			if err != nil {
 				return nil, apierr.From(err)
 			}
 			ps.Counts = counts
-			ps.ReplicaRoots, ps.ReplicasAgree = n.replicaRoots(r, uint16(p), peerRoots)
+			ps.ReplicaRoots, ps.ReplicasAgree = sv.replicaRoots(r, uint16(p), peerRoots)
 		}
 		if req.Msg.GetClaimDigests() {
 			var err error
-			if ps.ClaimApplied, ps.ClaimDigest, err = n.store.ClaimFSMDigest(uint16(p)); err != nil {
+			if ps.ClaimApplied, ps.ClaimDigest, err = sv.store.ClaimFSMDigest(uint16(p)); err != nil {
 				return nil, apierr.From(err)
 			}
 		}
@@ -81,16 +81,16 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 	return connect.NewResponse(resp), nil
 }
 
-// nodeStatuses lists the ring's nodes and any other gossip member, with
+// NodeStatuses lists the ring's nodes and any other gossip member, with
 // their liveness and clock offset as this node sees them.
-func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
+func (sv *Server) NodeStatuses() []*nornv1.NodeStatus {
 	byID := map[string]*nornv1.NodeStatus{}
-	if r := n.host.Ring(); r != nil {
+	if r := sv.host.Ring(); r != nil {
 		for _, nd := range r.Nodes {
 			byID[nd.ID] = &nornv1.NodeStatus{Id: nd.ID, ApiAddress: nd.APIAddr, State: "dead"}
 		}
 	}
-	for _, m := range n.host.Members().Members() {
+	for _, m := range sv.host.Members().Members() {
 		st, ok := byID[m.ID]
 		if !ok {
 			st = &nornv1.NodeStatus{Id: m.ID, ApiAddress: m.APIAddr}
@@ -104,12 +104,12 @@ func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
 			st.ApiAddress = m.APIAddr
 		}
 	}
-	self, ok := byID[n.cfg.NodeID]
+	self, ok := byID[sv.cfg.NodeID]
 	if !ok {
-		self = &nornv1.NodeStatus{Id: n.cfg.NodeID}
-		byID[n.cfg.NodeID] = self
+		self = &nornv1.NodeStatus{Id: sv.cfg.NodeID}
+		byID[sv.cfg.NodeID] = self
 	}
-	self.State, self.ApiAddress, self.ClockOffset = "alive", n.cfg.APIAddr, durationpb.New(0)
+	self.State, self.ApiAddress, self.ClockOffset = "alive", sv.cfg.APIAddr, durationpb.New(0)
 	// Each measured clock's offset from the median of them all (as
 	// cluster.JudgeClock, with at least three).
 	var known []time.Duration
@@ -127,7 +127,7 @@ func (n *Node) nodeStatuses() []*nornv1.NodeStatus {
 		}
 	}
 	out := make([]*nornv1.NodeStatus, 0, len(byID))
-	r := n.host.Ring()
+	r := sv.host.Ring()
 	var replicas map[string]int
 	if r != nil {
 		replicas = r.Loads(r.Placement) // a move under way counts at its source
@@ -158,25 +158,25 @@ const statusRootsTimeout = 2 * time.Second
 
 // peerRoots asks every other node sharing partitions with this one for its
 // tree roots, in parallel.
-func (n *Node) peerRoots(ctx context.Context, r *cluster.Ring) map[string]peerRootsAnswer {
+func (sv *Server) peerRoots(ctx context.Context, r *cluster.Ring) map[string]peerRootsAnswer {
 	ctx, cancel := context.WithTimeout(ctx, statusRootsTimeout)
 	defer cancel()
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	out := map[string]peerRootsAnswer{}
-	for _, id := range n.ae.SharedPeers(r) {
+	for _, id := range sv.ae.SharedPeers(r) {
 		nd, ok := r.Node(id)
-		parts := n.ae.SharedPartitions(r, id)
+		parts := sv.ae.SharedPartitions(r, id)
 		if !ok || len(parts) == 0 {
 			continue
 		}
 		wg.Go(func() {
 			ans := peerRootsAnswer{roots: map[uint16]uint64{}}
-			req := &nornv1.TreeRootsRequest{LeafBits: uint32(n.ae.LeafBits())}
+			req := &nornv1.TreeRootsRequest{LeafBits: uint32(sv.ae.LeafBits())}
 			for _, p := range parts {
 				req.Partitions = append(req.Partitions, uint32(p))
 			}
-			resp, err := transport.Unary(ctx, n.peers, req, n.peers.Get(nd.APIAddr).Peer.TreeRoots)
+			resp, err := transport.Unary(ctx, sv.peers, req, sv.peers.Get(nd.APIAddr).Peer.TreeRoots)
 			switch {
 			case err != nil:
 				ans.err = err
@@ -198,18 +198,18 @@ func (n *Node) peerRoots(ctx context.Context, r *cluster.Ring) map[string]peerRo
 
 // replicaRoots lists the roots of partition p's replicas: this node's and
 // the peers' answers.
-func (n *Node) replicaRoots(r *cluster.Ring, p uint16, peers map[string]peerRootsAnswer) ([]*nornv1.ReplicaRoot, bool) {
+func (sv *Server) replicaRoots(r *cluster.Ring, p uint16, peers map[string]peerRootsAnswer) ([]*nornv1.ReplicaRoot, bool) {
 	var out []*nornv1.ReplicaRoot
 	agree := true
 	var mine uint64
-	if t := n.ae.Tree(p); t != nil {
+	if t := sv.ae.Tree(p); t != nil {
 		mine = t.Root()
 	}
 	for _, id := range r.Cohort(int(p)) {
 		rr := &nornv1.ReplicaRoot{NodeId: string(id)}
 		ans, ok := peers[string(id)]
 		switch {
-		case string(id) == n.cfg.NodeID:
+		case string(id) == sv.cfg.NodeID:
 			rr.Root = mine
 		case !ok:
 			rr.Error = "not asked"

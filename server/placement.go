@@ -1,4 +1,4 @@
-package node
+package server
 
 import (
 	"context"
@@ -21,10 +21,10 @@ func (a adminService) Join(ctx context.Context, req *connect.Request[nornv1.Join
 	if req.Msg.GetNode() == "" {
 		return nil, apierr.Invalid("node", "is required: a node id or API address")
 	}
-	return rebalance.ToMetaLeader(a.n.rebalance, ctx, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.JoinRequest]) (*connect.Response[nornv1.JoinResponse], error) {
+	return rebalance.ToMetaLeader(a.sv.rebalance, ctx, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.JoinRequest]) (*connect.Response[nornv1.JoinResponse], error) {
 		return p.Admin.Join
 	}, func(m *nornv1.JoinRequest) (*nornv1.JoinResponse, error) {
-		return a.n.rebalance.Join(m.GetNode())
+		return a.sv.rebalance.Join(m.GetNode())
 	})
 }
 
@@ -32,14 +32,14 @@ func (a adminService) Rebalance(ctx context.Context, req *connect.Request[nornv1
 	if req.Msg.GetCancel() && req.Msg.GetApply() {
 		return nil, apierr.Invalid("cancel", "cannot be combined with apply: cancel the moves under way, or apply a new plan")
 	}
-	return rebalance.ToMetaLeader(a.n.rebalance, ctx, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.RebalanceRequest]) (*connect.Response[nornv1.RebalanceResponse], error) {
+	return rebalance.ToMetaLeader(a.sv.rebalance, ctx, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.RebalanceRequest]) (*connect.Response[nornv1.RebalanceResponse], error) {
 		return p.Admin.Rebalance
 	}, func(m *nornv1.RebalanceRequest) (*nornv1.RebalanceResponse, error) {
 		if m.GetCancel() {
-			plan, err := a.n.rebalance.Cancel()
+			plan, err := a.sv.rebalance.Cancel()
 			return &nornv1.RebalanceResponse{Plan: plan}, err
 		}
-		plan, err := a.n.rebalance.Plan("", "", m.GetApply())
+		plan, err := a.sv.rebalance.Plan("", "", m.GetApply())
 		return &nornv1.RebalanceResponse{Plan: plan}, err
 	})
 }
@@ -48,10 +48,10 @@ func (a adminService) Drain(ctx context.Context, req *connect.Request[nornv1.Dra
 	if req.Msg.GetNode() == "" {
 		return nil, apierr.Invalid("node", "is required: a node id or API address")
 	}
-	return rebalance.ToMetaLeader(a.n.rebalance, ctx, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.DrainRequest]) (*connect.Response[nornv1.DrainResponse], error) {
+	return rebalance.ToMetaLeader(a.sv.rebalance, ctx, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.DrainRequest]) (*connect.Response[nornv1.DrainResponse], error) {
 		return p.Admin.Drain
 	}, func(m *nornv1.DrainRequest) (*nornv1.DrainResponse, error) {
-		plan, err := a.n.rebalance.Plan(m.GetNode(), cluster.RoleDraining, m.GetApply())
+		plan, err := a.sv.rebalance.Plan(m.GetNode(), cluster.RoleDraining, m.GetApply())
 		return &nornv1.DrainResponse{Plan: plan}, err
 	})
 }
@@ -60,10 +60,10 @@ func (a adminService) Decommission(ctx context.Context, req *connect.Request[nor
 	if req.Msg.GetNode() == "" {
 		return nil, apierr.Invalid("node", "is required: a node id or API address")
 	}
-	return rebalance.ToMetaLeader(a.n.rebalance, ctx, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.DecommissionRequest]) (*connect.Response[nornv1.DecommissionResponse], error) {
+	return rebalance.ToMetaLeader(a.sv.rebalance, ctx, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.DecommissionRequest]) (*connect.Response[nornv1.DecommissionResponse], error) {
 		return p.Admin.Decommission
 	}, func(m *nornv1.DecommissionRequest) (*nornv1.DecommissionResponse, error) {
-		plan, err := a.n.rebalance.Plan(m.GetNode(), cluster.RoleLeaving, m.GetApply())
+		plan, err := a.sv.rebalance.Plan(m.GetNode(), cluster.RoleLeaving, m.GetApply())
 		return &nornv1.DecommissionResponse{Plan: plan}, err
 	})
 }
@@ -75,10 +75,10 @@ func (a adminService) Remove(ctx context.Context, req *connect.Request[nornv1.Re
 	if !req.Msg.GetDead() {
 		return nil, apierr.Invalid("dead", "must be true: remove is for a node gone for good; decommission a live node")
 	}
-	return rebalance.ToMetaLeader(a.n.rebalance, ctx, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.RemoveRequest]) (*connect.Response[nornv1.RemoveResponse], error) {
+	return rebalance.ToMetaLeader(a.sv.rebalance, ctx, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.RemoveRequest]) (*connect.Response[nornv1.RemoveResponse], error) {
 		return p.Admin.Remove
 	}, func(m *nornv1.RemoveRequest) (*nornv1.RemoveResponse, error) {
-		plan, err := a.n.rebalance.Plan(m.GetNode(), cluster.RoleDead, m.GetApply())
+		plan, err := a.sv.rebalance.Plan(m.GetNode(), cluster.RoleDead, m.GetApply())
 		return &nornv1.RemoveResponse{Plan: plan}, err
 	})
 }

@@ -1,4 +1,4 @@
-package node
+package server
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 )
 
 // peerService implements norn.v1.PeerService.
-type peerService struct{ n *Node }
+type peerService struct{ sv *Server }
 
 var _ nornv1connect.PeerServiceHandler = peerService{}
 
@@ -26,7 +26,7 @@ var _ nornv1connect.PeerServiceHandler = peerService{}
 // node's cluster: unknown node id, an address that is not that node's, or
 // another cluster id. Before the cluster is formed, gossip members are
 // accepted (GetRing).
-func (n *Node) checkPeer(peerAddr string, h http.Header) error {
+func (sv *Server) checkPeer(peerAddr string, h http.Header) error {
 	id := h.Get(transport.HeaderNode)
 	deny := func(format string, args ...any) error {
 		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("peer call refused: "+format, args...))
@@ -37,7 +37,7 @@ func (n *Node) checkPeer(peerAddr string, h http.Header) error {
 		return deny("unknown caller address %q", peerAddr)
 	}
 	sameHost := func(hostport string) bool { return transport.SameHost(hostport, ip) }
-	r := n.host.Ring()
+	r := sv.host.Ring()
 	if r != nil {
 		if c := h.Get(transport.HeaderCluster); c != "" && c != r.ClusterID {
 			return deny("the caller is in cluster %s, this node in %s", c, r.ClusterID)
@@ -46,7 +46,7 @@ func (n *Node) checkPeer(peerAddr string, h http.Header) error {
 			return nil
 		}
 	}
-	for _, m := range n.host.Members().Members() {
+	for _, m := range sv.host.Members().Members() {
 		if m.ID == id && sameHost(m.APIAddr) && (r == nil || m.ClusterID == "" || m.ClusterID == r.ClusterID) {
 			return nil
 		}
@@ -55,22 +55,22 @@ func (n *Node) checkPeer(peerAddr string, h http.Header) error {
 }
 
 func (s peerService) Replicate(_ context.Context, req *connect.Request[nornv1.ReplicateRequest]) (*connect.Response[nornv1.ReplicateResponse], error) {
-	if err := s.n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+	if err := s.sv.checkPeer(req.Peer().Addr, req.Header()); err != nil {
 		return nil, err
 	}
 	// The caller's ring epoch.
 	epoch, _ := strconv.ParseUint(req.Header().Get(transport.HeaderEpoch), 10, 64)
-	if err := s.n.coord.Replicate(epoch, req.Msg.GetTasks()); err != nil {
+	if err := s.sv.coord.Replicate(epoch, req.Msg.GetTasks()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&nornv1.ReplicateResponse{}), nil
 }
 
 func (s peerService) Read(_ context.Context, req *connect.Request[nornv1.ReadRequest]) (*connect.Response[nornv1.ReadResponse], error) {
-	if err := s.n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+	if err := s.sv.checkPeer(req.Peer().Addr, req.Header()); err != nil {
 		return nil, err
 	}
-	out, err := s.n.coord.ReadReplica(req.Msg.GetIds())
+	out, err := s.sv.coord.ReadReplica(req.Msg.GetIds())
 	if err != nil {
 		return nil, err
 	}
@@ -78,12 +78,12 @@ func (s peerService) Read(_ context.Context, req *connect.Request[nornv1.ReadReq
 }
 
 func (s peerService) GetRing(_ context.Context, req *connect.Request[nornv1.GetRingRequest]) (*connect.Response[nornv1.GetRingResponse], error) {
-	n := s.n
-	if err := n.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+	sv := s.sv
+	if err := sv.checkPeer(req.Peer().Addr, req.Header()); err != nil {
 		return nil, err
 	}
 	resp := &nornv1.GetRingResponse{}
-	if r := n.host.Ring(); r != nil {
+	if r := sv.host.Ring(); r != nil {
 		b, err := json.Marshal(r)
 		if err != nil {
 			return nil, connect.NewError(connect.CodeInternal, err)
@@ -95,11 +95,11 @@ func (s peerService) GetRing(_ context.Context, req *connect.Request[nornv1.GetR
 
 // peerRing checks a peer call about partition p: the caller, a formed
 // cluster, p below P. It returns the ring.
-func (n *Node) peerRing(addr string, h http.Header, p uint32) (*cluster.Ring, error) {
-	if err := n.checkPeer(addr, h); err != nil {
+func (sv *Server) peerRing(addr string, h http.Header, p uint32) (*cluster.Ring, error) {
+	if err := sv.checkPeer(addr, h); err != nil {
 		return nil, err
 	}
-	r := n.host.Ring()
+	r := sv.host.Ring()
 	if r == nil {
 		return nil, apierr.NotFormed
 	}
@@ -111,19 +111,19 @@ func (n *Node) peerRing(addr string, h http.Header, p uint32) (*cluster.Ring, er
 
 // ChangeGroup changes partition p's Raft configuration on p's leader.
 func (s peerService) ChangeGroup(_ context.Context, req *connect.Request[nornv1.ChangeGroupRequest]) (*connect.Response[nornv1.ChangeGroupResponse], error) {
-	n, m := s.n, req.Msg
-	if _, err := n.peerRing(req.Peer().Addr, req.Header(), m.GetPartition()); err != nil {
+	sv, m := s.sv, req.Msg
+	if _, err := sv.peerRing(req.Peer().Addr, req.Header(), m.GetPartition()); err != nil {
 		return nil, err
 	}
 	if m.GetNode() == "" {
 		return nil, apierr.Invalid("node", "is required")
 	}
 	p := uint16(m.GetPartition())
-	g := n.host.Group(p)
+	g := sv.host.Group(p)
 	if g == nil {
-		return nil, n.coord.NotReplicated("partition", p)
+		return nil, sv.coord.NotReplicated("partition", p)
 	}
-	resp, err := n.rebalance.ChangeGroup(g, p, m.GetOp(), m.GetNode(), m.GetRaftAddress())
+	resp, err := sv.rebalance.ChangeGroup(g, p, m.GetOp(), m.GetNode(), m.GetRaftAddress())
 	if err != nil {
 		return nil, err
 	}
@@ -132,13 +132,65 @@ func (s peerService) ChangeGroup(_ context.Context, req *connect.Request[nornv1.
 
 // ReplicaProgress reports this node's replica of a partition.
 func (s peerService) ReplicaProgress(_ context.Context, req *connect.Request[nornv1.ReplicaProgressRequest]) (*connect.Response[nornv1.ReplicaProgressResponse], error) {
-	n, m := s.n, req.Msg
-	r, err := n.peerRing(req.Peer().Addr, req.Header(), m.GetPartition())
+	sv, m := s.sv, req.Msg
+	r, err := sv.peerRing(req.Peer().Addr, req.Header(), m.GetPartition())
 	if err != nil {
 		return nil, err
 	}
 	if len(m.GetFillFrom()) > r.Replication+1 {
 		return nil, apierr.Invalid("fill_from", "names %d nodes; at most %d", len(m.GetFillFrom()), r.Replication+1)
 	}
-	return connect.NewResponse(n.rebalance.ReplicaProgress(r, uint16(m.GetPartition()), m.GetFillFrom(), m.GetAfterRound())), nil
+	return connect.NewResponse(sv.rebalance.ReplicaProgress(r, uint16(m.GetPartition()), m.GetFillFrom(), m.GetAfterRound())), nil
+}
+
+func (s peerService) ListPartition(_ context.Context, req *connect.Request[nornv1.ListPartitionRequest]) (*connect.Response[nornv1.ListPartitionResponse], error) {
+	if err := s.sv.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	resp, err := s.sv.coord.ListPartition(req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s peerService) CountPartitions(_ context.Context, req *connect.Request[nornv1.CountPartitionsRequest]) (*connect.Response[nornv1.CountPartitionsResponse], error) {
+	if err := s.sv.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	resp, err := s.sv.coord.CountPartitions(req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// servePeer answers one call of a peer with serve, once checkPeer has
+// accepted the caller.
+func servePeer[Req, Resp any](sv *Server, req *connect.Request[Req], serve func(*Req) (*Resp, error)) (*connect.Response[Resp], error) {
+	if err := sv.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	resp, err := serve(req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s peerService) TreeRoots(_ context.Context, req *connect.Request[nornv1.TreeRootsRequest]) (*connect.Response[nornv1.TreeRootsResponse], error) {
+	return servePeer(s.sv, req, func(m *nornv1.TreeRootsRequest) (*nornv1.TreeRootsResponse, error) {
+		if s.sv.host.Ring() == nil {
+			return nil, apierr.NotFormed
+		}
+		return s.sv.ae.ServeTreeRoots(m)
+	})
+}
+
+func (s peerService) TreeNodes(_ context.Context, req *connect.Request[nornv1.TreeNodesRequest]) (*connect.Response[nornv1.TreeNodesResponse], error) {
+	return servePeer(s.sv, req, s.sv.ae.ServeTreeNodes)
+}
+
+func (s peerService) SegmentEntries(_ context.Context, req *connect.Request[nornv1.SegmentEntriesRequest]) (*connect.Response[nornv1.SegmentEntriesResponse], error) {
+	return servePeer(s.sv, req, s.sv.ae.ServeSegmentEntries)
 }
