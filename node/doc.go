@@ -1,25 +1,35 @@
-// Package node composes a nornd: the store, one claims.Group per partition,
-// the task API (norn.v1.TaskService and AdminService over connect) and the
-// leader's monitor. cmd/nornd is a thin main around it; tests and the
-// jepsen harness start nodes from the same code.
+// Package node is the composition root of a nornd: it opens the data dir
+// and the store, builds the node's parts, wires them to each other, starts
+// and stops them in order, and assembles the HTTP handler. It holds no
+// logic of its own; cmd/nornd is a thin main around it, and the tests and
+// the Jepsen harness start nodes from the same code.
 //
-//	n, err := node.New(node.Config{DataDir: dir})
+//	n, err := node.New(node.Config{DataDir: dir, NodeID: "n1", APIAddr: addr, ...})
 //	defer n.Close()
 //	srv := &http.Server{Addr: addr, Handler: n.Handler()} // h2c + HTTP/1.1
 //
-// Today a node is a single-node cluster: every partition's Raft group has
-// this node as its only voter, and writes are acked after one synced write
-// (N = 1). The request paths are the ones the cluster will use: enqueues and
-// other task writes are CRDT merges; claims, renewals, yields, ends and
-// expiries go through the partition's Raft group.
+// The parts, bottom up (docs/ARCHITECTURE.md has the map):
 //
-// Claim picks the best heads (priority, then id) from the ready indexes of
-// the partitions the node leads and proposes one entry per partition;
-// long-polling claims sleep on a per-queue channel that enqueues, yields,
-// expiries and promotions close. The monitor (every MonitorInterval) first
-// extends live claims when the node gains a partition's leadership, then
-// expires claims whose lease plus skew buffer has passed, and promotes due
-// delayed tasks. A claim takes a task with dependencies once they are
-// COMPLETED, as the node's cache or replica says; dependencies neither
-// decides are read from the cluster in the background (deps.go).
+//	storage.Store          every replica's tasks, indexes and Raft logs (one Pebble)
+//	replicas.Host          Raft listener, meta group, gossip, the ring, one claims.Group per partition here
+//	coord.Coordinator      quorum writes, replica reads, routing, lists and counts (AP)
+//	dispatch.Dispatcher    claims, long polls, the monitor, claim ends, dependencies (CP)
+//	antientropy.Scheduler  Merkle trees and exchange rounds with peers, fills of moves
+//	rebalance.Driver       placement calls and partition moves, on the meta leader
+//	cluster.ClockGuard     judges this node's clock; hands leaderships over when out of bound
+//	server.Server          the API edge: TaskService, AdminService, PeerService handlers
+//
+// New builds them in the order their dependencies need (the store, the
+// clock guard, anti-entropy and the rebalance driver before the host,
+// whose callbacks reach them; coord, dispatch and server after it) and
+// breaks the two cycles with closures: coord tells dispatch of tasks a
+// merge made terminal (coord.Config.OnEnded), and anti-entropy asks
+// dispatch for the retention horizon. Close stops them in the reverse
+// order: waiting claims first, then the background loops, then the
+// partition groups, then the store.
+//
+// Config holds every setting of a node (cmd/nornd maps its flags onto
+// it); each part takes the fields it needs in its own Config. TestBugs
+// are the seeded bugs the Jepsen harness uses to show that its checkers
+// can fail; they are all off in production.
 package node

@@ -30,8 +30,6 @@ type Node struct {
 	lock  *dirLock
 	store *storage.Store
 	hlc   *crdt.HLC
-	ids   *idGen
-	start time.Time
 
 	host  *replicas.Host     // the ring, the partition groups, meta group and gossip
 	peers *transport.Peers   // other nodes' APIs
@@ -96,8 +94,6 @@ func New(cfg Config) (*Node, error) {
 		lock:  lock,
 		store: store,
 		hlc:   crdt.NewHLC(cfg.Clock, uint32(cfg.MachineID)),
-		ids:   ids,
-		start: cfg.Clock.Now(),
 		stop:  make(chan struct{}),
 
 		waiters: waiters,
@@ -174,7 +170,7 @@ func New(cfg Config) (*Node, error) {
 	n.server = server.New(server.Config{
 		Limits: cfg.Limits, DefaultLease: cfg.DefaultLease, MaxLease: cfg.MaxLease, MaxWait: cfg.MaxWait,
 		Clock: cfg.Clock, HLC: n.hlc, IDs: ids, Logger: cfg.Logger,
-		NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Version: cfg.Version, Start: n.start,
+		NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Version: cfg.Version, Start: cfg.Clock.Now(),
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
 		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard,
 	})
