@@ -1,0 +1,125 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/norn-dev/norn/crdt"
+)
+
+// IndexState is where a task currently sits in this replica's local
+// indexes. It is local bookkeeping, not part of the replicated CRDT.
+type IndexState uint8
+
+// Index states.
+const (
+	IndexNone    IndexState = 0 // no spec yet, or terminal: in no index
+	IndexReady   IndexState = 1 // in the ready index
+	IndexDelayed IndexState = 2 // in the delayed index (not_before in the future)
+	IndexClaimed IndexState = 3 // in the claimed index (by lease expiry)
+)
+
+func (s IndexState) String() string {
+	switch s {
+	case IndexNone:
+		return "none"
+	case IndexReady:
+		return "ready"
+	case IndexDelayed:
+		return "delayed"
+	case IndexClaimed:
+		return "claimed"
+	}
+	return fmt.Sprintf("IndexState(%d)", uint8(s))
+}
+
+// meta is the value under the meta key: the index state and, when claimed,
+// the lease expiry that keys the claimed index.
+type meta struct {
+	state    IndexState
+	expiryMs int64
+}
+
+func (m meta) encode() []byte {
+	if m.state == IndexClaimed {
+		return binary.BigEndian.AppendUint64([]byte{byte(m.state)}, uint64(m.expiryMs))
+	}
+	return []byte{byte(m.state)}
+}
+
+func decodeMeta(b []byte) (meta, bool) {
+	switch {
+	case len(b) == 1 && IndexState(b[0]) <= IndexDelayed:
+		return meta{state: IndexState(b[0])}, true
+	case len(b) == 9 && IndexState(b[0]) == IndexClaimed:
+		return meta{state: IndexClaimed, expiryMs: int64(binary.BigEndian.Uint64(b[1:]))}, true
+	}
+	return meta{}, false
+}
+
+// readyChange records a ready-index key written or deleted by a batch, so
+// the queue's head cache can follow once the batch is visible.
+type readyChange struct {
+	p      uint16
+	queue  string
+	key    []byte
+	insert bool // false: deleted
+}
+
+// moveIndex writes into b the new meta value and the index changes from
+// (old, oldSpec) to (new, newSpec). It returns the ready-index changes.
+func (s *Store) moveIndex(b *pebble.Batch, p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec) ([]readyChange, error) {
+	oldKey, newKey := indexKey(p, id, old, oldSpec), indexKey(p, id, new, newSpec)
+	// Every write of a task (prepareMerge) or a meta comes here: raise the
+	// horizon before the batch is applied. A meta can be written for a
+	// task not stored here (a claim recorded first).
+	if err := s.horizons.note(p, id); err != nil {
+		return nil, err
+	}
+	if err := b.Set(metaKey(p, id), new.encode(), nil); err != nil {
+		return nil, err
+	}
+	return moveIndexKeys(b, p, old, oldSpec, oldKey, new, newSpec, newKey)
+}
+
+// moveIndexKeys replaces oldKey by newKey in the indexes, and returns the
+// ready-index changes.
+func moveIndexKeys(b *pebble.Batch, p uint16, old meta, oldSpec *crdt.Spec, oldKey []byte, new meta, newSpec *crdt.Spec, newKey []byte) ([]readyChange, error) {
+	if bytes.Equal(oldKey, newKey) {
+		return nil, nil
+	}
+	var changes []readyChange
+	if oldKey != nil {
+		if err := b.Delete(oldKey, nil); err != nil {
+			return nil, err
+		}
+		if old.state == IndexReady {
+			changes = append(changes, readyChange{p: p, queue: oldSpec.Queue, key: oldKey})
+		}
+	}
+	if newKey != nil {
+		if err := b.Set(newKey, nil, nil); err != nil {
+			return nil, err
+		}
+		if new.state == IndexReady {
+			changes = append(changes, readyChange{p: p, queue: newSpec.Queue, key: newKey, insert: true})
+		}
+	}
+	return changes, nil
+}
+
+// indexKey returns the index key of a task in state m, or nil for IndexNone.
+func indexKey(p uint16, id uint64, m meta, spec *crdt.Spec) []byte {
+	switch m.state {
+	case IndexReady:
+		return readyKey(p, spec.Queue, spec.Priority, id)
+	case IndexDelayed:
+		return timeIDKey(p, tagDelayed, spec.NotBeforeMs, id)
+	case IndexClaimed:
+		return timeIDKey(p, tagClaimed, m.expiryMs, id)
+	}
+	return nil
+}

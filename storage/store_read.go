@@ -1,0 +1,193 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/norn-dev/norn/crdt"
+)
+
+// StoredTask is a task as this replica holds it.
+type StoredTask struct {
+	Partition uint16
+	Task      *crdt.Task
+	Digest    uint64     // crdt.Digest of the stored encoding
+	Index     IndexState // local index placement
+	ExpiryMs  int64      // lease expiry when Index is IndexClaimed
+}
+
+// GetTask returns the state of id in partition p with its digest and index
+// state, or ErrNotFound.
+func (s *Store) GetTask(p uint16, id uint64) (*StoredTask, error) {
+	return s.getTask(p, id)
+}
+
+// TaskState returns only the CRDT state of id in partition p, or
+// ErrNotFound: one point read, for callers that need neither the digest
+// nor the index state (the node's request paths).
+func (s *Store) TaskState(p uint16, id uint64) (*crdt.Task, error) {
+	enc, err := s.get(taskKey(p, id))
+	if err != nil {
+		return nil, err
+	}
+	return decodeTaskState(taskKey(p, id), id, enc)
+}
+
+func decodeTaskState(key []byte, id uint64, enc []byte) (*crdt.Task, error) {
+	t, err := crdt.Decode(enc)
+	if err != nil {
+		return nil, corrupt(key, "%v", err)
+	}
+	if t.ID != id {
+		return nil, corrupt(key, "stored task has id %d", t.ID)
+	}
+	return t, nil
+}
+
+func (s *Store) getTask(p uint16, id uint64) (*StoredTask, error) {
+	key := taskKey(p, id)
+	enc, err := s.get(key)
+	if err != nil {
+		return nil, err
+	}
+	st, err := decodeTask(p, key, enc)
+	if err != nil {
+		return nil, err
+	}
+	m, found, err := s.getMeta(p, id)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, corrupt(metaKey(p, id), "missing meta of a stored task")
+	}
+	st.Index, st.ExpiryMs = m.state, m.expiryMs
+	return st, nil
+}
+
+// getMeta returns the meta of id. A claim can be recorded (by the claim FSM)
+// before the task's state reaches this replica, so meta may exist without a
+// task; a task never exists without meta.
+func (s *Store) getMeta(p uint16, id uint64) (m meta, found bool, err error) {
+	mv, err := s.get(metaKey(p, id))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return meta{}, false, nil
+	case err != nil:
+		return meta{}, false, err
+	}
+	m, ok := decodeMeta(mv)
+	if !ok {
+		return meta{}, false, corrupt(metaKey(p, id), "bad meta value %x", mv)
+	}
+	return m, true, nil
+}
+
+// decodeTask decodes the task stored at key, without its index state.
+func decodeTask(p uint16, key, enc []byte) (*StoredTask, error) {
+	if len(key) != len(taskKey(p, 0)) {
+		return nil, corrupt(key, "bad task key")
+	}
+	t, err := decodeTaskState(key, idFromKey(key), enc)
+	if err != nil {
+		return nil, err
+	}
+	return &StoredTask{Partition: p, Task: t, Digest: crdt.Digest(enc)}, nil
+}
+
+// get returns a copy of the value at key, or ErrNotFound.
+func (s *Store) get(key []byte) ([]byte, error) {
+	v, closer, err := s.db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storage: get %x: %w", key, err)
+	}
+	out := bytes.Clone(v)
+	if out == nil {
+		out = []byte{}
+	}
+	closer.Close()
+	return out, nil
+}
+
+func corrupt(key []byte, format string, args ...any) error {
+	return fmt.Errorf("%w: key %x: %s", ErrCorrupt, key, fmt.Sprintf(format, args...))
+}
+
+// ScanTasks returns up to limit tasks of partition p with id >= start, in id
+// order, without their index state (Index is IndexNone). next is the id to
+// pass as start for the following page; more is false on the last page.
+func (s *Store) ScanTasks(p uint16, start uint64, limit int) (tasks []*StoredTask, next uint64, more bool, err error) {
+	if limit <= 0 {
+		return nil, 0, false, fmt.Errorf("storage: ScanTasks limit %d must be positive", limit)
+	}
+	_, end := tagSpan(p, tagTask)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: taskKey(p, start), UpperBound: end})
+	if err != nil {
+		return nil, 0, false, err
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		if len(tasks) == limit {
+			return tasks, idFromKey(it.Key()), true, nil
+		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return nil, 0, false, err
+		}
+		st, err := decodeTask(p, it.Key(), v)
+		if err != nil {
+			return nil, 0, false, err
+		}
+		tasks = append(tasks, st)
+	}
+	return tasks, 0, false, it.Error()
+}
+
+func idFromKey(k []byte) uint64 { return binary.BigEndian.Uint64(k[len(k)-8:]) }
+
+// SegmentEntry is one (id, digest) pair of the anti-entropy segment index.
+type SegmentEntry struct {
+	ID     uint64
+	Digest uint64
+}
+
+// ScanSegments calls fn for every segment index entry of partition p with
+// segment in [lo, hi), in (segment, id) order. fn's error stops the scan and
+// is returned.
+func (s *Store) ScanSegments(p uint16, lo, hi uint32, fn func(seg uint16, e SegmentEntry) error) error {
+	start := binary.BigEndian.AppendUint16(partitionPrefix(p, tagSegment), uint16(min(lo, 1<<16-1)))
+	end := partitionPrefix(p, tagSegment+1)
+	if hi < 1<<16 {
+		end = binary.BigEndian.AppendUint16(partitionPrefix(p, tagSegment), uint16(hi))
+	}
+	if lo >= hi {
+		return nil
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: start, UpperBound: end})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		k := it.Key()
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return err
+		}
+		if len(k) != 3+2+8 || len(v) != 8 {
+			return corrupt(k, "bad segment index entry (value %x)", v)
+		}
+		seg := binary.BigEndian.Uint16(k[3:5])
+		if err := fn(seg, SegmentEntry{ID: idFromKey(k), Digest: binary.BigEndian.Uint64(v)}); err != nil {
+			return err
+		}
+	}
+	return it.Error()
+}

@@ -1,0 +1,349 @@
+package storage
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/norn-dev/norn/crdt"
+)
+
+// MergeItem is one task state to merge into partition Partition.
+type MergeItem struct {
+	Partition uint16
+	Task      *crdt.Task
+}
+
+// MergeResult reports what a merge did to one task.
+type MergeResult struct {
+	ID           uint64
+	Existed      bool   // the replica held a state for the id before
+	OldDigest    uint64 // digest before the merge; 0 when !Existed
+	NewDigest    uint64 // digest after the merge
+	SpecConflict bool   // the stored and incoming specs differed (see crdt.Join)
+}
+
+// Changed reports whether the merge changed the stored state.
+func (r MergeResult) Changed() bool { return !r.Existed || r.OldDigest != r.NewDigest }
+
+// MergeTask joins t into the state stored for t.ID in partition p and
+// writes the result, with the ready, delayed, segment and meta entries, in
+// one synced batch. See MergeTasks.
+func (s *Store) MergeTask(p uint16, t *crdt.Task) (MergeResult, error) {
+	res, err := s.MergeTasks([]MergeItem{{Partition: p, Task: t}})
+	if err != nil {
+		return MergeResult{}, err
+	}
+	return res[0], nil
+}
+
+// MergeTasks joins every item into its stored state and commits all of them
+// in one synced batch (one fsync for the whole batch, shared with concurrent
+// callers by Pebble's group commit). When it returns nil, every result is
+// durable. Results are in item order; items for the same task are joined
+// together first and report the same result.
+//
+// Per task the write is a read-modify-write under a per-id lock: concurrent
+// merges of one id never lose each other's events.
+func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
+	// Lock the stripes of every id, in order, so that batches cannot
+	// deadlock each other.
+	ids := make([]uint64, len(items))
+	for i, it := range items {
+		ids[i] = it.Task.ID
+	}
+	s.dropMu.RLock()
+	for _, it := range items {
+		if s.dropped[it.Partition] {
+			s.dropMu.RUnlock()
+			return nil, fmt.Errorf("%w: partition %d", ErrPartitionDropped, it.Partition)
+		}
+	}
+	unlockIDs := s.lockIDs(ids)
+	unlock := func() { unlockIDs(); s.dropMu.RUnlock() }
+
+	results, batch, changes, digests, err := s.prepareMerge(items)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	if batch == nil {
+		// Nothing changed. An earlier write of these states may be visible
+		// but not yet synced (see below), so sync the WAL before acking.
+		unlock()
+		if s.noSync {
+			return results, nil // the seeded bug: no sync
+		}
+		if err := s.db.LogData(nil, pebble.Sync); err != nil {
+			return nil, fmt.Errorf("storage: sync: %w", err)
+		}
+		return results, nil
+	}
+	// Publish under the locks, then release them before waiting for the
+	// fsync, so that the next writer of the same ids pipelines behind this
+	// batch instead of waiting out its fsync. Pebble makes a batch visible
+	// before its WAL sync either way. The seeded bug AckBeforeSync commits
+	// without a sync.
+	if s.noSync {
+		err = s.db.Apply(batch, pebble.NoSync)
+	} else {
+		err = s.db.ApplyNoSyncWait(batch, pebble.Sync)
+	}
+	if err == nil {
+		s.notifyDigests(digests)
+	}
+	unlock()
+	if err == nil {
+		s.noteReadyChanges(changes)
+		if !s.noSync {
+			err = batch.SyncWait()
+		}
+	}
+	batch.Close()
+	if err != nil {
+		return nil, fmt.Errorf("storage: commit: %w", err)
+	}
+	return results, nil
+}
+
+// prepareMerge reads the stored states, joins, and builds the batch. It
+// returns a nil batch when no state changed. The caller holds the stripes.
+func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, []readyChange, []digestChange, error) {
+	type key struct {
+		p  uint16
+		id uint64
+	}
+	// Join duplicates first so that each task is read and written once.
+	merged := make(map[key]*crdt.Task, len(items))
+	conflicts := make(map[key]bool)
+	order := make([]key, 0, len(items))
+	for _, it := range items {
+		k := key{it.Partition, it.Task.ID}
+		prev, ok := merged[k]
+		if !ok {
+			merged[k] = it.Task
+			order = append(order, k)
+			continue
+		}
+		j, conflict, err := crdt.Join(prev, it.Task)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		merged[k] = j
+		conflicts[k] = conflicts[k] || conflict
+	}
+
+	now := s.clock.Now().UnixMilli()
+	var batch *pebble.Batch
+	var changes []readyChange
+	var digests []digestChange
+	byKey := make(map[key]MergeResult, len(order))
+	// Which tasks are new here, decided for all before any horizon rises.
+	unseen := make([]bool, len(order))
+	for i, k := range order {
+		var err error
+		if unseen[i], err = s.horizons.above(k.p, k.id); err != nil {
+			return nil, nil, nil, nil, err
+		}
+	}
+	for i, k := range order {
+		in := merged[k]
+		res := MergeResult{ID: k.id, SpecConflict: conflicts[k]}
+		var old *StoredTask
+		var err error
+		if !unseen[i] {
+			old, err = s.getTask(k.p, k.id)
+			switch {
+			case errors.Is(err, ErrNotFound):
+				old = nil
+			case err != nil:
+				return nil, nil, nil, nil, err
+			}
+		}
+		out := in
+		if old != nil {
+			res.Existed, res.OldDigest = true, old.Digest
+			j, conflict, err := crdt.Join(old.Task, in)
+			if err != nil {
+				return nil, nil, nil, nil, err
+			}
+			out = j
+			res.SpecConflict = res.SpecConflict || conflict
+		} else {
+			out = cloneNormalized(in)
+		}
+		enc := out.Encode()
+		res.NewDigest = crdt.Digest(enc)
+		byKey[k] = res
+		if !res.Changed() {
+			continue
+		}
+		if old == nil && s.pastHorizon(out) {
+			continue // deleted by retention: not brought back
+		}
+		digests = append(digests, digestChange{p: k.p, id: k.id, old: res.OldDigest, had: res.Existed, new: res.NewDigest, has: true})
+		if batch == nil {
+			batch = s.db.NewBatch()
+		}
+		if err := batch.Set(taskKey(k.p, k.id), enc, nil); err != nil {
+			return nil, nil, nil, nil, err
+		}
+		var dig [8]byte
+		binary.BigEndian.PutUint64(dig[:], res.NewDigest)
+		if err := batch.Set(segmentKey(k.p, Segment(k.id), k.id), dig[:], nil); err != nil {
+			return nil, nil, nil, nil, err
+		}
+		var oldMeta meta
+		var oldSpec *crdt.Spec
+		if old != nil {
+			oldMeta = meta{state: old.Index, expiryMs: old.ExpiryMs}
+			oldSpec = old.Task.Spec
+		} else if !unseen[i] {
+			if oldMeta, _, err = s.getMeta(k.p, k.id); err != nil {
+				return nil, nil, nil, nil, err
+			}
+		}
+		if err := moveTerminalKey(batch, k.p, k.id, old, out); err != nil {
+			return nil, nil, nil, nil, err
+		}
+		newMeta := placeAfterMerge(oldMeta, oldSpec, out, now)
+		ins, err := s.moveIndex(batch, k.p, k.id, oldMeta, oldSpec, newMeta, out.Spec)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		changes = append(changes, ins...)
+	}
+	results := make([]MergeResult, len(items))
+	for i, it := range items {
+		results[i] = byKey[key{it.Partition, it.Task.ID}]
+	}
+	return results, batch, changes, digests, nil
+}
+
+// terminalKey is the retention index key of a terminal task: the wall time
+// of its deciding terminal event, then its id. nil when not terminal.
+func terminalKey(p uint16, t *crdt.Task) []byte {
+	ev, ok := t.Terminal()
+	if !ok {
+		return nil
+	}
+	return timeIDKey(p, tagTerminal, ev.At.WallMs, t.ID)
+}
+
+// moveTerminalKey keeps the retention index in step with a merge (an
+// earlier terminal event arriving later moves the key).
+func moveTerminalKey(b *pebble.Batch, p uint16, id uint64, old *StoredTask, out *crdt.Task) error {
+	var oldKey []byte
+	if old != nil {
+		oldKey = terminalKey(p, old.Task)
+	}
+	newKey := terminalKey(p, out)
+	if bytes.Equal(oldKey, newKey) {
+		return nil
+	}
+	if oldKey != nil {
+		if err := b.Delete(oldKey, nil); err != nil {
+			return err
+		}
+	}
+	if newKey != nil {
+		return b.Set(newKey, nil, nil)
+	}
+	return nil
+}
+
+// TerminalBefore returns up to limit terminal tasks of partition p whose
+// deciding terminal event is at or before ms, oldest first: the candidates
+// for deletion after retention.
+func (s *Store) TerminalBefore(p uint16, ms int64, limit int) ([]DueEntry, error) {
+	return s.dueBefore(p, tagTerminal, ms, limit)
+}
+
+// DeleteTasks deletes tasks of partition p: their state, meta, index
+// entries and segment entry, in one synced batch. The claim FSM's records
+// are the FSM's to delete (through Raft). Missing ids are skipped.
+func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
+	var digests []digestChange
+	return s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) {
+		var changes []readyChange
+		for _, id := range ids {
+			ti, err := s.loadIndex(p, id)
+			if err != nil {
+				return nil, err
+			}
+			if ti.task == nil && !ti.metaFound {
+				continue
+			}
+			var spec *crdt.Spec
+			if ti.task != nil {
+				spec = ti.task.Spec
+				digests = append(digests, digestChange{p: p, id: id, old: ti.digest, had: true})
+				for _, k := range [][]byte{taskKey(p, id), segmentKey(p, Segment(id), id), terminalKey(p, ti.task)} {
+					if k != nil {
+						if err := b.Delete(k, nil); err != nil {
+							return nil, err
+						}
+					}
+				}
+			}
+			if k := indexKey(p, id, ti.m, spec); k != nil {
+				if err := b.Delete(k, nil); err != nil {
+					return nil, err
+				}
+				if ti.m.state == IndexReady {
+					changes = append(changes, readyChange{p: p, queue: spec.Queue, key: k})
+				}
+			}
+			if err := b.Delete(metaKey(p, id), nil); err != nil {
+				return nil, err
+			}
+		}
+		return changes, nil
+	}, &digests)
+}
+
+// cloneNormalized returns t in canonical form without modifying the
+// caller's slices.
+func cloneNormalized(t *crdt.Task) *crdt.Task {
+	c := &crdt.Task{ID: t.ID, Spec: t.Spec,
+		Updates: slices.Clone(t.Updates), Terminals: slices.Clone(t.Terminals)}
+	c.Normalize()
+	return c
+}
+
+// placeAfterMerge decides the index state of a task after a merge. A
+// claimed task stays claimed, terminal or not (the claimed index belongs to
+// the claim FSM, which releases it); a terminal task or one without a spec
+// is in no index; a task already ready or
+// delayed stays so unless its spec changed (a resolved spec conflict); a
+// task seen with a spec for the first time is delayed when its not-before
+// time is after now, ready otherwise.
+func placeAfterMerge(old meta, oldSpec *crdt.Spec, t *crdt.Task, nowMs int64) meta {
+	if old.state == IndexClaimed {
+		return old
+	}
+	if _, terminal := t.Terminal(); terminal || t.Spec == nil {
+		return meta{state: IndexNone}
+	}
+	if old.state != IndexNone && sameIndexFields(oldSpec, t.Spec) {
+		return old
+	}
+	return initialPlacement(t.Spec, nowMs)
+}
+
+// sameIndexFields reports whether two specs put a task at the same index
+// keys.
+func sameIndexFields(a, b *crdt.Spec) bool {
+	return a != nil && b != nil && a.Queue == b.Queue && a.Priority == b.Priority && a.NotBeforeMs == b.NotBeforeMs
+}
+
+func initialPlacement(spec *crdt.Spec, nowMs int64) meta {
+	if spec.NotBeforeMs > nowMs {
+		return meta{state: IndexDelayed}
+	}
+	return meta{state: IndexReady}
+}
