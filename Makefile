@@ -13,7 +13,7 @@ MODULE      := github.com/norn-dev/norn
 CORE_PKGS   := ./crdt/... ./ring/... ./faultfs/... ./storage/... ./claims/... ./cluster/... ./antientropy/... ./transport/... ./client/... ./apierr/... ./replicas/... ./coord/... ./dispatch/... ./server/... ./rebalance/... ./node/...
 BIN         := bin
 
-.PHONY: all build test test-core test-rest lint fmt proto proto-check bench bench-move fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
+.PHONY: all build test test-core test-rest test-stress lint fmt proto proto-check bench bench-move fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
 
 all: build
 
@@ -31,6 +31,13 @@ test-core:
 test-rest:
 	@core="$$($(GO) list $(CORE_PKGS))"; \
 	$(GO) test -timeout 10m $$($(GO) list ./... | grep -vxF "$$core")
+
+# The multi-node tests again and again, several at once, under the race
+# detector, for STRESS_TIME (default 10m); prints every failure. Not part of
+# CI: run it when hunting a flake or before landing a change to the cluster
+# paths (scripts/test-stress.sh has the knobs).
+test-stress:
+	bash scripts/test-stress.sh
 
 lint: proto-check
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

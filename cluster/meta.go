@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -43,6 +44,10 @@ type MetaConfig struct {
 type Meta struct {
 	raft *raft.Raft
 	fsm  *metaFSM
+	// readyTerm is the term in which this replica, leading, has applied
+	// every entry committed before (a Barrier): from then on Ring is the
+	// group's latest ring. 0 for none.
+	readyTerm atomic.Uint64
 }
 
 // StartMeta starts the replica; it restores the ring from its snapshot and
@@ -122,8 +127,39 @@ func (m *Meta) Ring() *Ring {
 	return m.fsm.ring
 }
 
-// IsLeader reports whether this replica leads the meta group.
+// IsLeader reports whether this replica leads the meta group. A new
+// leader may not have applied its predecessors' entries yet: before it
+// acts on Ring, it calls LeaderReady.
 func (m *Meta) IsLeader() bool { return m.raft.State() == raft.Leader }
+
+// ErrNotReady is LeaderReady's answer on a replica that does not lead the
+// meta group.
+var ErrNotReady = errors.New("cluster: this node does not lead the meta group")
+
+// LeaderReady makes sure this replica leads the group and has applied
+// every entry committed before its leadership, so that Ring is the
+// group's latest ring: the first call of a term waits (up to timeout) for
+// a Raft barrier, later ones of the same term return at once. A replica
+// freshly elected after a restart leads before it has replayed its log,
+// and would otherwise act on a missing or stale ring. ErrNotReady when it
+// does not lead; the barrier's error when it stopped leading meanwhile or
+// timed out.
+func (m *Meta) LeaderReady(timeout time.Duration) error {
+	if !m.IsLeader() {
+		return ErrNotReady
+	}
+	term := m.raft.CurrentTerm()
+	if m.readyTerm.Load() == term {
+		return nil
+	}
+	if err := m.raft.Barrier(timeout).Error(); err != nil {
+		return fmt.Errorf("cluster: meta leader barrier: %w", err)
+	}
+	// The barrier succeeded in term (a new term would have deposed this
+	// leader and failed it), so everything before it is applied.
+	m.readyTerm.Store(term)
+	return nil
+}
 
 // WaitLeader waits until this replica leads the group or timeout passes.
 func (m *Meta) WaitLeader(timeout time.Duration) bool {

@@ -32,17 +32,7 @@ func TestClusterRemoteDependencies(t *testing.T) {
 	r := ms[0].node.host.Ring()
 	leader := func(p int) *member {
 		t.Helper()
-		var l *member
-		waitFor(t, 10*time.Second, fmt.Sprintf("a leader of partition %d", p), func() bool {
-			for _, m := range ms {
-				if g := m.node.group(uint16(p)); g != nil && g.IsLeader() {
-					l = m
-					return true
-				}
-			}
-			return false
-		})
-		return l
+		return groupLeader(t, ms, uint16(p))
 	}
 	// pair returns partitions (of a dependency, of its dependant) such that
 	// the dependant's leader does (hosted) or does not replicate the

@@ -116,18 +116,35 @@ func (m *member) stop() {
 // and the others.
 func partitionRoles(t *testing.T, ms []*member, p uint16) (leader *member, others []*member) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "a leader", func() bool {
-		leader, others = nil, nil
+	leader = groupLeader(t, ms, p)
+	for _, m := range ms {
+		if m != leader {
+			others = append(others, m)
+		}
+	}
+	return leader, others
+}
+
+// groupLeader waits for a member that leads partition p's group and has
+// applied every entry its predecessors committed (a Raft barrier): a new
+// leader, after a restart or a failover, leads before its claim FSM is
+// current, and what a test reads there could be stale.
+func groupLeader(t *testing.T, ms []*member, p uint16) *member {
+	t.Helper()
+	var l *member
+	waitFor(t, 10*time.Second, fmt.Sprintf("a leader of partition %d with its log applied", p), func() bool {
 		for _, m := range ms {
-			if m.node.group(p).IsLeader() {
-				leader = m
-			} else {
-				others = append(others, m)
+			if m.node == nil {
+				continue
+			}
+			if g := m.node.group(p); g != nil && g.IsLeader() && g.Barrier(time.Second) == nil {
+				l = m
+				return true
 			}
 		}
-		return leader != nil
+		return false
 	})
-	return leader, others
+	return l
 }
 
 // nodeIDAt returns the id of the member serving the API at addr, "" if

@@ -152,6 +152,12 @@ func (d *Driver) driveLoop() {
 // each move under way that has none, and removes leaving and dead nodes
 // that hold nothing.
 func (d *Driver) drivePass() {
+	// A leader elected after a restart leads before it has replayed the
+	// group's log: act only on the ring its predecessors committed.
+	if err := d.host.Meta().LeaderReady(replicas.ProposeTimeout); err != nil {
+		d.cfg.Logger.Debug("the meta leader is not ready yet", "err", err)
+		return
+	}
 	r := d.host.Meta().Ring()
 	if r == nil {
 		return

@@ -9,6 +9,7 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/ring"
 	"github.com/norn-dev/norn/transport"
 )
@@ -40,8 +41,8 @@ func (d *Driver) driveMove(p int) {
 			return
 		default:
 		}
-		if !d.host.Meta().IsLeader() {
-			return
+		if d.host.Meta().LeaderReady(replicas.ProposeTimeout) != nil {
+			return // not the (ready) meta leader any more: the next one resumes
 		}
 		r := d.host.Meta().Ring()
 		m := r.ActiveMove(p)

@@ -73,12 +73,25 @@ func (h *Host) placeGroups(r *cluster.Ring, first bool) (changed bool, err error
 		switch {
 		case want && !have:
 			changed = true
+			if h.dropPending[p] {
+				// Placed here again before the data of its last replica
+				// here was deleted: delete it first, the group starts anew.
+				if err := h.dropData(p); err != nil {
+					return changed, err
+				}
+			}
 			if err := h.openGroup(r, p, first && string(r.Cohort(p)[0]) == h.cfg.NodeID); err != nil {
 				return changed, err
 			}
 		case !want && have:
 			changed = true
 			if err := h.dropGroup(p); err != nil {
+				return changed, err
+			}
+		case !want && h.dropPending[p]:
+			// A drop whose delete failed: its group is closed, its data
+			// must not stay behind.
+			if err := h.dropData(p); err != nil {
 				return changed, err
 			}
 		}
@@ -155,12 +168,25 @@ func (h *Host) dropGroup(p int) error {
 	if err != nil && !errors.Is(err, raft.ErrRaftShutdown) {
 		h.cfg.Logger.Warn("partition group shutdown", "partition", p, "err", err)
 	}
+	return h.dropData(p)
+}
+
+// dropData deletes partition p's data on this node (its group is closed):
+// tasks, indexes, Raft log and snapshots. A failure leaves p pending, and
+// the next placement pass (every reconcile pass) tries again, so a
+// replica handed over is never left behind.
+func (h *Host) dropData(p int) error {
+	if h.dropPending == nil {
+		h.dropPending = map[int]bool{}
+	}
+	h.dropPending[p] = true
 	if err := h.cfg.Store.DropPartition(uint16(p)); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(h.snapshotDir(p)); err != nil {
 		return fmt.Errorf("node: snapshots of partition %d: %w", p, err)
 	}
+	delete(h.dropPending, p)
 	h.cfg.Logger.Info("partition handed over; its replica is dropped", "partition", p)
 	return nil
 }

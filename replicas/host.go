@@ -95,10 +95,11 @@ type Host struct {
 	ring          atomic.Pointer[cluster.Ring]       // nil until the cluster is formed
 	parts         atomic.Pointer[partitions]         // set with the first ring
 	adoptMu       sync.Mutex
-	announced     uint64      // ring epoch gossiped (reconcile loop only)
-	seedsLogged   bool        // a failed join was logged (reconcile loop only)
-	rejoinAt      time.Time   // the last rejoinDown attempt (reconcile loop only)
-	rejoining     atomic.Bool // a rejoinDown join is running
+	dropPending   map[int]bool // partitions whose data a failed drop left (adoptMu)
+	announced     uint64       // ring epoch gossiped (reconcile loop only)
+	seedsLogged   bool         // a failed join was logged (reconcile loop only)
+	rejoinAt      time.Time    // the last rejoinDown attempt (reconcile loop only)
+	rejoining     atomic.Bool  // a rejoinDown join is running
 	reconcileKick chan struct{}
 
 	stop    chan struct{}
