@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/norn-dev/norn/jepsen/check"
 )
 
 // Aimed nemeses strike right after a particular operation (they watch the
@@ -18,7 +20,7 @@ const freshOp = 5 * time.Millisecond
 // nextOp waits for the next op that match accepts and that returned at
 // most freshOp ago (ops recorded while the nemesis slept are stale), or
 // for ctx's end.
-func (e *Env) nextOp(ctx context.Context, ops <-chan *Op, match func(*Op) bool) (*Op, bool) {
+func (e *Env) nextOp(ctx context.Context, ops <-chan *check.Op, match func(*check.Op) bool) (*check.Op, bool) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -41,7 +43,7 @@ func (e *Env) nextOp(ctx context.Context, ops <-chan *Op, match func(*Op) bool) 
 func nemesisKillClaimLeader(ctx context.Context, e *Env) {
 	ops := e.W.H.Subscribe()
 	for sleep(ctx, e.between(time.Second, 2*time.Second)) {
-		o, ok := e.nextOp(ctx, ops, func(o *Op) bool {
+		o, ok := e.nextOp(ctx, ops, func(o *check.Op) bool {
 			return o.F == "claim" && o.Type == "ok" && o.Long && !o.Drain && o.Leader != ""
 		})
 		if !ok {
@@ -64,7 +66,7 @@ func nemesisKillClaimLeader(ctx context.Context, e *Env) {
 func nemesisCrashAfterEnqueue(ctx context.Context, e *Env) {
 	ops := e.W.H.Subscribe()
 	for sleep(ctx, e.between(2*time.Second, 3*time.Second)) {
-		o, ok := e.nextOp(ctx, ops, func(o *Op) bool { return o.F == "enqueue" && o.Type == "ok" && o.Client >= 0 })
+		o, ok := e.nextOp(ctx, ops, func(o *check.Op) bool { return o.F == "enqueue" && o.Type == "ok" && o.Client >= 0 })
 		if !ok {
 			return
 		}
@@ -83,7 +85,7 @@ func nemesisStallLeaderClockAhead(ctx context.Context, e *Env) {
 	off := e.C.Cfg.SkewBuffer * 3 / 4
 	var mu sync.Mutex
 	bumped := map[*Node]int{} // holds in progress per node
-	e.W.SetOnHold(func(client int, o *Op, hold time.Duration) {
+	e.W.SetOnHold(func(client int, o *check.Op, hold time.Duration) {
 		n := e.C.Node(o.Leader)
 		if n == nil {
 			return

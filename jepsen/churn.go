@@ -2,11 +2,8 @@ package jepsen
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -14,11 +11,14 @@ import (
 	"connectrpc.com/connect"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/jepsen/check"
 )
 
 // The membership-churn scenario: placement changes through AdminService
 // under the workload, with kill -9 of the nodes a move is running
-// between, and a placement check at the end.
+// between, and a placement check at the end (CheckPlacement, observe.go;
+// its judgement is check.PlacementProblems). The admin calls and Status
+// polls the nemesis is made of are in admin.go.
 
 // Churn is what the membership-churn nemesis did, for the placement
 // checker: the nodes it drained and decommissioned, the steps that went
@@ -45,18 +45,12 @@ func (ch *Churn) update(f func(ch *Churn)) {
 	f(ch)
 }
 
-// churnExpect is a copy of what the checker needs.
-type churnExpect struct {
-	drained, decommissioned string
-	done                    bool
-	failures                []string
-	moves, kills            int
-}
-
-func (ch *Churn) expect() churnExpect {
+// expect is a copy of what the placement checker needs.
+func (ch *Churn) expect() check.PlacementExpect {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	return churnExpect{ch.drained, ch.decommissioned, ch.done, slices.Clone(ch.failures), ch.moves, ch.kills}
+	return check.PlacementExpect{Drained: ch.drained, Decommissioned: ch.decommissioned, Done: ch.done,
+		Failures: slices.Clone(ch.failures), Moves: ch.moves, Kills: ch.kills}
 }
 
 // Time bounds of the churn nemesis.
@@ -164,7 +158,7 @@ func nemesisMembershipChurn(ctx context.Context, e *Env) {
 	err := e.waitStatus(ctx, time.Now().Add(churnMovesTimeout), leaving, func(st *nornv1.StatusResponse) bool {
 		for _, nd := range st.Nodes {
 			if nd.Id == leaving.ID {
-				return !inRing(nd.Role) && nd.Replicas == 0
+				return !check.InRing(nd.Role) && nd.Replicas == 0
 			}
 		}
 		return true
@@ -253,203 +247,6 @@ func (e *Env) churnPhase(ctx context.Context, phase string, apply func(ctx conte
 	return fmt.Sprintf("%d moves done in %s", moves, time.Since(started).Round(time.Millisecond)), true
 }
 
-// adminRetry calls f through the active running nodes, from a random one
-// in turn, until it succeeds or churnAdminRetry passes: an error other
-// than UNAVAILABLE, a deadline or a transport error ends it at once,
-// unless retryAll (Join: gossip may not have shown the node to the meta
-// leader yet).
-func (e *Env) adminRetry(ctx context.Context, what string, f func(ctx context.Context, via *Node) error, retryAll bool) error {
-	deadline := time.Now().Add(churnAdminRetry)
-	for i := 0; ; i++ {
-		ns := e.runningActive()
-		if len(ns) == 0 {
-			return errors.New("no active node is running")
-		}
-		via := ns[e.Rng.IntN(len(ns))]
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := f(cctx, via)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		switch connect.CodeOf(err) {
-		case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeUnknown, connect.CodeCanceled:
-		default:
-			if !retryAll {
-				return err
-			}
-		}
-		if ctx.Err() != nil || time.Now().After(deadline) {
-			return fmt.Errorf("%s via %s (attempt %d): %w", what, via.ID, i+1, err)
-		}
-		if i == 0 || i%10 == 0 {
-			e.TL.Log("note", "admin-retry", fmt.Sprintf("%s via %s", what, via.ID), err)
-		}
-		sleep(ctx, 500*time.Millisecond)
-	}
-}
-
-func (e *Env) runningActive() []*Node {
-	var out []*Node
-	for _, n := range e.C.Active() {
-		if n.Running() && !n.Paused() {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
-// freshestStatus asks every active running node but skip for its Status
-// and returns the answer with the highest ring epoch.
-func (e *Env) freshestStatus(ctx context.Context, skip *Node) (*nornv1.StatusResponse, error) {
-	var best *nornv1.StatusResponse
-	var errs []error
-	for _, n := range e.runningActive() {
-		if n == skip {
-			continue
-		}
-		st, err := n.Status(ctx, false)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", n.ID, err))
-			continue
-		}
-		if best == nil || st.RingEpoch > best.RingEpoch {
-			best = st
-		}
-	}
-	if best == nil {
-		return nil, fmt.Errorf("no node answered Status: %w", errors.Join(errs...))
-	}
-	return best, nil
-}
-
-// waitStatus polls the freshest Status (of the nodes but skip) until cond
-// holds, deadline passes or ctx ends.
-func (e *Env) waitStatus(ctx context.Context, deadline time.Time, skip *Node, cond func(*nornv1.StatusResponse) bool) error {
-	var last error
-	for {
-		st, err := e.freshestStatus(ctx, skip)
-		if err == nil && cond(st) {
-			return nil
-		}
-		if err != nil {
-			last = err
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if time.Now().After(deadline) {
-			if last == nil {
-				last = errors.New("condition not met")
-			}
-			return fmt.Errorf("timed out: %w", last)
-		}
-		sleep(ctx, churnPoll)
-	}
-}
-
-// moveVictim waits for a move of the plan (ring epoch >= minEpoch) that
-// is filling or catching up, and picks (seeded) its source or its target;
-// nil when every move has ended, or at the deadline.
-func (e *Env) moveVictim(ctx context.Context, minEpoch uint64, deadline time.Time) (*Node, string) {
-	for ctx.Err() == nil && time.Now().Before(deadline) {
-		st, err := e.freshestStatus(ctx, nil)
-		if err != nil || st.RingEpoch < minEpoch {
-			sleep(ctx, churnPoll)
-			continue
-		}
-		var running []*nornv1.MoveStatus
-		ended := true
-		for _, m := range st.Moves {
-			if m.State != "done" && m.State != "failed" {
-				ended = false
-			}
-			if m.State == "filling" || m.State == "catching-up" {
-				running = append(running, m)
-			}
-		}
-		if ended {
-			return nil, ""
-		}
-		if len(running) > 0 {
-			m := running[e.Rng.IntN(len(running))]
-			side, id := "source", m.FromNode
-			if e.Rng.IntN(2) == 0 {
-				side, id = "target", m.ToNode
-			}
-			if n := e.C.Node(id); n != nil && e.C.IsActive(n) && n.Running() {
-				return n, fmt.Sprintf("%s of the move of partition %d %s -> %s, %s", side, m.Partition, m.FromNode, m.ToNode, m.State)
-			}
-		}
-		sleep(ctx, churnPoll)
-	}
-	return nil, ""
-}
-
-// waitHealthy waits until n answers /healthz.
-func (e *Env) waitHealthy(ctx context.Context, n *Node, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for !n.Healthy() {
-		if !n.Running() {
-			return fmt.Errorf("%s is not running", n.ID)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not healthy after %s", n.ID, timeout)
-		}
-		if !sleep(ctx, 200*time.Millisecond) {
-			return ctx.Err()
-		}
-	}
-	return nil
-}
-
-// waitMovesDone waits until the ring (epoch >= minEpoch) shows every move
-// of the plan done, logging the progress; a failed move or the deadline
-// is an error. It returns how many moves the plan has.
-func (e *Env) waitMovesDone(ctx context.Context, phase string, minEpoch uint64, deadline time.Time) (int, error) {
-	lastDone := -1
-	var last *nornv1.StatusResponse
-	for {
-		st, err := e.freshestStatus(ctx, nil)
-		if err == nil && st.RingEpoch >= minEpoch {
-			last = st
-			done, open := 0, 0
-			var failed []string
-			for _, m := range st.Moves {
-				switch m.State {
-				case "done":
-					done++
-				case "failed":
-					failed = append(failed, fmt.Sprintf("partition %d %s -> %s: %s", m.Partition, m.FromNode, m.ToNode, m.Error))
-				default:
-					open++
-				}
-			}
-			if done != lastDone {
-				e.TL.Log("note", "moves", fmt.Sprintf("%s: %d of %d moves done (ring epoch %d)", phase, done, len(st.Moves), st.RingEpoch), nil)
-				lastDone = done
-			}
-			if len(failed) > 0 {
-				return len(st.Moves), fmt.Errorf("moves failed: %s", strings.Join(failed, "; "))
-			}
-			if open == 0 {
-				return len(st.Moves), nil
-			}
-		}
-		if ctx.Err() != nil {
-			return 0, fmt.Errorf("cut short: %w", ctx.Err())
-		}
-		if time.Now().After(deadline) {
-			desc := "no status"
-			if last != nil {
-				desc = moveList(last.Moves)
-			}
-			return 0, fmt.Errorf("moves not done within %s: %s", churnMovesTimeout, desc)
-		}
-		sleep(ctx, churnPoll)
-	}
-}
-
 // churnPicks returns, for seed, the indexes of two different nodes of k:
 // the one to drain and the one to decommission.
 func churnPicks(seed uint64, k int) (drain, decommission int) {
@@ -464,212 +261,4 @@ func splitmix64(x uint64) uint64 {
 	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
 	x = (x ^ x>>27) * 0x94d049bb133111eb
 	return x ^ x>>31
-}
-
-func moveList(ms []*nornv1.MoveStatus) string {
-	var s []string
-	for _, m := range ms {
-		x := fmt.Sprintf("p%d %s->%s", m.Partition, m.FromNode, m.ToNode)
-		if m.State != "queued" {
-			x += " " + m.State
-		}
-		if m.Error != "" {
-			x += " (" + m.Error + ")"
-		}
-		s = append(s, x)
-	}
-	return strings.Join(s, ", ")
-}
-
-func loads(ls []*nornv1.NodeLoad) string {
-	var s []string
-	for _, l := range ls {
-		s = append(s, fmt.Sprintf("%s %d->%d", l.NodeId, l.Before, l.After))
-	}
-	return strings.Join(s, " ")
-}
-
-// CheckPlacement is the placement checker of the membership-churn
-// scenario, after the heal: it polls Status on every active node until
-// no move is under way or failed; every partition has exactly N replicas,
-// its cohort, all on active member nodes, with its group's leader among
-// them (as every replica sees it); the decommissioned node is out of the
-// ring; the drained node replicates nothing; and every node works with
-// the same ring epoch; or until within passes. The churn nemesis's own
-// failures (a step refused, moves not done in time, the sequence cut
-// short) fail it too.
-func CheckPlacement(ctx context.Context, c *Cluster, ch *Churn, within time.Duration) Verdict {
-	v := Verdict{Checker: "placement", Counts: map[string]int{}}
-	exp := ch.expect()
-	v.Counts["moves"], v.Counts["kills"] = exp.moves, exp.kills
-	start := time.Now()
-	var problems []string
-	var epoch uint64
-	for {
-		sts := map[string]*nornv1.StatusResponse{}
-		errs := map[string]error{}
-		var active []string
-		for _, n := range c.Active() {
-			active = append(active, n.ID)
-			st, err := n.Status(ctx, false)
-			if err != nil {
-				errs[n.ID] = err
-				continue
-			}
-			sts[n.ID] = st
-			epoch = st.RingEpoch
-		}
-		problems = placementProblems(active, sts, errs, exp, c.Cfg.Partitions, Replication)
-		if len(problems) == 0 || time.Since(start) > within || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	v.Counts["ring-epoch"] = int(epoch)
-	for _, f := range exp.failures {
-		v.add("churn: %s", f)
-	}
-	if !exp.done {
-		v.add("churn: the sequence did not complete")
-	}
-	v.Counts["problems"] = len(problems)
-	for _, p := range problems {
-		v.add("%s", p)
-	}
-	if len(problems) > 0 {
-		v.add("placement not as expected %s after the convergence check", within)
-	} else {
-		v.Counts["ms-to-settle"] = int(time.Since(start).Milliseconds())
-	}
-	v.Valid = len(problems) == 0 && len(exp.failures) == 0 && exp.done
-	return v
-}
-
-// placementProblems judges the active nodes' Status answers (sts; errs for
-// those that did not answer) against what the churn did (exp), for
-// partitions partitions of replication replicas each.
-func placementProblems(active []string, sts map[string]*nornv1.StatusResponse, errs map[string]error, exp churnExpect, partitions int, replication int) []string {
-	var out []string
-	for _, id := range slices.Sorted(maps.Keys(errs)) {
-		out = append(out, fmt.Sprintf("%s: status: %v", id, errs[id]))
-	}
-	if len(sts) == 0 {
-		return append(out, "no active node answered Status")
-	}
-	// One ring epoch everywhere.
-	epochs := map[uint64][]string{}
-	var ref *nornv1.StatusResponse
-	for _, id := range active {
-		if st := sts[id]; st != nil {
-			epochs[st.RingEpoch] = append(epochs[st.RingEpoch], id)
-			if ref == nil || st.RingEpoch > ref.RingEpoch {
-				ref = st
-			}
-		}
-	}
-	if len(epochs) > 1 {
-		var s []string
-		for ep, ns := range epochs {
-			s = append(s, fmt.Sprintf("%d on %s", ep, strings.Join(ns, ",")))
-		}
-		sort.Strings(s)
-		out = append(out, "ring epochs differ: "+strings.Join(s, "; "))
-	}
-	// No move under way or failed (the freshest ring's view).
-	for _, m := range ref.Moves {
-		if m.State != "done" {
-			out = append(out, fmt.Sprintf("move of partition %d %s -> %s is %s %s", m.Partition, m.FromNode, m.ToNode, m.State, m.Error))
-		}
-	}
-	// Roles as every node sees them.
-	isActive := map[string]bool{}
-	for _, id := range active {
-		isActive[id] = true
-	}
-	roles := map[string]string{} // the freshest ring's
-	replicas := map[string]uint32{}
-	for _, nd := range ref.Nodes {
-		roles[nd.Id], replicas[nd.Id] = nd.Role, nd.Replicas
-	}
-	for _, id := range active {
-		st := sts[id]
-		if st == nil {
-			continue
-		}
-		for _, nd := range st.Nodes {
-			if nd.Id == exp.decommissioned && inRing(nd.Role) {
-				out = append(out, fmt.Sprintf("%s sees decommissioned %s as %s", id, nd.Id, nd.Role))
-			}
-		}
-	}
-	if exp.decommissioned != "" && isActive[exp.decommissioned] {
-		out = append(out, fmt.Sprintf("decommissioned %s is still active", exp.decommissioned))
-	}
-	if d := exp.drained; d != "" {
-		if roles[d] != "draining" || replicas[d] != 0 {
-			out = append(out, fmt.Sprintf("drained %s is %q with %d replicas in the ring, want draining with 0", d, roles[d], replicas[d]))
-		}
-		if st := sts[d]; st != nil && len(st.Partitions) > 0 {
-			out = append(out, fmt.Sprintf("drained %s still replicates %d partitions", d, len(st.Partitions)))
-		}
-	}
-	for id, role := range roles {
-		if role == "member" && !isActive[id] {
-			out = append(out, fmt.Sprintf("%s is a member but not an active node", id))
-		}
-	}
-	// Every partition: its replicas (the nodes whose Status lists it) are
-	// its cohort, N active members, with a leader among them that every
-	// replica names.
-	type view struct {
-		cohort []string
-		leader string
-	}
-	byPart := map[uint32]map[string]view{}
-	for _, id := range active {
-		st := sts[id]
-		if st == nil {
-			continue
-		}
-		for _, p := range st.Partitions {
-			if byPart[p.Id] == nil {
-				byPart[p.Id] = map[string]view{}
-			}
-			byPart[p.Id][id] = view{slices.Sorted(slices.Values(p.Cohort)), p.Leader}
-		}
-	}
-	for p := range uint32(partitions) {
-		views := byPart[p]
-		if len(views) == 0 {
-			out = append(out, fmt.Sprintf("partition %d: no active node replicates it", p))
-			continue
-		}
-		holders := slices.Sorted(maps.Keys(views))
-		var bad []string
-		first := views[holders[0]]
-		for _, id := range holders {
-			w := views[id]
-			if !slices.Equal(w.cohort, first.cohort) || w.leader != first.leader {
-				bad = append(bad, fmt.Sprintf("%s sees cohort %s leader %q", id, strings.Join(w.cohort, ","), w.leader))
-			}
-		}
-		if len(bad) > 0 {
-			out = append(out, fmt.Sprintf("partition %d: replicas disagree: %s", p, strings.Join(bad, "; ")))
-			continue
-		}
-		switch {
-		case len(first.cohort) != replication:
-			out = append(out, fmt.Sprintf("partition %d: cohort %s has %d nodes, want %d", p, strings.Join(first.cohort, ","), len(first.cohort), replication))
-		case !slices.Equal(holders, first.cohort):
-			out = append(out, fmt.Sprintf("partition %d: replicated by %s, its cohort is %s", p, strings.Join(holders, ","), strings.Join(first.cohort, ",")))
-		case first.leader == "" || !slices.Contains(first.cohort, first.leader):
-			out = append(out, fmt.Sprintf("partition %d: leader %q not in its cohort %s", p, first.leader, strings.Join(first.cohort, ",")))
-		}
-		for _, m := range first.cohort {
-			if roles[m] != "member" || !isActive[m] {
-				out = append(out, fmt.Sprintf("partition %d: cohort node %s is %q (active %v), want an active member", p, m, roles[m], isActive[m]))
-			}
-		}
-	}
-	return out
 }

@@ -19,6 +19,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/jepsen/check"
 )
 
 // Replication is the cluster's replication factor N (-replication): the
@@ -475,14 +476,11 @@ func holdsReplicas(st *nornv1.StatusResponse, id string) bool {
 	}
 	for _, nd := range st.Nodes {
 		if nd.Id == id {
-			return inRing(nd.Role) && nd.Replicas > 0
+			return check.InRing(nd.Role) && nd.Replicas > 0
 		}
 	}
 	return false
 }
-
-// inRing reports whether a NodeStatus role is that of a ring node.
-func inRing(role string) bool { return role != "" && role != "not a member" }
 
 // Leaders returns, as the first answering active node sees it, the node
 // leading each partition it replicates.

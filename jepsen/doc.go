@@ -3,10 +3,11 @@
 // addresses, drives a workload of concurrent clients against them while
 // nemeses inject faults (kill -9 and restart, SIGSTOP/SIGCONT, iptables
 // partitions and flaky links, and, with nornd's test hooks, clock bumps
-// and power loss), records the history, and checks it: linearizability per
-// task with porcupine, the total queue (lost, unexpected, duplicates),
-// exclusion in time of short leases, terminal stability, convergence of the
-// replicas after heal, and liveness.
+// and power loss), records the history, and checks it (package
+// jepsen/check): linearizability per task with porcupine, the total queue
+// (lost, unexpected, duplicates), exclusion in time of short leases,
+// terminal stability, convergence of the replicas after heal, and
+// liveness.
 //
 // Node i (1-based) listens on 127.0.0.(10+i): API on port 7400, Raft on
 // 7401, gossip on 7402. Outgoing connections on loopback all leave from
@@ -19,6 +20,17 @@
 // listener on b's address and a UDP datagram to it must both fail to get
 // through (and both get through once healed). The chain is flushed and
 // deleted at the end of a run, on failure and on SIGINT/SIGTERM.
+//
+// This package is the harness's runner and everything that acts on the
+// cluster: scenarios and Run (run.go), the nodes (cluster.go), iptables
+// cuts and probes (net.go), the nemeses (nemesis.go; aimed.go, those that
+// strike right after an op; churn.go and admin.go, membership-churn), the
+// workload (workload.go), the fault timeline (timeline.go), and the
+// checkers that must poll the live cluster after the heal, convergence
+// and placement (observe.go). The history it records and the checkers
+// over it are in the sub-package jepsen/check, which is pure (no
+// processes, no network): Run passes the recorded ops to it and collects
+// its verdicts.
 //
 // The harness needs root (iptables, running nodes as other users) and
 // Linux. See docs/JEPSEN.md for the scenarios, the checkers and how to

@@ -17,9 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"connectrpc.com/connect"
-
-	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/jepsen/check"
 )
 
 // Scenario is a named fault schedule with its cluster shape.
@@ -132,18 +130,18 @@ type Options struct {
 
 // Result is one run's outcome.
 type Result struct {
-	Scenario string    `json:"scenario"`
-	Seed     uint64    `json:"seed"`
-	Dir      string    `json:"dir"`
-	Skipped  string    `json:"skipped,omitempty"`
-	Expect   string    `json:"expect"` // "valid", or "invalid" for a seeded bug
-	Valid    bool      `json:"valid"`  // every checker passed
-	OK       bool      `json:"ok"`     // the outcome is the expected one
-	Verdicts []Verdict `json:"verdicts,omitempty"`
-	Ops      int       `json:"ops"`
-	Faults   int       `json:"faults"`
-	Duration string    `json:"duration"`
-	Err      string    `json:"error,omitempty"`
+	Scenario string          `json:"scenario"`
+	Seed     uint64          `json:"seed"`
+	Dir      string          `json:"dir"`
+	Skipped  string          `json:"skipped,omitempty"`
+	Expect   string          `json:"expect"` // "valid", or "invalid" for a seeded bug
+	Valid    bool            `json:"valid"`  // every checker passed
+	OK       bool            `json:"ok"`     // the outcome is the expected one
+	Verdicts []check.Verdict `json:"verdicts,omitempty"`
+	Ops      int             `json:"ops"`
+	Faults   int             `json:"faults"`
+	Duration string          `json:"duration"`
+	Err      string          `json:"error,omitempty"`
 }
 
 // cleanup runs registered functions once, at the end of a run or on
@@ -278,7 +276,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if tcp, udp := nt.Probe(c.Nodes[0], c.Nodes[1]); !tcp || !udp {
 		return nil, fmt.Errorf("the probe does not get through an intact link (tcp %v, udp %v): it could not prove a cut", tcp, udp)
 	}
-	h := NewHistory()
+	h := check.NewHistory()
 	tl := &Timeline{h: h, logf: o.Logf}
 	o.Logf("%s seed %d: starting %d nodes in %s", name, o.Seed, len(c.Active()), dir)
 	if err := c.Start(90 * time.Second); err != nil {
@@ -342,7 +340,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	firstClaim, _ := w.FirstClaim(ctx, max(time.Duration(heal+10*int64(time.Second)-h.Now()), time.Second))
 	conv := CheckConvergence(ctx, c, h, heal, 30*time.Second)
 	tl.Log("note", "checked-convergence", "", nil)
-	var placement *Verdict
+	var placement *check.Verdict
 	if sc.Placement {
 		v := CheckPlacement(ctx, c, env.Churn, 60*time.Second)
 		placement = &v
@@ -367,13 +365,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	final := w.FinalRead(ctx, undelivered)
 
-	res.Verdicts = []Verdict{
-		CheckLinearizable(ops, Replication, 60*time.Second, dir),
-		CheckQueue(ops, final),
-		CheckExclusion(ops),
-		CheckTerminal(ops, Replication),
+	res.Verdicts = []check.Verdict{
+		check.Linearizable(ops, Replication, 60*time.Second, dir),
+		check.Queue(ops, final),
+		check.Exclusion(ops),
+		check.Terminal(ops, Replication),
 		conv,
-		CheckLiveness(ops, tl.FirstFault(), heal, firstClaim, minOKBeforeFault),
+		check.Liveness(ops, tl.FirstFault(), heal, firstClaim, minOKBeforeFault),
 	}
 	if placement != nil {
 		res.Verdicts = append(res.Verdicts, *placement)
@@ -403,119 +401,6 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	b, _ := json.MarshalIndent(res.Verdicts, "", "  ")
 	os.WriteFile(filepath.Join(dir, "verdicts.json"), append(b, '\n'), 0o644)
 	return res, nil
-}
-
-// CheckConvergence polls Status on every active node until, for every partition,
-// the replicas agree (equal anti-entropy roots) and have the same claim
-// state (equal applied index and claim digest), or within after the heal
-// (time on h's clock) passes.
-func CheckConvergence(ctx context.Context, c *Cluster, h *History, heal int64, within time.Duration) Verdict {
-	v := Verdict{Checker: "convergence", Counts: map[string]int{}}
-	var problems []string
-	for {
-		problems = convergenceProblems(ctx, c)
-		if len(problems) == 0 {
-			v.Valid = true
-			v.Counts["ms-after-heal"] = int((h.Now() - heal) / 1e6)
-			return v
-		}
-		if h.Now()-heal > int64(within) {
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	v.Counts["problems"] = len(problems)
-	for _, p := range problems {
-		v.add("%s", p)
-	}
-	v.add("not converged %s after the heal", within)
-	// For the diagnosis: anti-entropy skips the peers gossip does not
-	// see up.
-	if g := gossipViews(ctx, c); g != "" {
-		v.Details = append(v.Details, "gossip: "+g)
-	}
-	return v
-}
-
-// gossipViews lists, for each active node, the other active nodes its
-// gossip does not see alive ("" when every node sees every other alive).
-func gossipViews(ctx context.Context, c *Cluster) string {
-	active := c.Active()
-	var out []string
-	for _, n := range active {
-		st, err := n.Status(ctx, false)
-		if err != nil {
-			continue
-		}
-		var not []string
-		for _, nd := range st.Nodes {
-			if o := c.Node(nd.Id); o != nil && o != n && c.IsActive(o) && nd.State != "alive" {
-				not = append(not, nd.Id+" "+nd.State)
-			}
-		}
-		if len(not) > 0 {
-			out = append(out, n.ID+" sees "+strings.Join(not, ", "))
-		}
-	}
-	return strings.Join(out, "; ")
-}
-
-func convergenceProblems(ctx context.Context, c *Cluster) []string {
-	var out []string
-	type claimState struct{ applied, digest uint64 }
-	states := map[uint32]map[string]claimState{}
-	for _, n := range c.Active() {
-		st, err := n.Status(ctx, true)
-		if err != nil {
-			out = append(out, fmt.Sprintf("%s: status: %v", n.ID, connect.CodeOf(err)))
-			continue
-		}
-		for _, p := range st.Partitions {
-			if !p.ReplicasAgree {
-				out = append(out, fmt.Sprintf("%s: partition %d replicas disagree: %s", n.ID, p.Id, roots(p.ReplicaRoots)))
-			}
-			if states[p.Id] == nil {
-				states[p.Id] = map[string]claimState{}
-			}
-			states[p.Id][n.ID] = claimState{p.ClaimApplied, p.ClaimDigest}
-		}
-	}
-	var parts []uint32
-	for p := range states {
-		parts = append(parts, p)
-	}
-	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
-	for _, p := range parts {
-		var first claimState
-		for _, x := range states[p] {
-			first = x
-			break
-		}
-		for _, x := range states[p] {
-			if x != first {
-				var s []string
-				for id, x := range states[p] {
-					s = append(s, fmt.Sprintf("%s=%d/%x", id, x.applied, x.digest))
-				}
-				sort.Strings(s)
-				out = append(out, fmt.Sprintf("partition %d: claim state (applied index/digest) differs: %s", p, strings.Join(s, " ")))
-				break
-			}
-		}
-	}
-	return out
-}
-
-func roots(rs []*nornv1.ReplicaRoot) string {
-	var s []string
-	for _, r := range rs {
-		if r.Error != "" {
-			s = append(s, r.NodeId+"=error("+r.Error+")")
-		} else {
-			s = append(s, fmt.Sprintf("%s=%x", r.NodeId, r.Root))
-		}
-	}
-	return strings.Join(s, " ")
 }
 
 // PruneResults removes the oldest run directories under parent (those
@@ -568,7 +453,7 @@ func Table(rs []*Result) string {
 		case !r.OK:
 			out = "FAILED"
 		}
-		detail := Summary(r.Verdicts)
+		detail := check.Summary(r.Verdicts)
 		if r.Skipped != "" {
 			detail = r.Skipped
 		}

@@ -1,7 +1,6 @@
 package jepsen
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -120,38 +119,5 @@ func TestPruneResults(t *testing.T) {
 	}
 	if _, err := os.Stat(other); err != nil {
 		t.Errorf("a directory that is not a run was removed: %v", err)
-	}
-}
-
-// TestReportOnlyStatus: a reported checker's failure reads "reported".
-func TestReportOnlyStatus(t *testing.T) {
-	v := Verdict{Checker: "exclusion", ReportOnly: true}
-	if v.Status() != "reported" {
-		t.Fatalf("status %q", v.Status())
-	}
-	v.Valid = true
-	if v.Status() != "pass" {
-		t.Fatalf("status %q", v.Status())
-	}
-}
-
-// TestWaitOK: WaitOK returns once enough ops succeeded (fails and infos do
-// not count), and false when ctx ends first.
-func TestWaitOK(t *testing.T) {
-	h := NewHistory()
-	h.Add(&Op{F: "claim", Type: "fail"})
-	h.Add(&Op{F: "enqueue", Type: "info"})
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	if h.WaitOK(ctx, 1) {
-		t.Fatal("WaitOK returned true without an ok op")
-	}
-	go func() {
-		for range 3 {
-			h.Add(&Op{F: "enqueue", Type: "ok"})
-		}
-	}()
-	if !h.WaitOK(context.Background(), 3) {
-		t.Fatal("WaitOK did not see 3 ok ops")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/jepsen/check"
 )
 
 // Queue is the queue the workload uses.
@@ -22,7 +23,7 @@ const Queue = "jepsen"
 // at a time each, and records every operation in the history.
 type Workload struct {
 	C          *Cluster
-	H          *History
+	H          *check.History
 	Clients    int
 	Seed       uint64
 	LongLease  time.Duration // longer than the run
@@ -50,7 +51,7 @@ type Workload struct {
 type held struct {
 	task, claim uint64
 	long        bool
-	op          *Op // the claim
+	op          *check.Op // the claim
 }
 
 func (w *Workload) init() {
@@ -63,11 +64,11 @@ func (w *Workload) init() {
 	w.stall = make([]atomic.Int64, w.Clients)
 }
 
-type holdFunc func(client int, o *Op, hold time.Duration)
+type holdFunc func(client int, o *check.Op, hold time.Duration)
 
 // SetOnHold makes f be called as a stalled client starts holding the claim
 // that op o granted, for hold.
-func (w *Workload) SetOnHold(f func(client int, o *Op, hold time.Duration)) {
+func (w *Workload) SetOnHold(f func(client int, o *check.Op, hold time.Duration)) {
 	hf := holdFunc(f)
 	w.onHold.Store(&hf)
 }
@@ -109,7 +110,7 @@ func (w *Workload) client(ctx context.Context, i int) {
 		active := w.C.Active()
 		n := active[rng.IntN(len(active))]
 		r := rng.Float64()
-		var o *Op
+		var o *check.Op
 		switch {
 		case h != nil && !h.long && w.stall[i].Load() > 0:
 			d := time.Duration(w.stall[i].Swap(0))
@@ -197,9 +198,9 @@ func (w *Workload) opCtx(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(context.WithoutCancel(ctx), w.OpTimeout)
 }
 
-func (w *Workload) enqueue(ctx context.Context, n *Node, proc, client int) *Op {
+func (w *Workload) enqueue(ctx context.Context, n *Node, proc, client int) *check.Op {
 	payload := fmt.Sprintf("p-%d-%d", client, w.seq.Add(1))
-	o := &Op{Process: proc, Client: client, F: "enqueue", Node: n.ID, W: 2, Payload: payload, Call: w.H.Now()}
+	o := &check.Op{Process: proc, Client: client, F: "enqueue", Node: n.ID, W: 2, Payload: payload, Call: w.H.Now()}
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
 	r, err := n.Tasks.Enqueue(cctx, connect.NewRequest(&nornv1.EnqueueRequest{
@@ -217,12 +218,12 @@ func (w *Workload) enqueue(ctx context.Context, n *Node, proc, client int) *Op {
 
 // claim claims one task; the op records the task it got, if any (an empty
 // answer is recorded as a fail: nothing was claimed).
-func (w *Workload) claim(ctx context.Context, n *Node, proc, client int, long bool) (*Op, *held) {
+func (w *Workload) claim(ctx context.Context, n *Node, proc, client int, long bool) (*check.Op, *held) {
 	lease := w.ShortLease
 	if long {
 		lease = w.LongLease
 	}
-	o := &Op{Process: proc, Client: client, F: "claim", Node: n.ID, LeaseMS: lease.Milliseconds(), Long: long, Call: w.H.Now()}
+	o := &check.Op{Process: proc, Client: client, F: "claim", Node: n.ID, LeaseMS: lease.Milliseconds(), Long: long, Call: w.H.Now()}
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
 	r, err := n.Tasks.Claim(cctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: Queue, Worker: fmt.Sprintf("c%d", client),
@@ -244,12 +245,12 @@ func (w *Workload) claim(ctx context.Context, n *Node, proc, client int, long bo
 	return o, &held{task: t.Task.Id, claim: t.ClaimId, long: long, op: o}
 }
 
-func (w *Workload) renew(ctx context.Context, n *Node, proc, client int, h *held) *Op {
+func (w *Workload) renew(ctx context.Context, n *Node, proc, client int, h *held) *check.Op {
 	lease := w.ShortLease
 	if h.long {
 		lease = w.LongLease
 	}
-	o := &Op{Process: proc, Client: client, F: "renew", Node: n.ID, Task: h.task, Claim: h.claim, LeaseMS: lease.Milliseconds(), Long: h.long, Call: w.H.Now()}
+	o := &check.Op{Process: proc, Client: client, F: "renew", Node: n.ID, Task: h.task, Claim: h.claim, LeaseMS: lease.Milliseconds(), Long: h.long, Call: w.H.Now()}
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
 	_, err := n.Tasks.Renew(cctx, connect.NewRequest(&nornv1.RenewRequest{Id: h.task, ClaimId: h.claim, Lease: durationpb.New(lease)}))
@@ -258,8 +259,8 @@ func (w *Workload) renew(ctx context.Context, n *Node, proc, client int, h *held
 	return o
 }
 
-func (w *Workload) complete(ctx context.Context, n *Node, proc, client int, h *held, wq uint32) *Op {
-	o := &Op{Process: proc, Client: client, F: "complete", Node: n.ID, Task: h.task, Claim: h.claim, Long: h.long, W: wq, Call: w.H.Now()}
+func (w *Workload) complete(ctx context.Context, n *Node, proc, client int, h *held, wq uint32) *check.Op {
+	o := &check.Op{Process: proc, Client: client, F: "complete", Node: n.ID, Task: h.task, Claim: h.claim, Long: h.long, W: wq, Call: w.H.Now()}
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
 	_, err := n.Tasks.Complete(cctx, connect.NewRequest(&nornv1.CompleteRequest{Id: h.task, ClaimId: h.claim, W: wq}))
@@ -268,8 +269,8 @@ func (w *Workload) complete(ctx context.Context, n *Node, proc, client int, h *h
 	return o
 }
 
-func (w *Workload) yield(ctx context.Context, n *Node, proc, client int, h *held) *Op {
-	o := &Op{Process: proc, Client: client, F: "yield", Node: n.ID, Task: h.task, Claim: h.claim, Long: h.long, Call: w.H.Now()}
+func (w *Workload) yield(ctx context.Context, n *Node, proc, client int, h *held) *check.Op {
+	o := &check.Op{Process: proc, Client: client, F: "yield", Node: n.ID, Task: h.task, Claim: h.claim, Long: h.long, Call: w.H.Now()}
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
 	_, err := n.Tasks.Yield(cctx, connect.NewRequest(&nornv1.YieldRequest{Id: h.task, ClaimId: h.claim}))
@@ -279,8 +280,8 @@ func (w *Workload) yield(ctx context.Context, n *Node, proc, client int, h *held
 }
 
 // read reads an acked task with R=2: with W=2 and N=3 it must be found.
-func (w *Workload) read(ctx context.Context, n *Node, proc, client int, id uint64) *Op {
-	o := &Op{Process: proc, Client: client, F: "read", Node: n.ID, Task: id, Call: w.H.Now()}
+func (w *Workload) read(ctx context.Context, n *Node, proc, client int, id uint64) *check.Op {
+	o := &check.Op{Process: proc, Client: client, F: "read", Node: n.ID, Task: id, Call: w.H.Now()}
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
 	_, err := n.Tasks.GetTask(cctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id, R: 2}))
@@ -291,10 +292,10 @@ func (w *Workload) read(ctx context.Context, n *Node, proc, client int, id uint6
 
 // cancel cancels a task with W = N: it reaches every replica (during a
 // move, every replica of the cohort and of the cohort to be), so the task
-// is terminal (CheckTerminal). nornd refuses a W above N.
-func (w *Workload) cancel(ctx context.Context, n *Node, proc, client int, id uint64) *Op {
+// is terminal (check.Terminal). nornd refuses a W above N.
+func (w *Workload) cancel(ctx context.Context, n *Node, proc, client int, id uint64) *check.Op {
 	wq := uint32(Replication)
-	o := &Op{Process: proc, Client: client, F: "cancel", Node: n.ID, Task: id, W: wq, Call: w.H.Now()}
+	o := &check.Op{Process: proc, Client: client, F: "cancel", Node: n.ID, Task: id, W: wq, Call: w.H.Now()}
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
 	_, err := n.Tasks.Cancel(cctx, connect.NewRequest(&nornv1.CancelRequest{Id: id, W: wq}))
@@ -335,7 +336,7 @@ func (w *Workload) drain(ctx context.Context, quiet, max time.Duration, once boo
 		ret := w.H.Now()
 		typ, msg := classify(err)
 		if err != nil {
-			w.H.Add(&Op{Process: proc, Client: -1, F: "claim", Node: n.ID, LeaseMS: 60000, Long: true, Type: typ, Err: msg, Call: call, Return: ret, Drain: true})
+			w.H.Add(&check.Op{Process: proc, Client: -1, F: "claim", Node: n.ID, LeaseMS: 60000, Long: true, Type: typ, Err: msg, Call: call, Return: ret, Drain: true})
 			if typ == "info" {
 				proc = w.H.NewProcess()
 			}
@@ -350,7 +351,7 @@ func (w *Workload) drain(ctx context.Context, quiet, max time.Duration, once boo
 			firstClaim = ret
 		}
 		for _, t := range r.Msg.Tasks {
-			o := &Op{Process: proc, Client: -1, F: "claim", Node: n.ID, Task: t.Task.Id, Claim: t.ClaimId, LeaseMS: 60000, Long: true,
+			o := &check.Op{Process: proc, Client: -1, F: "claim", Node: n.ID, Task: t.Task.Id, Claim: t.ClaimId, LeaseMS: 60000, Long: true,
 				Payload: string(t.Task.Spec.GetPayload()), Type: "ok", Call: call, Return: ret, Drain: true}
 			if l := w.C.NodeByAPI(t.Leader); l != nil {
 				o.Leader = l.ID

@@ -1,7 +1,8 @@
 // Command norn-jepsen runs Norn's Jepsen harness (package jepsen): real
 // nornd processes on 127.0.0.(10+i), a workload of concurrent clients,
 // nemeses (faults) on a seeded schedule, and checkers over the recorded
-// history. It needs root and iptables. `norn-jepsen --help` lists the
+// history (package jepsen/check; --check runs them again on a saved
+// history). It needs root and iptables. `norn-jepsen --help` lists the
 // scenarios and nemeses; see docs/JEPSEN.md.
 package main
 
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/norn-dev/norn/jepsen"
+	"github.com/norn-dev/norn/jepsen/check"
 )
 
 func main() {
@@ -61,12 +63,12 @@ func main() {
 		os.Exit(2)
 	}
 	if *recheck != "" {
-		ops, err := jepsen.ReadHistory(filepath.Join(*recheck, "history.jsonl"))
+		ops, err := check.ReadHistory(filepath.Join(*recheck, "history.jsonl"))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "norn-jepsen:", err)
 			os.Exit(1)
 		}
-		for _, v := range []jepsen.Verdict{jepsen.CheckLinearizable(ops, jepsen.Replication, time.Minute, *recheck), jepsen.CheckExclusion(ops), jepsen.CheckTerminal(ops, jepsen.Replication)} {
+		for _, v := range []check.Verdict{check.Linearizable(ops, jepsen.Replication, time.Minute, *recheck), check.Exclusion(ops), check.Terminal(ops, jepsen.Replication)} {
 			fmt.Printf("%-16s %-7s %v\n  %s\n", v.Checker, v.Status(), v.Counts, strings.Join(v.Details, "\n  "))
 		}
 		return

@@ -1,0 +1,97 @@
+package check
+
+import (
+	"testing"
+	"time"
+)
+
+const sec = int64(time.Second)
+
+// Hand-made histories: each checker must flag its anomaly and accept the
+// legal variant. These run without root, in `make test`.
+
+func TestLinearizableCatchesDoubleClaim(t *testing.T) {
+	ops := []*Op{
+		{Process: 0, F: "claim", Task: 7, Claim: 10, Long: true, Type: "ok", Call: 1 * sec, Return: 2 * sec},
+		{Process: 1, F: "claim", Task: 7, Claim: 12, Long: true, Type: "ok", Call: 3 * sec, Return: 4 * sec},
+	}
+	if v := Linearizable(ops, 3, 10*time.Second, t.TempDir()); v.Valid {
+		t.Fatalf("two live long claims of one task passed: %+v", v)
+	}
+	// After a yield the second claim is legal.
+	ops = append(ops[:1], &Op{Process: 0, F: "yield", Task: 7, Claim: 10, Type: "ok", Call: 2 * sec, Return: 3 * sec}, ops[1])
+	ops[2].Call, ops[2].Return = 4*sec, 5*sec
+	if v := Linearizable(ops, 3, 10*time.Second, ""); !v.Valid {
+		t.Fatalf("claim, yield, claim failed: %+v", v)
+	}
+}
+
+func TestLinearizableCatchesRenewOfSupersededClaim(t *testing.T) {
+	ops := []*Op{
+		{Process: 0, F: "claim", Task: 7, Claim: 10, Type: "ok", Call: 1 * sec, Return: 2 * sec}, // short: may expire
+		{Process: 1, F: "claim", Task: 7, Claim: 12, Type: "ok", Call: 6 * sec, Return: 7 * sec},
+		{Process: 0, F: "renew", Task: 7, Claim: 10, Type: "ok", Call: 8 * sec, Return: 9 * sec},
+	}
+	if v := Linearizable(ops, 3, 10*time.Second, ""); v.Valid {
+		t.Fatal("a renew of a superseded claim passed")
+	}
+	ops[2].Type = "fail"
+	if v := Linearizable(ops, 3, 10*time.Second, ""); !v.Valid {
+		t.Fatalf("legal history failed: %+v", v)
+	}
+	// Claim ids go up.
+	ops[1].Claim = 9
+	if v := Linearizable(ops, 3, 10*time.Second, ""); v.Valid {
+		t.Fatal("a decreasing claim id passed")
+	}
+}
+
+func TestExclusionCatchesOverlap(t *testing.T) {
+	ops := []*Op{
+		{F: "claim", Task: 7, Claim: 10, LeaseMS: 2500, Type: "ok", Call: 1 * sec, Return: 2 * sec},
+		{F: "renew", Task: 7, Claim: 10, LeaseMS: 2500, Type: "ok", Call: 3 * sec, Return: 3*sec + 1},
+		{F: "claim", Task: 7, Claim: 12, LeaseMS: 2500, Type: "ok", Call: 4 * sec, Return: 5 * sec},
+	}
+	v := Exclusion(ops)
+	if v.Valid || v.Counts["overlaps"] != 1 {
+		t.Fatalf("overlap of 0.5 s not caught: %+v", v)
+	}
+	ops[2].Call, ops[2].Return = 6*sec, 7*sec
+	if v := Exclusion(ops); !v.Valid {
+		t.Fatalf("claims after the lease flagged: %+v", v)
+	}
+}
+
+func TestTerminalAndQueue(t *testing.T) {
+	ops := []*Op{
+		{F: "enqueue", Task: 7, Payload: "a", Type: "ok", Call: 0, Return: 1},
+		{F: "enqueue", Task: 8, Payload: "b", Type: "ok", Call: 0, Return: 1},
+		{F: "cancel", Task: 7, W: 3, Type: "ok", Call: 1 * sec, Return: 2 * sec},
+		{F: "claim", Task: 7, Claim: 4, Payload: "a", Type: "ok", Call: 3 * sec, Return: 4 * sec},
+		{F: "claim", Task: 9, Claim: 5, Payload: "zzz", Type: "ok", Call: 3 * sec, Return: 4 * sec},
+	}
+	if v := Terminal(ops, 3); v.Valid {
+		t.Fatal("a claim after a W=N cancel passed")
+	}
+	v := Queue(ops, map[uint64]string{8: "TASK_STATUS_READY"})
+	if v.Valid || v.Counts["lost"] != 1 || v.Counts["unexpected"] != 1 {
+		t.Fatalf("lost and unexpected not both caught: %+v", v)
+	}
+	ops = append(ops[:2], &Op{F: "read", Task: 8, Type: "fail", Err: "not_found: task 8", Call: 2 * sec, Return: 3 * sec})
+	v = Queue(ops, map[uint64]string{7: "TASK_STATUS_CANCELLED", 8: "TASK_STATUS_READY"})
+	if v.Valid || v.Counts["acked-read-not-found"] != 1 {
+		t.Fatalf("an acked task read as not found not caught: %+v", v)
+	}
+}
+
+// TestReportOnlyStatus: a reported checker's failure reads "reported".
+func TestReportOnlyStatus(t *testing.T) {
+	v := Verdict{Checker: "exclusion", ReportOnly: true}
+	if v.Status() != "reported" {
+		t.Fatalf("status %q", v.Status())
+	}
+	v.Valid = true
+	if v.Status() != "pass" {
+		t.Fatalf("status %q", v.Status())
+	}
+}

@@ -1,0 +1,188 @@
+package jepsen
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/jepsen/check"
+)
+
+// The checkers that read the live cluster after the heal: convergence
+// (every scenario) and placement (membership-churn). They poll Status on
+// the active nodes; the placement checker's judgement of what it read is
+// check.PlacementProblems.
+
+// CheckConvergence polls Status on every active node until, for every partition,
+// the replicas agree (equal anti-entropy roots) and have the same claim
+// state (equal applied index and claim digest), or within after the heal
+// (time on h's clock) passes.
+func CheckConvergence(ctx context.Context, c *Cluster, h *check.History, heal int64, within time.Duration) check.Verdict {
+	v := check.Verdict{Checker: "convergence", Counts: map[string]int{}}
+	var problems []string
+	for {
+		problems = convergenceProblems(ctx, c)
+		if len(problems) == 0 {
+			v.Valid = true
+			v.Counts["ms-after-heal"] = int((h.Now() - heal) / 1e6)
+			return v
+		}
+		if h.Now()-heal > int64(within) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	v.Counts["problems"] = len(problems)
+	for _, p := range problems {
+		v.Addf("%s", p)
+	}
+	v.Addf("not converged %s after the heal", within)
+	// For the diagnosis: anti-entropy skips the peers gossip does not
+	// see up.
+	if g := gossipViews(ctx, c); g != "" {
+		v.Details = append(v.Details, "gossip: "+g)
+	}
+	return v
+}
+
+// gossipViews lists, for each active node, the other active nodes its
+// gossip does not see alive ("" when every node sees every other alive).
+func gossipViews(ctx context.Context, c *Cluster) string {
+	active := c.Active()
+	var out []string
+	for _, n := range active {
+		st, err := n.Status(ctx, false)
+		if err != nil {
+			continue
+		}
+		var not []string
+		for _, nd := range st.Nodes {
+			if o := c.Node(nd.Id); o != nil && o != n && c.IsActive(o) && nd.State != "alive" {
+				not = append(not, nd.Id+" "+nd.State)
+			}
+		}
+		if len(not) > 0 {
+			out = append(out, n.ID+" sees "+strings.Join(not, ", "))
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+func convergenceProblems(ctx context.Context, c *Cluster) []string {
+	var out []string
+	type claimState struct{ applied, digest uint64 }
+	states := map[uint32]map[string]claimState{}
+	for _, n := range c.Active() {
+		st, err := n.Status(ctx, true)
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s: status: %v", n.ID, connect.CodeOf(err)))
+			continue
+		}
+		for _, p := range st.Partitions {
+			if !p.ReplicasAgree {
+				out = append(out, fmt.Sprintf("%s: partition %d replicas disagree: %s", n.ID, p.Id, roots(p.ReplicaRoots)))
+			}
+			if states[p.Id] == nil {
+				states[p.Id] = map[string]claimState{}
+			}
+			states[p.Id][n.ID] = claimState{p.ClaimApplied, p.ClaimDigest}
+		}
+	}
+	var parts []uint32
+	for p := range states {
+		parts = append(parts, p)
+	}
+	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
+	for _, p := range parts {
+		var first claimState
+		for _, x := range states[p] {
+			first = x
+			break
+		}
+		for _, x := range states[p] {
+			if x != first {
+				var s []string
+				for id, x := range states[p] {
+					s = append(s, fmt.Sprintf("%s=%d/%x", id, x.applied, x.digest))
+				}
+				sort.Strings(s)
+				out = append(out, fmt.Sprintf("partition %d: claim state (applied index/digest) differs: %s", p, strings.Join(s, " ")))
+				break
+			}
+		}
+	}
+	return out
+}
+
+func roots(rs []*nornv1.ReplicaRoot) string {
+	var s []string
+	for _, r := range rs {
+		if r.Error != "" {
+			s = append(s, r.NodeId+"=error("+r.Error+")")
+		} else {
+			s = append(s, fmt.Sprintf("%s=%x", r.NodeId, r.Root))
+		}
+	}
+	return strings.Join(s, " ")
+}
+
+// CheckPlacement is the placement checker of the membership-churn
+// scenario, after the heal: it polls Status on every active node until
+// no move is under way or failed; every partition has exactly N replicas,
+// its cohort, all on active member nodes, with its group's leader among
+// them (as every replica sees it); the decommissioned node is out of the
+// ring; the drained node replicates nothing; and every node works with
+// the same ring epoch; or until within passes. The churn nemesis's own
+// failures (a step refused, moves not done in time, the sequence cut
+// short) fail it too.
+func CheckPlacement(ctx context.Context, c *Cluster, ch *Churn, within time.Duration) check.Verdict {
+	v := check.Verdict{Checker: "placement", Counts: map[string]int{}}
+	exp := ch.expect()
+	v.Counts["moves"], v.Counts["kills"] = exp.Moves, exp.Kills
+	start := time.Now()
+	var problems []string
+	var epoch uint64
+	for {
+		sts := map[string]*nornv1.StatusResponse{}
+		errs := map[string]error{}
+		var active []string
+		for _, n := range c.Active() {
+			active = append(active, n.ID)
+			st, err := n.Status(ctx, false)
+			if err != nil {
+				errs[n.ID] = err
+				continue
+			}
+			sts[n.ID] = st
+			epoch = st.RingEpoch
+		}
+		problems = check.PlacementProblems(active, sts, errs, exp, c.Cfg.Partitions, Replication)
+		if len(problems) == 0 || time.Since(start) > within || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	v.Counts["ring-epoch"] = int(epoch)
+	for _, f := range exp.Failures {
+		v.Addf("churn: %s", f)
+	}
+	if !exp.Done {
+		v.Addf("churn: the sequence did not complete")
+	}
+	v.Counts["problems"] = len(problems)
+	for _, p := range problems {
+		v.Addf("%s", p)
+	}
+	if len(problems) > 0 {
+		v.Addf("placement not as expected %s after the convergence check", within)
+	} else {
+		v.Counts["ms-to-settle"] = int(time.Since(start).Milliseconds())
+	}
+	v.Valid = len(problems) == 0 && len(exp.Failures) == 0 && exp.Done
+	return v
+}
