@@ -33,6 +33,7 @@ func main() {
 	keep := fs.Int("keep", 50, "results directories to keep under --results (the oldest are removed before each run, with their data dirs); 0 keeps all")
 	keepData := fs.Bool("keep-data", false, "keep the nodes' data dirs of runs with the expected outcome too (always kept otherwise)")
 	bin := fs.String("nornd", "", "nornd binary to test (default: build ./cmd/nornd of the current module)")
+	allowSkip := fs.Bool("allow-skip", false, "exit 0 when scenarios were skipped (no root, no iptables): by default a skipped scenario fails the run, so a harness that could not run never looks green")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: norn-jepsen [--scenario name[,name] | --short | --all] [--seed n] [--time 60s]\n\nflags:\n")
 		fs.PrintDefaults()
@@ -142,7 +143,7 @@ func main() {
 		if err != nil {
 			r.Err = err.Error()
 		}
-		if err != nil || !r.OK {
+		if err != nil || !r.OK || (r.Skipped != "" && !*allowSkip) {
 			failed = true
 		}
 		rs = append(rs, r)
@@ -153,6 +154,11 @@ func main() {
 	}
 	fmt.Print("\n", jepsen.Table(rs))
 	removeBin()
+	for _, r := range rs {
+		if r.Skipped != "" && !*allowSkip {
+			fmt.Fprintf(os.Stderr, "norn-jepsen: %s was skipped (%s): a run that checked nothing fails; --allow-skip accepts it\n", r.Scenario, r.Skipped)
+		}
+	}
 	if failed {
 		os.Exit(1)
 	}
