@@ -1,7 +1,22 @@
 // Package transport holds the node-to-node plumbing below the protocols:
-// today the Raft stream mux, through which every Raft group of a node (one
-// per partition, and the meta group) talks over one TCP listener.
+// the Raft stream mux, through which every Raft group of a node (one per
+// partition, and the meta group) talks over one TCP listener, and Peers,
+// the node's clients of other nodes' APIs.
 //
+// # Peers
+//
+// Peers holds one Peer (PeerService, TaskService and AdminService clients)
+// per API address, made on first use over one shared HTTP/2 (h2c)
+// transport whose calls leave from the node's own API IP. Request wraps a
+// node-to-node request with the caller's identity: its node id
+// (HeaderNode), and once the node holds a ring (Peers.SetRing, which
+// replicas.Host sets as it starts) its cluster id and ring epoch
+// (HeaderCluster, HeaderEpoch). A receiver checks the caller against its
+// ring and gossip, refuses writes of a moving partition from an older
+// ring, and pulls a newer one. HeaderHops marks calls one node forwarded
+// to another, so that they travel at most a bounded number of hops.
+//
+
 // # Raft stream mux
 //
 // hashicorp/raft's NetworkTransport runs over a StreamLayer: a listener and
