@@ -8,6 +8,8 @@
 //
 //	sv := server.New(server.Config{Coord: c, Dispatch: d, Host: h, ...})
 //	mux.Handle(nornv1connect.NewTaskServiceHandler(sv.TaskService(), opts...))
+//	mux.Handle(nornv1connect.NewAdminServiceHandler(sv.AdminService(), opts...))
+//	mux.Handle(nornv1connect.NewPeerServiceHandler(sv.PeerService(), opts...))
 //
 // Where a TaskService call goes:
 //
@@ -20,6 +22,18 @@
 //	Complete, Abort         dispatch.LoadClaimed, LiveClaim -> coord.Write     finish.go
 //	CompleteBatch           grouped by partition leader, forwarded in batches finish.go
 //	Cancel                  coord.Forward, coord.Load (or Read) -> coord.Write tasks.go
+//
+// AdminService (admin.go, placement.go): Status gathers the node's view
+// (its ring, groups, members with their clock offsets, counts and the
+// replicas' Merkle roots); the placement calls (Join, Rebalance, Drain,
+// Decommission, Remove) go to the meta leader through
+// rebalance.ToMetaLeader.
+//
+// PeerService (peer.go) serves the other nodes only: every call first
+// passes checkPeer (the caller's node id, address and cluster id against
+// the ring and gossip), then goes to coord (Replicate, Read, ListPartition,
+// CountPartitions), antientropy (TreeRoots, TreeNodes, SegmentEntries),
+// rebalance (ChangeGroup, ReplicaProgress) or the host's ring (GetRing).
 //
 // Errors of the parts come back through apierr, which maps them to
 // connect codes (DESIGN section 6).
