@@ -43,43 +43,43 @@ const (
 	MaxPageBytes    = 16 << 20 // encoded size of a page's tasks, exceeded by one task at most
 	// countTimeout bounds one CountPartitions call (it scans whole
 	// partitions); a ListPartition call does bounded work and takes
-	// ReadTimeout.
+	// readTimeout.
 	countTimeout = 30 * time.Second
 )
 
-// ListFilter selects the tasks of a list or count.
-type ListFilter struct {
+// listFilter selects the tasks of a list or count.
+type listFilter struct {
 	queue  string            // "" for every queue
 	status nornv1.TaskStatus // TASK_STATUS_UNSPECIFIED for every status
 }
 
-// NewListFilter validates a request's queue and status filters.
-func NewListFilter(queue string, status nornv1.TaskStatus) (ListFilter, error) {
+// newListFilter validates a request's queue and status filters.
+func newListFilter(queue string, status nornv1.TaskStatus) (listFilter, error) {
 	if queue != "" {
 		if err := crdt.ValidateQueue("queue", queue); err != nil {
-			return ListFilter{}, apierr.From(err)
+			return listFilter{}, apierr.From(err)
 		}
 	}
 	if _, ok := nornv1.TaskStatus_name[int32(status)]; !ok {
-		return ListFilter{}, apierr.Invalid("status", "unknown status %d", status)
+		return listFilter{}, apierr.Invalid("status", "unknown status %d", status)
 	}
-	return ListFilter{queue: queue, status: status}, nil
+	return listFilter{queue: queue, status: status}, nil
 }
 
-// ListBudget is what is left of a page: tasks to return, tasks to
+// listBudget is what is left of a page: tasks to return, tasks to
 // examine, bytes of returned tasks. A page stops before the next task
 // once any of them is used up.
-type ListBudget struct{ tasks, scan, bytes int }
+type listBudget struct{ tasks, scan, bytes int }
 
-func (b ListBudget) spent() bool { return b.tasks <= 0 || b.scan <= 0 || b.bytes <= 0 }
+func (b listBudget) spent() bool { return b.tasks <= 0 || b.scan <= 0 || b.bytes <= 0 }
 
 // less is what is left of b after pg.
-func (b ListBudget) less(pg ListPage) ListBudget {
-	return ListBudget{tasks: b.tasks - len(pg.tasks), scan: b.scan - pg.scanned, bytes: b.bytes - pg.bytes}
+func (b listBudget) less(pg listPage) listBudget {
+	return listBudget{tasks: b.tasks - len(pg.tasks), scan: b.scan - pg.scanned, bytes: b.bytes - pg.bytes}
 }
 
-// ListPage is one partition's part of a ListTasks page.
-type ListPage struct {
+// listPage is one partition's part of a ListTasks page.
+type listPage struct {
 	tasks   []*nornv1.Task
 	scanned int    // tasks examined, matching or not
 	bytes   int    // encoded size of tasks
@@ -87,19 +87,19 @@ type ListPage struct {
 	next    uint64 // the first task not examined, when more
 }
 
-func (pg *ListPage) add(v *nornv1.Task) {
+func (pg *listPage) add(v *nornv1.Task) {
 	pg.tasks = append(pg.tasks, v)
 	pg.bytes += proto.Size(v)
 }
 
-// ListLocal reads partition p's part of a page from this node's replica:
+// listLocal reads partition p's part of a page from this node's replica:
 // the tasks with id >= start that match f, in id order, until b is spent.
-func (c *Coordinator) ListLocal(p uint16, f ListFilter, start uint64, b ListBudget) (ListPage, error) {
-	var pg ListPage
+func (c *Coordinator) listLocal(p uint16, f listFilter, start uint64, b listBudget) (listPage, error) {
+	var pg listPage
 	for {
 		batch, next, more, err := c.store.ScanTasks(p, start, min(256, b.scan+1))
 		if err != nil {
-			return ListPage{}, apierr.From(err)
+			return listPage{}, apierr.From(err)
 		}
 		for _, st := range batch {
 			if b.less(pg).spent() {
@@ -119,11 +119,11 @@ func (c *Coordinator) ListLocal(p uint16, f ListFilter, start uint64, b ListBudg
 }
 
 // listView renders a stored task if it matches f.
-func (c *Coordinator) listView(st *storage.StoredTask, f ListFilter) *nornv1.Task {
+func (c *Coordinator) listView(st *storage.StoredTask, f listFilter) *nornv1.Task {
 	if st.Task.Spec == nil || (f.queue != "" && st.Task.Spec.Queue != f.queue) {
 		return nil
 	}
-	ts, err := c.WithClaims(st.Partition, st.Task)
+	ts, err := c.withClaims(st.Partition, st.Task)
 	if err != nil {
 		return nil
 	}
@@ -136,7 +136,7 @@ func (c *Coordinator) listView(st *storage.StoredTask, f ListFilter) *nornv1.Tas
 
 // listRemote reads partition p's part of a page from a replica on
 // another node (see replicaOrder), trying the next on an error.
-func (c *Coordinator) listRemote(ctx context.Context, p uint16, f ListFilter, start uint64, b ListBudget) (ListPage, error) {
+func (c *Coordinator) listRemote(ctx context.Context, p uint16, f listFilter, start uint64, b listBudget) (listPage, error) {
 	order := c.replicaOrder(p, nil)
 	var lastErr error
 	for _, nd := range order {
@@ -149,28 +149,28 @@ func (c *Coordinator) listRemote(ctx context.Context, p uint16, f ListFilter, st
 			break
 		}
 	}
-	return ListPage{}, partitionUnavailable(p, order, lastErr)
+	return listPage{}, partitionUnavailable(p, order, lastErr)
 }
 
 // askList asks node nd for partition p's part of a page and checks that
 // the answer keeps to the request.
-func (c *Coordinator) askList(ctx context.Context, nd cluster.RingNode, p uint16, f ListFilter, start uint64, b ListBudget) (ListPage, error) {
-	cctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+func (c *Coordinator) askList(ctx context.Context, nd cluster.RingNode, p uint16, f listFilter, start uint64, b listBudget) (listPage, error) {
+	cctx, cancel := context.WithTimeout(ctx, readTimeout)
 	defer cancel()
 	resp, err := c.peers.Get(nd.APIAddr).Peer.ListPartition(cctx, transport.Request(c.peers, &nornv1.ListPartitionRequest{
 		Partition: uint32(p), Queue: f.queue, Status: f.status, Start: start,
 		Limit: uint32(b.tasks), MaxScan: uint32(b.scan), MaxBytes: uint32(max(b.bytes, 0))}))
 	if err != nil {
-		return ListPage{}, err
+		return listPage{}, err
 	}
 	m := resp.Msg
 	if len(m.GetTasks()) > b.tasks || int(m.GetScanned()) > b.scan || (m.GetMore() && m.GetNext() < start) {
-		return ListPage{}, fmt.Errorf("node %s answered beyond the request for partition %d", nd.ID, p)
+		return listPage{}, fmt.Errorf("node %s answered beyond the request for partition %d", nd.ID, p)
 	}
-	pg := ListPage{scanned: int(m.GetScanned()), more: m.GetMore(), next: m.GetNext()}
+	pg := listPage{scanned: int(m.GetScanned()), more: m.GetMore(), next: m.GetNext()}
 	for _, v := range m.GetTasks() {
 		if v.GetId() < start || c.host.Partition(v.GetId()) != p {
-			return ListPage{}, fmt.Errorf("node %s answered task %d for partition %d", nd.ID, v.GetId(), p)
+			return listPage{}, fmt.Errorf("node %s answered task %d for partition %d", nd.ID, v.GetId(), p)
 		}
 		pg.add(v)
 	}
@@ -193,11 +193,11 @@ func (c *Coordinator) CountPartition(p uint16, queue string) (map[string]uint64,
 			if st.Task.Spec == nil || (queue != "" && st.Task.Spec.Queue != queue) {
 				continue
 			}
-			ts, err := c.WithClaims(p, st.Task)
+			ts, err := c.withClaims(p, st.Task)
 			if err != nil {
 				return nil, err
 			}
-			counts[StatusName(ts.Status(now, c.cfg.DepsDone))]++
+			counts[statusName(ts.Status(now, c.cfg.DepsDone))]++
 		}
 		if !more {
 			return counts, nil
@@ -206,8 +206,8 @@ func (c *Coordinator) CountPartition(p uint16, queue string) (map[string]uint64,
 	}
 }
 
-// StatusName is a status without its enum prefix ("READY").
-func StatusName(s nornv1.TaskStatus) string {
+// statusName is a status without its enum prefix ("READY").
+func statusName(s nornv1.TaskStatus) string {
 	return s.String()[len("TASK_STATUS_"):]
 }
 
@@ -361,10 +361,10 @@ func (h *leaderHints) set(p uint16, id string) {
 	h.leader[p] = id
 }
 
-// HostedPartition checks the partition field of a peer request: below
+// hostedPartition checks the partition field of a peer request: below
 // P, and replicated here (FAILED_PRECONDITION otherwise). It returns the
 // partition's group.
-func (c *Coordinator) HostedPartition(field string, p uint32) (*claims.Group, error) {
+func (c *Coordinator) hostedPartition(field string, p uint32) (*claims.Group, error) {
 	if c.host.Ring() == nil {
 		return nil, apierr.NotFormed
 	}
@@ -388,7 +388,7 @@ func (c *Coordinator) NotReplicated(field string, p uint16) error {
 // List answers TaskService.ListTasks: one page of the tasks that match
 // m's filters, in partition and id order, across the cluster.
 func (c *Coordinator) List(ctx context.Context, m *nornv1.ListTasksRequest) (*nornv1.ListTasksResponse, error) {
-	f, err := NewListFilter(m.GetQueue(), m.GetStatus())
+	f, err := newListFilter(m.GetQueue(), m.GetStatus())
 	if err != nil {
 		return nil, err
 	}
@@ -406,12 +406,12 @@ func (c *Coordinator) List(ctx context.Context, m *nornv1.ListTasksRequest) (*no
 	if c.host.Ring() == nil {
 		return nil, apierr.NotFormed
 	}
-	b := ListBudget{tasks: size, scan: MaxScanPerPage, bytes: MaxPageBytes}
+	b := listBudget{tasks: size, scan: MaxScanPerPage, bytes: MaxPageBytes}
 	resp := &nornv1.ListTasksResponse{}
 	for ; int(p) < c.cfg.Partitions; p, start = p+1, 0 {
-		var pg ListPage
+		var pg listPage
 		if c.host.ReadsLocally(p) {
-			pg, err = c.ListLocal(p, f, start, b)
+			pg, err = c.listLocal(p, f, start, b)
 		} else {
 			pg, err = c.listRemote(ctx, p, f, start, b)
 		}
@@ -447,7 +447,7 @@ func decodePageToken(tok string, partitions int) (uint16, uint64, error) {
 // Count answers TaskService.CountTasks: the tasks of m's queue (or all)
 // by status, across the cluster.
 func (c *Coordinator) Count(ctx context.Context, m *nornv1.CountTasksRequest) (*nornv1.CountTasksResponse, error) {
-	f, err := NewListFilter(m.GetQueue(), 0)
+	f, err := newListFilter(m.GetQueue(), 0)
 	if err != nil {
 		return nil, err
 	}
@@ -502,11 +502,11 @@ func (c *Coordinator) Count(ctx context.Context, m *nornv1.CountTasksRequest) (*
 // ListPartition answers PeerService.ListPartition from this node's
 // replica of m's partition.
 func (c *Coordinator) ListPartition(m *nornv1.ListPartitionRequest) (*nornv1.ListPartitionResponse, error) {
-	g, err := c.HostedPartition("partition", m.GetPartition())
+	g, err := c.hostedPartition("partition", m.GetPartition())
 	if err != nil {
 		return nil, err
 	}
-	f, err := NewListFilter(m.GetQueue(), m.GetStatus())
+	f, err := newListFilter(m.GetQueue(), m.GetStatus())
 	if err != nil {
 		return nil, err
 	}
@@ -519,7 +519,7 @@ func (c *Coordinator) ListPartition(m *nornv1.ListPartitionRequest) (*nornv1.Lis
 		}
 	}
 	p := uint16(m.GetPartition())
-	pg, err := c.ListLocal(p, f, m.GetStart(), ListBudget{tasks: int(m.GetLimit()), scan: int(m.GetMaxScan()), bytes: int(m.GetMaxBytes())})
+	pg, err := c.listLocal(p, f, m.GetStart(), listBudget{tasks: int(m.GetLimit()), scan: int(m.GetMaxScan()), bytes: int(m.GetMaxBytes())})
 	if err != nil {
 		return nil, err
 	}
@@ -530,7 +530,7 @@ func (c *Coordinator) ListPartition(m *nornv1.ListPartitionRequest) (*nornv1.Lis
 // CountPartitions answers PeerService.CountPartitions from this node's
 // replicas of m's partitions.
 func (c *Coordinator) CountPartitions(m *nornv1.CountPartitionsRequest) (*nornv1.CountPartitionsResponse, error) {
-	f, err := NewListFilter(m.GetQueue(), 0)
+	f, err := newListFilter(m.GetQueue(), 0)
 	if err != nil {
 		return nil, err
 	}
@@ -542,7 +542,7 @@ func (c *Coordinator) CountPartitions(m *nornv1.CountPartitionsRequest) (*nornv1
 	seen := make([]bool, c.cfg.Partitions)
 	for i, p := range ps {
 		field := fmt.Sprintf("partitions[%d]", i)
-		if groups[i], err = c.HostedPartition(field, p); err != nil {
+		if groups[i], err = c.hostedPartition(field, p); err != nil {
 			return nil, err
 		}
 		if seen[p] {

@@ -27,8 +27,8 @@ func (c *Coordinator) checkEpoch(epoch uint64, moving map[int]*cluster.Move, p u
 	return nil
 }
 
-// MaxReplicate bounds the tasks of one Replicate call.
-const MaxReplicate = 10_000
+// maxReplicate bounds the tasks of one Replicate call.
+const maxReplicate = 10_000
 
 // DropReplicateEvery is how often DropReplicatedWrite drops a Replicate.
 const DropReplicateEvery = 20
@@ -43,8 +43,8 @@ func (c *Coordinator) Replicate(epoch uint64, states [][]byte) error {
 	if r == nil {
 		return apierr.NotFormed
 	}
-	if len(states) == 0 || len(states) > MaxReplicate {
-		return apierr.Invalid("tasks", "must hold 1 to %d tasks, got %d", MaxReplicate, len(states))
+	if len(states) == 0 || len(states) > maxReplicate {
+		return apierr.Invalid("tasks", "must hold 1 to %d tasks, got %d", maxReplicate, len(states))
 	}
 	// A newer ring makes this node pull it.
 	if epoch > r.Epoch {

@@ -17,8 +17,8 @@ import (
 	"github.com/norn-dev/norn/transport"
 )
 
-// ReadTimeout bounds a replica read.
-const ReadTimeout = 3 * time.Second
+// readTimeout bounds a replica read.
+const readTimeout = 3 * time.Second
 
 // Read returns a task's state as r replicas of its partition have it
 // (0: a majority), merged by the CRDT join, with the claim record of the
@@ -127,7 +127,7 @@ func (c *Coordinator) askReplica(ctx context.Context, p uint16, member string, i
 	if !ok {
 		return nil, fmt.Errorf("node %s is not in the ring", member)
 	}
-	cctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+	cctx, cancel := context.WithTimeout(ctx, readTimeout)
 	defer cancel()
 	resp, err := c.peers.Get(nd.APIAddr).Peer.Read(cctx, transport.Request(c.peers, &nornv1.ReadRequest{Ids: ids}))
 	if err != nil {
@@ -145,7 +145,7 @@ func (c *Coordinator) askReplica(ctx context.Context, p uint16, member string, i
 				return nil, err
 			}
 		}
-		if a.record, err = DecodeRecord(rt[i].GetClaimRecord()); err != nil {
+		if a.record, err = decodeRecord(rt[i].GetClaimRecord()); err != nil {
 			return nil, err
 		}
 	}
@@ -314,8 +314,8 @@ func (c *Coordinator) Lookup(ctx context.Context, id uint64) (*crdt.Task, error)
 	return ts.Task, nil
 }
 
-// DecodeRecord decodes a claim record sent by a peer (nil when empty).
-func DecodeRecord(b []byte) (*claims.Record, error) {
+// decodeRecord decodes a claim record sent by a peer (nil when empty).
+func decodeRecord(b []byte) (*claims.Record, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}

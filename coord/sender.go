@@ -28,7 +28,7 @@ type replicaSender struct {
 // one call.
 const (
 	senderInflight   = 2
-	senderMaxTasks   = MaxReplicate
+	senderMaxTasks   = maxReplicate
 	senderMaxBytes   = 8 << 20
 	replicateTimeout = 10 * time.Second
 )

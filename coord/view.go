@@ -29,13 +29,13 @@ func (c *Coordinator) Load(id uint64) (*TaskState, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c.WithClaims(p, t)
+	return c.withClaims(p, t)
 }
 
-// WithClaims completes a task state read by the caller with its claim
+// withClaims completes a task state read by the caller with its claim
 // record. A task whose enqueue has not reached this replica (no spec) is
 // not found.
-func (c *Coordinator) WithClaims(p uint16, t *crdt.Task) (*TaskState, error) {
+func (c *Coordinator) withClaims(p uint16, t *crdt.Task) (*TaskState, error) {
 	if t.Spec == nil {
 		return nil, storage.ErrNotFound
 	}

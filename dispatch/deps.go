@@ -393,7 +393,7 @@ func (c *depChecker) round(ctx context.Context) {
 	}
 	wg.Wait()
 	if settled.Load() > 0 {
-		d.waiters.notifyAll() // their dependants may be claimable, or doomed
+		d.waiters.NotifyAll() // their dependants may be claimable, or doomed
 	}
 }
 

@@ -141,10 +141,10 @@ func (d *Dispatcher) DepStats() DepStats {
 func (d *Dispatcher) Ended(tasks []coord.Ended) {
 	for _, e := range tasks {
 		if g := d.host.Group(e.P); g != nil && g.IsLeader() {
-			d.EndClaim(e.ID, e.Event)
+			d.endClaim(e.ID, e.Event)
 		}
 	}
-	d.waiters.notifyAll()
+	d.waiters.NotifyAll()
 }
 
 // Propose runs one claim FSM command on id's partition and returns its
@@ -176,18 +176,18 @@ func (d *Dispatcher) EndIfTerminal(ts *coord.TaskState) bool {
 		return false
 	}
 	if ts.Claims == nil || ts.Claims.Terminal == claims.EndNone {
-		d.EndClaim(ts.Task.ID, ev)
+		d.endClaim(ts.Task.ID, ev)
 	}
 	return true
 }
 
-// EndClaim queues the claim FSM's end of a task that just became terminal
+// endClaim queues the claim FSM's end of a task that just became terminal
 // (ev is its deciding terminal event). The ender proposes it in the
 // background: the outcome is decided and durable already, and every path
 // that could act on the claim (renew, yield, expiry, the task view) checks
 // the terminal event first. If the proposal fails (or the node dies
 // first), the monitor ends the claim when its lease runs out.
-func (d *Dispatcher) EndClaim(id uint64, ev crdt.Terminal) {
+func (d *Dispatcher) endClaim(id uint64, ev crdt.Terminal) {
 	d.ender.add(d.host.Partition(id), claims.End{ID: id, Token: ev.Claim, Reason: coord.EndReason(ev.Kind)})
 }
 
@@ -291,9 +291,7 @@ func (w *Waiters) Notify(queue string) {
 }
 
 // NotifyAll wakes every waiting claim (they re-check their queues).
-func (w *Waiters) NotifyAll() { w.notifyAll() }
-
-func (w *Waiters) notifyAll() {
+func (w *Waiters) NotifyAll() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for q, ch := range w.chans {

@@ -29,8 +29,9 @@
 // too).
 //
 // The ender (ender.go) coalesces the claim ends of tasks that became
-// terminal (EndClaim, and Ended, which coord calls for tasks a merge made
-// terminal) into one OpEnd entry per partition a few milliseconds later:
+// terminal (through Ended, which coord calls for tasks a merge made
+// terminal, and EndIfTerminal, for a task found terminal whose claim
+// record does not say so yet) into one OpEnd entry per partition a few milliseconds later:
 // the outcome is decided by the task's CRDT terminal event before, so
 // nothing waits for an end.
 //

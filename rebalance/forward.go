@@ -129,9 +129,9 @@ func noLeaderError(err error) error {
 	return ce
 }
 
-// isNoLeader reports whether err is a noLeaderError (here or from the
-// node a call was forwarded to) or a call that never reached another
-// node's server (it did not run there).
+// isNoLeader reports whether err is a noLeaderError, made here or by the
+// node a call was forwarded to (a look that reached no node's server ends
+// in one too: see toMetaLeaderOnce).
 func isNoLeader(err error) bool {
 	var ce *connect.Error
 	if !errors.As(err, &ce) || ce.Code() != connect.CodeUnavailable {
