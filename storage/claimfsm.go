@@ -77,26 +77,30 @@ func (s *Store) ApplyClaimFSM(p uint16, u ClaimFSMUpdate, sync bool) error {
 	unlock := s.lockIDs(ids)
 	defer unlock()
 
-	b := s.db.NewBatch()
-	defer b.Close()
+	var sb sortedBatch
 	for _, r := range u.Records {
 		var err error
 		if r.Value == nil {
-			err = b.Delete(fsmRecordKey(p, r.ID), nil)
+			err = sb.Delete(fsmRecordKey(p, r.ID))
 		} else if err = s.recordHorizons.note(p, r.ID); err == nil {
-			err = b.Set(fsmRecordKey(p, r.ID), r.Value, nil)
+			err = sb.Set(fsmRecordKey(p, r.ID), r.Value)
 		}
 		if err != nil {
 			return err
 		}
 	}
-	if err := b.Set(fsmAppliedKey(p), binary.BigEndian.AppendUint64(nil, u.AppliedIndex), nil); err != nil {
+	if err := sb.Set(fsmAppliedKey(p), binary.BigEndian.AppendUint64(nil, u.AppliedIndex)); err != nil {
 		return err
 	}
-	changes, err := s.moveClaims(b, p, u.Moves)
+	changes, err := s.moveClaims(&sb, p, u.Moves)
 	if err != nil {
 		return err
 	}
+	b, err := sb.build(s.db)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
 	opts := pebble.NoSync
 	if sync {
 		opts = pebble.Sync
@@ -250,26 +254,28 @@ func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, l
 	}
 	unlock := s.lockIDs(ids)
 	defer unlock()
-	b := s.db.NewBatch()
-	defer b.Close()
-	if err := b.DeleteRange(prefix, prefixEnd(prefix), nil); err != nil {
-		return err
-	}
+	var sb sortedBatch
+	sb.DeleteRange(prefix, prefixEnd(prefix))
 	for _, r := range records {
 		if err := s.recordHorizons.note(p, r.ID); err != nil {
 			return err
 		}
-		if err := b.Set(fsmRecordKey(p, r.ID), r.Value, nil); err != nil {
+		if err := sb.Set(fsmRecordKey(p, r.ID), r.Value); err != nil {
 			return err
 		}
 	}
-	if err := b.Set(fsmAppliedKey(p), binary.BigEndian.AppendUint64(nil, applied), nil); err != nil {
+	if err := sb.Set(fsmAppliedKey(p), binary.BigEndian.AppendUint64(nil, applied)); err != nil {
 		return err
 	}
-	changes, err := s.moveClaims(b, p, moves)
+	changes, err := s.moveClaims(&sb, p, moves)
 	if err != nil {
 		return err
 	}
+	b, err := sb.build(s.db)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
 	if err := b.Commit(pebble.Sync); err != nil {
 		return err
 	}
@@ -287,7 +293,7 @@ func (s *Store) MarkClaimed(p uint16, marks []ClaimMark) error {
 		moves[i] = IndexMove{ID: m.ID, Claimed: true, ExpiryMs: m.ExpiryMs}
 		ids[i] = m.ID
 	}
-	return s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) { return s.moveClaims(b, p, moves) }, nil)
+	return s.commitMoves(p, ids, func(b *sortedBatch) ([]readyChange, error) { return s.moveClaims(b, p, moves) }, nil)
 }
 
 // ReleaseClaims ends claims in partition p's claimed index: each task goes
@@ -298,7 +304,7 @@ func (s *Store) ReleaseClaims(p uint16, ids []uint64) error {
 	for i, id := range ids {
 		moves[i] = IndexMove{ID: id}
 	}
-	return s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) { return s.moveClaims(b, p, moves) }, nil)
+	return s.commitMoves(p, ids, func(b *sortedBatch) ([]readyChange, error) { return s.moveClaims(b, p, moves) }, nil)
 }
 
 // PromoteDelayed moves up to limit delayed tasks of partition p whose
@@ -315,7 +321,7 @@ func (s *Store) PromoteDelayed(p uint16, limit int) (int, error) {
 		ids[i] = d.ID
 	}
 	moved := 0
-	err = s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) {
+	err = s.commitMoves(p, ids, func(b *sortedBatch) ([]readyChange, error) {
 		var changes []readyChange
 		for _, id := range ids {
 			ti, err := s.loadIndex(p, id)
@@ -341,18 +347,22 @@ func (s *Store) PromoteDelayed(p uint16, limit int) (int, error) {
 // it synced, and updates the head caches. fill may record digest changes
 // (deletions) in *digests, reported to the sinks after the commit; nil
 // digests for fills that change no digest.
-func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *pebble.Batch) ([]readyChange, error), digests *[]digestChange) error {
+func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *sortedBatch) ([]readyChange, error), digests *[]digestChange) error {
 	unlock := s.lockIDs(ids)
 	defer unlock()
-	b := s.db.NewBatch()
-	defer b.Close()
-	changes, err := fill(b)
+	var sb sortedBatch
+	changes, err := fill(&sb)
 	if err != nil {
 		return err
 	}
-	if b.Empty() {
+	if sb.Empty() {
 		return nil
 	}
+	b, err := sb.build(s.db)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("storage: commit: %w", err)
 	}
@@ -389,7 +399,7 @@ func (s *Store) loadIndex(p uint16, id uint64) (taskIndex, error) {
 // collapsed to their net effect: the last claim's expiry, or a release if
 // the last move releases a claim (held before or granted earlier in moves).
 // The caller holds the ids' locks.
-func (s *Store) moveClaims(b *pebble.Batch, p uint16, moves []IndexMove) ([]readyChange, error) {
+func (s *Store) moveClaims(b *sortedBatch, p uint16, moves []IndexMove) ([]readyChange, error) {
 	type net struct {
 		last       IndexMove
 		claimedYet bool // a claim precedes the last move
@@ -428,11 +438,11 @@ func (s *Store) moveClaims(b *pebble.Batch, p uint16, moves []IndexMove) ([]read
 			continue // not claimed: a release is a no-op
 		case ti.task == nil:
 			// Claimed before the task reached this replica: drop the meta.
-			if err := b.Delete(metaKey(p, id), nil); err != nil {
+			if err := b.Delete(metaKey(p, id)); err != nil {
 				return nil, err
 			}
 			if k := indexKey(p, id, ti.m, nil); k != nil {
-				if err := b.Delete(k, nil); err != nil {
+				if err := b.Delete(k); err != nil {
 					return nil, err
 				}
 			}

@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/cockroachdb/pebble/v2"
-
 	"github.com/norn-dev/norn/crdt"
 )
 
@@ -71,7 +69,7 @@ type readyChange struct {
 
 // moveIndex writes into b the new meta value and the index changes from
 // (old, oldSpec) to (new, newSpec). It returns the ready-index changes.
-func (s *Store) moveIndex(b *pebble.Batch, p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec) ([]readyChange, error) {
+func (s *Store) moveIndex(b *sortedBatch, p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec) ([]readyChange, error) {
 	oldKey, newKey := indexKey(p, id, old, oldSpec), indexKey(p, id, new, newSpec)
 	// Every write of a task (prepareMerge) or a meta comes here: raise the
 	// horizon before the batch is applied. A meta can be written for a
@@ -79,7 +77,7 @@ func (s *Store) moveIndex(b *pebble.Batch, p uint16, id uint64, old meta, oldSpe
 	if err := s.horizons.note(p, id); err != nil {
 		return nil, err
 	}
-	if err := b.Set(metaKey(p, id), new.encode(), nil); err != nil {
+	if err := b.Set(metaKey(p, id), new.encode()); err != nil {
 		return nil, err
 	}
 	return moveIndexKeys(b, p, old, oldSpec, oldKey, new, newSpec, newKey)
@@ -87,13 +85,13 @@ func (s *Store) moveIndex(b *pebble.Batch, p uint16, id uint64, old meta, oldSpe
 
 // moveIndexKeys replaces oldKey by newKey in the indexes, and returns the
 // ready-index changes.
-func moveIndexKeys(b *pebble.Batch, p uint16, old meta, oldSpec *crdt.Spec, oldKey []byte, new meta, newSpec *crdt.Spec, newKey []byte) ([]readyChange, error) {
+func moveIndexKeys(b *sortedBatch, p uint16, old meta, oldSpec *crdt.Spec, oldKey []byte, new meta, newSpec *crdt.Spec, newKey []byte) ([]readyChange, error) {
 	if bytes.Equal(oldKey, newKey) {
 		return nil, nil
 	}
 	var changes []readyChange
 	if oldKey != nil {
-		if err := b.Delete(oldKey, nil); err != nil {
+		if err := b.Delete(oldKey); err != nil {
 			return nil, err
 		}
 		if old.state == IndexReady {
@@ -101,7 +99,7 @@ func moveIndexKeys(b *pebble.Batch, p uint16, old meta, oldSpec *crdt.Spec, oldK
 		}
 	}
 	if newKey != nil {
-		if err := b.Set(newKey, nil, nil); err != nil {
+		if err := b.Set(newKey, nil); err != nil {
 			return nil, err
 		}
 		if new.state == IndexReady {

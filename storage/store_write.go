@@ -138,7 +138,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 	}
 
 	now := s.clock.Now().UnixMilli()
-	var batch *pebble.Batch
+	var sb sortedBatch
 	var changes []readyChange
 	var digests []digestChange
 	byKey := make(map[key]MergeResult, len(order))
@@ -186,15 +186,12 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 			continue // deleted by retention: not brought back
 		}
 		digests = append(digests, digestChange{p: k.p, id: k.id, old: res.OldDigest, had: res.Existed, new: res.NewDigest, has: true})
-		if batch == nil {
-			batch = s.db.NewBatch()
-		}
-		if err := batch.Set(taskKey(k.p, k.id), enc, nil); err != nil {
+		if err := sb.Set(taskKey(k.p, k.id), enc); err != nil {
 			return nil, nil, nil, nil, err
 		}
 		var dig [8]byte
 		binary.BigEndian.PutUint64(dig[:], res.NewDigest)
-		if err := batch.Set(segmentKey(k.p, Segment(k.id), k.id), dig[:], nil); err != nil {
+		if err := sb.Set(segmentKey(k.p, Segment(k.id), k.id), dig[:]); err != nil {
 			return nil, nil, nil, nil, err
 		}
 		var oldMeta meta
@@ -207,11 +204,17 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 				return nil, nil, nil, nil, err
 			}
 		}
-		if err := moveTerminalKey(batch, k.p, k.id, old, out); err != nil {
+		if err := moveTerminalKey(&sb, k.p, k.id, old, out); err != nil {
 			return nil, nil, nil, nil, err
 		}
 		newMeta := placeAfterMerge(oldMeta, oldSpec, out, now)
-		ins, err := s.moveIndex(batch, k.p, k.id, oldMeta, oldSpec, newMeta, out.Spec)
+		if old != nil && newMeta == oldMeta && sameIndexFields(oldSpec, out.Spec) {
+			// The task stays where it is (a completion of a claimed
+			// task, an update, a replayed state): its meta and index
+			// keys are written already.
+			continue
+		}
+		ins, err := s.moveIndex(&sb, k.p, k.id, oldMeta, oldSpec, newMeta, out.Spec)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}
@@ -220,6 +223,13 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 	results := make([]MergeResult, len(items))
 	for i, it := range items {
 		results[i] = byKey[key{it.Partition, it.Task.ID}]
+	}
+	if sb.Empty() {
+		return results, nil, changes, digests, nil
+	}
+	batch, err := sb.build(s.db)
+	if err != nil {
+		return nil, nil, nil, nil, err
 	}
 	return results, batch, changes, digests, nil
 }
@@ -236,7 +246,7 @@ func terminalKey(p uint16, t *crdt.Task) []byte {
 
 // moveTerminalKey keeps the retention index in step with a merge (an
 // earlier terminal event arriving later moves the key).
-func moveTerminalKey(b *pebble.Batch, p uint16, id uint64, old *StoredTask, out *crdt.Task) error {
+func moveTerminalKey(b *sortedBatch, p uint16, id uint64, old *StoredTask, out *crdt.Task) error {
 	var oldKey []byte
 	if old != nil {
 		oldKey = terminalKey(p, old.Task)
@@ -246,12 +256,12 @@ func moveTerminalKey(b *pebble.Batch, p uint16, id uint64, old *StoredTask, out 
 		return nil
 	}
 	if oldKey != nil {
-		if err := b.Delete(oldKey, nil); err != nil {
+		if err := b.Delete(oldKey); err != nil {
 			return err
 		}
 	}
 	if newKey != nil {
-		return b.Set(newKey, nil, nil)
+		return b.Set(newKey, nil)
 	}
 	return nil
 }
@@ -268,7 +278,7 @@ func (s *Store) TerminalBefore(p uint16, ms int64, limit int) ([]DueEntry, error
 // are the FSM's to delete (through Raft). Missing ids are skipped.
 func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 	var digests []digestChange
-	return s.commitMoves(p, ids, func(b *pebble.Batch) ([]readyChange, error) {
+	return s.commitMoves(p, ids, func(b *sortedBatch) ([]readyChange, error) {
 		var changes []readyChange
 		for _, id := range ids {
 			ti, err := s.loadIndex(p, id)
@@ -284,21 +294,21 @@ func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 				digests = append(digests, digestChange{p: p, id: id, old: ti.digest, had: true})
 				for _, k := range [][]byte{taskKey(p, id), segmentKey(p, Segment(id), id), terminalKey(p, ti.task)} {
 					if k != nil {
-						if err := b.Delete(k, nil); err != nil {
+						if err := b.Delete(k); err != nil {
 							return nil, err
 						}
 					}
 				}
 			}
 			if k := indexKey(p, id, ti.m, spec); k != nil {
-				if err := b.Delete(k, nil); err != nil {
+				if err := b.Delete(k); err != nil {
 					return nil, err
 				}
 				if ti.m.state == IndexReady {
 					changes = append(changes, readyChange{p: p, queue: spec.Queue, key: k})
 				}
 			}
-			if err := b.Delete(metaKey(p, id), nil); err != nil {
+			if err := b.Delete(metaKey(p, id)); err != nil {
 				return nil, err
 			}
 		}
