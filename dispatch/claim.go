@@ -74,18 +74,52 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 	var settle <-chan time.Time
 	var settleIn time.Duration // the delay of the pending look
 	wokeUp := false
+	// While some partition that holds ready tasks of the queue has no
+	// reachable leader (an election, a leader that died), the claim looks
+	// again every monitor interval; if its wait ends so, it answers
+	// UNAVAILABLE rather than an empty list that a worker would take for
+	// an empty queue.
+	var leaderPoll *time.Ticker
+	defer func() {
+		if leaderPoll != nil {
+			leaderPoll.Stop()
+		}
+	}()
 	for {
 		woken := d.waiters.wait(m.GetQueue()) // before trying: no lost wake-up
 		got, err := d.tryClaim(m.GetQueue(), m.GetWorker(), req.Lease, limit, claimProposeTimeout(ctx))
+		var answered map[string]bool // the nodes that answered a proxied claim
+		var strandedElsewhere, unreachable error
 		if err == nil && len(got) < limit && !proxied && len(r.Nodes) > 1 {
-			more, perr := d.proxyClaim(ctx, m, limit-len(got))
+			var more []*nornv1.ClaimedTask
+			var perr error
+			more, answered, strandedElsewhere, perr = d.proxyClaim(ctx, m, limit-len(got))
 			got = append(got, more...)
 			if len(got) == 0 && perr != nil && !d.leadsAny() {
-				err = perr
+				unreachable = perr
 			}
 		}
-		if err != nil || len(got) > 0 || wait <= 0 {
+		if err != nil || len(got) > 0 {
 			return got, err
+		}
+		// Nothing claimed: is the queue empty, or out of reach?
+		var why error
+		if parts := d.stranded(m.GetQueue(), answered, proxied); len(parts) > 0 {
+			why = strandedError(m.GetQueue(), parts)
+		} else if strandedElsewhere != nil {
+			why = strandedElsewhere
+		} else {
+			why = unreachable
+		}
+		if wait <= 0 {
+			return nil, why
+		}
+		if why != nil && leaderPoll == nil {
+			leaderPoll = time.NewTicker(d.cfg.MonitorInterval)
+		}
+		var leaderPollC <-chan time.Time
+		if leaderPoll != nil {
+			leaderPollC = leaderPoll.C
 		}
 		if wokeUp && len(r.Nodes) > 1 {
 			settleIn = d.cfg.MonitorInterval
@@ -102,6 +136,7 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 				settle = time.After(settleIn)
 			}
 		case <-recheck:
+		case <-leaderPollC:
 		case <-timer.C:
 			wait = 0 // one last try
 		case <-ctx.Done():
@@ -130,12 +165,14 @@ func (d *Dispatcher) leadsAny() bool {
 const proxyTimeout = 3 * time.Second
 
 // proxyClaim asks the other live nodes, in random order, for up to limit
-// tasks from the partitions they lead. It returns an error only when no
-// node answered.
-func (d *Dispatcher) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, limit int) ([]*nornv1.ClaimedTask, error) {
+// tasks from the partitions they lead. It returns the nodes that answered,
+// and stranded: a node's refusal because partitions of its own with ready
+// tasks have no reachable leader. It returns an error only when no node
+// answered.
+func (d *Dispatcher) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, limit int) (out []*nornv1.ClaimedTask, answeredBy map[string]bool, stranded, err error) {
 	r := d.host.Ring()
 	alive := d.host.Alive()
-	var out []*nornv1.ClaimedTask
+	answeredBy = map[string]bool{}
 	var lastErr error
 	answered := 0
 	for _, i := range rand.Perm(len(r.Nodes)) {
@@ -148,9 +185,18 @@ func (d *Dispatcher) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, lim
 		resp, err := d.peers.Get(nd.APIAddr).Tasks.Claim(cctx, transport.Forwarded(fwd, 0))
 		cancel()
 		if err != nil {
+			if isStranded(err) {
+				// It answered: what it leads had nothing, and some of
+				// its other partitions have no reachable leader.
+				answeredBy[string(nd.ID)] = true
+				answered++
+				stranded = err
+				continue
+			}
 			lastErr = err
 			continue
 		}
+		answeredBy[string(nd.ID)] = true
 		answered++
 		out = append(out, resp.Msg.GetTasks()...)
 	}
@@ -159,9 +205,9 @@ func (d *Dispatcher) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, lim
 		if lastErr != nil {
 			why = apierr.Message(lastErr)
 		}
-		return out, connect.NewError(connect.CodeUnavailable, fmt.Errorf("no partition leader reachable: %s", why))
+		return out, answeredBy, stranded, connect.NewError(connect.CodeUnavailable, fmt.Errorf("no partition leader reachable: %s", why))
 	}
-	return out, nil
+	return out, answeredBy, stranded, nil
 }
 
 // claimProposeTimeout bounds a claim's proposals: replicas.ProposeTimeout, or less
