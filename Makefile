@@ -13,7 +13,7 @@ MODULE      := github.com/norn-dev/norn
 CORE_PKGS   := ./crdt/... ./ring/... ./faultfs/... ./storage/... ./claims/... ./cluster/... ./antientropy/... ./transport/... ./client/... ./apierr/... ./replicas/... ./coord/... ./dispatch/... ./server/... ./rebalance/... ./node/...
 BIN         := bin
 
-.PHONY: all build test test-core test-rest test-stress lint fmt proto proto-check bench bench-move fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
+.PHONY: all build test test-core test-rest test-stress lint fmt proto proto-check bench bench-move bench-peers fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
 
 all: build
 
@@ -39,6 +39,8 @@ test-rest:
 test-stress:
 	bash scripts/test-stress.sh
 
+# bench/ is a module of its own (make bench-peers), outside ./...: lint
+# vets it too, so that a client change that breaks its driver shows here.
 lint: proto-check
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
@@ -47,6 +49,7 @@ lint: proto-check
 	echo "run: go run $(GOIMPORTS) -local $(MODULE) -w <file>"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+	cd bench && $(GO) vet ./...
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
@@ -80,6 +83,16 @@ bench:
 MODE ?= partition
 bench-move: build
 	BIN=$(BIN) bash scripts/bench-move.sh $(MODE)
+
+# Norn next to NATS JetStream, both 3-node clusters on loopback with every
+# write fsynced, the same workloads through each one's Go client, RUNS
+# rounds interleaved; prints a table of medians (tasks/s, p99, server CPU
+# per task). The driver is the separate module bench/ (the main module does
+# not depend on NATS); nats-server is installed into bin/ with go install.
+# Knobs: RUNS N INFLIGHT WORKERS PAYLOAD OUT NORND_ARGS (scripts/bench-peers.sh).
+# It runs on make cluster's ports: stop that one first.
+bench-peers: build
+	BIN=$(BIN) bash scripts/bench-peers.sh
 
 # A short coverage-guided fuzz run of every decoder.
 FUZZTIME ?= 30s
