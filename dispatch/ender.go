@@ -39,7 +39,7 @@ func (e *ender) add(p uint16, end claims.End) {
 // endLinger is how long the ender collects ends before a round: with many
 // partitions, ends that arrive one by one would otherwise each cost a Raft
 // entry. Nothing waits for an end (see ender), so the delay costs nothing.
-const endLinger = 20 * time.Millisecond
+const endLinger = 200 * time.Millisecond
 
 // run proposes queued ends until stop is closed, then proposes what is left.
 func (e *ender) run(stop <-chan struct{}) {
