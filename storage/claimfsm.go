@@ -108,6 +108,7 @@ func (s *Store) ApplyClaimFSM(p uint16, u ClaimFSMUpdate, sync bool) error {
 	if err := b.Commit(opts); err != nil {
 		return fmt.Errorf("storage: commit claim FSM of partition %d: %w", p, err)
 	}
+	s.rows.apply(sb.ops)
 	unlock()
 	s.noteReadyChanges(changes)
 	return nil
@@ -279,6 +280,7 @@ func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, l
 	if err := b.Commit(pebble.Sync); err != nil {
 		return err
 	}
+	s.rows.apply(sb.ops)
 	unlock()
 	s.noteReadyChanges(changes)
 	return nil
@@ -369,6 +371,7 @@ func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *sortedBatch) ([
 	if digests != nil {
 		s.notifyDigests(*digests)
 	}
+	s.rows.apply(sb.ops)
 	unlock()
 	s.noteReadyChanges(changes)
 	return nil
@@ -383,16 +386,21 @@ type taskIndex struct {
 	metaFound bool
 }
 
+// loadIndex reads what moveClaims needs of id. The caller holds id's
+// stripe lock.
 func (s *Store) loadIndex(p uint16, id uint64) (taskIndex, error) {
-	st, err := s.getTask(p, id)
-	if err == nil {
-		return taskIndex{task: st.Task, digest: st.Digest, m: meta{state: st.Index, expiryMs: st.ExpiryMs}, metaFound: true}, nil
-	}
-	if !errors.Is(err, ErrNotFound) {
+	r, err := s.readRow(p, id)
+	if err != nil {
 		return taskIndex{}, err
 	}
-	m, found, err := s.getMeta(p, id)
-	return taskIndex{m: m, metaFound: found}, err
+	if r.enc == nil {
+		return taskIndex{m: r.m, metaFound: r.mFound}, nil
+	}
+	st, err := r.storedTask(p, id)
+	if err != nil {
+		return taskIndex{}, err
+	}
+	return taskIndex{task: st.Task, digest: st.Digest, m: r.m, metaFound: true}, nil
 }
 
 // moveClaims writes the claimed-index moves into b. Moves of one id are

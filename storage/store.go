@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"sync"
@@ -24,6 +25,9 @@ type Config struct {
 	Clock crdt.Clock
 	// CacheBytes is Pebble's block cache size. Default 64 MiB.
 	CacheBytes int64
+	// TaskCacheRows bounds the tasks whose stored state and index state
+	// are kept in memory (see rowCache). 0: 65,536; negative: none.
+	TaskCacheRows int
 	// Logger receives Pebble's log output; nil discards informational
 	// messages and keeps errors on standard error.
 	Logger pebble.Logger
@@ -77,6 +81,8 @@ type Store struct {
 	deleteHorizon  deleteHorizon
 	recordHorizons idHorizons // ids above which no claim FSM record is stored
 
+	rows *rowCache // nil when Config.TaskCacheRows < 0
+
 	headsMu      sync.Mutex
 	heads        map[queueKey]*readyHead
 	headCacheLen int // keys per queue head cache; tests lower it
@@ -125,7 +131,11 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("storage: open %s: %w", cfg.Dir, err)
 	}
-	return &Store{db: db, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen,
+	var rows *rowCache
+	if cfg.TaskCacheRows >= 0 {
+		rows = newRowCache(cmp.Or(cfg.TaskCacheRows, defaultRowCacheRows))
+	}
+	return &Store{db: db, rows: rows, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen,
 		horizons: idHorizons{db: db, spans: stateSpans}, recordHorizons: idHorizons{db: db, spans: recordSpans}}, nil
 }
 
@@ -154,6 +164,7 @@ func (s *Store) DropPartition(p uint16) error {
 	if err := s.db.DeleteRange(start, end, pebble.Sync); err != nil {
 		return fmt.Errorf("storage: drop partition %d: %w", p, err)
 	}
+	s.rows.dropPartition(p)
 	s.headsMu.Lock()
 	for k := range s.heads {
 		if k.p == p {

@@ -63,7 +63,7 @@ func TestCrashKeepsAckedWrites(t *testing.T) {
 			// be consistent too.
 			for i := range 20 {
 				id := uint64(90000 + i)
-				_, b, _, _, err := s.prepareMerge([]MergeItem{{Partition: uint16(id % 4), Task: newTask(id, "q", 0)}})
+				_, b, _, _, _, err := s.prepareMerge([]MergeItem{{Partition: uint16(id % 4), Task: newTask(id, "q", 0)}})
 				if err != nil {
 					t.Fatal(err)
 				}

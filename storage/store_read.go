@@ -30,6 +30,12 @@ func (s *Store) GetTask(p uint16, id uint64) (*StoredTask, error) {
 // ErrNotFound: one point read, for callers that need neither the digest
 // nor the index state (the node's request paths).
 func (s *Store) TaskState(p uint16, id uint64) (*crdt.Task, error) {
+	if r, ok := s.rows.lookup(p, id); ok {
+		if r.enc == nil {
+			return nil, ErrNotFound
+		}
+		return decodeTaskState(taskKey(p, id), id, r.enc)
+	}
 	enc, err := s.get(taskKey(p, id))
 	if err != nil {
 		return nil, err
@@ -49,12 +55,11 @@ func decodeTaskState(key []byte, id uint64, enc []byte) (*crdt.Task, error) {
 }
 
 func (s *Store) getTask(p uint16, id uint64) (*StoredTask, error) {
+	if r, ok := s.rows.lookup(p, id); ok {
+		return r.storedTask(p, id)
+	}
 	key := taskKey(p, id)
 	enc, err := s.get(key)
-	if err != nil {
-		return nil, err
-	}
-	st, err := decodeTask(p, key, enc)
 	if err != nil {
 		return nil, err
 	}
@@ -62,10 +67,47 @@ func (s *Store) getTask(p uint16, id uint64) (*StoredTask, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !found {
+	return row{enc: enc, m: m, mFound: found}.storedTask(p, id)
+}
+
+// readRow reads what id's task and meta keys hold, from the row cache or
+// from Pebble. The caller holds id's stripe lock: a row read from Pebble
+// goes into the cache.
+func (s *Store) readRow(p uint16, id uint64) (row, error) {
+	if r, ok := s.rows.lookup(p, id); ok {
+		return r, nil
+	}
+	gen := s.rows.gen(p)
+	enc, err := s.get(taskKey(p, id))
+	switch {
+	case errors.Is(err, ErrNotFound):
+		enc = nil
+	case err != nil:
+		return row{}, err
+	}
+	m, found, err := s.getMeta(p, id)
+	if err != nil {
+		return row{}, err
+	}
+	r := row{enc: enc, m: m, mFound: found}
+	s.rows.fill(p, id, r, gen)
+	return r, nil
+}
+
+// storedTask decodes a row that holds a task; ErrNotFound when it holds
+// none.
+func (r row) storedTask(p uint16, id uint64) (*StoredTask, error) {
+	if r.enc == nil {
+		return nil, ErrNotFound
+	}
+	st, err := decodeTask(p, taskKey(p, id), r.enc)
+	if err != nil {
+		return nil, err
+	}
+	if !r.mFound {
 		return nil, corrupt(metaKey(p, id), "missing meta of a stored task")
 	}
-	st.Index, st.ExpiryMs = m.state, m.expiryMs
+	st.Index, st.ExpiryMs = r.m.state, r.m.expiryMs
 	return st, nil
 }
 
@@ -73,6 +115,9 @@ func (s *Store) getTask(p uint16, id uint64) (*StoredTask, error) {
 // before the task's state reaches this replica, so meta may exist without a
 // task; a task never exists without meta.
 func (s *Store) getMeta(p uint16, id uint64) (m meta, found bool, err error) {
+	if r, ok := s.rows.lookup(p, id); ok {
+		return r.m, r.mFound, nil
+	}
 	mv, err := s.get(metaKey(p, id))
 	switch {
 	case errors.Is(err, ErrNotFound):

@@ -3,7 +3,6 @@ package storage
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -66,7 +65,7 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 	unlockIDs := s.lockIDs(ids)
 	unlock := func() { unlockIDs(); s.dropMu.RUnlock() }
 
-	results, batch, changes, digests, err := s.prepareMerge(items)
+	results, batch, ops, changes, digests, err := s.prepareMerge(items)
 	if err != nil {
 		unlock()
 		return nil, err
@@ -95,6 +94,7 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 	}
 	if err == nil {
 		s.notifyDigests(digests)
+		s.rows.apply(ops)
 	}
 	unlock()
 	if err == nil {
@@ -112,7 +112,7 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 
 // prepareMerge reads the stored states, joins, and builds the batch. It
 // returns a nil batch when no state changed. The caller holds the stripes.
-func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, []readyChange, []digestChange, error) {
+func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, []batchOp, []readyChange, []digestChange, error) {
 	type key struct {
 		p  uint16
 		id uint64
@@ -131,7 +131,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		}
 		j, conflict, err := crdt.Join(prev, it.Task)
 		if err != nil {
-			return nil, nil, nil, nil, err
+			return nil, nil, nil, nil, nil, err
 		}
 		merged[k] = j
 		conflicts[k] = conflicts[k] || conflict
@@ -147,7 +147,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 	for i, k := range order {
 		var err error
 		if unseen[i], err = s.horizons.above(k.p, k.id); err != nil {
-			return nil, nil, nil, nil, err
+			return nil, nil, nil, nil, nil, err
 		}
 	}
 	for i, k := range order {
@@ -155,13 +155,15 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		res := MergeResult{ID: k.id, SpecConflict: conflicts[k]}
 		var old *StoredTask
 		var err error
+		var stored row // what the task's keys hold; zero when unseen
 		if !unseen[i] {
-			old, err = s.getTask(k.p, k.id)
-			switch {
-			case errors.Is(err, ErrNotFound):
-				old = nil
-			case err != nil:
-				return nil, nil, nil, nil, err
+			if stored, err = s.readRow(k.p, k.id); err != nil {
+				return nil, nil, nil, nil, nil, err
+			}
+			if stored.enc != nil {
+				if old, err = stored.storedTask(k.p, k.id); err != nil {
+					return nil, nil, nil, nil, nil, err
+				}
 			}
 		}
 		out := in
@@ -169,7 +171,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 			res.Existed, res.OldDigest = true, old.Digest
 			j, conflict, err := crdt.Join(old.Task, in)
 			if err != nil {
-				return nil, nil, nil, nil, err
+				return nil, nil, nil, nil, nil, err
 			}
 			out = j
 			res.SpecConflict = res.SpecConflict || conflict
@@ -187,25 +189,23 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		}
 		digests = append(digests, digestChange{p: k.p, id: k.id, old: res.OldDigest, had: res.Existed, new: res.NewDigest, has: true})
 		if err := sb.Set(taskKey(k.p, k.id), enc); err != nil {
-			return nil, nil, nil, nil, err
+			return nil, nil, nil, nil, nil, err
 		}
 		var dig [8]byte
 		binary.BigEndian.PutUint64(dig[:], res.NewDigest)
 		if err := sb.Set(segmentKey(k.p, Segment(k.id), k.id), dig[:]); err != nil {
-			return nil, nil, nil, nil, err
+			return nil, nil, nil, nil, nil, err
 		}
 		var oldMeta meta
 		var oldSpec *crdt.Spec
 		if old != nil {
 			oldMeta = meta{state: old.Index, expiryMs: old.ExpiryMs}
 			oldSpec = old.Task.Spec
-		} else if !unseen[i] {
-			if oldMeta, _, err = s.getMeta(k.p, k.id); err != nil {
-				return nil, nil, nil, nil, err
-			}
+		} else {
+			oldMeta = stored.m
 		}
 		if err := moveTerminalKey(&sb, k.p, k.id, old, out); err != nil {
-			return nil, nil, nil, nil, err
+			return nil, nil, nil, nil, nil, err
 		}
 		newMeta := placeAfterMerge(oldMeta, oldSpec, out, now)
 		if old != nil && newMeta == oldMeta && sameIndexFields(oldSpec, out.Spec) {
@@ -216,7 +216,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		}
 		ins, err := s.moveIndex(&sb, k.p, k.id, oldMeta, oldSpec, newMeta, out.Spec)
 		if err != nil {
-			return nil, nil, nil, nil, err
+			return nil, nil, nil, nil, nil, err
 		}
 		changes = append(changes, ins...)
 	}
@@ -225,13 +225,13 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		results[i] = byKey[key{it.Partition, it.Task.ID}]
 	}
 	if sb.Empty() {
-		return results, nil, changes, digests, nil
+		return results, nil, nil, changes, digests, nil
 	}
 	batch, err := sb.build(s.db)
 	if err != nil {
-		return nil, nil, nil, nil, err
+		return nil, nil, nil, nil, nil, err
 	}
-	return results, batch, changes, digests, nil
+	return results, batch, sb.ops, changes, digests, nil
 }
 
 // terminalKey is the retention index key of a terminal task: the wall time

@@ -1,0 +1,135 @@
+package storage
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/norn-dev/norn/crdt"
+)
+
+// diskRow reads id's task and meta keys from Pebble, past the row cache.
+func diskRow(t *testing.T, s *Store, p uint16, id uint64) row {
+	t.Helper()
+	enc, err := s.get(taskKey(p, id))
+	if errors.Is(err, ErrNotFound) {
+		enc = nil
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	r := row{enc: enc}
+	mv, err := s.get(metaKey(p, id))
+	if err == nil {
+		m, ok := decodeMeta(mv)
+		if !ok {
+			t.Fatalf("bad meta %x", mv)
+		}
+		r.m, r.mFound = m, true
+	} else if !errors.Is(err, ErrNotFound) {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// The row cache never disagrees with the disk: random merges (new tasks,
+// updates, terminal events), claim FSM moves, releases, deletions and
+// partition drops, with every id checked after every step; and the cache
+// answers reads (it is not empty throughout).
+func TestRowCacheFollowsWrites(t *testing.T) {
+	s, clk := memStore(t)
+	rng := rand.New(rand.NewPCG(7, 11))
+	const ids = 24
+	part := func(id uint64) uint16 { return uint16(id % 2) }
+	hits := 0
+	for step := range 3000 {
+		id := uint64(rng.IntN(ids) + 1)
+		p := part(id)
+		var err error
+		switch op := rng.IntN(10); op {
+		case 0, 1:
+			_, err = s.MergeTask(p, newTask(id, "q", int32(rng.IntN(3))))
+		case 2:
+			_, err = s.MergeTask(p, &crdt.Task{ID: id, Updates: []crdt.Update{{At: crdt.Timestamp{WallMs: clk.ms + int64(step), Node: 1}, Claim: 1, Seq: uint64(step), Progress: 0.5, Data: []byte{byte(step)}}}})
+		case 3:
+			_, err = s.MergeTask(p, &crdt.Task{ID: id, Terminals: []crdt.Terminal{{Kind: crdt.Completed, At: crdt.Timestamp{WallMs: clk.ms + int64(step), Node: 1}, Claim: uint64(step)}}})
+		case 4:
+			err = s.MarkClaimed(p, []ClaimMark{{ID: id, ExpiryMs: clk.ms + int64(rng.IntN(1000))}})
+		case 5:
+			err = s.ReleaseClaims(p, []uint64{id})
+		case 6:
+			err = s.ApplyClaimFSM(p, ClaimFSMUpdate{AppliedIndex: uint64(step), Moves: []IndexMove{{ID: id, Claimed: rng.IntN(2) == 0, ExpiryMs: clk.ms + 5}}}, false)
+		case 7:
+			err = s.DeleteTasks(p, []uint64{id})
+		case 8:
+			// A locked read fills the cache; a lock-free one only looks.
+			unlock := s.lockIDs([]uint64{id})
+			_, err = s.loadIndex(p, id)
+			unlock()
+			if err == nil {
+				_, err = s.TaskState(p, id)
+				if errors.Is(err, ErrNotFound) {
+					err = nil
+				}
+			}
+		case 9:
+			if rng.IntN(20) == 0 {
+				if err = s.DropPartition(p); err == nil {
+					s.ReopenPartition(p)
+				}
+			}
+		}
+		if err != nil && !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("step %d op on %d: %v", step, id, err)
+		}
+		for i := uint64(1); i <= ids; i++ {
+			c, ok := s.rows.lookup(part(i), i)
+			if !ok {
+				continue
+			}
+			hits++
+			d := diskRow(t, s, part(i), i)
+			if !bytes.Equal(c.enc, d.enc) || c.m != d.m || c.mFound != d.mFound {
+				t.Fatalf("step %d: task %d cached %+v, on disk %+v", step, i, c, d)
+			}
+		}
+	}
+	if hits == 0 {
+		t.Fatal("the cache never held a row")
+	}
+}
+
+// A fill that read before a partition drop does not bring the dropped
+// rows back.
+func TestRowCacheDropBeatsStaleFill(t *testing.T) {
+	s, _ := memStore(t)
+	mustMerge(t, s, 3, newTask(5, "q", 0))
+	s.rows.dropPartition(3) // start uncached
+	gen := s.rows.gen(3)
+	r := diskRow(t, s, 3, 5)
+	if err := s.DropPartition(3); err != nil {
+		t.Fatal(err)
+	}
+	s.rows.fill(3, 5, r, gen)
+	if _, ok := s.rows.lookup(3, 5); ok {
+		t.Fatal("a fill from before the drop was cached")
+	}
+	if _, err := s.GetTask(3, 5); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("dropped task read back: %v", err)
+	}
+}
+
+// The cache stays within its bound.
+func TestRowCacheBounded(t *testing.T) {
+	c := newRowCache(rowShards * 4)
+	for id := range uint64(10_000) {
+		c.fill(0, id, row{enc: []byte{1}, mFound: true}, 0)
+	}
+	n := 0
+	for i := range c.shards {
+		n += len(c.shards[i].rows)
+	}
+	if n > rowShards*4 {
+		t.Fatalf("%d rows cached, bound %d", n, rowShards*4)
+	}
+}
