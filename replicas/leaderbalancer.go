@@ -202,7 +202,15 @@ func (b *LeaderBalancer) Pass() {
 	}
 	for {
 		tr, ok := DecideLeaderTransfer(v)
-		if !ok || !b.limit.AllowN(b.cfg.Now(), 1) {
+		if !ok {
+			return
+		}
+		if !groups[tr.Partition].IsLeader() { // lost it meanwhile (an election)
+			delete(v.Led, tr.Partition)
+			v.Leads[b.cfg.NodeID]--
+			continue
+		}
+		if !b.limit.AllowN(b.cfg.Now(), 1) {
 			return
 		}
 		i := slices.IndexFunc(voters[tr.Partition], func(s claims.Server) bool { return s.ID == tr.To })
