@@ -314,6 +314,16 @@ func (g *Group) IsLeader() bool { return g.raft.State() == raft.Leader }
 // transfer fails (hashicorp/raft's LeadershipTransfer).
 func (g *Group) TransferLeadership() error { return g.raft.LeadershipTransfer().Error() }
 
+// TransferLeadershipTo hands the leadership to the voter id (at Raft
+// address addr) and waits until this replica has stepped down, or the
+// transfer failed: id did not catch up or win within the election
+// timeout, or this replica does not lead (hashicorp/raft's
+// LeadershipTransferToServer). While it runs the group refuses new
+// proposals (ErrNotLeader).
+func (g *Group) TransferLeadershipTo(id, addr string) error {
+	return g.raft.LeadershipTransferToServer(raft.ServerID(id), raft.ServerAddress(addr)).Error()
+}
+
 // LeaderCh delivers true when this replica gains leadership and false when
 // it loses it (see raft.Raft.LeaderCh).
 func (g *Group) LeaderCh() <-chan bool { return g.raft.LeaderCh() }

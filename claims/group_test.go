@@ -542,3 +542,23 @@ func TestGroupMayLead(t *testing.T) {
 		t.Fatalf("allowed claim: %+v", outs)
 	}
 }
+
+// TestGroupTransferLeadershipTo: the leader hands its leadership to the
+// voter named, which leads next.
+func TestGroupTransferLeadershipTo(t *testing.T) {
+	ns, _ := startCohort(t)
+	l := settledLeader(t, ns)
+	to := (l + 2) % len(ns)
+	id := fmt.Sprintf("n%d", to+1)
+	if err := ns[l].group.TransferLeadershipTo(id, id); err != nil {
+		t.Fatalf("transfer from n%d to %s: %v", l+1, id, err)
+	}
+	waitUntil(t, id+" to lead", func() bool { return ns[to].group.IsLeader() })
+	if ns[l].group.IsLeader() {
+		t.Fatal("the old leader still leads")
+	}
+	// A follower cannot hand over what it does not hold.
+	if err := ns[l].group.TransferLeadershipTo(id, id); err == nil {
+		t.Fatal("a follower's transfer succeeded")
+	}
+}

@@ -5,7 +5,8 @@
 // the meta Raft group that holds it (Meta).
 //
 // Membership gossips each node's metadata (NodeMeta: node id, cluster id,
-// API and Raft addresses, ring epoch, version) and liveness. It never
+// API and Raft addresses, ring epoch, version, and the count of partitions
+// it leads for the leader balancer) and liveness. It never
 // decides placement: gossip failure alone moves nothing. memberlist calls
 // its delegates from its own goroutines, which must never block, so
 // Membership only records the change and signals a buffered channel of

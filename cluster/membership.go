@@ -34,6 +34,22 @@ type NodeMeta struct {
 	// tell a node that left from one that died (memberlist's events do
 	// not say which).
 	Leaving bool `json:"leaving,omitempty"`
+	// Leaders is the node's last word on the partition groups it leads
+	// (the leader balancer's input, replicas.LeaderBalancer); zero before
+	// it has said any, and from a node that predates leader balancing.
+	Leaders LeaderMeta `json:"leaders,omitzero"`
+}
+
+// LeaderMeta is what a node gossips about its partition leaderships.
+type LeaderMeta struct {
+	// Count is how many partition groups the node leads.
+	Count int `json:"n"`
+	// NoLead is set while the node may not lead (its clock guard
+	// refuses): no one hands it a leadership.
+	NoLead bool `json:"no,omitempty"`
+	// Seq grows by one with every change the node gossips (from 1 at
+	// every start), so a reader tells a newer word from one it has seen.
+	Seq uint64 `json:"seq"`
 }
 
 // MemberState is a member's liveness as gossip sees it.

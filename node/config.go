@@ -92,6 +92,23 @@ type Config struct {
 	// AutoDeadAfter is how long a member must be dead, as gossip sees it,
 	// before AutoRebalance replaces it. Default 10 min.
 	AutoDeadAfter time.Duration
+	// LeaderBalanceInterval is how often the node compares the partition
+	// leaderships it and the others hold with their fair shares, gossips
+	// its own count and, when it leads too many, hands leaderships over
+	// (replicas.LeaderBalancer). Default 1 s.
+	LeaderBalanceInterval time.Duration
+	// LeaderBalanceRate bounds the leadership transfers this node starts
+	// to balance leaderships, per second on average (in bursts of at most
+	// rate x interval, one at a time). Default 2.
+	LeaderBalanceRate float64
+	// LeaderBalanceTolerance is how far, as a fraction of its fair share,
+	// a node's count of leaderships may be from it before leaderships
+	// move (rounded outwards to the integers around the share for small
+	// counts). Default 0.2 (-+20%).
+	LeaderBalanceTolerance float64
+	// NoLeaderBalance turns the handing over off: the node still gossips
+	// its count (Status shows every node's) but moves no leadership.
+	NoLeaderBalance bool
 	// AntiEntropyTimeout bounds one exchange with one peer. Default 30 s.
 	AntiEntropyTimeout time.Duration
 	// AntiEntropyRate bounds the bytes per second anti-entropy sends and
@@ -197,6 +214,13 @@ func (c *Config) setDefaults() {
 	}
 	def(&c.MoveTargetTimeout, 2*time.Minute)
 	def(&c.AutoDeadAfter, 10*time.Minute)
+	def(&c.LeaderBalanceInterval, time.Second)
+	if c.LeaderBalanceRate == 0 {
+		c.LeaderBalanceRate = 2
+	}
+	if c.LeaderBalanceTolerance == 0 {
+		c.LeaderBalanceTolerance = 0.2
+	}
 	if c.TreeLeafBits == 0 {
 		c.TreeLeafBits = antientropy.DefaultLeafBits
 	}
@@ -244,6 +268,10 @@ func (c *Config) Validate() error {
 		return errors.New("node: monitor interval, claim recheck and max wait must not be negative")
 	case c.MaxMovesPerNode < 0 || c.MoveRate < 0 || c.MoveTargetTimeout < 0 || c.AutoDeadAfter < 0:
 		return errors.New("node: max moves per node, move rate, move target timeout and auto dead after must not be negative")
+	case c.LeaderBalanceInterval < 0 || c.LeaderBalanceRate < 0:
+		return errors.New("node: leader balance interval and rate must not be negative")
+	case c.LeaderBalanceTolerance <= 0 || c.LeaderBalanceTolerance >= 1:
+		return fmt.Errorf("node: leader balance tolerance %g: want above 0 and below 1", c.LeaderBalanceTolerance)
 	case c.AntiEntropyInterval < 0 || c.AntiEntropySettle < 0 || c.AntiEntropyTimeout < 0 || c.AntiEntropyRate < 0:
 		return errors.New("node: anti-entropy interval, settle, timeout and rate must not be negative")
 	case c.TreeLeafBits < antientropy.MinLeafBits || c.TreeLeafBits > antientropy.MaxLeafBits:

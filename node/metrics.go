@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -98,6 +100,7 @@ func (n *Node) writeMetrics(w io.Writer) {
 	}
 	counter("norn_clock_out_of_bound_total", "Times this node's clock went beyond max_clock_offset from the cluster median.", outs)
 	counter("norn_clock_leadership_handovers_total", "Leadership transfers this node started because its clock was out of bound.", transfers)
+	n.writeLeaderMetrics(w, counter)
 	epoch := uint64(0)
 	if r := n.host.Ring(); r != nil {
 		epoch = r.Epoch
@@ -158,4 +161,22 @@ func (n *Node) writeAntiEntropyMetrics(w io.Writer, counter func(string, string,
 	for _, p := range parts {
 		fmt.Fprintf(w, "norn_antientropy_last_converged_seconds{partition=\"%d\"} %d\n", p, converged[p].Unix())
 	}
+}
+
+// writeLeaderMetrics writes every node's partition leaderships and fair
+// share as the leader balancer last saw them, and its counters.
+func (n *Node) writeLeaderMetrics(w io.Writer, counter func(string, string, uint64)) {
+	loads := n.host.LeaderLoads()
+	ids := slices.Sorted(maps.Keys(loads))
+	fmt.Fprintf(w, "# HELP norn_partition_leaders Partition groups each node leads, as this node's leader balancer last saw them (its own exactly).\n# TYPE norn_partition_leaders gauge\n")
+	for _, id := range ids {
+		fmt.Fprintf(w, "norn_partition_leaders{node=%q} %d\n", id, loads[id].Leads)
+	}
+	fmt.Fprintf(w, "# HELP norn_partition_leader_share Each node's fair share of the partition leaderships (0 for a node that may not lead).\n# TYPE norn_partition_leader_share gauge\n")
+	for _, id := range ids {
+		fmt.Fprintf(w, "norn_partition_leader_share{node=%q} %g\n", id, loads[id].Share)
+	}
+	s := n.host.LeaderBalanceStats()
+	counter("norn_leader_balance_transfers_total", "Leadership transfers this node started to balance leaderships.", s.Transfers)
+	counter("norn_leader_balance_failures_total", "Leadership transfers this node started to balance leaderships that failed.", s.Failures)
 }

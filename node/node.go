@@ -137,6 +137,7 @@ func New(cfg Config) (*Node, error) {
 		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Clock: cfg.Clock,
 		Logger: cfg.Logger, RaftLogger: cfg.RaftLogger,
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck,
+		LeaderBalance:  leaderBalanceTuning(cfg),
 		Trees:          n.ae,
 		MayLead:        n.clockGuard.MayLead,
 		OnLeaderChange: n.waiters.NotifyAll,
@@ -176,10 +177,12 @@ func New(cfg Config) (*Node, error) {
 	})
 	n.ae.Start(aeHost{n.host})
 	n.rebalance.Start(n.host)
-	n.stopped.Add(1)
+	n.stopped.Add(2)
 	// The clock guard judges the clock every monitor interval, apart from
 	// the monitor, whose passes can wait on Raft for seconds.
 	go n.every(n.cfg.MonitorInterval, n.clockGuard.Check)
+	// The leader balancer, apart again: its transfers wait on Raft.
+	go n.every(n.cfg.LeaderBalanceInterval, n.host.BalanceLeaders)
 	return n, nil
 }
 
@@ -259,6 +262,19 @@ func (n *Node) leaders() []cluster.Leader {
 		}
 	}
 	return out
+}
+
+// leaderBalanceTuning is the leader balancer's setting from cfg: a node
+// just seen eligible is handed leaderships only two passes later (it
+// catches up on its groups' logs meanwhile).
+func leaderBalanceTuning(cfg Config) replicas.LeaderBalanceTuning {
+	t := replicas.LeaderBalanceTuning{Tolerance: cfg.LeaderBalanceTolerance,
+		TargetSettle: 2 * cfg.LeaderBalanceInterval}
+	if !cfg.NoLeaderBalance {
+		t.Rate = cfg.LeaderBalanceRate
+		t.Burst = replicas.LeaderBurst(cfg.LeaderBalanceRate, cfg.LeaderBalanceInterval)
+	}
+	return t
 }
 
 // every runs fn now and then every period until Close (a goroutine

@@ -21,4 +21,11 @@
 // The Host tells the rest of the node what changed through the callbacks
 // of its Config (Trees, OnLeaderChange, OnMetaRing, OnPlacement), so it
 // imports none of them.
+//
+// The Host also spreads the partition leaderships over the cluster: the
+// node calls BalanceLeaders every leader-balance interval (one goroutine),
+// which gossips this node's leader count and, while some node leads too
+// far from its fair share, hands leaderships over one at a time
+// (LeaderBalancer; the rule is the pure DecideLeaderTransfer, leaders.go).
+// LeaderLoads is its last view, for Status and /metrics.
 package replicas

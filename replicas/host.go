@@ -70,6 +70,9 @@ type Config struct {
 	// OnLeaderChange runs when a partition group's leader changes (here or
 	// elsewhere): waiting claims look again.
 	OnLeaderChange func()
+	// LeaderBalance tunes the leader balancer (LeaderBalancer; the node
+	// runs BalanceLeaders every leader-balance interval).
+	LeaderBalance LeaderBalanceTuning
 	// OnMetaRing runs when the meta group applies a ring (the rebalance
 	// driver takes a pass); OnPlacement when this node's ring or its set
 	// of replicas changed (anti-entropy compares with every peer now).
@@ -101,6 +104,7 @@ type Host struct {
 	rejoinAt      time.Time    // the last rejoinDown attempt (reconcile loop only)
 	rejoining     atomic.Bool  // a rejoinDown join is running
 	reconcileKick chan struct{}
+	leaders       *LeaderBalancer // spreads this node's leaderships (BalanceLeaders)
 
 	stop    chan struct{}
 	stopped sync.WaitGroup
@@ -122,6 +126,7 @@ func Start(cfg Config) (*Host, error) {
 	if err := h.startCluster(); err != nil {
 		return nil, errors.Join(err, h.stopCluster())
 	}
+	h.leaders = h.newLeaderBalancer()
 	h.stopped.Add(1)
 	go h.reconcile()
 	return h, nil

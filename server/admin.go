@@ -132,7 +132,9 @@ func (sv *Server) NodeStatuses() []*nornv1.NodeStatus {
 	if r != nil {
 		replicas = r.Loads(r.Placement) // a move under way counts at its source
 	}
+	leaders := sv.host.LeaderLoads()
 	for _, st := range byID {
+		st.Leaders, st.LeaderShare = uint32(leaders[st.Id].Leads), leaders[st.Id].Share
 		st.Role = "not a member"
 		if r != nil {
 			if role, ok := r.Role(st.Id); ok {

@@ -163,7 +163,7 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 	}
 	fmt.Fprintf(w, "HEALTH:\t%s\n", health)
 	if len(st.GetNodes()) > 0 {
-		fmt.Fprintf(w, "\nNODE\tADDRESS\tSTATE\tROLE\tREPLICAS\tCLOCK OFFSET\tFROM MEDIAN\n")
+		fmt.Fprintf(w, "\nNODE\tADDRESS\tSTATE\tROLE\tREPLICAS\tLEADS\tFAIR SHARE\tCLOCK OFFSET\tFROM MEDIAN\n")
 		for _, n := range st.GetNodes() {
 			dur := func(d *durationpb.Duration) string {
 				if d == nil {
@@ -171,12 +171,14 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 				}
 				return d.AsDuration().Round(100 * time.Microsecond).String()
 			}
-			replicas := "-" // a node that reports no role predates placement
+			replicas, leads, share := "-", "-", "-" // a node that reports no role predates placement
 			if n.GetRole() != "" {
 				replicas = strconv.FormatUint(uint64(n.GetReplicas()), 10)
+				leads = strconv.FormatUint(uint64(n.GetLeaders()), 10)
+				share = strconv.FormatFloat(n.GetLeaderShare(), 'f', 1, 64)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.GetId(), n.GetApiAddress(), n.GetState(), dash(n.GetRole()), replicas,
-				dur(n.GetClockOffset()), dur(n.GetMedianOffset()))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.GetId(), n.GetApiAddress(), n.GetState(), dash(n.GetRole()), replicas,
+				leads, share, dur(n.GetClockOffset()), dur(n.GetMedianOffset()))
 		}
 	}
 	keys := map[string]uint64{}

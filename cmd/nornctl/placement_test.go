@@ -156,12 +156,13 @@ func TestJoin(t *testing.T) {
 	}
 }
 
-// TestStatusPlacement: status shows each node's role and replicas, and a
-// rebalance's progress while it has moves not done.
+// TestStatusPlacement: status shows each node's role, replicas, leader
+// count and fair share of leaderships, and a rebalance's progress while
+// it has moves not done.
 func TestStatusPlacement(t *testing.T) {
 	f := newFakeAdmin(t)
 	nodes := []*nornv1.NodeStatus{
-		{Id: "n1", ApiAddress: "10.0.0.1:7400", State: "alive", Role: "member", Replicas: 8},
+		{Id: "n1", ApiAddress: "10.0.0.1:7400", State: "alive", Role: "member", Replicas: 8, Leaders: 5, LeaderShare: 11.0 / 3},
 		{Id: "n2", ApiAddress: "10.0.0.2:7400", State: "alive", Role: "draining", Replicas: 3},
 		{Id: "n5", ApiAddress: "10.0.0.5:7400", State: "alive", Role: "not a member"},
 	}
@@ -172,8 +173,9 @@ func TestStatusPlacement(t *testing.T) {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
 	mustContain(t, "status", r.stdout,
-		"NODE  ADDRESS        STATE  ROLE          REPLICAS  CLOCK OFFSET  FROM MEDIAN\n",
-		"n2    10.0.0.2:7400  alive  draining      3         -             -\n",
+		"NODE  ADDRESS        STATE  ROLE          REPLICAS  LEADS  FAIR SHARE  CLOCK OFFSET  FROM MEDIAN\n",
+		"n1    10.0.0.1:7400  alive  member        8         5      3.7         -             -\n",
+		"n2    10.0.0.2:7400  alive  draining      3         0      0.0         -             -\n",
 		"n5    10.0.0.5:7400  alive  not a member  0 ",
 		"\nrebalance: 1 of 2 moves done (see `nornctl rebalance status`)\n")
 

@@ -71,11 +71,18 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 // N=3) and waits until each is healthy.
 func startCluster(t *testing.T) []*clusterNode {
 	t.Helper()
+	return startClusterWith(t)
+}
+
+// startClusterWith is startCluster with more nornd flags on every node
+// (a flag given again wins over startCluster's).
+func startClusterWith(t *testing.T, flags ...string) []*clusterNode {
+	t.Helper()
 	ns := make([]*clusterNode, 3)
 	addrs := freeAddrs(t, 3*len(ns))
 	for i := range ns {
 		ns[i] = &clusterNode{id: fmt.Sprintf("n%d", i+1), dir: t.TempDir(),
-			api: addrs[3*i], raftA: addrs[3*i+1], gossipA: addrs[3*i+2]}
+			api: addrs[3*i], raftA: addrs[3*i+1], gossipA: addrs[3*i+2], flags: flags}
 		ns[i].tasks = client(ns[i].api)
 		ns[i].admin = nornv1connect.NewAdminServiceClient(http.DefaultClient, "http://"+ns[i].api)
 	}

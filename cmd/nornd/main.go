@@ -80,6 +80,10 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.MoveTargetTimeout, "move-target-timeout", 2*time.Minute, "how long a move's target may be down before a move not yet promoted is rolled back (the meta leader's setting counts)")
 	fs.BoolVar(&cfg.AutoRebalance, "auto-rebalance", false, "let the meta leader rebalance by itself when a joined member holds nothing or a member has been dead for -auto-dead-after (the meta leader's setting counts)")
 	fs.DurationVar(&cfg.AutoDeadAfter, "auto-dead-after", 10*time.Minute, "with -auto-rebalance: how long a member must be dead before it is replaced")
+	leaderBalance := fs.Bool("leader-balance", true, "hand partition leaderships over until every node leads within -leader-balance-tolerance of its fair share (false: only report the counts)")
+	fs.DurationVar(&cfg.LeaderBalanceInterval, "leader-balance-interval", time.Second, "how often the node compares leader counts with fair shares and gossips its own")
+	fs.Float64Var(&cfg.LeaderBalanceRate, "leader-balance-rate", 2, "leadership transfers per second this node may start to balance leaderships (on average; one at a time)")
+	fs.Float64Var(&cfg.LeaderBalanceTolerance, "leader-balance-tolerance", 0.2, "how far from its fair share of leaderships a node may be, as a fraction of it, before leaderships move (above 0, below 1)")
 	fs.IntVar(&cfg.TreeLeafBits, "tree-leaf-bits", 14, "Merkle tree size: 2^bits leaves per partition replica, 4 to 16 (the same on every node)")
 	fs.BoolVar(&cfg.GossipLAN, "gossip-lan", false, "use LAN gossip timings (nodes on several machines) instead of loopback ones")
 	pprofAddr := fs.String("pprof-addr", "", "if set, serve net/http/pprof on this address (keep it on loopback)")
@@ -115,6 +119,13 @@ func run(args []string) error {
 		cfg.TestBugs = bugs
 	}
 	cfg.MachineID = uint16(*machine)
+	cfg.NoLeaderBalance = !*leaderBalance
+	if cfg.LeaderBalanceInterval <= 0 || cfg.LeaderBalanceRate <= 0 {
+		return usageError{errors.New("-leader-balance-interval and -leader-balance-rate must be positive (-leader-balance=false turns balancing off)")}
+	}
+	if cfg.LeaderBalanceTolerance <= 0 || cfg.LeaderBalanceTolerance >= 1 {
+		return usageError{fmt.Errorf("-leader-balance-tolerance %g: want above 0 and below 1", cfg.LeaderBalanceTolerance)}
+	}
 	lim := cfg.Limits.MaxPayloadBytes
 	cfg.Limits = node.DefaultLimits()
 	cfg.Limits.MaxPayloadBytes = lim

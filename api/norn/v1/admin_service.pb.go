@@ -1228,7 +1228,19 @@ type NodeStatus struct {
 	Role string `protobuf:"bytes,6,opt,name=role,proto3" json:"role,omitempty"`
 	// How many partition replicas the ring places on the node (moves under
 	// way count at their source).
-	Replicas      uint32 `protobuf:"varint,7,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	Replicas uint32 `protobuf:"varint,7,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// How many partitions the node leads (Raft leader of the partition's
+	// group), as the answering node knows it: its own count exactly, the
+	// others' as they gossip them or as the answering node sees them in
+	// the groups it is a member of, whichever is higher. Every node hands
+	// leaderships over until each leads within its band around
+	// leader_share (docs/OPERATIONS.md, "Leader balance").
+	Leaders uint32 `protobuf:"varint,8,opt,name=leaders,proto3" json:"leaders,omitempty"`
+	// The node's fair share of the partition leaderships: each partition's
+	// leadership spread evenly over the members of its cohort that may
+	// lead (alive, clock in bound, a ring member). 0 for a node that may
+	// not lead.
+	LeaderShare   float64 `protobuf:"fixed64,9,opt,name=leader_share,json=leaderShare,proto3" json:"leader_share,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1308,6 +1320,20 @@ func (x *NodeStatus) GetRole() string {
 func (x *NodeStatus) GetReplicas() uint32 {
 	if x != nil {
 		return x.Replicas
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetLeaders() uint32 {
+	if x != nil {
+		return x.Leaders
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetLeaderShare() float64 {
+	if x != nil {
+		return x.LeaderShare
 	}
 	return 0
 }
@@ -1403,7 +1429,7 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\vReplicaRoot\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04root\x18\x02 \x01(\x06R\x04root\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\x81\x02\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xbe\x02\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
@@ -1413,7 +1439,9 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\fclock_offset\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vclockOffset\x12>\n" +
 	"\rmedian_offset\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\fmedianOffset\x12\x12\n" +
 	"\x04role\x18\x06 \x01(\tR\x04role\x12\x1a\n" +
-	"\breplicas\x18\a \x01(\rR\breplicas2\x82\x03\n" +
+	"\breplicas\x18\a \x01(\rR\breplicas\x12\x18\n" +
+	"\aleaders\x18\b \x01(\rR\aleaders\x12!\n" +
+	"\fleader_share\x18\t \x01(\x01R\vleaderShare2\x82\x03\n" +
 	"\fAdminService\x129\n" +
 	"\x06Status\x12\x16.norn.v1.StatusRequest\x1a\x17.norn.v1.StatusResponse\x123\n" +
 	"\x04Join\x12\x14.norn.v1.JoinRequest\x1a\x15.norn.v1.JoinResponse\x12B\n" +
