@@ -276,7 +276,7 @@ func (c *Coordinator) repairPeers(merged *crdt.Task, answers []replicaAnswer) (l
 			continue
 		}
 		if nd, ok := rg.Node(a.from); ok {
-			c.sender(nd.APIAddr).send([]*crdt.Task{merged}, func(err error) {
+			c.sender(nd.APIAddr, nd.RaftAddr).send([]*crdt.Task{merged}, func(err error) {
 				if err != nil {
 					c.cfg.Logger.Warn("read repair failed", "id", merged.ID, "node", a.from, "err", err)
 				}

@@ -2,8 +2,12 @@ package coord
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 
@@ -15,8 +19,9 @@ import (
 // a call is in flight go together in the next call, so a busy node sends
 // few large Replicate calls rather than many small ones.
 type replicaSender struct {
-	c *Coordinator
-	p *transport.Peer
+	c        *Coordinator
+	p        *transport.Peer
+	raftAddr atomic.Pointer[string] // the peer's Raft port, for framed calls
 
 	mu       sync.Mutex
 	queue    []*crdt.Task
@@ -33,14 +38,18 @@ const (
 	replicateTimeout = 10 * time.Second
 )
 
-// sender returns the replica sender of the peer at API address addr.
-func (c *Coordinator) sender(addr string) *replicaSender {
+// sender returns the replica sender of the peer at API address addr,
+// whose Raft port is at raftAddr.
+func (c *Coordinator) sender(addr, raftAddr string) *replicaSender {
 	c.sendersMu.Lock()
 	defer c.sendersMu.Unlock()
 	s, ok := c.senders[addr]
 	if !ok {
 		s = &replicaSender{c: c, p: c.peers.Get(addr)}
 		c.senders[addr] = s
+	}
+	if cur := s.raftAddr.Load(); cur == nil || *cur != raftAddr {
+		s.raftAddr.Store(&raftAddr)
 	}
 	return s
 }
@@ -94,7 +103,7 @@ func (s *replicaSender) call(tasks []*crdt.Task, waiters []func(error)) {
 		}
 		chunk := tasks[:len(states)]
 		ctx, cancel := context.WithTimeout(context.Background(), replicateTimeout)
-		_, err := s.p.Peer.Replicate(ctx, transport.Request(s.c.peers, &nornv1.ReplicateRequest{Tasks: states}))
+		err := s.replicate(ctx, &nornv1.ReplicateRequest{Tasks: states})
 		cancel()
 		if err != nil {
 			for _, w := range waiters {
@@ -107,4 +116,22 @@ func (s *replicaSender) call(tasks []*crdt.Task, waiters []func(error)) {
 	for _, w := range waiters {
 		w(nil)
 	}
+}
+
+// replicate makes one Replicate call: framed on the peer's Raft port (see
+// transport.PeerRPCGroup), or through its PeerService when it serves no
+// framed calls.
+func (s *replicaSender) replicate(ctx context.Context, req *nornv1.ReplicateRequest) error {
+	if addr := s.raftAddr.Load(); addr != nil && *addr != "" {
+		body, err := proto.Marshal(req)
+		if err != nil {
+			return err
+		}
+		_, err = s.c.peers.RPC(*addr).Call(ctx, transport.MethodReplicate, s.c.peers.Meta(), body)
+		if !errors.Is(err, transport.ErrRPCUnsupported) {
+			return err
+		}
+	}
+	_, err := s.p.Peer.Replicate(ctx, transport.Request(s.c.peers, req))
+	return err
 }

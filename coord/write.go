@@ -150,7 +150,7 @@ func (c *Coordinator) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*c
 			tr.answer(dest, idx, fmt.Errorf("node %s is not in the ring", dest))
 			continue
 		}
-		c.sender(nd.APIAddr).send(sub, func(err error) { tr.answer(dest, idx, err) })
+		c.sender(nd.APIAddr, nd.RaftAddr).send(sub, func(err error) { tr.answer(dest, idx, err) })
 	}
 	timer := time.NewTimer(c.cfg.WriteTimeout)
 	defer timer.Stop()

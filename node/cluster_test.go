@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -510,5 +511,44 @@ func TestMetricsLabelledPerGroup(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Fatalf("no %s in\n%s", want, text)
 		}
+	}
+}
+
+// The framed Replicate on the Raft port checks its caller as PeerService
+// does, and a member's write through it is stored.
+func TestFramedReplicateRefusesStrangers(t *testing.T) {
+	ms := testCluster(t, 3)
+	ctx := context.Background()
+	c := transport.NewRPCClient(ms[0].node.RaftAddr(), nil)
+	defer c.Close()
+	body := func(tasks ...[]byte) []byte {
+		b, err := proto.Marshal(&nornv1.ReplicateRequest{Tasks: tasks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	state := (&crdt.Task{ID: 7, Spec: &crdt.Spec{Queue: "q"}}).Encode()
+	if _, err := c.Call(ctx, transport.MethodReplicate, transport.RPCMeta{}, body(state)); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("anonymous replicate: %v", err)
+	}
+	if _, err := c.Call(ctx, transport.MethodReplicate, transport.RPCMeta{Node: "n2", Cluster: "0123"}, body(state)); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("other cluster: %v", err)
+	}
+	member := ms[1].node.peers.Meta()
+	if _, err := c.Call(ctx, transport.MethodReplicate, member, body([]byte{0xff, 0x01, 0x02})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("garbage state: %v", err)
+	}
+	if _, err := c.Call(ctx, transport.MethodReplicate, member, []byte{0xff, 0xff}); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("undecodable request: %v", err)
+	}
+	if _, err := ms[0].node.store.TaskState(ms[0].node.partition(7), 7); err == nil {
+		t.Fatal("a refused replicate stored a task")
+	}
+	if _, err := c.Call(ctx, transport.MethodReplicate, member, body(state)); err != nil {
+		t.Fatalf("a member's replicate: %v", err)
+	}
+	if _, err := ms[0].node.store.TaskState(ms[0].node.partition(7), 7); err != nil {
+		t.Fatalf("a member's replicate was not stored: %v", err)
 	}
 }

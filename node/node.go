@@ -47,6 +47,7 @@ type Node struct {
 	// over its leaderships while it is out of bound.
 	clockGuard *cluster.ClockGuard
 
+	rpc     *transport.RPCServer // framed peer calls
 	stop    chan struct{}
 	stopped sync.WaitGroup
 	closeMu sync.Mutex
@@ -175,6 +176,17 @@ func New(cfg Config) (*Node, error) {
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
 		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard,
 	})
+	// Replication's framed calls, on the Raft port (transport.PeerRPCGroup).
+	rpcStream, err := n.host.RegisterStream(transport.PeerRPCGroup)
+	if err != nil {
+		n.dispatch.Close()
+		n.host.Close()
+		n.peers.Close()
+		store.Close()
+		lock.release()
+		return nil, err
+	}
+	n.rpc = transport.ServeRPC(rpcStream, n.server.HandleRPC, cfg.Logger)
 	n.ae.Start(aeHost{n.host})
 	n.rebalance.Start(n.host)
 	n.stopped.Add(2)
@@ -237,6 +249,7 @@ func (n *Node) Close() error {
 	n.ae.Close()
 	n.rebalance.Close()
 	n.stopped.Wait()
+	n.rpc.Close()
 	errs := n.host.Close()
 	n.peers.Close()
 	return errors.Join(errs, n.store.Close(), n.lock.release())

@@ -261,6 +261,10 @@ func (h *Host) ReadsLocally(p uint16) bool {
 	return h.Group(p) != nil && r != nil && r.Hosts(int(p), h.cfg.NodeID)
 }
 
+// RegisterStream adds a stream with id to the node's Raft mux (see
+// transport.PeerRPCGroup).
+func (h *Host) RegisterStream(id uint32) (*transport.GroupStream, error) { return h.mux.Register(id) }
+
 // RaftAddr is the address of this node's Raft listener.
 func (h *Host) RaftAddr() string { return h.raftAddr }
 

@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
@@ -193,4 +194,27 @@ func (s peerService) TreeNodes(_ context.Context, req *connect.Request[nornv1.Tr
 
 func (s peerService) SegmentEntries(_ context.Context, req *connect.Request[nornv1.SegmentEntriesRequest]) (*connect.Response[nornv1.SegmentEntriesResponse], error) {
 	return servePeer(s.sv, req, s.sv.ae.ServeSegmentEntries)
+}
+
+// HandleRPC answers the framed peer calls (transport.ServeRPC on the Raft
+// port) as the PeerService methods of the same name do, with the same
+// check of the caller.
+func (sv *Server) HandleRPC(_ context.Context, m transport.RPCMethod, meta transport.RPCMeta, body []byte) ([]byte, error) {
+	h := http.Header{}
+	h.Set(transport.HeaderNode, meta.Node)
+	if meta.Cluster != "" {
+		h.Set(transport.HeaderCluster, meta.Cluster)
+	}
+	if err := sv.checkPeer(meta.Remote, h); err != nil {
+		return nil, err
+	}
+	switch m {
+	case transport.MethodReplicate:
+		var req nornv1.ReplicateRequest
+		if err := proto.Unmarshal(body, &req); err != nil {
+			return nil, apierr.Invalid("tasks", "undecodable ReplicateRequest: %v", err)
+		}
+		return nil, sv.coord.Replicate(meta.Epoch, req.GetTasks())
+	}
+	return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("no framed peer call %d", m))
 }

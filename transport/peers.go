@@ -59,6 +59,7 @@ type Peers struct {
 	tr    *http.Transport
 	mu    sync.Mutex
 	peers map[string]*Peer
+	rpcs  map[string]*RPCClient // by Raft address
 }
 
 // NewPeers returns an empty set; connections are made on first use.
@@ -114,12 +115,48 @@ func (s *Peers) Get(addr string) *Peer {
 	return p
 }
 
-// Close closes the idle connections.
+// RPC returns the framed-call client of the node whose Raft port is at
+// raftAddr. Its connections leave from this node's API IP, as the HTTP
+// calls do (the peer checks the caller's address).
+func (s *Peers) RPC(raftAddr string) *RPCClient {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.rpcs[raftAddr]; ok {
+		return c
+	}
+	var local net.Addr
+	if host, _, err := net.SplitHostPort(s.cfg.APIAddr); err == nil {
+		if ip := net.ParseIP(host); ip != nil && !ip.IsUnspecified() {
+			local = &net.TCPAddr{IP: ip}
+		}
+	}
+	if s.rpcs == nil {
+		s.rpcs = map[string]*RPCClient{}
+	}
+	c := NewRPCClient(raftAddr, local)
+	s.rpcs[raftAddr] = c
+	return c
+}
+
+// Meta is this node's identity for a framed call: what Request puts in
+// the headers of a connect call.
+func (s *Peers) Meta() RPCMeta {
+	m := RPCMeta{Node: s.cfg.NodeID}
+	if src := s.ring.Load(); src != nil {
+		m.Cluster, m.Epoch = (*src)()
+	}
+	return m
+}
+
+// Close closes the idle connections and the framed-call connections.
 func (s *Peers) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.tr != nil {
 		s.tr.CloseIdleConnections()
+	}
+	for _, c := range s.rpcs {
+		c.Close()
 	}
 }
 

@@ -1,0 +1,168 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+// echoServer serves framed calls that echo their body, with the caller's
+// meta in front, or fail as the body asks.
+func echoServer(t *testing.T, m *RaftMux) *RPCServer {
+	t.Helper()
+	stream, err := m.Register(PeerRPCGroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := ServeRPC(stream, func(ctx context.Context, method RPCMethod, meta RPCMeta, body []byte) ([]byte, error) {
+		switch string(body) {
+		case "refuse":
+			return nil, connect.NewError(connect.CodePermissionDenied, errors.New("not you"))
+		case "crash":
+			return nil, errors.New("plain error")
+		case "slow":
+			time.Sleep(200 * time.Millisecond)
+		}
+		return fmt.Appendf(nil, "%d|%s|%s|%d|%s", method, meta.Node, meta.Cluster, meta.Epoch, body), nil
+	}, nil)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func TestRPCRoundTrips(t *testing.T) {
+	m := newMux(t, MuxConfig{})
+	echoServer(t, m)
+	c := NewRPCClient(m.Addr().String(), nil)
+	defer c.Close()
+	ctx := context.Background()
+	meta := RPCMeta{Node: "n1", Cluster: "c9", Epoch: 42}
+
+	// Many concurrent calls share the connection; each gets its own answer.
+	var wg sync.WaitGroup
+	var bad atomic.Int32
+	for i := range 200 {
+		wg.Go(func() {
+			body := fmt.Appendf(nil, "call-%d", i)
+			out, err := c.Call(ctx, MethodReplicate, meta, body)
+			if err != nil || !bytes.Equal(out, fmt.Appendf(nil, "1|n1|c9|42|call-%d", i)) {
+				t.Errorf("call %d: %q, %v", i, out, err)
+				bad.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if bad.Load() > 0 {
+		t.FailNow()
+	}
+	// A large body.
+	big := bytes.Repeat([]byte("x"), 1<<20)
+	out, err := c.Call(ctx, MethodReplicate, meta, big)
+	if err != nil || !bytes.HasSuffix(out, big) {
+		t.Fatalf("1 MiB call: %d bytes, %v", len(out), err)
+	}
+	// Errors keep their code and message; other errors are INTERNAL.
+	_, err = c.Call(ctx, MethodReplicate, meta, []byte("refuse"))
+	if connect.CodeOf(err) != connect.CodePermissionDenied || !bytes.Contains([]byte(err.Error()), []byte("not you")) {
+		t.Fatalf("refused call: %v", err)
+	}
+	_, err = c.Call(ctx, MethodReplicate, meta, []byte("crash"))
+	if connect.CodeOf(err) != connect.CodeInternal {
+		t.Fatalf("failed call: %v", err)
+	}
+	// A deadline ends the wait.
+	dctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	_, err = c.Call(dctx, MethodReplicate, meta, []byte("slow"))
+	if connect.CodeOf(err) != connect.CodeDeadlineExceeded {
+		t.Fatalf("call past its deadline: %v", err)
+	}
+	// The connection is still good after all that.
+	if _, err := c.Call(ctx, MethodReplicate, meta, []byte("again")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A server that goes away fails the calls waiting on it as UNAVAILABLE,
+// and the client dials again when it is back.
+func TestRPCConnectionLossAndRedial(t *testing.T) {
+	m := newMux(t, MuxConfig{})
+	s := echoServer(t, m)
+	c := NewRPCClient(m.Addr().String(), nil)
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.Call(ctx, MethodReplicate, RPCMeta{}, []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Call(ctx, MethodReplicate, RPCMeta{}, []byte("slow"))
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let the slow call reach the server
+	s.Close()                         // waits for the slow call, closes the connection
+	if err := <-errc; err != nil && connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("call cut by a closing server: %v", err)
+	}
+	// No server for the group now: the mux closes new connections unread.
+	if _, err := c.Call(ctx, MethodReplicate, RPCMeta{}, []byte("b")); !errors.Is(err, ErrRPCUnsupported) && connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("call with no server: %v", err)
+	}
+}
+
+// A peer whose mux serves no framed calls (an older node) is reported as
+// such, for the caller to use connect instead.
+func TestRPCUnsupportedPeer(t *testing.T) {
+	m := newMux(t, MuxConfig{})
+	c := NewRPCClient(m.Addr().String(), nil)
+	defer c.Close()
+	_, err := c.Call(context.Background(), MethodReplicate, RPCMeta{}, []byte("x"))
+	if !errors.Is(err, ErrRPCUnsupported) {
+		t.Fatalf("call to a mux without the group: %v", err)
+	}
+}
+
+// Malformed frames close the connection without calling the handler.
+func TestRPCBadFrames(t *testing.T) {
+	m := newMux(t, MuxConfig{})
+	var calls atomic.Int32
+	stream, err := m.Register(PeerRPCGroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := ServeRPC(stream, func(context.Context, RPCMethod, RPCMeta, []byte) ([]byte, error) {
+		calls.Add(1)
+		return nil, nil
+	}, nil)
+	defer s.Close()
+	for _, frame := range [][]byte{
+		{0, 0, 0, 3, 1, 2, 3},    // shorter than a request header
+		{0xff, 0xff, 0xff, 0xff}, // longer than the limit
+	} {
+		conn, err := DialGroup(m.Addr().String(), PeerRPCGroup, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Write(frame)
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 16)
+		for err == nil {
+			_, err = conn.Read(buf) // the hello, then the close
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("frame %x: connection not closed", frame)
+		}
+		conn.Close()
+	}
+	if calls.Load() != 0 {
+		t.Fatalf("handler called %d times on bad frames", calls.Load())
+	}
+}
