@@ -28,12 +28,14 @@
 #
 # Knobs: RUNS=3 N=50000 INFLIGHT=256 WORKERS=8 PAYLOAD=64
 # OUT=<file>.jsonl NORND_ARGS=... BIN=bin KEEP=1 (keep the clusters' data
-# and logs). It needs the ports of `make cluster` (7400-7422) and
+# and logs) SYSTEMS="nats norn" (SYSTEMS=norn: Norn alone, for comparing
+# two Norn builds by their CPU per task). It needs the ports of `make cluster` (7400-7422) and
 # 14222-14224, 16222-16224, 18222-18224 free, and bin/nornd (make build).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
+SYSTEMS=${SYSTEMS:-nats norn}
 RUNS=${RUNS:-3} N=${N:-50000} INFLIGHT=${INFLIGHT:-256} WORKERS=${WORKERS:-8} PAYLOAD=${PAYLOAD:-64}
 BIN=${BIN:-bin}
 NATS_SERVER_VERSION=${NATS_SERVER_VERSION:-v2.15.2}
@@ -54,7 +56,7 @@ CLK_TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
 log "building the driver (bench/peers)"
 (cd bench && go build -o "$BIN/bench-peers" ./peers) || die "building bench/peers"
 NATS_SERVER=$BIN/nats-server
-if ! "$NATS_SERVER" --version 2>/dev/null | grep -qF "$NATS_SERVER_VERSION"; then
+if [[ " $SYSTEMS " == *" nats "* ]] && ! "$NATS_SERVER" --version 2>/dev/null | grep -qF "$NATS_SERVER_VERSION"; then
 	log "installing nats-server $NATS_SERVER_VERSION into $BIN"
 	GOBIN=$BIN go install "github.com/nats-io/nats-server/v2@$NATS_SERVER_VERSION" || die "go install nats-server"
 fi
@@ -139,18 +141,21 @@ idle() { "$BIN/bench-peers" idle -clk-tck "$CLK_TCK" -server-pids "$(pids "$@")"
 common=(-n "$N" -inflight "$INFLIGHT" -workers "$WORKERS" -payload "$PAYLOAD" -out "$OUT" -timeout 280s -clk-tck "$CLK_TCK")
 log "results: $OUT"
 for r in $(seq 1 "$RUNS"); do
-	log "round $r/$RUNS: NATS JetStream R3, sync always"
-	nats_start
-	idle_cores=$(idle "${NATS_PIDS[@]}")
-	log "NATS idle: $idle_cores cores"
-	nb=("$BIN/bench-peers" nats -system nats-r3 -setting always -replicas 3 -run "$r"
-		-server-pids "$(pids "${NATS_PIDS[@]}")" -idle-cores "$idle_cores"
-		-urls nats://127.0.0.1:14222,nats://127.0.0.1:14223,nats://127.0.0.1:14224 "${common[@]}")
-	run "NATS enqueue" "${nb[@]}" -workload enqueue
-	run "NATS claim, 1 in flight" "${nb[@]}" -workload claim -setting "always, acks 1 in flight" -pipeline 1
-	run "NATS claim, 16 in flight" "${nb[@]}" -workload claim -setting "always, acks 16 in flight" -pipeline 16
-	nats_stop
+	if [[ " $SYSTEMS " == *" nats "* ]]; then
+		log "round $r/$RUNS: NATS JetStream R3, sync always"
+		nats_start
+		idle_cores=$(idle "${NATS_PIDS[@]}")
+		log "NATS idle: $idle_cores cores"
+		nb=("$BIN/bench-peers" nats -system nats-r3 -setting always -replicas 3 -run "$r"
+			-server-pids "$(pids "${NATS_PIDS[@]}")" -idle-cores "$idle_cores"
+			-urls nats://127.0.0.1:14222,nats://127.0.0.1:14223,nats://127.0.0.1:14224 "${common[@]}")
+		run "NATS enqueue" "${nb[@]}" -workload enqueue
+		run "NATS claim, 1 in flight" "${nb[@]}" -workload claim -setting "always, acks 1 in flight" -pipeline 1
+		run "NATS claim, 16 in flight" "${nb[@]}" -workload claim -setting "always, acks 16 in flight" -pipeline 16
+		nats_stop
+	fi
 
+	[[ " $SYSTEMS " == *" norn "* ]] || continue
 	log "round $r/$RUNS: Norn, 3 nodes, W=2${NORND_ARGS:+ (NORND_ARGS=$NORND_ARGS)}"
 	norn_start
 	idle_cores=$(idle "${NORN_PIDS[@]}")
