@@ -19,12 +19,20 @@ import (
 const maxBatchBytes = 2 << 20
 
 // coalescer groups concurrent calls of one kind into batches, one RPC per
-// batch (see WithEnqueueBatching and WithCompleteBatching): a call joins
-// the open batch of its write quorum (or opens one), and a batch is sent
-// when it holds maxBatch items or maxBatchBytes, or linger after its first
-// call. Calls with different write quorums, or bound for different nodes
-// (leader hints), never share a batch. send must answer every call of the
-// batch.
+// batch (see WithEnqueueBatching and WithCompleteBatching). Calls with
+// different write quorums, or bound for different nodes (leader hints),
+// never share a batch. send must answer every call of the batch.
+//
+// With a linger (timed batching), a call joins the open batch of its key
+// (or opens one), and a batch is sent when it holds maxBatch items or
+// maxBatchBytes, or linger after its first call.
+//
+// With no linger (the default: batching while in flight), a call goes out
+// at once, alone, while fewer than maxInflightBatches batches of its key
+// are in flight; otherwise it joins the open batch of its key, which is
+// sent as soon as one of those returns (or when it is full). A lone
+// caller waits for nothing; concurrent callers share RPCs, more of them
+// the slower the node answers.
 type coalescer[I, R any] struct {
 	method   string // for errors: "enqueue", "complete"
 	linger   time.Duration
@@ -33,6 +41,7 @@ type coalescer[I, R any] struct {
 
 	mu     sync.Mutex
 	open   map[batchKey]*batch[I, R] // the batch now filling, per key
+	busy   map[batchKey]int          // batches in flight, per key
 	closed bool
 
 	inflight sync.WaitGroup // batches being sent
@@ -50,8 +59,12 @@ type batch[I, R any] struct {
 	key   batchKey
 	calls []*pending[I, R]
 	bytes int
-	timer *time.Timer // fires linger after the first call
+	timer *time.Timer // fires linger after the first call; nil without linger
 }
+
+// maxInflightBatches bounds the batches of one key in flight before calls
+// wait to be batched, when batching while in flight.
+const maxInflightBatches = 1
 
 // pending is one waiting call.
 type pending[I, R any] struct {
@@ -69,7 +82,8 @@ type callOutcome[R any] struct {
 func (p *pending[I, R]) answer(r R, err error) { p.done <- callOutcome[R]{r, err} }
 
 func newCoalescer[I, R any](method string, linger time.Duration, maxBatch int, send func(batchKey, []*pending[I, R])) *coalescer[I, R] {
-	return &coalescer[I, R]{method: method, linger: linger, maxBatch: maxBatch, send: send, open: map[batchKey]*batch[I, R]{}}
+	return &coalescer[I, R]{method: method, linger: linger, maxBatch: maxBatch, send: send,
+		open: map[batchKey]*batch[I, R]{}, busy: map[batchKey]int{}}
 }
 
 // do adds one call (in, of encoded size bytes) to the open batch of key
@@ -92,7 +106,16 @@ func (b *coalescer[I, R]) do(ctx context.Context, key batchKey, in I, size int) 
 		b.flushLocked(cur)
 		cur = nil
 	}
-	if cur == nil {
+	switch {
+	case cur == nil && b.linger == 0 && b.busy[key] < maxInflightBatches:
+		// Nothing waits and the node keeps up: go at once.
+		b.flushLocked(&batch[I, R]{key: key, calls: []*pending[I, R]{p}, bytes: size})
+		b.mu.Unlock()
+		return b.wait(ctx, p)
+	case cur == nil && b.linger == 0:
+		cur = &batch[I, R]{key: key}
+		b.open[key] = cur
+	case cur == nil:
 		cur = &batch[I, R]{key: key}
 		b.open[key] = cur
 		cur.timer = time.AfterFunc(b.linger, func() {
@@ -109,7 +132,12 @@ func (b *coalescer[I, R]) do(ctx context.Context, key batchKey, in I, size int) 
 		b.flushLocked(cur)
 	}
 	b.mu.Unlock()
+	return b.wait(ctx, p)
+}
 
+// wait returns p's outcome, or the error of ctx when it ends first.
+func (b *coalescer[I, R]) wait(ctx context.Context, p *pending[I, R]) (R, error) {
+	var zero R
 	select {
 	case o := <-p.done:
 		return o.r, o.err
@@ -124,7 +152,10 @@ func (b *coalescer[I, R]) flushLocked(bt *batch[I, R]) {
 	if b.open[bt.key] == bt {
 		delete(b.open, bt.key)
 	}
-	bt.timer.Stop()
+	if bt.timer != nil {
+		bt.timer.Stop()
+	}
+	b.busy[bt.key]++
 	b.inflight.Add(1)
 	go func() {
 		defer b.inflight.Done()
@@ -137,6 +168,14 @@ func (b *coalescer[I, R]) flushLocked(bt *batch[I, R]) {
 		if len(calls) > 0 {
 			b.send(bt.key, calls)
 		}
+		b.mu.Lock()
+		if b.busy[bt.key]--; b.busy[bt.key] == 0 {
+			delete(b.busy, bt.key)
+		}
+		if next := b.open[bt.key]; next != nil && b.linger == 0 {
+			b.flushLocked(next) // the calls that waited for this one
+		}
+		b.mu.Unlock()
 	}()
 }
 
@@ -211,14 +250,14 @@ func (c *Client) enqueueCoalesced(ctx context.Context, spec *nornv1.TaskSpec, id
 // sent again on its own, so that only the bad one's caller sees the error.
 func (c *Client) sendEnqueues(key batchKey, calls []*pending[enqueueCall, uint64]) {
 	w := key.w
-	ctx, cancel := batchContext(c, calls)
-	defer cancel()
-
 	if len(calls) == 1 {
+		// A batch of one is its caller's own call, under its context.
 		p := calls[0]
-		p.answer(c.enqueueOne(ctx, p.in.spec, p.in.id, w))
+		p.answer(c.enqueueOne(p.ctx, p.in.spec, p.in.id, w))
 		return
 	}
+	ctx, cancel := batchContext(c, calls)
+	defer cancel()
 
 	specs := make([]*nornv1.TaskSpec, len(calls))
 	var ids []uint64
@@ -273,14 +312,14 @@ func newCompleteCoalescer(c *Client, linger time.Duration, maxBatch int) *coales
 // when it has one, and hands every caller its own outcome.
 func (c *Client) sendCompletes(key batchKey, calls []*pending[*nornv1.CompleteRequest, struct{}]) {
 	w := key.w
-	ctx, cancel := batchContext(c, calls)
-	defer cancel()
 	if len(calls) == 1 {
 		in := calls[0].in
 		req := &nornv1.CompleteRequest{Id: in.Id, ClaimId: in.ClaimId, Result: in.Result, W: w}
-		calls[0].answer(struct{}{}, c.completeOne(ctx, key.leader, req))
+		calls[0].answer(struct{}{}, c.completeOne(calls[0].ctx, key.leader, req))
 		return
 	}
+	ctx, cancel := batchContext(c, calls)
+	defer cancel()
 	req := &nornv1.CompleteBatchRequest{W: w, Completions: make([]*nornv1.CompleteRequest, len(calls))}
 	for i, p := range calls {
 		req.Completions[i] = p.in

@@ -1,9 +1,11 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -332,5 +334,91 @@ func TestCompleteBatchingRetriesWholeBatch(t *testing.T) {
 	wg.Wait()
 	if k := f.count("CompleteBatch"); k != 2 {
 		t.Errorf("%d CompleteBatch calls, want 2 (one failed, one retry)", k)
+	}
+}
+
+// TestInflightBatching: by default, a lone Enqueue goes out at once as an
+// Enqueue of its own; calls made while it is in flight wait for it and
+// then go together in one EnqueueBatch, each caller with its own task.
+func TestInflightBatching(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr)
+	ctx := t.Context()
+	if _, err := c.Enqueue(ctx, spec("alone")); err != nil {
+		t.Fatal(err)
+	}
+	if f.count("Enqueue") != 1 || f.count("EnqueueBatch") != 0 {
+		t.Fatalf("a lone enqueue made %d Enqueue and %d EnqueueBatch calls, want 1 and 0", f.count("Enqueue"), f.count("EnqueueBatch"))
+	}
+
+	// Hold the next call in the server until every other caller waits.
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	f.setInject(func(method string, _ proto.Message) error {
+		if method == "Enqueue" {
+			once.Do(func() { close(entered); <-release })
+		}
+		return nil
+	})
+	const n = 20
+	ids, errs := make([]uint64, n), make([]error, n)
+	var wg sync.WaitGroup
+	wg.Go(func() { ids[0], errs[0] = c.Enqueue(ctx, spec("p0")) })
+	<-entered
+	for i := 1; i < n; i++ {
+		wg.Go(func() { ids[i], errs[i] = c.Enqueue(ctx, spec(fmt.Sprint("p", i))) })
+	}
+	// Every caller waits: the held one for its answer, the 19 others
+	// queued behind it.
+	waitFor(t, "20 callers waiting", func() bool { return coalescerWaiters() == n })
+	if k := f.count("Enqueue") + f.count("EnqueueBatch"); k != 2 {
+		t.Errorf("%d calls reached the server while one was in flight, want 2 (the lone one and the held one)", k)
+	}
+	close(release)
+	wg.Wait()
+	checkOwnTasks(t, f, ids, errs)
+	if f.count("Enqueue") != 2 || f.count("EnqueueBatch") != 1 {
+		t.Errorf("%d Enqueue and %d EnqueueBatch calls in all, want 2 and 1 (the 19 queued calls together)", f.count("Enqueue"), f.count("EnqueueBatch"))
+	}
+}
+
+// coalescerWaiters counts the goroutines waiting for the outcome of a
+// batched call.
+func coalescerWaiters() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return bytes.Count(buf[:n], []byte("client.(*coalescer[...]).wait("))
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// TestBatchingOff: WithEnqueueBatching(0, 1) and WithCompleteBatching(0,
+// 1) send every call on its own, concurrent or not.
+func TestBatchingOff(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr, client.WithEnqueueBatching(0, 1), client.WithCompleteBatching(0, 1))
+	ids, errs := enqueueAll(t.Context(), c, 30, nil)
+	checkOwnTasks(t, f, ids, errs)
+	if f.count("Enqueue") != 30 || f.count("EnqueueBatch") != 0 {
+		t.Errorf("%d Enqueue and %d EnqueueBatch calls for 30 enqueues, want 30 and 0", f.count("Enqueue"), f.count("EnqueueBatch"))
+	}
+	got, err := c.Claim(t.Context(), client.ClaimRequest{Queue: "q", Max: 30, Lease: time.Minute})
+	if err != nil || len(got) != 30 {
+		t.Fatalf("Claim = %d tasks, %v", len(got), err)
+	}
+	var wg sync.WaitGroup
+	for _, ct := range got {
+		wg.Go(func() {
+			if err := c.Complete(t.Context(), ct.GetTask().GetId(), ct.GetClaimId(), nil); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if f.count("Complete") != 30 || f.count("CompleteBatch") != 0 {
+		t.Errorf("%d Complete and %d CompleteBatch calls for 30 completes, want 30 and 0", f.count("Complete"), f.count("CompleteBatch"))
 	}
 }

@@ -38,8 +38,8 @@ type Client struct {
 
 	hints leaderHints // leader hints of claimed tasks
 
-	enqueues  *coalescer[enqueueCall, uint64]               // nil unless WithEnqueueBatching
-	completes *coalescer[*nornv1.CompleteRequest, struct{}] // nil unless WithCompleteBatching
+	enqueues  *coalescer[enqueueCall, uint64]               // nil when batching is off (WithEnqueueBatching)
+	completes *coalescer[*nornv1.CompleteRequest, struct{}] // nil when batching is off (WithCompleteBatching)
 
 	mu      sync.Mutex
 	closing bool // Close was called
@@ -54,10 +54,8 @@ type options struct {
 	retry       RetryPolicy
 	timeout     time.Duration
 	w           uint32
-	linger      time.Duration // enqueue batching
-	maxBatch    int
-	cLinger     time.Duration // complete batching
-	cMaxBatch   int
+	enqueueB    batching
+	completeB   batching
 	connectOpts []connect.ClientOption
 	discovery   time.Duration
 }
@@ -97,31 +95,51 @@ func WithDefaultQuorum(w uint32) Option {
 	return func(o *options) { o.w = w }
 }
 
-// WithEnqueueBatching makes concurrent Enqueue calls share EnqueueBatch
-// RPCs: a call joins the open batch (or opens one), and a batch is sent
-// when it holds maxBatch tasks (or about 2 MiB of specs) or linger after
-// its first call, whichever comes first. Each caller still gets its own id
-// and error back. See the package documentation for when to use it.
-//
-// Default: off (every Enqueue is its own RPC, with no added latency).
-// linger must be positive and maxBatch between 1 and 10,000; New fails
-// otherwise. 1 ms and 500 suit a producer with hundreds of goroutines.
-func WithEnqueueBatching(linger time.Duration, maxBatch int) Option {
-	return func(o *options) { o.linger, o.maxBatch = linger, maxBatch }
+// batching is the setting of one batching option.
+type batching struct {
+	set      bool
+	linger   time.Duration
+	maxBatch int
 }
 
-// WithCompleteBatching makes concurrent Complete calls share CompleteBatch
-// RPCs, as WithEnqueueBatching does for Enqueue: a batch is sent when it
-// holds maxBatch completions (or about 2 MiB of results) or linger after
-// its first call. Each caller still gets its own error back. Worth it for
-// a worker process running many handlers at once (Worker with a high
-// concurrency): the node then commits many completions with one fsync.
+// DefaultMaxBatch is the most calls one batch holds when batching while
+// in flight, the default (see WithEnqueueBatching).
+const DefaultMaxBatch = 500
+
+// WithEnqueueBatching sets how concurrent Enqueue calls share EnqueueBatch
+// RPCs. Each caller still gets its own id and error back. See the package
+// documentation (Batching).
 //
-// Default: off. linger must be positive and maxBatch between 1 and
-// 10,000; New fails otherwise. 1 ms and 100 suit a worker with dozens of
-// handlers.
+// With linger > 0 (timed batching), a call joins the open batch (or opens
+// one), and a batch is sent when it holds maxBatch tasks (or about 2 MiB
+// of specs) or linger after its first call, whichever comes first: 1 ms
+// and 500 suit a producer with hundreds of goroutines.
+//
+// With linger 0 (batching while in flight), a call goes out at once,
+// alone, unless a call of the same write quorum is in flight; calls that
+// come meanwhile go together, up to maxBatch, as soon as it returns. A
+// lone caller waits for nothing. maxBatch 1 turns batching off: every
+// Enqueue is its own RPC.
+//
+// Default: batching while in flight, up to DefaultMaxBatch. linger must
+// not be negative and maxBatch must be between 1 and 10,000; New fails
+// otherwise.
+func WithEnqueueBatching(linger time.Duration, maxBatch int) Option {
+	return func(o *options) { o.enqueueB = batching{true, linger, maxBatch} }
+}
+
+// WithCompleteBatching sets how concurrent Complete calls share
+// CompleteBatch RPCs, as WithEnqueueBatching does for Enqueue (calls for
+// tasks whose claims name different leaders go apart): the node then
+// commits a batch of completions with one fsync, and each caller still
+// gets its own error back. Timed batching (1 ms and 100, say) suits a
+// worker process running many handlers at once (Worker with a high
+// concurrency).
+//
+// Default: batching while in flight, up to DefaultMaxBatch; maxBatch 1
+// turns batching off.
 func WithCompleteBatching(linger time.Duration, maxBatch int) Option {
-	return func(o *options) { o.cLinger, o.cMaxBatch = linger, maxBatch }
+	return func(o *options) { o.completeB = batching{true, linger, maxBatch} }
 }
 
 // WithDiscovery sets how often the client asks a node (AdminService.Status)
@@ -169,12 +187,10 @@ func New(addrs string, opts ...Option) (*Client, error) {
 	if o.discovery < 0 {
 		return nil, fmt.Errorf("norn: WithDiscovery(%v): negative", o.discovery)
 	}
-	batching, err := batchingOn("WithEnqueueBatching", o.linger, o.maxBatch)
-	if err != nil {
+	if err := o.enqueueB.validate("WithEnqueueBatching"); err != nil {
 		return nil, err
 	}
-	cBatching, err := batchingOn("WithCompleteBatching", o.cLinger, o.cMaxBatch)
-	if err != nil {
+	if err := o.completeB.validate("WithCompleteBatching"); err != nil {
 		return nil, err
 	}
 
@@ -192,11 +208,11 @@ func New(addrs string, opts ...Option) (*Client, error) {
 			admin: nornv1connect.NewAdminServiceClient(hc, base, copts...),
 		}
 	})
-	if batching {
-		c.enqueues = newEnqueueCoalescer(c, o.linger, o.maxBatch)
+	if linger, maxBatch, on := o.enqueueB.settings(); on {
+		c.enqueues = newEnqueueCoalescer(c, linger, maxBatch)
 	}
-	if cBatching {
-		c.completes = newCompleteCoalescer(c, o.cLinger, o.cMaxBatch)
+	if linger, maxBatch, on := o.completeB.settings(); on {
+		c.completes = newCompleteCoalescer(c, linger, maxBatch)
 	}
 	if o.discovery > 0 {
 		c.startDiscovery(o.discovery)
@@ -204,16 +220,24 @@ func New(addrs string, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// batchingOn validates the arguments of a batching option (named option)
-// and reports whether it was given.
-func batchingOn(option string, linger time.Duration, maxBatch int) (bool, error) {
-	if linger == 0 && maxBatch == 0 {
-		return false, nil
+// validate checks the arguments of a batching option (named option).
+func (b batching) validate(option string) error {
+	if b.set && (b.linger < 0 || b.maxBatch < 1 || b.maxBatch > maxBatchTasks) {
+		return fmt.Errorf("norn: %s(%v, %d): need linger >= 0 and 1 <= maxBatch <= %d", option, b.linger, b.maxBatch, maxBatchTasks)
 	}
-	if linger <= 0 || maxBatch < 1 || maxBatch > maxBatchTasks {
-		return false, fmt.Errorf("norn: %s(%v, %d): need linger > 0 and 1 <= maxBatch <= %d", option, linger, maxBatch, maxBatchTasks)
+	return nil
+}
+
+// settings returns the coalescer's linger and batch size, and whether
+// batching is on.
+func (b batching) settings() (linger time.Duration, maxBatch int, on bool) {
+	switch {
+	case !b.set:
+		return 0, DefaultMaxBatch, true
+	case b.linger == 0 && b.maxBatch == 1:
+		return 0, 0, false
 	}
-	return true, nil
+	return b.linger, b.maxBatch, true
 }
 
 // parseAddr turns addr into a base URL and its scheme.

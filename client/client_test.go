@@ -107,15 +107,18 @@ func TestNewAddress(t *testing.T) {
 
 func TestNewOptionsValidated(t *testing.T) {
 	for name, opt := range map[string]client.Option{
-		"zero attempts":     client.WithRetry(client.RetryPolicy{MaxAttempts: -1}),
-		"max below base":    client.WithRetry(client.RetryPolicy{BaseBackoff: time.Second, MaxBackoff: time.Millisecond}),
-		"negative timeout":  client.WithTimeout(-time.Second),
-		"negative interval": client.WithDiscovery(-time.Second),
-		"batch no linger":   client.WithEnqueueBatching(0, 10),
-		"batch zero max":    client.WithEnqueueBatching(time.Millisecond, 0),
-		"batch over 10,000": client.WithEnqueueBatching(time.Millisecond, 10_001),
+		"zero attempts":            client.WithRetry(client.RetryPolicy{MaxAttempts: -1}),
+		"max below base":           client.WithRetry(client.RetryPolicy{BaseBackoff: time.Second, MaxBackoff: time.Millisecond}),
+		"negative timeout":         client.WithTimeout(-time.Second),
+		"negative interval":        client.WithDiscovery(-time.Second),
+		"batch negative linger":    client.WithEnqueueBatching(-time.Millisecond, 10),
+		"batch zero max":           client.WithEnqueueBatching(time.Millisecond, 0),
+		"batch over 10,000":        client.WithEnqueueBatching(time.Millisecond, 10_001),
+		"complete batch zero max":  client.WithCompleteBatching(0, 0),
+		"complete negative linger": client.WithCompleteBatching(-1, 100),
 	} {
-		if _, err := client.New("127.0.0.1:1", opt); err == nil {
+		if c, err := client.New("127.0.0.1:1", opt); err == nil {
+			c.Close()
 			t.Errorf("%s: New accepted it", name)
 		}
 	}

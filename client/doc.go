@@ -90,30 +90,35 @@
 //     connection was refused or the host name did not resolve. Every other
 //     call retries those too.
 //
-// # Enqueue batching
+// # Batching
 //
 // A node serves about 20,000 single-item calls per second but about a
-// million tasks per second in batches of 100. WithEnqueueBatching(linger,
-// maxBatch) makes concurrent Enqueue calls share EnqueueBatch RPCs: a batch
-// is sent when it holds maxBatch tasks (or 2 MiB of specs) or linger after
-// its first call. Each caller gets its own id (an id given with WithID is
-// kept) and its own error: a batch that fails for what may be one bad task
-// (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ALREADY_EXISTS) is sent again task
-// by task. A caller whose context ends while its call waits for a batch
-// is left out of it if the batch has not been sent yet.
+// million tasks per second in batches of 100, so concurrent Enqueue calls
+// share EnqueueBatch RPCs and concurrent Complete calls share
+// CompleteBatch RPCs. Each caller gets its own id (an id given with WithID
+// is kept) and its own error: a batch of enqueues that fails for what may
+// be one bad task (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ALREADY_EXISTS) is
+// sent again task by task; a stale claim in a batch of completes fails
+// alone, with ErrSuperseded, and a batch that fails as a whole is retried
+// as a whole, as completes are idempotent. A caller whose context ends
+// while its call waits for a batch is left out of it if the batch has not
+// been sent yet. Calls with different write quorums, and completes whose
+// claims name different leaders, never share a batch.
 //
-// Batching is off by default: a lone caller would pay up to linger on
-// every enqueue, for nothing. Turn it on in producers with many concurrent
-// enqueuers; WithEnqueueBatching(time.Millisecond, 500) is a good start.
-// Calls with different write quorums never share a batch.
+// By default the client batches while in flight: a call goes out at once,
+// alone, unless a call of its kind (and quorum, and leader) is in flight;
+// the calls made meanwhile go together as soon as it returns. A lone
+// caller waits for nothing, and the busier the node, the larger the
+// batches: on a 3-node cluster, 256 goroutines calling Enqueue store about
+// 28,000 tasks per second so, against 7,700 with every Enqueue on its own
+// (docs/BENCHMARKS.md).
 //
-// WithCompleteBatching(linger, maxBatch) does the same for Complete, with
-// CompleteBatch RPCs: the node then commits a batch of completions with one
-// fsync. Each caller still gets its own error (a stale claim fails alone,
-// with ErrSuperseded); a batch that fails as a whole is retried as a whole,
-// as completes are idempotent. Use it for a Worker with a high Concurrency:
-// on one node, 8 workers of 16 handlers complete about twice as many tasks
-// per second with it (docs/BENCHMARKS.md).
+// WithEnqueueBatching(linger, maxBatch) and WithCompleteBatching(linger,
+// maxBatch) with a linger instead hold a batch open for linger after its
+// first call, or until it holds maxBatch calls (or 2 MiB): larger batches
+// for producers with hundreds of goroutines (time.Millisecond and 500 is a
+// good start) and workers with many handlers, at the price of up to linger
+// on every call. A linger of 0 and maxBatch 1 turn batching off.
 //
 // # Worker
 //
