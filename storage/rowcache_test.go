@@ -133,3 +133,33 @@ func TestRowCacheBounded(t *testing.T) {
 		t.Fatalf("%d rows cached, bound %d", n, rowShards*4)
 	}
 }
+
+// TestRowCacheKeepsSonyflakeIDs: ids as sonyflake makes them at a low
+// rate (3 coordinators, 5 ids per 10 ms tick each: the sequence bits stay
+// small and the low bits are the machine id) spread over the shards, so
+// a cache of capacity rows keeps every one of capacity such ids. Before,
+// they crowded 4 of the 64 shards and the cache kept a sixteenth of them.
+func TestRowCacheKeepsSonyflakeIDs(t *testing.T) {
+	const capacity = 1 << 14
+	c := newRowCache(2 * capacity) // the slack of an uneven hash
+	var ids []uint64
+	for tick := uint64(0); len(ids) < capacity; tick++ {
+		for machine := uint64(1); machine <= 3 && len(ids) < capacity; machine++ {
+			for seq := uint64(0); seq < 5 && len(ids) < capacity; seq++ {
+				ids = append(ids, (1_000_000+tick)<<24|seq<<16|machine)
+			}
+		}
+	}
+	for _, id := range ids {
+		c.fill(0, id, row{enc: []byte{1}}, c.gen(0))
+	}
+	kept := 0
+	for _, id := range ids {
+		if _, ok := c.lookup(0, id); ok {
+			kept++
+		}
+	}
+	if kept != len(ids) {
+		t.Fatalf("the cache kept %d of %d ids, want all", kept, len(ids))
+	}
+}
