@@ -16,6 +16,19 @@
 // ring, and pulls a newer one. HeaderHops marks calls one node forwarded
 // to another, so that they travel at most a bounded number of hops.
 //
+// # Framed peer calls
+//
+// The hot peer call (Replicate) travels framed on the Raft port instead:
+// ServeRPC serves the mux group PeerRPCGroup with an RPCHandler; an
+// RPCClient (Peers.RPC, one per peer Raft address) keeps one connection,
+// dialed on first use and again after a failure, on which concurrent
+// calls are multiplexed by call id. Each call carries the caller's
+// identity (RPCMeta, Peers.Meta: what Request puts in the headers), which
+// the handler checks as PeerService does. Errors keep their connect code;
+// a lost connection fails the calls waiting on it with UNAVAILABLE; a
+// peer that serves no framed calls yields ErrRPCUnsupported, and the
+// caller falls back to PeerService.
+//
 
 // # Raft stream mux
 //
