@@ -2,6 +2,7 @@ package storage
 
 import (
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -106,4 +107,54 @@ func TestClaimFSMRecordAboveHorizon(t *testing.T) {
 	}
 	want(90, "d")
 	want(20, "")
+}
+
+// TestHorizonLanes checks a partition's horizon against the ids stored,
+// brute force: after any mix of notes (of growing lanes, of random ids, of
+// more lanes than are kept), no stored id is above its bound. And ids that
+// grow within their lane are above it even while lanes interleave, as the
+// ids of several coordinators' sonyflake generators do.
+func TestHorizonLanes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 200 {
+		var stored []uint64
+		for range rng.IntN(20) {
+			stored = append(stored, rng.Uint64N(1<<40))
+		}
+		base := uint64(0)
+		for _, id := range stored {
+			base = max(base, id)
+		}
+		h := &horizon{base: base, max: base, lanes: map[uint16]uint64{}}
+		lanes := 1 + rng.IntN(2*maxLanes) // past maxLanes: folded
+		next := make([]uint64, lanes)     // each lane's next id, growing
+		mixed := map[uint16]bool{}        // lanes a client's id fell into
+		for i := range next {
+			next[i] = base>>16<<16 + uint64(i)
+		}
+		for range 2000 {
+			var id uint64
+			if rng.IntN(10) == 0 {
+				id = rng.Uint64() // a client's id
+				mixed[lane(id)] = true
+			} else {
+				l := rng.IntN(lanes)
+				next[l] += uint64(1+rng.IntN(4)) << 16
+				id = next[l]
+				if h.lanes != nil && !mixed[lane(id)] && id <= h.bound(id) {
+					t.Fatalf("round %d: id %d grows its lane %d but is not above its bound %d", round, id, lane(id), h.bound(id))
+				}
+			}
+			h.note(id)
+			stored = append(stored, id)
+		}
+		for _, id := range stored {
+			if id > h.bound(id) {
+				t.Fatalf("round %d: stored id %d is above its bound %d (lanes kept: %v)", round, id, h.bound(id), h.lanes != nil)
+			}
+		}
+		if lanes+2000/10 < maxLanes/2 && h.lanes == nil {
+			t.Fatalf("round %d: folded with %d lanes", round, lanes)
+		}
+	}
 }
