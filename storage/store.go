@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
@@ -25,6 +26,13 @@ type Config struct {
 	Clock crdt.Clock
 	// CacheBytes is Pebble's block cache size. Default 64 MiB.
 	CacheBytes int64
+	// WALMinSyncInterval is the least time between two syncs of the WAL
+	// (Pebble's option of that name): a synced commit that comes sooner
+	// waits, and shares the sync with the commits arriving meanwhile. 0
+	// syncs at once. Each fdatasync costs CPU (about a sixth of a node's
+	// CPU went to it with 8 workers completing tasks one at a time);
+	// 250 µs cut server CPU per task there by about 11%.
+	WALMinSyncInterval time.Duration
 	// TaskCacheRows bounds the tasks whose stored state and index state
 	// are kept in memory (see rowCache). 0: 65,536; negative: none.
 	TaskCacheRows int
@@ -51,6 +59,9 @@ func (c *Config) Validate() error {
 	}
 	if c.CacheBytes < 0 {
 		return errors.New("storage: Config.CacheBytes must not be negative")
+	}
+	if c.WALMinSyncInterval < 0 || c.WALMinSyncInterval > time.Second {
+		return errors.New("storage: Config.WALMinSyncInterval must be between 0 and 1s")
 	}
 	return nil
 }
@@ -116,6 +127,9 @@ func Open(cfg Config) (*Store, error) {
 		// 16 MiB 5.8 s, 32 MiB 6.7 s (deeper skiplists cost more than the
 		// saved compactions). A new DB starts at 256 KiB and grows.
 		MemTableSize: 16 << 20,
+	}
+	if d := cfg.WALMinSyncInterval; d > 0 {
+		opts.WALMinSyncInterval = func() time.Duration { return d }
 	}
 	if opts.Logger == nil {
 		opts.Logger = quietLogger{}

@@ -73,6 +73,7 @@ func run(args []string) error {
 	fs.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", 0, "create a new cluster once this many nodes are there (default 1 without -join: a cluster of this node alone)")
 	fs.IntVar(&cfg.Replication, "replication", 3, "replicas of each partition N, for a new cluster (capped at -bootstrap-expect)")
 	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 5*time.Second, "how long a write waits for its quorum")
+	fs.DurationVar(&cfg.WALMinSyncInterval, "wal-min-sync-interval", node.DefaultWALMinSyncInterval, "least time between two fsyncs of the write-ahead log: synced writes that come sooner wait and share the next one (negative: sync at once)")
 	fs.DurationVar(&cfg.AntiEntropyInterval, "antientropy-interval", 10*time.Second, "how often replicas compare their Merkle trees with each peer (a fifth of it after differences)")
 	fs.IntVar(&cfg.AntiEntropyRate, "antientropy-rate", 16<<20, "bytes per second anti-entropy may send and ask for")
 	fs.IntVar(&cfg.MaxMovesPerNode, "max-moves-per-node", 2, "replica moves under way at once per node during a rebalance (the meta leader's setting counts)")
