@@ -101,6 +101,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeLog$$' -fuzztime $(FUZZTIME) ./storage/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCommand$$' -fuzztime $(FUZZTIME) ./claims/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./claims/
+	$(GO) test -run '^$$' -fuzz '^FuzzRPCFrames$$' -fuzztime $(FUZZTIME) ./transport/
 
 # One node for quick trials: API on 127.0.0.1:7400, data under ./data.
 run:
