@@ -34,7 +34,11 @@ type sortedBatch struct {
 type batchOp struct {
 	key, value []byte
 	del        bool
-	seq        int // order of the write among writes of the same key
+	// absent marks a key known to hold nothing that the batch does not
+	// write: recorded for the row cache (rowCache.apply), never sent to
+	// Pebble.
+	absent bool
+	seq    int // order of the write among writes of the same key
 }
 
 // Set writes key = value.
@@ -49,20 +53,38 @@ func (b *sortedBatch) Delete(key []byte) error {
 	return nil
 }
 
+// NoteAbsent records that key holds nothing, without writing it (see
+// batchOp.absent).
+func (b *sortedBatch) NoteAbsent(key []byte) {
+	b.ops = append(b.ops, batchOp{key: key, del: true, absent: true, seq: len(b.ops)})
+}
+
 // DeleteRange deletes the keys in [start, end).
 func (b *sortedBatch) DeleteRange(start, end []byte) {
 	b.ranges = append(b.ranges, [2][]byte{start, end})
 }
 
 // Empty reports whether nothing was written.
-func (b *sortedBatch) Empty() bool { return len(b.ops) == 0 && len(b.ranges) == 0 }
+func (b *sortedBatch) Empty() bool {
+	if len(b.ranges) > 0 {
+		return false
+	}
+	for _, op := range b.ops {
+		if !op.absent {
+			return false
+		}
+	}
+	return true
+}
 
 // build returns a Pebble batch holding the writes in key order. The caller
 // closes it.
 func (b *sortedBatch) build(db *pebble.DB) (*pebble.Batch, error) {
 	size := 0
 	for _, op := range b.ops {
-		size += len(op.key) + len(op.value) + 8
+		if !op.absent {
+			size += len(op.key) + len(op.value) + 8
+		}
 	}
 	pb := db.NewBatchWithSize(size)
 	for _, r := range b.ranges {
@@ -74,6 +96,9 @@ func (b *sortedBatch) build(db *pebble.DB) (*pebble.Batch, error) {
 	slices.SortFunc(b.ops, func(x, y batchOp) int { return cmp.Or(bytes.Compare(x.key, y.key), cmp.Compare(x.seq, y.seq)) })
 	for _, op := range b.ops {
 		var err error
+		if op.absent {
+			continue
+		}
 		if op.del {
 			err = pb.Delete(op.key, nil)
 		} else {

@@ -333,7 +333,7 @@ func (s *Store) PromoteDelayed(p uint16, limit int) (int, error) {
 			if ti.m.state != IndexDelayed || ti.task.Spec.NotBeforeMs > now {
 				continue // claimed or promoted meanwhile
 			}
-			ch, err := s.moveIndex(b, p, id, ti.m, ti.task.Spec, meta{state: IndexReady}, ti.task.Spec)
+			ch, err := s.moveIndex(b, p, id, ti.m, ti.task.Spec, meta{state: IndexReady}, ti.task.Spec, ti.metaFound)
 			if err != nil {
 				return nil, err
 			}
@@ -382,8 +382,8 @@ func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *sortedBatch) ([
 type taskIndex struct {
 	task      *crdt.Task
 	digest    uint64 // of task, when stored
-	m         meta
-	metaFound bool
+	m         meta   // the meta key's value, or the default of a stored task (row.meta)
+	metaFound bool   // the meta key holds a value
 }
 
 // loadIndex reads what moveClaims needs of id. The caller holds id's
@@ -400,7 +400,7 @@ func (s *Store) loadIndex(p uint16, id uint64) (taskIndex, error) {
 	if err != nil {
 		return taskIndex{}, err
 	}
-	return taskIndex{task: st.Task, digest: st.Digest, m: r.m, metaFound: true}, nil
+	return taskIndex{task: st.Task, digest: st.Digest, m: r.meta(), metaFound: r.mFound}, nil
 }
 
 // moveClaims writes the claimed-index moves into b. Moves of one id are
@@ -461,10 +461,10 @@ func (s *Store) moveClaims(b *sortedBatch, p uint16, moves []IndexMove) ([]ready
 				next = initialPlacement(spec, now)
 			}
 		}
-		if ti.metaFound && next == ti.m {
+		if next == ti.m && (ti.metaFound || ti.task != nil) {
 			continue
 		}
-		ch, err := s.moveIndex(b, p, id, ti.m, spec, next, spec)
+		ch, err := s.moveIndex(b, p, id, ti.m, spec, next, spec, ti.metaFound)
 		if err != nil {
 			return nil, err
 		}

@@ -157,7 +157,7 @@ func (c *rowCache) apply(ops []batchOp) {
 			}
 			continue
 		}
-		ch.metaSeen = true
+		ch.metaSeen = true // a write, or a known absence (batchOp.absent)
 		ch.r.m, ch.r.mFound = meta{}, false
 		if !op.del {
 			if m, ok := decodeMeta(op.value); ok {

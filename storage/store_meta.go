@@ -68,8 +68,14 @@ type readyChange struct {
 }
 
 // moveIndex writes into b the new meta value and the index changes from
-// (old, oldSpec) to (new, newSpec). It returns the ready-index changes.
-func (s *Store) moveIndex(b *sortedBatch, p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec) ([]readyChange, error) {
+// (old, oldSpec) to (new, newSpec). metaStored tells whether id's meta key
+// holds a value now. It returns the ready-index changes.
+//
+// A stored task without a meta key is ready (see row.meta): a task that
+// is ready and has no meta key keeps none, so that an enqueue writes
+// three keys, not four (the store's CPU per new task fell by about a
+// sixth without it, BenchmarkMergeTasksBatch).
+func (s *Store) moveIndex(b *sortedBatch, p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec, metaStored bool) ([]readyChange, error) {
 	oldKey, newKey := indexKey(p, id, old, oldSpec), indexKey(p, id, new, newSpec)
 	// Every write of a task (prepareMerge) or a meta comes here: raise the
 	// horizon before the batch is applied. A meta can be written for a
@@ -77,7 +83,9 @@ func (s *Store) moveIndex(b *sortedBatch, p uint16, id uint64, old meta, oldSpec
 	if err := s.horizons.note(p, id); err != nil {
 		return nil, err
 	}
-	if err := b.Set(metaKey(p, id), new.encode()); err != nil {
+	if new.state == IndexReady && !metaStored && newSpec != nil {
+		b.NoteAbsent(metaKey(p, id))
+	} else if err := b.Set(metaKey(p, id), new.encode()); err != nil {
 		return nil, err
 	}
 	return moveIndexKeys(b, p, old, oldSpec, oldKey, new, newSpec, newKey)

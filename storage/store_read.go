@@ -104,16 +104,25 @@ func (r row) storedTask(p uint16, id uint64) (*StoredTask, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !r.mFound {
-		return nil, corrupt(metaKey(p, id), "missing meta of a stored task")
-	}
-	st.Index, st.ExpiryMs = r.m.state, r.m.expiryMs
+	m := r.meta()
+	st.Index, st.ExpiryMs = m.state, m.expiryMs
 	return st, nil
 }
 
-// getMeta returns the meta of id. A claim can be recorded (by the claim FSM)
-// before the task's state reaches this replica, so meta may exist without a
-// task; a task never exists without meta.
+// meta returns the row's index state: its meta key's value, or for a task
+// stored without one, ready (moveIndex writes no meta key for a ready
+// task that has none). Before this rule every stored task had a meta key,
+// so data written before it reads the same.
+func (r row) meta() meta {
+	if !r.mFound && r.enc != nil {
+		return meta{state: IndexReady}
+	}
+	return r.m
+}
+
+// getMeta returns the meta key of id. A claim can be recorded (by the
+// claim FSM) before the task's state reaches this replica, so meta may
+// exist without a task; a ready task may have none (row.meta).
 func (s *Store) getMeta(p uint16, id uint64) (m meta, found bool, err error) {
 	if r, ok := s.rows.lookup(p, id); ok {
 		return r.m, r.mFound, nil

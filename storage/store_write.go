@@ -214,7 +214,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 			// keys are written already.
 			continue
 		}
-		ins, err := s.moveIndex(&sb, k.p, k.id, oldMeta, oldSpec, newMeta, out.Spec)
+		ins, err := s.moveIndex(&sb, k.p, k.id, oldMeta, oldSpec, newMeta, out.Spec, stored.mFound)
 		if err != nil {
 			return nil, nil, nil, nil, nil, err
 		}
@@ -308,8 +308,12 @@ func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 					changes = append(changes, readyChange{p: p, queue: spec.Queue, key: k})
 				}
 			}
-			if err := b.Delete(metaKey(p, id)); err != nil {
-				return nil, err
+			if ti.metaFound {
+				if err := b.Delete(metaKey(p, id)); err != nil {
+					return nil, err
+				}
+			} else {
+				b.NoteAbsent(metaKey(p, id))
 			}
 		}
 		return changes, nil
