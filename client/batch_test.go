@@ -1,11 +1,9 @@
 package client_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -384,41 +382,4 @@ func TestInflightBatching(t *testing.T) {
 
 // coalescerWaiters counts the goroutines waiting for the outcome of a
 // batched call.
-func coalescerWaiters() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return bytes.Count(buf[:n], []byte("client.(*coalescer[...]).wait("))
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
-
-// TestBatchingOff: WithEnqueueBatching(0, 1) and WithCompleteBatching(0,
-// 1) send every call on its own, concurrent or not.
-func TestBatchingOff(t *testing.T) {
-	f := newFakeT(t)
-	c := newClient(t, f.addr, client.WithEnqueueBatching(0, 1), client.WithCompleteBatching(0, 1))
-	ids, errs := enqueueAll(t.Context(), c, 30, nil)
-	checkOwnTasks(t, f, ids, errs)
-	if f.count("Enqueue") != 30 || f.count("EnqueueBatch") != 0 {
-		t.Errorf("%d Enqueue and %d EnqueueBatch calls for 30 enqueues, want 30 and 0", f.count("Enqueue"), f.count("EnqueueBatch"))
-	}
-	got, err := c.Claim(t.Context(), client.ClaimRequest{Queue: "q", Max: 30, Lease: time.Minute})
-	if err != nil || len(got) != 30 {
-		t.Fatalf("Claim = %d tasks, %v", len(got), err)
-	}
-	var wg sync.WaitGroup
-	for _, ct := range got {
-		wg.Go(func() {
-			if err := c.Complete(t.Context(), ct.GetTask().GetId(), ct.GetClaimId(), nil); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
-	if f.count("Complete") != 30 || f.count("CompleteBatch") != 0 {
-		t.Errorf("%d Complete and %d CompleteBatch calls for 30 completes, want 30 and 0", f.count("Complete"), f.count("CompleteBatch"))
-	}
-}
+func coalescerWaiters() int { return inStacks("client.(*coalescer[...]).wait(") }

@@ -286,11 +286,16 @@ func TestDiscoveryAfterConnectionFailure(t *testing.T) {
 // by their creator, which a traceback names whether or not the goroutine
 // has started yet.
 func discoverers() int {
+	return inStacks("created by github.com/norn-dev/norn/client.(*Client).startDiscovery ")
+}
+
+// inStacks counts the occurrences of s in the stacks of all goroutines.
+func inStacks(s string) int {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
 		if n < len(buf) {
-			return bytes.Count(buf[:n], []byte("created by github.com/norn-dev/norn/client.(*Client).startDiscovery "))
+			return bytes.Count(buf[:n], []byte(s))
 		}
 		buf = make([]byte, 2*len(buf))
 	}
