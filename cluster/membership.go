@@ -155,9 +155,10 @@ type Membership struct {
 	logger  hclog.Logger
 	joinMu  sync.Mutex // one Join at a time, so refusals go to its seeds
 
-	mu      sync.Mutex
-	meta    NodeMeta
-	members map[string]*peer // by node id, including dead and left ones
+	updateMu sync.Mutex // serializes UpdateMeta (see there)
+	mu       sync.Mutex
+	meta     NodeMeta
+	members  map[string]*peer // by node id, including dead and left ones
 	// refused holds the nodes refused as members of another cluster
 	// (logged once each; hidden from Members) until one shows this
 	// node's cluster id or (re)joins; see admit.
@@ -334,6 +335,11 @@ func (m *Membership) Members() []Member {
 // its cluster id once the cluster is formed) and gossips it, waiting up to
 // timeout for the broadcast to reach a member. The id cannot change.
 func (m *Membership) UpdateMeta(update func(*NodeMeta), timeout time.Duration) error {
+	// memberlist's UpdateNode is not safe to call concurrently (the race
+	// detector caught the leader balancer's and the reconcile loop's
+	// calls racing inside it): one update at a time.
+	m.updateMu.Lock()
+	defer m.updateMu.Unlock()
 	m.mu.Lock()
 	next := m.meta
 	update(&next)
