@@ -183,15 +183,22 @@ func (c *Coordinator) ReadStates(ctx context.Context, p uint16, ids []uint64) ([
 			batches <- batch{as, err}
 		}()
 	}
-	if local {
-		// Here, not in a goroutine: nothing reads the store after
-		// readStates returns.
-		as, err := c.askReplica(ctx, p, c.cfg.NodeID, ids)
-		batches <- batch{as, err}
-	}
 	var got [][]replicaAnswer
 	var lastErr error
-	for range cohort {
+	remote := len(cohort)
+	if local {
+		// Here, not in a goroutine: nothing reads the store after
+		// readStates returns. Always among the answers, even when two
+		// peers answer first, so that it is repaired when behind.
+		remote--
+		as, err := c.askReplica(ctx, p, c.cfg.NodeID, ids)
+		if err != nil {
+			lastErr = err
+		} else {
+			got = append(got, as)
+		}
+	}
+	for range remote {
 		if len(got) >= quorum {
 			break
 		}

@@ -24,9 +24,12 @@ import (
 // one aborts it.
 func TestClusterRemoteDependencies(t *testing.T) {
 	// Leaders that stay put (the default Raft timeout, not the tests'
-	// 300ms): each case needs the dependant's leader to be the one that
-	// checks its dependency.
-	ms := testClusterWith(t, 4, func(_ int, cfg *Config) { cfg.RaftTimeout = time.Second })
+	// 300ms, and no leader balancing): each case needs the dependant's
+	// leader to be the one that checks its dependency.
+	ms := testClusterWith(t, 4, func(_ int, cfg *Config) {
+		cfg.RaftTimeout = time.Second
+		cfg.NoLeaderBalance = true
+	})
 	ctx := context.Background()
 	const P = 8
 	r := ms[0].node.host.Ring()
