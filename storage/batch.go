@@ -29,11 +29,13 @@ import (
 type sortedBatch struct {
 	ops    []batchOp
 	ranges [][2][]byte
+	counts map[countDelta]int64 // counter changes (recount), merged at build
 }
 
 type batchOp struct {
 	key, value []byte
 	del        bool
+	merge      bool // a merge operand (a counter delta)
 	// absent marks a key known to hold nothing that the batch does not
 	// write: recorded for the row cache (rowCache.apply), never sent to
 	// Pebble.
@@ -69,6 +71,11 @@ func (b *sortedBatch) Empty() bool {
 	if len(b.ranges) > 0 {
 		return false
 	}
+	for _, d := range b.counts {
+		if d != 0 {
+			return false
+		}
+	}
 	for _, op := range b.ops {
 		if !op.absent {
 			return false
@@ -80,6 +87,12 @@ func (b *sortedBatch) Empty() bool {
 // build returns a Pebble batch holding the writes in key order. The caller
 // closes it.
 func (b *sortedBatch) build(db *pebble.DB) (*pebble.Batch, error) {
+	for k, d := range b.counts {
+		if d != 0 {
+			b.ops = append(b.ops, batchOp{key: countKey(k.p, k.queue, k.class), value: encodeCount(d), merge: true, seq: len(b.ops)})
+		}
+	}
+	b.counts = nil
 	size := 0
 	for _, op := range b.ops {
 		if !op.absent {
@@ -99,9 +112,12 @@ func (b *sortedBatch) build(db *pebble.DB) (*pebble.Batch, error) {
 		if op.absent {
 			continue
 		}
-		if op.del {
+		switch {
+		case op.del:
 			err = pb.Delete(op.key, nil)
-		} else {
+		case op.merge:
+			err = pb.Merge(op.key, op.value, nil)
+		default:
 			err = pb.Set(op.key, op.value, nil)
 		}
 		if err != nil {

@@ -333,6 +333,9 @@ func (s *Store) PromoteDelayed(p uint16, limit int) (int, error) {
 			if ti.m.state != IndexDelayed || ti.task.Spec.NotBeforeMs > now {
 				continue // claimed or promoted meanwhile
 			}
+			if err := b.recount(p, id, ti.task, ti.m, ti.task, meta{state: IndexReady}); err != nil {
+				return nil, err
+			}
 			ch, err := s.moveIndex(b, p, id, ti.m, ti.task.Spec, meta{state: IndexReady}, ti.task.Spec, ti.metaFound)
 			if err != nil {
 				return nil, err
@@ -463,6 +466,9 @@ func (s *Store) moveClaims(b *sortedBatch, p uint16, moves []IndexMove) ([]ready
 		}
 		if next == ti.m && (ti.metaFound || ti.task != nil) {
 			continue
+		}
+		if err := b.recount(p, id, ti.task, ti.m, ti.task, next); err != nil {
+			return nil, err
 		}
 		ch, err := s.moveIndex(b, p, id, ti.m, spec, next, spec, ti.metaFound)
 		if err != nil {

@@ -16,6 +16,8 @@
 //	p 0x05 segment id               -> digest   anti-entropy segment index
 //	p 0x06 id                       -> meta: index state [+ expiryMs]
 //	p 0x07 terminalMs id            -> (empty)  retention index of terminal tasks
+//	p 0x08 queue 0x00 class         -> int64    task counter (Pebble merge: sums)
+//	p 0x09 id                       -> (empty)  ready tasks with dependencies
 //	p 0x10 index                    -> raft log entry   (RaftStore)
 //	p 0x11 key                      -> raft stable value (RaftStore)
 //	p 0x12 0x00                     -> claim FSM applied Raft index

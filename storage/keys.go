@@ -17,6 +17,8 @@ const (
 	tagSegment  byte = 0x05 // segment id -> digest
 	tagMeta     byte = 0x06 // id -> local index state
 	tagTerminal byte = 0x07 // terminalMs id -> empty (retention)
+	tagCount    byte = 0x08 // queue 0x00 class -> int64 counter (merged)
+	tagWaiting  byte = 0x09 // id -> empty: ready with dependencies
 	tagRaftLog  byte = 0x10 // used by RaftStore
 	tagRaftKV   byte = 0x11 // used by RaftStore
 	tagClaimFSM byte = 0x12 // reserved for the claim FSM (claims/)

@@ -127,6 +127,8 @@ func Open(cfg Config) (*Store, error) {
 		// 16 MiB 5.8 s, 32 MiB 6.7 s (deeper skiplists cost more than the
 		// saved compactions). A new DB starts at 256 KiB and grows.
 		MemTableSize: 16 << 20,
+		// The task counters are merge operands (countMerger).
+		Merger: countMerger,
 	}
 	if d := cfg.WALMinSyncInterval; d > 0 {
 		opts.WALMinSyncInterval = func() time.Duration { return d }
@@ -149,8 +151,13 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.TaskCacheRows >= 0 {
 		rows = newRowCache(cmp.Or(cfg.TaskCacheRows, defaultRowCacheRows))
 	}
-	return &Store{db: db, rows: rows, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen,
-		horizons: idHorizons{db: db, spans: stateSpans}, recordHorizons: idHorizons{db: db, spans: recordSpans}}, nil
+	s := &Store{db: db, rows: rows, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen,
+		horizons: idHorizons{db: db, spans: stateSpans}, recordHorizons: idHorizons{db: db, spans: recordSpans}}
+	if err := s.upgrade(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // Close closes the database. Calls after Close fail or panic as Pebble does;

@@ -208,6 +208,13 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 			return nil, nil, nil, nil, nil, err
 		}
 		newMeta := placeAfterMerge(oldMeta, oldSpec, out, now)
+		var oldTask *crdt.Task
+		if old != nil {
+			oldTask = old.Task
+		}
+		if err := sb.recount(k.p, k.id, oldTask, oldMeta, out, newMeta); err != nil {
+			return nil, nil, nil, nil, nil, err
+		}
 		if old != nil && newMeta == oldMeta && sameIndexFields(oldSpec, out.Spec) {
 			// The task stays where it is (a completion of a claimed
 			// task, an update, a replayed state): its meta and index
@@ -287,6 +294,9 @@ func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 			}
 			if ti.task == nil && !ti.metaFound {
 				continue
+			}
+			if err := b.recount(p, id, ti.task, ti.m, nil, meta{}); err != nil {
+				return nil, err
 			}
 			var spec *crdt.Spec
 			if ti.task != nil {
