@@ -179,31 +179,57 @@ func (c *Coordinator) askList(ctx context.Context, nd cluster.RingNode, p uint16
 }
 
 // CountPartition counts partition p's tasks (of queue, or all) by status
-// name. It scans the partition.
+// name, from the replica's counters (storage.Counts): O(queues), not
+// O(tasks). The tasks that wait for dependencies are the exception: the
+// store counts them apart (storage.ClassWaiting), and each is looked up
+// here to tell READY from DELAYED by its dependencies' outcomes, as
+// GetTask does.
 func (c *Coordinator) CountPartition(p uint16, queue string) (map[string]uint64, error) {
-	counts := map[string]uint64{}
-	now := c.cfg.Clock.Now().UnixMilli()
-	var start uint64
-	for {
-		batch, next, more, err := c.store.ScanTasks(p, start, 1024)
-		if err != nil {
-			return nil, err
-		}
-		for _, st := range batch {
-			if st.Task.Spec == nil || (queue != "" && st.Task.Spec.Queue != queue) {
-				continue
-			}
-			ts, err := c.withClaims(p, st.Task)
-			if err != nil {
-				return nil, err
-			}
-			counts[statusName(ts.Status(now, c.cfg.DepsDone))]++
-		}
-		if !more {
-			return counts, nil
-		}
-		start = next
+	entries, err := c.store.Counts(p, queue)
+	if err != nil {
+		return nil, err
 	}
+	counts := map[string]uint64{}
+	waiting := false
+	for _, e := range entries {
+		if e.N < 0 {
+			return nil, fmt.Errorf("partition %d: counter of %q %v is %d", p, e.Queue, e.Class, e.N)
+		}
+		if e.Class == storage.ClassWaiting {
+			waiting = true
+			continue
+		}
+		counts[statusName(classStatus[e.Class])] += uint64(e.N)
+	}
+	if !waiting {
+		return counts, nil
+	}
+	err = c.store.ScanWaiting(p, func(t *crdt.Task) error {
+		if t.Spec == nil || (queue != "" && t.Spec.Queue != queue) {
+			return nil
+		}
+		if _, terminal := t.Terminal(); terminal {
+			return nil // counted as terminal since the scan began
+		}
+		s := nornv1.TaskStatus_TASK_STATUS_READY
+		if c.cfg.DepsDone != nil && !c.cfg.DepsDone(t.Spec.DependsOn) {
+			s = nornv1.TaskStatus_TASK_STATUS_DELAYED
+		}
+		counts[statusName(s)]++
+		return nil
+	})
+	return counts, err
+}
+
+// classStatus is the status of each counted class but ClassWaiting.
+var classStatus = map[storage.Class]nornv1.TaskStatus{
+	storage.ClassReady:     nornv1.TaskStatus_TASK_STATUS_READY,
+	storage.ClassDelayed:   nornv1.TaskStatus_TASK_STATUS_DELAYED,
+	storage.ClassClaimed:   nornv1.TaskStatus_TASK_STATUS_CLAIMED,
+	storage.ClassCompleted: nornv1.TaskStatus_TASK_STATUS_COMPLETED,
+	storage.ClassAborted:   nornv1.TaskStatus_TASK_STATUS_ABORTED,
+	storage.ClassCancelled: nornv1.TaskStatus_TASK_STATUS_CANCELLED,
+	storage.ClassOther:     nornv1.TaskStatus_TASK_STATUS_READY,
 }
 
 // statusName is a status without its enum prefix ("READY").

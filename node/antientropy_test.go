@@ -89,22 +89,24 @@ func TestAntiEntropyRepairsReplicas(t *testing.T) {
 		}
 		return true
 	})
-	var pushed, pulled int
-	for _, m := range ms {
-		resp, err := http.Get("http://" + m.cfg.APIAddr + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		pushed += metricValue(t, body, "norn_antientropy_tasks_pushed_total")
-		pulled += metricValue(t, body, "norn_antientropy_tasks_pulled_total")
-	}
 	// n1's 40 tasks reached two replicas, the cancel two: at least 82
-	// transfers, each counted once as a push or a pull.
-	if pushed+pulled < 82 {
-		t.Fatalf("metrics count %d pushed and %d pulled, want at least 82 together", pushed, pulled)
-	}
+	// transfers, each counted once as a push or a pull. A round records
+	// its counts when it ends, after its merges: wait for them.
+	var pushed, pulled int
+	waitFor(t, 10*time.Second, "anti-entropy metrics to count at least 82 transfers", func() bool {
+		pushed, pulled = 0, 0
+		for _, m := range ms {
+			resp, err := http.Get("http://" + m.cfg.APIAddr + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			pushed += metricValue(t, body, "norn_antientropy_tasks_pushed_total")
+			pulled += metricValue(t, body, "norn_antientropy_tasks_pulled_total")
+		}
+		return pushed+pulled >= 82
+	})
 }
 
 func metricValue(t *testing.T, body []byte, name string) int {

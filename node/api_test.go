@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/server"
@@ -179,6 +181,49 @@ func TestBadInputs(t *testing.T) {
 		t.Fatalf("task after bad inputs: %v", got)
 	}
 	h.enqueue(&nornv1.TaskSpec{Queue: "q"})
+}
+
+// CountTasks reads counters, yet counts a delayed task and one whose
+// dependency is running as DELAYED and the dependant as READY once the
+// dependency completed, as GetTask shows them; a terminal task as its
+// terminal status.
+func TestCountDelaysAndDependencies(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	ctx := context.Background()
+	count := func(queue string, want map[string]uint64) {
+		t.Helper()
+		cnt, err := h.api.CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{Queue: queue}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !maps.Equal(cnt.Msg.ByStatus, want) {
+			t.Fatalf("count of %q: %v, want %v", queue, cnt.Msg.ByStatus, want)
+		}
+	}
+	dep := h.enqueue(&nornv1.TaskSpec{Queue: "parent"})
+	child := h.enqueue(&nornv1.TaskSpec{Queue: "child", DependsOn: []uint64{dep}})
+	h.enqueue(&nornv1.TaskSpec{Queue: "child", NotBefore: timestamppb.New(time.Now().Add(time.Hour))})
+	h.enqueue(&nornv1.TaskSpec{Queue: "child"})
+	count("child", map[string]uint64{"DELAYED": 2, "READY": 1})
+	if s := h.get(child).Status; s != nornv1.TaskStatus_TASK_STATUS_DELAYED {
+		t.Fatalf("dependant of a ready task is %v", s)
+	}
+	got := h.claim("parent", 1, time.Minute)
+	if len(got) != 1 {
+		t.Fatalf("claimed %v", got)
+	}
+	count("", map[string]uint64{"DELAYED": 2, "READY": 1, "CLAIMED": 1})
+	if _, err := h.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: dep, ClaimId: got[0].ClaimId})); err != nil {
+		t.Fatal(err)
+	}
+	count("parent", map[string]uint64{"COMPLETED": 1})
+	waitFor(t, 5*time.Second, "the dependant counted ready", func() bool {
+		cnt, err := h.api.CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{Queue: "child"}))
+		return err == nil && maps.Equal(cnt.Msg.ByStatus, map[string]uint64{"DELAYED": 1, "READY": 2})
+	})
+	if s := h.get(child).Status; s != nornv1.TaskStatus_TASK_STATUS_READY {
+		t.Fatalf("dependant of a completed task is %v", s)
+	}
 }
 
 func TestCountListStatus(t *testing.T) {
