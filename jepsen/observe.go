@@ -186,3 +186,84 @@ func CheckPlacement(ctx context.Context, c *Cluster, ch *Churn, within time.Dura
 	v.Valid = len(problems) == 0 && len(exp.Failures) == 0 && exp.Done
 	return v
 }
+
+// CheckCounts is the counts checker, after the drain and the final read:
+// it polls until the cluster's task counters agree between replicas,
+// with the stored tasks and with the history (check.CountsProblems), or
+// within passes.
+func CheckCounts(ctx context.Context, c *Cluster, h *check.History, within time.Duration) check.Verdict {
+	v := check.Verdict{Checker: "counts", Counts: map[string]int{}}
+	start := time.Now()
+	var problems []string
+	for {
+		obs, err := observeCounts(ctx, c)
+		if err != nil {
+			problems = []string{err.Error()}
+		} else {
+			problems = check.CountsProblems(h.Ops(), obs)
+			var total uint64
+			for _, n := range obs.Counted {
+				total += n
+			}
+			v.Counts["tasks"] = int(total)
+		}
+		if len(problems) == 0 {
+			v.Valid = true
+			v.Counts["ms-to-agree"] = int(time.Since(start).Milliseconds())
+			return v
+		}
+		if time.Since(start) > within || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	v.Counts["problems"] = len(problems)
+	for _, p := range problems {
+		v.Addf("%s", p)
+	}
+	v.Addf("counts not as expected %s after the drain", within)
+	return v
+}
+
+// observeCounts reads every active node's per-partition counts, and
+// CountTasks and a full ListTasks from the first active node.
+func observeCounts(ctx context.Context, c *Cluster) (check.CountsObservation, error) {
+	obs := check.CountsObservation{Replicas: map[uint32]map[string]map[string]uint64{}, Listed: map[string]uint64{}}
+	active := c.Active()
+	if len(active) == 0 {
+		return obs, fmt.Errorf("no active node")
+	}
+	for _, n := range active {
+		st, err := n.Status(ctx, true)
+		if err != nil {
+			return obs, fmt.Errorf("%s: status: %v", n.ID, err)
+		}
+		for _, p := range st.Partitions {
+			if obs.Replicas[p.Id] == nil {
+				obs.Replicas[p.Id] = map[string]map[string]uint64{}
+			}
+			obs.Replicas[p.Id][n.ID] = p.Counts
+		}
+	}
+	n := active[0]
+	cnt, err := n.Tasks.CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{}))
+	if err != nil {
+		return obs, fmt.Errorf("%s: CountTasks: %v", n.ID, err)
+	}
+	obs.Counted = cnt.Msg.ByStatus
+	for tok, pages := "", 0; ; pages++ {
+		r, err := n.Tasks.ListTasks(ctx, connect.NewRequest(&nornv1.ListTasksRequest{PageSize: 1000, PageToken: tok}))
+		if err != nil {
+			return obs, fmt.Errorf("%s: ListTasks: %v", n.ID, err)
+		}
+		for _, t := range r.Msg.Tasks {
+			obs.Listed[strings.TrimPrefix(t.Status.String(), "TASK_STATUS_")]++
+		}
+		if tok = r.Msg.NextPageToken; tok == "" {
+			return obs, nil
+		}
+		if pages > 100_000 {
+			return obs, fmt.Errorf("%s: ListTasks does not end", n.ID)
+		}
+	}
+}

@@ -76,6 +76,7 @@ var Scenarios = []Scenario{
 	{Name: "bug-claim-no-check", Desc: "self-test: seeded bug claim-no-check; kill -9 the partition leader right after it grants a long claim (its successor has not applied it and serves waiting claims at once), 8 clients for 60 s; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"claim-no-check"}, Nemesis: nemesisKillClaimLeader, Time: time.Minute, Clients: 8, EnqueueShare: 0.2},
 	{Name: "bug-ack-before-sync", Desc: "self-test: seeded bug ack-before-sync; every node loses power right after an enqueue is acked; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"ack-before-sync"}, Nemesis: nemesisCrashAfterEnqueue, Short: true},
 	{Name: "bug-expiry-no-skew", Desc: "self-test: seeded bug expiry-no-skew; workers hold short claims past their leases while the granting leader's clock runs 3/4 of the buffer ahead; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"expiry-no-skew"}, Nemesis: nemesisStallLeaderClockAhead},
+	{Name: "bug-count-drift", Desc: "self-test: seeded bug count-drift (the task counters miss the claim FSM's moves), no faults; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"count-drift"}, Nemesis: nemesisNone, Short: true},
 	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write, no faults, anti-entropy off (every 1h) so that nothing repairs the dropped writes; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Args: []string{"-antientropy-interval", "1h"}, Nemesis: nemesisNone},
 }
 
@@ -364,6 +365,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}
 	final := w.FinalRead(ctx, undelivered)
+	counts := CheckCounts(ctx, c, h, 30*time.Second)
+	tl.Log("note", "checked-counts", "", nil)
 
 	res.Verdicts = []check.Verdict{
 		check.Linearizable(ops, Replication, 60*time.Second, dir),
@@ -371,6 +374,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		check.Exclusion(ops),
 		check.Terminal(ops, Replication),
 		conv,
+		counts,
 		check.Liveness(ops, tl.FirstFault(), heal, firstClaim, minOKBeforeFault),
 	}
 	if placement != nil {

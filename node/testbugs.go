@@ -24,6 +24,10 @@ type TestBugs struct {
 	// PeerService.Replicate request is acknowledged without storing its
 	// tasks.
 	DropReplicatedWrite bool
+	// CountDrift ("count-drift"): the task counters miss the claim FSM's
+	// moves (storage.Config.CountDrift), so claimed and ended tasks are
+	// counted wrong.
+	CountDrift bool
 }
 
 // testBugs maps the names of -test-bug to their fields.
@@ -32,6 +36,7 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"ack-before-sync":       func(b *TestBugs) *bool { return &b.AckBeforeSync },
 	"expiry-no-skew":        func(b *TestBugs) *bool { return &b.ExpiryNoSkew },
 	"drop-replicated-write": func(b *TestBugs) *bool { return &b.DropReplicatedWrite },
+	"count-drift":           func(b *TestBugs) *bool { return &b.CountDrift },
 }
 
 // TestBugNames returns the names ParseTestBugs accepts, sorted.

@@ -50,6 +50,10 @@ type Config struct {
 	// syncing the WAL (pebble.NoSync) and returns at once, so a power loss
 	// loses writes it acknowledged. Never set it in production.
 	AckBeforeSync bool
+	// CountDrift is a seeded bug for the Jepsen harness (nornd -test-bug
+	// count-drift), test-only: the task counters miss the claim FSM's
+	// index moves. Never set it in production.
+	CountDrift bool
 }
 
 // Validate reports a missing or out-of-range field.
@@ -78,6 +82,7 @@ type Store struct {
 	clock   crdt.Clock
 	onReady func(p uint16, queue string) // Config.OnReady
 	noSync  bool                         // Config.AckBeforeSync (a seeded bug)
+	drift   bool                         // Config.CountDrift (a seeded bug)
 
 	stripes [lockStripes]sync.Mutex
 
@@ -151,7 +156,7 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.TaskCacheRows >= 0 {
 		rows = newRowCache(cmp.Or(cfg.TaskCacheRows, defaultRowCacheRows))
 	}
-	s := &Store{db: db, rows: rows, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen,
+	s := &Store{db: db, rows: rows, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, drift: cfg.CountDrift, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen,
 		horizons: idHorizons{db: db, spans: stateSpans}, recordHorizons: idHorizons{db: db, spans: recordSpans}}
 	if err := s.upgrade(); err != nil {
 		db.Close()

@@ -1,6 +1,7 @@
 package check
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -93,5 +94,47 @@ func TestReportOnlyStatus(t *testing.T) {
 	v.Valid = true
 	if v.Status() != "pass" {
 		t.Fatalf("status %q", v.Status())
+	}
+}
+
+func TestCountsProblems(t *testing.T) {
+	ops := []*Op{
+		{F: "enqueue", Type: "ok", Task: 1, Payload: "a"},
+		{F: "enqueue", Type: "ok", Task: 2, Payload: "b"},
+		{F: "enqueue", Type: "info", Payload: "c"},
+		{F: "enqueue", Type: "fail", Payload: "d"},
+		{F: "complete", Type: "ok", Task: 1},
+	}
+	replicas := func(n2 map[string]uint64) map[uint32]map[string]map[string]uint64 {
+		return map[uint32]map[string]map[string]uint64{
+			0: {"n1": {"COMPLETED": 1}, "n2": {"COMPLETED": 1}},
+			1: {"n1": {"READY": 1}, "n2": n2},
+		}
+	}
+	good := CountsObservation{Replicas: replicas(map[string]uint64{"READY": 1}),
+		Counted: map[string]uint64{"COMPLETED": 1, "READY": 1}, Listed: map[string]uint64{"COMPLETED": 1, "READY": 1}}
+	if p := CountsProblems(ops, good); len(p) != 0 {
+		t.Fatalf("a good observation: %v", p)
+	}
+	withInfo := good
+	withInfo.Counted = map[string]uint64{"COMPLETED": 1, "READY": 2}
+	withInfo.Listed = withInfo.Counted
+	if p := CountsProblems(ops, withInfo); len(p) != 0 {
+		t.Fatalf("an indeterminate enqueue that took effect: %v", p)
+	}
+	for name, c := range map[string]struct {
+		obs  CountsObservation
+		want string
+	}{
+		"replicas differ": {CountsObservation{Replicas: replicas(map[string]uint64{"CLAIMED": 1}), Counted: good.Counted, Listed: good.Listed}, "replicas count differently"},
+		"counters drift":  {CountsObservation{Replicas: good.Replicas, Counted: map[string]uint64{"COMPLETED": 1, "CLAIMED": 1}, Listed: good.Listed}, "CountTasks"},
+		"acked missing":   {CountsObservation{Replicas: good.Replicas, Counted: map[string]uint64{"COMPLETED": 1}, Listed: map[string]uint64{"COMPLETED": 1}}, "2 enqueues acknowledged"},
+		"never enqueued":  {CountsObservation{Replicas: good.Replicas, Counted: map[string]uint64{"COMPLETED": 1, "READY": 3}, Listed: map[string]uint64{"COMPLETED": 1, "READY": 3}}, "only 3 enqueues attempted"},
+		"end not counted": {CountsObservation{Replicas: good.Replicas, Counted: map[string]uint64{"READY": 2}, Listed: map[string]uint64{"READY": 2}}, "counted as ended"},
+	} {
+		p := CountsProblems(ops, c.obs)
+		if len(p) != 1 || !strings.Contains(p[0], c.want) {
+			t.Errorf("%s: problems %q, want one with %q", name, p, c.want)
+		}
 	}
 }
