@@ -13,7 +13,7 @@ MODULE      := github.com/norn-dev/norn
 CORE_PKGS   := ./crdt/... ./ring/... ./faultfs/... ./storage/... ./claims/... ./cluster/... ./antientropy/... ./transport/... ./client/... ./apierr/... ./replicas/... ./coord/... ./dispatch/... ./server/... ./rebalance/... ./node/...
 BIN         := bin
 
-.PHONY: all build test test-core test-rest test-stress lint fmt proto proto-check bench bench-move bench-peers bench-scale fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
+.PHONY: all build test test-core test-rest test-stress lint fmt proto proto-check bench bench-move bench-peers bench-scale bench-idle fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
 
 all: build
 
@@ -99,6 +99,12 @@ bench-peers: build
 # latency, RSS and disk at each size (docs/SCALING.md).
 bench-scale: build
 	BIN=$(BIN) SCALE=$(SCALE) bash scripts/bench-scale.sh
+
+# Three idle nodes with P partitions (default 1024): CPU share of a core
+# and RSS per node (docs/SCALING.md).
+P ?= 1024
+bench-idle: build
+	BIN=$(BIN) P=$(P) bash scripts/bench-idle.sh
 
 # A short coverage-guided fuzz run of every decoder.
 FUZZTIME ?= 30s

@@ -128,6 +128,11 @@ type Config struct {
 	// RaftTimeout is the heartbeat and election timeout of every partition
 	// group. Default 1 s (tests use less).
 	RaftTimeout time.Duration
+	// RaftHeartbeatLinger is how long a partition group's heartbeat waits
+	// to travel with the others to the same node (transport.Heartbeats).
+	// Default 5 ms; negative: each heartbeat on its own, as
+	// NetworkTransport sends it.
+	RaftHeartbeatLinger time.Duration
 	// Logger is the node's structured log. Default slog.Default().
 	Logger *slog.Logger
 	// RaftLogger receives hashicorp/raft's logs. Default: warnings to stderr.
@@ -236,6 +241,7 @@ func (c *Config) setDefaults() {
 		c.TreeLeafBits = antientropy.DefaultLeafBits
 	}
 	def(&c.RaftTimeout, time.Second)
+	def(&c.RaftHeartbeatLinger, 5*time.Millisecond)
 	def(&c.WriteTimeout, 5*time.Second)
 	def(&c.WALMinSyncInterval, DefaultWALMinSyncInterval)
 	if c.RaftAddr == "" {

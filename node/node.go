@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -131,6 +132,15 @@ func New(cfg Config) (*Node, error) {
 		AutoRebalance: cfg.AutoRebalance, AutoDeadAfter: cfg.AutoDeadAfter,
 		Fills: n.ae,
 	})
+	var heartbeats *transport.Heartbeats
+	if cfg.RaftHeartbeatLinger > 0 {
+		heartbeats = transport.NewHeartbeats(transport.HeartbeatsConfig{
+			Call: func(ctx context.Context, addr string, m transport.RPCMethod, body []byte) ([]byte, error) {
+				return n.peers.RPC(addr).Call(ctx, m, n.peers.Meta(), body)
+			},
+			Linger: cfg.RaftHeartbeatLinger,
+		})
+	}
 	n.host, err = replicas.Start(replicas.Config{
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, Partitions: cfg.Partitions,
 		APIAddr: cfg.APIAddr, RaftAddr: cfg.RaftAddr, GossipAddr: cfg.GossipAddr, GossipLAN: cfg.GossipLAN,
@@ -140,6 +150,7 @@ func New(cfg Config) (*Node, error) {
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck,
 		LeaderBalance:  leaderBalanceTuning(cfg),
 		Trees:          n.ae,
+		Heartbeats:     heartbeats,
 		MayLead:        n.clockGuard.MayLead,
 		OnLeaderChange: n.waiters.NotifyAll,
 		OnMetaRing:     n.rebalance.Kick,
@@ -174,7 +185,7 @@ func New(cfg Config) (*Node, error) {
 		Clock: cfg.Clock, HLC: n.hlc, IDs: ids, Logger: cfg.Logger,
 		NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Version: cfg.Version, Start: cfg.Clock.Now(),
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
-		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard,
+		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard, Heartbeats: heartbeats,
 	})
 	// Replication's framed calls, on the Raft port (transport.PeerRPCGroup).
 	rpcStream, err := n.host.RegisterStream(transport.PeerRPCGroup)

@@ -21,7 +21,15 @@ import (
 type partitions struct {
 	groups  []*claims.Group
 	streams []*transport.GroupStream
-	trans   []*raft.NetworkTransport
+	trans   []groupTransport
+}
+
+// groupTransport is a partition group's Raft transport: its
+// NetworkTransport, with heartbeats coalesced when the node has a
+// transport.Heartbeats.
+type groupTransport interface {
+	raft.Transport
+	Close() error
 }
 
 // Groups returns the partition groups (nil before the cluster is
@@ -110,7 +118,10 @@ func (h *Host) openGroup(r *cluster.Ring, p int, bootstrap bool) error {
 		return err
 	}
 	rl := h.raftLogger().Named(fmt.Sprintf("p%d", p))
-	trans := newNetworkTransport(stream, rl)
+	var trans groupTransport = newNetworkTransport(stream, rl)
+	if h.cfg.Heartbeats != nil {
+		trans = h.cfg.Heartbeats.Wrap(uint32(p), trans.(*raft.NetworkTransport))
+	}
 	h.cfg.Store.ReopenPartition(uint16(p))
 	var servers []raft.Server
 	for _, id := range r.Cohort(p) {

@@ -65,6 +65,9 @@ type Config struct {
 
 	// Trees learns of replicas opened and dropped.
 	Trees Trees
+	// Heartbeats, when set, coalesces the partition groups' heartbeats
+	// per peer node (the meta group keeps its own).
+	Heartbeats *transport.Heartbeats
 	// MayLead gates claim proposals (the clock guard): claims.GroupConfig.MayLead.
 	MayLead func() error
 	// OnLeaderChange runs when a partition group's leader changes (here or

@@ -96,7 +96,7 @@ func (h *Host) adopt(r *cluster.Ring) error {
 		h.parts.Store(&partitions{
 			groups:  make([]*claims.Group, r.Partitions),
 			streams: make([]*transport.GroupStream, r.Partitions),
-			trans:   make([]*raft.NetworkTransport, r.Partitions),
+			trans:   make([]groupTransport, r.Partitions),
 		})
 	}
 	h.ring.Store(r)

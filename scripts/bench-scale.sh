@@ -12,7 +12,8 @@
 #     --pipeline 1, no complete batching): claim p50 / p99;
 #   - the node's RSS and the data directory's size.
 #
-# Sizes: STEPS (default "10000 1000000"); SCALE=10M appends 10,000,000.
+# Sizes: STEPS (default "10000 1000000"); SCALE=10M appends 9,000,000 and
+# 10,000,000, so that the last step's rate is the rate at 10 million.
 # It runs its own node under DATA (default data-benchscale, removed
 # first) on 127.0.0.1:7400 (stop `make run` / `make cluster` first), and
 # stops it by pid at the end.
@@ -21,7 +22,7 @@ set -euo pipefail
 BIN=${BIN:-bin}
 DATA=${DATA:-data-benchscale}
 STEPS=${STEPS:-"10000 1000000"}
-if [ "${SCALE:-}" = "10M" ]; then STEPS="$STEPS 10000000"; fi
+if [ "${SCALE:-}" = "10M" ]; then STEPS="$STEPS 9000000 10000000"; fi
 ADDR=127.0.0.1:7400
 QUEUE=big
 ctl() { "$BIN/nornctl" --addr "$ADDR" "$@"; }

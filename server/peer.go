@@ -199,7 +199,7 @@ func (s peerService) SegmentEntries(_ context.Context, req *connect.Request[norn
 // HandleRPC answers the framed peer calls (transport.ServeRPC on the Raft
 // port) as the PeerService methods of the same name do, with the same
 // check of the caller.
-func (sv *Server) HandleRPC(_ context.Context, m transport.RPCMethod, meta transport.RPCMeta, body []byte) ([]byte, error) {
+func (sv *Server) HandleRPC(ctx context.Context, m transport.RPCMethod, meta transport.RPCMeta, body []byte) ([]byte, error) {
 	h := http.Header{}
 	h.Set(transport.HeaderNode, meta.Node)
 	if meta.Cluster != "" {
@@ -215,6 +215,14 @@ func (sv *Server) HandleRPC(_ context.Context, m transport.RPCMethod, meta trans
 			return nil, apierr.Invalid("tasks", "undecodable ReplicateRequest: %v", err)
 		}
 		return nil, sv.coord.Replicate(meta.Epoch, req.GetTasks())
+	case transport.MethodRaftHeartbeats:
+		if sv.cfg.Heartbeats != nil {
+			return sv.cfg.Heartbeats.Serve(body)
+		}
+	case transport.MethodRaft:
+		if sv.cfg.Heartbeats != nil {
+			return sv.cfg.Heartbeats.ServeRaft(ctx, body)
+		}
 	}
 	return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("no framed peer call %d", m))
 }

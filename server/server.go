@@ -48,6 +48,9 @@ type Config struct {
 	AE         *antientropy.Scheduler
 	Rebalance  *rebalance.Driver
 	ClockGuard *cluster.ClockGuard
+	// Heartbeats answers the coalesced Raft heartbeats
+	// (transport.MethodRaftHeartbeats); nil refuses them.
+	Heartbeats *transport.Heartbeats
 }
 
 // Server is the API edge of a node: it validates every request field by

@@ -37,6 +37,12 @@ const (
 	// MethodReplicate carries a norn.v1.ReplicateRequest and answers an
 	// empty body.
 	MethodReplicate RPCMethod = 1
+	// MethodRaftHeartbeats carries the Raft heartbeats of many groups to
+	// one node (Heartbeats) and answers theirs.
+	MethodRaftHeartbeats RPCMethod = 2
+	// MethodRaft carries one Raft RPC of one group other than a heartbeat
+	// or a snapshot (Heartbeats.ServeRaft).
+	MethodRaft RPCMethod = 3
 )
 
 // RPCMeta is what a call says of its caller: the headers of a connect peer
