@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -135,7 +136,12 @@ func (h *Host) openGroup(r *cluster.Ring, p int, bootstrap bool) error {
 		Bootstrap: bootstrap, Servers: servers,
 		HeartbeatTimeout: h.cfg.RaftTimeout, ElectionTimeout: h.cfg.RaftTimeout,
 		LeaderLeaseTimeout: h.cfg.RaftTimeout / 2,
-		Logger:             h.cfg.Logger, RaftLogger: rl,
+		// An idle leader sends each follower an empty append every
+		// CommitTimeout to 2x (so a follower learns the last commit):
+		// with 1,024 groups those were a third of an idle node's Raft
+		// calls at 500 ms. Writes do not wait for it.
+		CommitTimeout: max(h.cfg.RaftTimeout, 500*time.Millisecond),
+		Logger:        h.cfg.Logger, RaftLogger: rl,
 		// The partition's ready tasks become claimable when it gets a
 		// leader (here or elsewhere) after having none: waiting claims
 		// look again (a change that finds nothing costs one look).

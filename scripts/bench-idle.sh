@@ -5,6 +5,9 @@
 # a settling time has passed, it samples each node for WINDOW seconds:
 # CPU (utime+stime from /proc, as a share of one core) and RSS, and
 # prints them per node with the replicas and Raft leaders each holds.
+# Then (FAILOVER=1, the default) it kills n1 with -9 and reports how long
+# until n2 sees a leader for every partition again, polling its Status
+# every 50 ms: the failover time of idle groups.
 #
 # P (default 1024), SETTLE (default 20 s), WINDOW (default 30 s), DATA
 # (default data-benchidle, removed first), NORND_ARGS (more nornd flags).
@@ -46,7 +49,26 @@ for i in 1 2 3; do
 	cpu=$(awk -v a="${before[$i]}" -v b="$(ticks "$pid")" -v hz="$hz" -v w="$WINDOW" 'BEGIN { printf "%.1f", 100 * (b - a) / hz / w }')
 	rss=$(awk '/VmRSS/ { printf "%.0f", $2 / 1024 }' "/proc/$pid/status")
 	st=$("$BIN/nornctl" --addr "127.0.0.1:74$((i - 1))0" status -o json 2>/dev/null | tr -d ' \n')
-	reps=$(echo "$st" | grep -o '"partitions":\[.*' | grep -o '"id":' | wc -l)
+	reps=$(echo "$st" | grep -o '"cohort":' | wc -l)
 	leads=$(echo "$st" | grep -o "\"leader\":\"n$i\"" | wc -l)
 	printf '%-6s %-10s %-10s %-12s %-10s %-10s\n' "n$i" "$P" "$reps" "$leads" "$cpu" "$rss"
 done
+
+[ "${FAILOVER:-1}" = 1 ] || exit 0
+# leaderless: partitions n2 sees without a leader, or led by n1.
+leaderless() {
+	local st
+	st=$(curl -fsS -m 2 -H 'Content-Type: application/json' -d '{"skipCounts":true}' \
+		http://127.0.0.1:7410/norn.v1.AdminService/Status 2>/dev/null | tr -d ' \n') || { echo "?"; return; }
+	echo $(( $(echo "$st" | grep -o '"cohort":' | wc -l) - $(echo "$st" | grep -o '"leader":"n[23]"' | wc -l) ))
+}
+pid=$(cat "$DATA/pids/node1.pid")
+t0=$(date +%s%N)
+kill -9 "$pid"
+while :; do
+	n=$(leaderless)
+	if [ "$n" = 0 ]; then break; fi
+	if [ $(( ($(date +%s%N) - t0) / 1000000 )) -gt 60000 ]; then echo "failover: $n partitions still without a leader after 60 s"; exit 1; fi
+	sleep 0.05
+done
+echo "failover: every partition led again $(( ($(date +%s%N) - t0) / 1000000 )) ms after kill -9 of n1"
