@@ -109,6 +109,7 @@ func (s *Store) ApplyClaimFSM(p uint16, u ClaimFSMUpdate, sync bool) error {
 		return fmt.Errorf("storage: commit claim FSM of partition %d: %w", p, err)
 	}
 	s.rows.apply(sb.ops)
+	s.due.lower(sb.ops)
 	unlock()
 	s.noteReadyChanges(changes)
 	return nil
@@ -281,6 +282,7 @@ func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, l
 		return err
 	}
 	s.rows.apply(sb.ops)
+	s.due.lower(sb.ops)
 	unlock()
 	s.noteReadyChanges(changes)
 	return nil
@@ -375,6 +377,7 @@ func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *sortedBatch) ([
 		s.notifyDigests(*digests)
 	}
 	s.rows.apply(sb.ops)
+	s.due.lower(sb.ops)
 	unlock()
 	s.noteReadyChanges(changes)
 	return nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -256,5 +257,78 @@ func TestNewerFormatRefused(t *testing.T) {
 	_, err := Open(Config{Dir: "db", FS: fs})
 	if err == nil || errors.Is(err, ErrCorrupt) {
 		t.Fatalf("opening a newer format: %v", err)
+	}
+}
+
+// The monitor's due-time reads (delayed tasks due, claims expiring,
+// terminal tasks past retention) answer the same with the in-memory
+// bounds that let them skip an index (dueTable) as with a scan, through
+// random enqueues (delayed or not), claims, releases, completions,
+// deletions, promotions and drops, at random times.
+func TestDueBoundsSkipNothingDue(t *testing.T) {
+	s, clk := memStore(t)
+	rng := rand.New(rand.NewPCG(9, 4))
+	const ids = 30
+	skipped := 0
+	for step := range 3000 {
+		id := uint64(rng.IntN(ids) + 1)
+		p := uint16(id % 2)
+		var err error
+		switch rng.IntN(8) {
+		case 0, 1:
+			task := newTask(id, "q", 0)
+			if rng.IntN(2) == 0 {
+				task.Spec.NotBeforeMs = clk.ms + int64(rng.IntN(100))
+			}
+			_, err = s.MergeTask(p, task)
+		case 2:
+			err = s.MarkClaimed(p, []ClaimMark{{ID: id, ExpiryMs: clk.ms + int64(rng.IntN(100))}})
+		case 3:
+			err = s.ReleaseClaims(p, []uint64{id})
+		case 4:
+			_, err = s.MergeTask(p, &crdt.Task{ID: id, Terminals: []crdt.Terminal{{Kind: crdt.Completed, At: crdt.Timestamp{WallMs: clk.ms - int64(rng.IntN(100)), Node: 1}, Claim: 1}}})
+		case 5:
+			err = s.DeleteTasks(p, []uint64{id})
+		case 6:
+			clk.set(clk.ms + int64(rng.IntN(30)))
+			_, err = s.PromoteDelayed(p, 1+rng.IntN(3))
+		case 7:
+			if rng.IntN(40) == 0 {
+				if err = s.DropPartition(p); err == nil {
+					s.ReopenPartition(p)
+				}
+			}
+		}
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		for p := range uint16(2) {
+			for _, tag := range []byte{tagDelayed, tagClaimed, tagTerminal} {
+				ms := clk.ms + int64(rng.IntN(120)) - 60
+				limit := 1 + rng.IntN(5)
+				if skip, _ := s.due.nothingDue(dueKey{p, tag}, ms); skip {
+					skipped++
+				}
+				got, err := s.dueBefore(p, tag, ms, limit)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The same read with this bound unknown: a scan (which
+				// sets the bound for the next step).
+				s.due.mu.Lock()
+				s.due.bound(dueKey{p, tag}).known = false
+				s.due.mu.Unlock()
+				want, err := s.dueBefore(p, tag, ms, limit)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got, want) {
+					t.Fatalf("step %d, partition %d, tag %#x, at %d: %v with the bounds, %v by a scan", step, p, tag, ms, got, want)
+				}
+			}
+		}
+	}
+	if skipped == 0 {
+		t.Fatal("the bounds never let a read skip its index")
 	}
 }

@@ -98,6 +98,7 @@ type Store struct {
 	recordHorizons idHorizons // ids above which no claim FSM record is stored
 
 	rows *rowCache // nil when Config.TaskCacheRows < 0
+	due  dueTable  // lower bounds of the time indexes' earliest keys
 
 	headsMu      sync.Mutex
 	heads        map[queueKey]*readyHead
@@ -191,6 +192,7 @@ func (s *Store) DropPartition(p uint16) error {
 		return fmt.Errorf("storage: drop partition %d: %w", p, err)
 	}
 	s.rows.dropPartition(p)
+	s.due.forget(p)
 	s.headsMu.Lock()
 	for k := range s.heads {
 		if k.p == p {

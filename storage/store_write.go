@@ -95,6 +95,7 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 	if err == nil {
 		s.notifyDigests(digests)
 		s.rows.apply(ops)
+		s.due.lower(ops)
 	}
 	unlock()
 	if err == nil {
