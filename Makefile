@@ -114,6 +114,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCommand$$' -fuzztime $(FUZZTIME) ./claims/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./claims/
 	$(GO) test -run '^$$' -fuzz '^FuzzRPCFrames$$' -fuzztime $(FUZZTIME) ./transport/
+	$(GO) test -run '^$$' -fuzz '^FuzzRaftFrames$$' -fuzztime $(FUZZTIME) ./transport/
 
 # One node for quick trials: API on 127.0.0.1:7400, data under ./data.
 run:

@@ -30,6 +30,16 @@
 // caller falls back to PeerService.
 //
 
+// # Raft traffic of the partition groups
+//
+// Heartbeats wraps each partition group's NetworkTransport in a
+// GroupTransport that sends its appends, votes, pre-votes and leadership
+// transfers as framed calls (MethodRaft) and coalesces the heartbeats of
+// all groups to one peer within a linger into one call
+// (MethodRaftHeartbeats). The receiving node's Heartbeats hands each to
+// its group (ServeRaft, Serve). Snapshots, and peers without framed
+// calls, use the NetworkTransport. See Heartbeats for why.
+//
 // # Raft stream mux
 //
 // hashicorp/raft's NetworkTransport runs over a StreamLayer: a listener and

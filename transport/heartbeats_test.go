@@ -257,3 +257,32 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// FuzzRaftFrames: no body of a MethodRaft or MethodRaftHeartbeats call,
+// nor of an answer, crashes the decoders; what decodes as a heartbeat
+// call is heartbeats.
+func FuzzRaftFrames(f *testing.F) {
+	hb := &hbCall{group: 3, req: &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ID: []byte("n1"), Addr: []byte("a")}, Term: 4, Leader: []byte("a")}}
+	f.Add(encodeHeartbeats([]*hbCall{hb}))
+	f.Add(encodeAppend(&raft.AppendEntriesRequest{Term: 2, Entries: []*raft.Log{{Index: 1, Data: []byte("x")}}}))
+	f.Add(encodeVote(&raft.RequestVoteRequest{Term: 1}))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if items, err := decodeHeartbeats(b); err == nil {
+			for _, it := range items {
+				if !isHeartbeat(it.req) {
+					t.Fatalf("decoded a non-heartbeat: %+v", it.req)
+				}
+			}
+		}
+		decodeAppend(&frameReader{b: b})
+		decodeVote(&frameReader{b: b})
+		decodePreVote(&frameReader{b: b})
+		var ar raft.AppendEntriesResponse
+		decodeAppendResp(&frameReader{b: b}, &ar)
+		decodeHeartbeatAnswers(b, []*hbCall{{resp: &raft.AppendEntriesResponse{}}, {resp: &raft.AppendEntriesResponse{}}})
+		h := NewHeartbeats(HeartbeatsConfig{Call: func(context.Context, string, RPCMethod, []byte) ([]byte, error) { return nil, ErrRPCUnsupported }})
+		h.Serve(b)                           //nolint:errcheck // must not crash
+		h.ServeRaft(context.Background(), b) //nolint:errcheck // must not crash
+	})
+}
