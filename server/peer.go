@@ -217,7 +217,7 @@ func (sv *Server) HandleRPC(ctx context.Context, m transport.RPCMethod, meta tra
 		return nil, sv.coord.Replicate(meta.Epoch, req.GetTasks())
 	case transport.MethodRaftHeartbeats:
 		if sv.cfg.Heartbeats != nil {
-			return sv.cfg.Heartbeats.Serve(body)
+			return sv.cfg.Heartbeats.Serve(ctx, body)
 		}
 	case transport.MethodRaft:
 		if sv.cfg.Heartbeats != nil {

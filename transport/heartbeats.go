@@ -129,7 +129,9 @@ func (t *GroupTransport) Consumer() <-chan raft.RPC { return t.consumer }
 // AppendEntries sends a heartbeat coalesced with others to the same
 // peer, and anything else as a framed call.
 func (t *GroupTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
-	if isHeartbeat(args) && t.hb.send(string(target), t.group, args, resp) == nil {
+	// Heartbeats and the empty appends an idle leader sends to tell the
+	// last commit travel coalesced.
+	if len(args.Entries) == 0 && t.hb.send(string(target), t.group, args, resp) == nil {
 		return nil
 	}
 	err := t.call(target, kindAppend, encodeAppend(args), func(r *frameReader) { decodeAppendResp(r, resp) })
@@ -257,10 +259,33 @@ func (h *Heartbeats) ServeRaft(ctx context.Context, body []byte) ([]byte, error)
 	if r.err != nil {
 		return nil, r.err
 	}
+	if group > 0xFFFF_FFFF {
+		return nil, fmt.Errorf("transport: no Raft group %d here", group)
+	}
+	resp, err := h.dispatch(ctx, uint32(group), cmd)
+	if err != nil {
+		return nil, err
+	}
+	switch a := resp.(type) {
+	case *raft.AppendEntriesResponse:
+		return encodeAppendResp(a), nil
+	case *raft.RequestVoteResponse:
+		return encodeVoteResp(a), nil
+	case *raft.RequestPreVoteResponse:
+		return encodePreVoteResp(a), nil
+	case *raft.TimeoutNowResponse:
+		return encodeHeader(nil, a.RPCHeader), nil
+	}
+	return nil, fmt.Errorf("transport: Raft answered %T", resp)
+}
+
+// dispatch hands cmd to group's Raft through its Consumer and waits for
+// the answer (at most raftCallTimeout).
+func (h *Heartbeats) dispatch(ctx context.Context, group uint32, cmd any) (any, error) {
 	h.mu.Lock()
-	g := h.groups[uint32(group)]
+	g := h.groups[group]
 	h.mu.Unlock()
-	if g == nil || group > 0xFFFF_FFFF {
+	if g == nil {
 		return nil, fmt.Errorf("transport: no Raft group %d here", group)
 	}
 	ctx, cancel := context.WithTimeout(ctx, raftCallTimeout)
@@ -273,28 +298,14 @@ func (h *Heartbeats) ServeRaft(ctx context.Context, body []byte) ([]byte, error)
 	case <-ctx.Done():
 		return nil, fmt.Errorf("transport: Raft group %d did not take the call: %w", group, ctx.Err())
 	}
-	var resp raft.RPCResponse
 	select {
-	case resp = <-ch:
+	case resp := <-ch:
+		return resp.Response, resp.Error
 	case <-g.closed:
 		return nil, fmt.Errorf("transport: Raft group %d is closed", group)
 	case <-ctx.Done():
 		return nil, fmt.Errorf("transport: Raft group %d did not answer: %w", group, ctx.Err())
 	}
-	if resp.Error != nil {
-		return nil, resp.Error
-	}
-	switch a := resp.Response.(type) {
-	case *raft.AppendEntriesResponse:
-		return encodeAppendResp(a), nil
-	case *raft.RequestVoteResponse:
-		return encodeVoteResp(a), nil
-	case *raft.RequestPreVoteResponse:
-		return encodePreVoteResp(a), nil
-	case *raft.TimeoutNowResponse:
-		return encodeHeader(nil, a.RPCHeader), nil
-	}
-	return nil, fmt.Errorf("transport: Raft answered %T", resp.Response)
 }
 
 // isHeartbeat is NetworkTransport's test of a heartbeat: a term and a
@@ -378,13 +389,24 @@ func (h *Heartbeats) flushBatch(addr string, calls []*hbCall) {
 // group's heartbeat handler, as NetworkTransport's fast path would take
 // it; a group not open here, or shutting down, answers an error for its
 // heartbeat alone.
-func (h *Heartbeats) Serve(body []byte) ([]byte, error) {
+func (h *Heartbeats) Serve(ctx context.Context, body []byte) ([]byte, error) {
 	items, err := decodeHeartbeats(body)
 	if err != nil {
 		return nil, err
 	}
-	out := binary.AppendUvarint(nil, uint64(len(items)))
-	for _, it := range items {
+	answers := make([][]byte, len(items))
+	var wg sync.WaitGroup
+	for i, it := range items {
+		if !isHeartbeat(it.req) {
+			// An empty append goes through the group's main loop (it
+			// moves the commit index): each in its own goroutine, so
+			// that a busy group does not hold the others' answers.
+			wg.Go(func() {
+				resp, err := h.dispatch(ctx, it.group, it.req)
+				answers[i] = heartbeatAnswer(resp, err)
+			})
+			continue
+		}
 		h.mu.Lock()
 		t := h.groups[it.group]
 		var fn func(raft.RPC)
@@ -393,27 +415,36 @@ func (h *Heartbeats) Serve(body []byte) ([]byte, error) {
 		}
 		h.mu.Unlock()
 		if fn == nil {
-			out = appendHeartbeatError(out, fmt.Sprintf("no Raft group %d here", it.group))
+			answers[i] = appendHeartbeatError(nil, fmt.Sprintf("no Raft group %d here", it.group))
 			continue
 		}
 		ch := make(chan raft.RPCResponse, 1)
 		fn(raft.RPC{Command: it.req, RespChan: ch})
 		select {
 		case r := <-ch:
-			resp, ok := r.Response.(*raft.AppendEntriesResponse)
-			switch {
-			case r.Error != nil:
-				out = appendHeartbeatError(out, r.Error.Error())
-			case !ok || resp == nil:
-				out = appendHeartbeatError(out, "no answer")
-			default:
-				out = appendHeartbeatAnswer(out, resp)
-			}
+			answers[i] = heartbeatAnswer(r.Response, r.Error)
 		default:
-			out = appendHeartbeatError(out, fmt.Sprintf("Raft group %d is shutting down", it.group))
+			answers[i] = appendHeartbeatError(nil, fmt.Sprintf("Raft group %d is shutting down", it.group))
 		}
 	}
+	wg.Wait()
+	out := binary.AppendUvarint(nil, uint64(len(items)))
+	for _, a := range answers {
+		out = append(out, a...)
+	}
 	return out, nil
+}
+
+// heartbeatAnswer encodes one heartbeat's (or empty append's) answer.
+func heartbeatAnswer(resp any, err error) []byte {
+	a, ok := resp.(*raft.AppendEntriesResponse)
+	switch {
+	case err != nil:
+		return appendHeartbeatError(nil, err.Error())
+	case !ok || a == nil:
+		return appendHeartbeatError(nil, "no answer")
+	}
+	return appendHeartbeatAnswer(nil, a)
 }
 
 // maxHeartbeatsPerCall bounds the heartbeats of one call (a node leads at
@@ -424,7 +455,9 @@ const maxHeartbeatsPerCall = 4096
 // slices length-prefixed (uvarint):
 //
 //	call:   count, then per heartbeat: group, term, protocol version,
-//	        leader id, leader address, leader (the legacy field)
+//	        leader id, leader address, leader (the legacy field), previous
+//	        log index and term, leader commit index (all 0 for a
+//	        heartbeat; an empty append carries them)
 //	answer: count, then per heartbeat: 0, protocol version, id, address,
 //	        term, last log, success (0/1), no retry backoff (0/1)
 //	                                   or: 1, error text
@@ -443,6 +476,9 @@ func encodeHeartbeats(calls []*hbCall) []byte {
 		b = appendBytes(b, r.ID)
 		b = appendBytes(b, r.Addr)
 		b = appendBytes(b, r.Leader)
+		b = binary.AppendUvarint(b, r.PrevLogEntry)
+		b = binary.AppendUvarint(b, r.PrevLogTerm)
+		b = binary.AppendUvarint(b, r.LeaderCommitIndex)
 	}
 	return b
 }
@@ -514,11 +550,14 @@ func decodeHeartbeats(body []byte) ([]hbItem, error) {
 		req.ID = r.bytes()
 		req.Addr = r.bytes()
 		req.Leader = r.bytes()
+		req.PrevLogEntry = r.uvarint()
+		req.PrevLogTerm = r.uvarint()
+		req.LeaderCommitIndex = r.uvarint()
 		if r.err != nil {
 			return nil, r.err
 		}
-		if g > 0xFFFF_FFFF || !isHeartbeat(req) {
-			return nil, errors.New("transport: a heartbeat frame holds something other than a heartbeat")
+		if g > 0xFFFF_FFFF || req.Term == 0 {
+			return nil, errors.New("transport: a heartbeat frame holds something other than a heartbeat or an empty append")
 		}
 		items = append(items, hbItem{group: uint32(g), req: req})
 	}
