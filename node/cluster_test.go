@@ -394,8 +394,17 @@ func TestClusterReadRepair(t *testing.T) {
 func TestClusterLeaderFailover(t *testing.T) {
 	ms := testCluster(t, 3)
 	ctx := context.Background()
-	// Stop the node that leads partition 0.
-	leader := string(ms[0].node.group(0).Leader())
+	// Stop the node that leads partition 0. (Node.Ready can hold while
+	// the groups are still opening: wait for n1's group of partition 0.)
+	var leader string
+	waitFor(t, 10*time.Second, "n1's group of partition 0 to know its leader", func() bool {
+		g := ms[0].node.group(0)
+		if g == nil {
+			return false
+		}
+		leader = string(g.Leader())
+		return leader != ""
+	})
 	var survivors []*member
 	for _, m := range ms {
 		if m.cfg.NodeID == leader {
@@ -407,6 +416,9 @@ func TestClusterLeaderFailover(t *testing.T) {
 	waitFor(t, 10*time.Second, "new leaders", func() bool {
 		for _, m := range survivors {
 			for _, g := range m.node.groupList() {
+				if g == nil {
+					return false // not open yet (every node replicates every partition here)
+				}
 				if l := string(g.Leader()); l == "" || l == leader {
 					return false
 				}
