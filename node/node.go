@@ -212,12 +212,16 @@ func New(cfg Config) (*Node, error) {
 // Ready reports whether the cluster is formed and every partition this
 // node replicates has a leader.
 func (n *Node) Ready() bool {
-	gs := n.host.Groups()
-	if gs == nil {
+	gs, r := n.host.Groups(), n.host.Ring()
+	if gs == nil || r == nil {
 		return false
 	}
-	for _, g := range gs {
-		if g != nil && g.Leader() == "" {
+	for p, g := range gs {
+		// A partition of this node's cohorts whose group is not open yet
+		// is not served yet: the groups of a new ring open one after the
+		// other (a move's target opens its group before it joins the
+		// cohort).
+		if (g == nil && r.Hosts(p, n.cfg.NodeID)) || (g != nil && g.Leader() == "") {
 			return false
 		}
 	}
