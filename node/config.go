@@ -130,7 +130,7 @@ type Config struct {
 	RaftTimeout time.Duration
 	// RaftHeartbeatLinger is how long a partition group's heartbeat waits
 	// to travel with the others to the same node (transport.Heartbeats).
-	// Default 5 ms; negative: each heartbeat on its own, as
+	// Default 10 ms; negative: each heartbeat on its own, as
 	// NetworkTransport sends it.
 	RaftHeartbeatLinger time.Duration
 	// Logger is the node's structured log. Default slog.Default().
@@ -241,7 +241,7 @@ func (c *Config) setDefaults() {
 		c.TreeLeafBits = antientropy.DefaultLeafBits
 	}
 	def(&c.RaftTimeout, time.Second)
-	def(&c.RaftHeartbeatLinger, 5*time.Millisecond)
+	def(&c.RaftHeartbeatLinger, 10*time.Millisecond)
 	def(&c.WriteTimeout, 5*time.Second)
 	def(&c.WALMinSyncInterval, DefaultWALMinSyncInterval)
 	if c.RaftAddr == "" {

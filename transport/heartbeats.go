@@ -60,7 +60,7 @@ type HeartbeatsConfig struct {
 	// RPCMeta). Required.
 	Call func(ctx context.Context, addr string, m RPCMethod, body []byte) ([]byte, error)
 	// Linger is how long a heartbeat waits for others to the same peer.
-	// Default 5 ms (heartbeats leave every 100 ms with a 1 s Raft timeout).
+	// Default 10 ms (heartbeats leave every 100 ms with a 1 s Raft timeout).
 	Linger time.Duration
 	// Timeout bounds one coalesced call. Default 2 s.
 	Timeout time.Duration
@@ -71,7 +71,7 @@ type HeartbeatsConfig struct {
 // MethodRaftHeartbeats with Serve and MethodRaft with ServeRaft.
 func NewHeartbeats(cfg HeartbeatsConfig) *Heartbeats {
 	if cfg.Linger <= 0 {
-		cfg.Linger = 5 * time.Millisecond
+		cfg.Linger = 10 * time.Millisecond
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 2 * time.Second
