@@ -24,18 +24,12 @@ import (
 // (time on h's clock) passes.
 func CheckConvergence(ctx context.Context, c *Cluster, h *check.History, heal int64, within time.Duration) check.Verdict {
 	v := check.Verdict{Checker: "convergence", Counts: map[string]int{}}
-	var problems []string
-	for {
-		problems = convergenceProblems(ctx, c)
-		if len(problems) == 0 {
-			v.Valid = true
-			v.Counts["ms-after-heal"] = int((h.Now() - heal) / 1e6)
-			return v
-		}
-		if h.Now()-heal > int64(within) {
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
+	sinceHeal := func() time.Duration { return time.Duration(h.Now() - heal) }
+	problems := pollProblems(ctx, sinceHeal, within, func() []string { return convergenceProblems(ctx, c) })
+	if len(problems) == 0 {
+		v.Valid = true
+		v.Counts["ms-after-heal"] = int(sinceHeal().Milliseconds())
+		return v
 	}
 	v.Counts["problems"] = len(problems)
 	for _, p := range problems {
@@ -48,6 +42,18 @@ func CheckConvergence(ctx context.Context, c *Cluster, h *check.History, heal in
 		v.Details = append(v.Details, "gossip: "+g)
 	}
 	return v
+}
+
+// pollProblems calls probe every half second until it finds no problem,
+// elapsed passes within or ctx ends, and returns the last problems found.
+func pollProblems(ctx context.Context, elapsed func() time.Duration, within time.Duration, probe func() []string) []string {
+	for {
+		problems := probe()
+		if len(problems) == 0 || elapsed() > within || ctx.Err() != nil {
+			return problems
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // gossipViews lists, for each active node, the other active nodes its
@@ -145,9 +151,8 @@ func CheckPlacement(ctx context.Context, c *Cluster, ch *Churn, within time.Dura
 	exp := ch.expect()
 	v.Counts["moves"], v.Counts["kills"] = exp.Moves, exp.Kills
 	start := time.Now()
-	var problems []string
 	var epoch uint64
-	for {
+	problems := pollProblems(ctx, func() time.Duration { return time.Since(start) }, within, func() []string {
 		sts := map[string]*nornv1.StatusResponse{}
 		errs := map[string]error{}
 		var active []string
@@ -161,12 +166,8 @@ func CheckPlacement(ctx context.Context, c *Cluster, ch *Churn, within time.Dura
 			sts[n.ID] = st
 			epoch = st.RingEpoch
 		}
-		problems = check.PlacementProblems(active, sts, errs, exp, c.Cfg.Partitions, Replication)
-		if len(problems) == 0 || time.Since(start) > within || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return check.PlacementProblems(active, sts, errs, exp, c.Cfg.Partitions, Replication)
+	})
 	v.Counts["ring-epoch"] = int(epoch)
 	for _, f := range exp.Failures {
 		v.Addf("churn: %s", f)
@@ -194,28 +195,22 @@ func CheckPlacement(ctx context.Context, c *Cluster, ch *Churn, within time.Dura
 func CheckCounts(ctx context.Context, c *Cluster, h *check.History, within time.Duration) check.Verdict {
 	v := check.Verdict{Checker: "counts", Counts: map[string]int{}}
 	start := time.Now()
-	var problems []string
-	for {
+	problems := pollProblems(ctx, func() time.Duration { return time.Since(start) }, within, func() []string {
 		obs, err := observeCounts(ctx, c)
 		if err != nil {
-			problems = []string{err.Error()}
-		} else {
-			problems = check.CountsProblems(h.Ops(), obs)
-			var total uint64
-			for _, n := range obs.Counted {
-				total += n
-			}
-			v.Counts["tasks"] = int(total)
+			return []string{err.Error()}
 		}
-		if len(problems) == 0 {
-			v.Valid = true
-			v.Counts["ms-to-agree"] = int(time.Since(start).Milliseconds())
-			return v
+		var total uint64
+		for _, n := range obs.Counted {
+			total += n
 		}
-		if time.Since(start) > within || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
+		v.Counts["tasks"] = int(total)
+		return check.CountsProblems(h.Ops(), obs)
+	})
+	if len(problems) == 0 {
+		v.Valid = true
+		v.Counts["ms-to-agree"] = int(time.Since(start).Milliseconds())
+		return v
 	}
 	v.Counts["problems"] = len(problems)
 	for _, p := range problems {

@@ -20,28 +20,15 @@ func recount(t testing.TB, s *Store, p uint16) (map[string]int64, map[uint64]boo
 	t.Helper()
 	counts := map[string]int64{}
 	waiting := map[uint64]bool{}
-	for start := uint64(0); ; {
-		page, next, more, err := s.ScanTasks(p, start, 256)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, x := range page {
-			st, err := s.GetTask(p, x.Task.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if q, c, ok := classOf(st.Task, meta{state: st.Index, expiryMs: st.ExpiryMs}); ok {
-				counts[q+"/"+c.String()]++
-				if c == ClassWaiting {
-					waiting[st.Task.ID] = true
-				}
+	eachStored(t, s, p, func(st *StoredTask) {
+		if q, c, ok := classOf(st.Task, meta{state: st.Index, expiryMs: st.ExpiryMs}); ok {
+			counts[q+"/"+c.String()]++
+			if c == ClassWaiting {
+				waiting[st.Task.ID] = true
 			}
 		}
-		if !more {
-			return counts, waiting
-		}
-		start = next
-	}
+	})
+	return counts, waiting
 }
 
 // checkCounts fails unless partition p's counters and waiting keys agree

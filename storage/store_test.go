@@ -201,14 +201,11 @@ func TestMergeConcurrentWritersLoseNothing(t *testing.T) {
 	}
 }
 
-// checkIndexes verifies that partition p's indexes agree with its tasks:
-// every task has a meta entry, exactly the index entry its meta names, and
-// no index holds an entry for a task that does not name it.
-func checkIndexes(t testing.TB, s *Store, p uint16) {
+// eachStored calls fn with every task of partition p as GetTask reads it
+// (with its index state), in id order.
+func eachStored(t testing.TB, s *Store, p uint16, fn func(*StoredTask)) {
 	t.Helper()
-	want := map[string]bool{}
-	start := uint64(0)
-	for {
+	for start := uint64(0); ; {
 		page, next, more, err := s.ScanTasks(p, start, 256)
 		if err != nil {
 			t.Fatal(err)
@@ -218,23 +215,34 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if k := indexKey(p, st.Task.ID, meta{st.Index, st.ExpiryMs}, st.Task.Spec); k != nil {
-				want[string(k)] = true
-			}
-			want[string(segmentKey(p, Segment(st.Task.ID), st.Task.ID))] = true
-			if k := terminalKey(p, st.Task); k != nil {
-				want[string(k)] = true
-			}
-			_, terminal := st.Task.Terminal()
-			if unclaimable := terminal || st.Task.Spec == nil; st.Index != IndexClaimed && unclaimable != (st.Index == IndexNone) {
-				t.Fatalf("task %d: index state %v, terminal=%v spec=%v", st.Task.ID, st.Index, terminal, st.Task.Spec != nil)
-			}
+			fn(st)
 		}
 		if !more {
-			break
+			return
 		}
 		start = next
 	}
+}
+
+// checkIndexes verifies that partition p's indexes agree with its tasks:
+// every task has a meta entry, exactly the index entry its meta names, and
+// no index holds an entry for a task that does not name it.
+func checkIndexes(t testing.TB, s *Store, p uint16) {
+	t.Helper()
+	want := map[string]bool{}
+	eachStored(t, s, p, func(st *StoredTask) {
+		if k := indexKey(p, st.Task.ID, meta{st.Index, st.ExpiryMs}, st.Task.Spec); k != nil {
+			want[string(k)] = true
+		}
+		want[string(segmentKey(p, Segment(st.Task.ID), st.Task.ID))] = true
+		if k := terminalKey(p, st.Task); k != nil {
+			want[string(k)] = true
+		}
+		_, terminal := st.Task.Terminal()
+		if unclaimable := terminal || st.Task.Spec == nil; st.Index != IndexClaimed && unclaimable != (st.Index == IndexNone) {
+			t.Fatalf("task %d: index state %v, terminal=%v spec=%v", st.Task.ID, st.Index, terminal, st.Task.Spec != nil)
+		}
+	})
 	for _, tag := range []byte{tagReady, tagDelayed, tagClaimed, tagSegment, tagTerminal} {
 		lo, hi := tagSpan(p, tag)
 		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
