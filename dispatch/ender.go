@@ -38,8 +38,13 @@ func (e *ender) add(p uint16, end claims.End) {
 
 // endLinger is how long the ender collects ends before a round: with many
 // partitions, ends that arrive one by one would otherwise each cost a Raft
-// entry. Nothing waits for an end (see ender), so the delay costs nothing.
-const endLinger = 200 * time.Millisecond
+// entry. Nothing waits for an end (see ender), so the delay costs nothing
+// but the time a completed task's claim record stays (counts and views
+// follow the terminal event, not the record). At 200 ms ends were about
+// half of the partition groups' Raft entries under claim+complete (3,909
+// entries for 30,000 tasks, P=64); 1 s cut the server CPU per task by
+// 5-10% (docs/BENCHMARKS.md, session 12).
+const endLinger = time.Second
 
 // run proposes queued ends until stop is closed, then proposes what is left.
 func (e *ender) run(stop <-chan struct{}) {
