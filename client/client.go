@@ -154,7 +154,9 @@ func WithDiscovery(interval time.Duration) Option {
 }
 
 // WithConnectOptions adds connect client options (interceptors, read
-// limits, ...) after the client's own (connect.WithGRPC).
+// limits, ...) after the client's own (connect.WithGRPC, and gzip
+// removed: the client does not ask for compressed answers; over a slow
+// link, connect.WithAcceptCompression("gzip", ...) asks again).
 func WithConnectOptions(opts ...connect.ClientOption) Option {
 	return func(o *options) { o.connectOpts = append(o.connectOpts, opts...) }
 }
@@ -200,7 +202,10 @@ func New(addrs string, opts ...Option) (*Client, error) {
 		c.ownTransport = newTransport(scheme)
 		hc = &http.Client{Transport: c.ownTransport}
 	}
-	copts := append([]connect.ClientOption{connect.WithGRPC()}, o.connectOpts...)
+	// No gzip: compressing claims and lists cost more CPU on both sides
+	// than it saved on a LAN (docs/BENCHMARKS.md, session 12);
+	// WithConnectOptions can add it back.
+	copts := append([]connect.ClientOption{connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil)}, o.connectOpts...)
 	c.eps = newEndpoints(seeds, func(base string) *endpoint {
 		return &endpoint{
 			base:  base,

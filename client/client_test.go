@@ -1,12 +1,14 @@
 package client_test
 
 import (
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -146,6 +148,43 @@ func TestH2C(t *testing.T) {
 	f.mu.Unlock()
 	if notH2 != 0 {
 		t.Fatalf("%d requests were not HTTP/2", notH2)
+	}
+}
+
+// TestNoGzipByDefault: the client does not ask for gzipped answers
+// (compressing claims and lists costs more CPU than it saves on a LAN),
+// and WithConnectOptions brings gzip back.
+func TestNoGzipByDefault(t *testing.T) {
+	f, g := newFakeT(t), newFakeT(t)
+	ctx := t.Context()
+	plain := newClient(t, f.addr)
+	if _, err := plain.EnqueueBatch(ctx, []*nornv1.TaskSpec{spec("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plain.Claim(ctx, client.ClaimRequest{Queue: "q", Worker: "w", Max: 1}); err != nil {
+		t.Fatal(err)
+	}
+	gz := newClient(t, g.addr, client.WithConnectOptions(connect.WithAcceptCompression("gzip",
+		func() connect.Decompressor { return &gzip.Reader{} },
+		func() connect.Compressor { return gzip.NewWriter(nil) })))
+	if _, err := gz.CountTasks(ctx, "q"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		fake *fakeServer
+		gzip bool
+	}{{f, false}, {g, true}} {
+		c.fake.mu.Lock()
+		encs := slices.Clone(c.fake.acceptEnc)
+		c.fake.mu.Unlock()
+		if len(encs) == 0 {
+			t.Fatal("no request seen")
+		}
+		for i, enc := range encs {
+			if strings.Contains(enc, "gzip") != c.gzip {
+				t.Errorf("request %d: Grpc-Accept-Encoding %q, want gzip %v", i, enc, c.gzip)
+			}
+		}
 	}
 }
 

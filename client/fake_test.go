@@ -44,6 +44,7 @@ type fakeServer struct {
 	renews    map[uint64][]time.Time // renew times per task
 	claimedAt map[uint64]time.Time   // claim time per task
 	notH2     int                    // requests not made over HTTP/2
+	acceptEnc []string               // Grpc-Accept-Encoding of every request
 	nodes     []*nornv1.NodeStatus   // what Status lists (setNodes)
 	leader    bool                   // claims name this node as the tasks' leader
 
@@ -82,11 +83,12 @@ func newFake() *fakeServer {
 	mux.Handle(nornv1connect.NewTaskServiceHandler(f))
 	mux.Handle(nornv1connect.NewAdminServiceHandler(f))
 	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
 		if r.ProtoMajor != 2 {
-			f.mu.Lock()
 			f.notH2++
-			f.mu.Unlock()
 		}
+		f.acceptEnc = append(f.acceptEnc, r.Header.Get("Grpc-Accept-Encoding"))
+		f.mu.Unlock()
 		mux.ServeHTTP(w, r)
 	}))
 	var p http.Protocols

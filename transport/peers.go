@@ -103,7 +103,9 @@ func (s *Peers) Get(addr string) *Peer {
 	if p, ok := s.peers[addr]; ok {
 		return p
 	}
-	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithSendMaxBytes(64 << 20), connect.WithReadMaxBytes(64 << 20)}
+	// No gzip between nodes: a node's CPU, not the network, is what a
+	// large answer (a proxied claim, anti-entropy entries) costs.
+	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil), connect.WithSendMaxBytes(64 << 20), connect.WithReadMaxBytes(64 << 20)}
 	base := "http://" + addr
 	p := &Peer{
 		Addr:  addr,
