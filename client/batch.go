@@ -63,8 +63,12 @@ type batch[I, R any] struct {
 }
 
 // maxInflightBatches bounds the batches of one key in flight before calls
-// wait to be batched, when batching while in flight.
-const maxInflightBatches = 1
+// wait to be batched, when batching while in flight. At 1, 8 workers
+// completing one task at a time each waited for one another's calls
+// (2,000-2,150 tasks/s on make cluster); at 4 they mostly go at once
+// (2,400-2,900/s), and hundreds of concurrent callers still share
+// batches (docs/BENCHMARKS.md, session 12).
+const maxInflightBatches = 4
 
 // pending is one waiting call.
 type pending[I, R any] struct {

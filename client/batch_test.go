@@ -336,9 +336,12 @@ func TestCompleteBatchingRetriesWholeBatch(t *testing.T) {
 }
 
 // TestInflightBatching: by default, a lone Enqueue goes out at once as an
-// Enqueue of its own; calls made while it is in flight wait for it and
-// then go together in one EnqueueBatch, each caller with its own task.
+// Enqueue of its own, and so do calls made while fewer than
+// maxInflightBatches (4) are in flight; calls made while that many are
+// in flight wait for one of them and then go together in one
+// EnqueueBatch, each caller with its own task.
 func TestInflightBatching(t *testing.T) {
+	const inflight = 4 // client.maxInflightBatches
 	f := newFakeT(t)
 	c := newClient(t, f.addr)
 	ctx := t.Context()
@@ -349,34 +352,42 @@ func TestInflightBatching(t *testing.T) {
 		t.Fatalf("a lone enqueue made %d Enqueue and %d EnqueueBatch calls, want 1 and 0", f.count("Enqueue"), f.count("EnqueueBatch"))
 	}
 
-	// Hold the next call in the server until every other caller waits.
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
+	// Hold the next Enqueue calls in the server until every other caller
+	// waits.
+	entered, release := make(chan struct{}, inflight), make(chan struct{})
 	f.setInject(func(method string, _ proto.Message) error {
 		if method == "Enqueue" {
-			once.Do(func() { close(entered); <-release })
+			entered <- struct{}{}
+			<-release
 		}
 		return nil
 	})
 	const n = 20
 	ids, errs := make([]uint64, n), make([]error, n)
 	var wg sync.WaitGroup
-	wg.Go(func() { ids[0], errs[0] = c.Enqueue(ctx, spec("p0")) })
-	<-entered
-	for i := 1; i < n; i++ {
+	for i := range inflight {
+		wg.Go(func() { ids[i], errs[i] = c.Enqueue(ctx, spec(fmt.Sprint("p", i))) })
+		select {
+		case <-entered:
+		case <-time.After(10 * time.Second):
+			close(release)
+			t.Fatalf("call %d did not reach the server while %d were in flight", i, i)
+		}
+	}
+	for i := inflight; i < n; i++ {
 		wg.Go(func() { ids[i], errs[i] = c.Enqueue(ctx, spec(fmt.Sprint("p", i))) })
 	}
-	// Every caller waits: the held one for its answer, the 19 others
-	// queued behind it.
+	// Every caller waits: the held ones for their answers, the others
+	// queued behind them.
 	waitFor(t, "20 callers waiting", func() bool { return coalescerWaiters() == n })
-	if k := f.count("Enqueue") + f.count("EnqueueBatch"); k != 2 {
-		t.Errorf("%d calls reached the server while one was in flight, want 2 (the lone one and the held one)", k)
+	if k := f.count("Enqueue") + f.count("EnqueueBatch"); k != 1+inflight {
+		t.Errorf("%d calls reached the server while %d were in flight, want %d (the lone one and the held ones)", k, inflight, 1+inflight)
 	}
 	close(release)
 	wg.Wait()
 	checkOwnTasks(t, f, ids, errs)
-	if f.count("Enqueue") != 2 || f.count("EnqueueBatch") != 1 {
-		t.Errorf("%d Enqueue and %d EnqueueBatch calls in all, want 2 and 1 (the 19 queued calls together)", f.count("Enqueue"), f.count("EnqueueBatch"))
+	if f.count("Enqueue") != 1+inflight || f.count("EnqueueBatch") != 1 {
+		t.Errorf("%d Enqueue and %d EnqueueBatch calls in all, want %d and 1 (the %d queued calls together)", f.count("Enqueue"), f.count("EnqueueBatch"), 1+inflight, n-inflight)
 	}
 }
 

@@ -116,9 +116,9 @@ const DefaultMaxBatch = 500
 // and 500 suit a producer with hundreds of goroutines.
 //
 // With linger 0 (batching while in flight), a call goes out at once,
-// alone, unless a call of the same write quorum is in flight; calls that
-// come meanwhile go together, up to maxBatch, as soon as it returns. A
-// lone caller waits for nothing. maxBatch 1 turns batching off: every
+// alone, unless four calls of the same write quorum are in flight; calls
+// that come meanwhile go together, up to maxBatch, as soon as one of
+// them returns. A lone caller, or a few, wait for nothing. maxBatch 1 turns batching off: every
 // Enqueue is its own RPC.
 //
 // Default: batching while in flight, up to DefaultMaxBatch. linger must
