@@ -118,8 +118,8 @@ const DefaultMaxBatch = 500
 // With linger 0 (batching while in flight), a call goes out at once,
 // alone, unless four calls of the same write quorum are in flight; calls
 // that come meanwhile go together, up to maxBatch, as soon as one of
-// them returns. A lone caller, or a few, wait for nothing. maxBatch 1 turns batching off: every
-// Enqueue is its own RPC.
+// them returns. A lone caller, or a few, wait for nothing. maxBatch 1
+// turns batching off: every Enqueue is its own RPC.
 //
 // Default: batching while in flight, up to DefaultMaxBatch. linger must
 // not be negative and maxBatch must be between 1 and 10,000; New fails

@@ -111,9 +111,9 @@
 // returns. A few callers wait for nothing (8 workers completing one task
 // at a time each: about 2,800 tasks per second against 2,100 when the
 // second call already waited for the first), and the busier the node,
-// the larger the batches: on a 3-node cluster, 256 goroutines calling Enqueue store about
-// 28,000 tasks per second so, against 7,700 with every Enqueue on its own
-// (docs/BENCHMARKS.md).
+// the larger the batches: on a 3-node cluster, 256 goroutines calling
+// Enqueue store about 28,000 tasks per second so, against 7,700 with
+// every Enqueue on its own (docs/BENCHMARKS.md).
 //
 // WithEnqueueBatching(linger, maxBatch) and WithCompleteBatching(linger,
 // maxBatch) with a linger instead hold a batch open for linger after its

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/norn-dev/norn/antientropy"
+	"github.com/norn-dev/norn/transport"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/go-hclog"
@@ -241,7 +242,7 @@ func (c *Config) setDefaults() {
 		c.TreeLeafBits = antientropy.DefaultLeafBits
 	}
 	def(&c.RaftTimeout, time.Second)
-	def(&c.RaftHeartbeatLinger, 10*time.Millisecond)
+	def(&c.RaftHeartbeatLinger, transport.DefaultHeartbeatLinger)
 	def(&c.WriteTimeout, 5*time.Second)
 	def(&c.WALMinSyncInterval, DefaultWALMinSyncInterval)
 	if c.RaftAddr == "" {

@@ -53,6 +53,11 @@ type Heartbeats struct {
 	out    map[string]*hbQueue // by peer Raft address
 }
 
+// DefaultHeartbeatLinger is the default of HeartbeatsConfig.Linger (and of
+// nornd's -raft-heartbeat-linger): idle P=1024 nodes used 12-14% of a core
+// with it, 13-17% with 5 ms (docs/SCALING.md).
+const DefaultHeartbeatLinger = 10 * time.Millisecond
+
 // HeartbeatsConfig configures Heartbeats.
 type HeartbeatsConfig struct {
 	// Call makes one framed call (MethodRaft, MethodRaftHeartbeats) to the
@@ -71,7 +76,7 @@ type HeartbeatsConfig struct {
 // MethodRaftHeartbeats with Serve and MethodRaft with ServeRaft.
 func NewHeartbeats(cfg HeartbeatsConfig) *Heartbeats {
 	if cfg.Linger <= 0 {
-		cfg.Linger = 10 * time.Millisecond
+		cfg.Linger = DefaultHeartbeatLinger
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 2 * time.Second

@@ -22,6 +22,7 @@ import (
 
 	"github.com/norn-dev/norn/faultfs"
 	"github.com/norn-dev/norn/node"
+	"github.com/norn-dev/norn/transport"
 )
 
 var version = "dev"
@@ -66,7 +67,7 @@ func run(args []string) error {
 	fs.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", 4<<20, "largest request body")
 	fs.DurationVar(&cfg.MonitorInterval, "monitor-interval", 250*time.Millisecond, "how often the leader looks for expired claims and due delayed tasks")
 	fs.DurationVar(&cfg.RaftTimeout, "raft-timeout", time.Second, "Raft heartbeat and election timeout of every partition group")
-	fs.DurationVar(&cfg.RaftHeartbeatLinger, "raft-heartbeat-linger", 10*time.Millisecond, "how long a partition group's Raft heartbeat waits to travel with the others to the same node (negative: each on its own)")
+	fs.DurationVar(&cfg.RaftHeartbeatLinger, "raft-heartbeat-linger", transport.DefaultHeartbeatLinger, "how long a partition group's Raft heartbeat waits to travel with the others to the same node (negative: each on its own)")
 	advertise := fs.String("advertise", "", "API address other nodes and clients use to reach this node (default: the -listen address)")
 	fs.StringVar(&cfg.RaftAddr, "raft-addr", "127.0.0.1:0", "address of the Raft listener (all partition groups and the meta group); fixed ports are needed for restarts")
 	fs.StringVar(&cfg.GossipAddr, "gossip-addr", "127.0.0.1:0", "address of gossip (memberlist, TCP and UDP)")
