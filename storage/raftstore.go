@@ -37,7 +37,9 @@ var (
 //
 // RaftStore holds no mutable state: it is safe for concurrent use, and any
 // number of RaftStores for the same partition see the same data. It does not
-// own the DB; closing the DB is the caller's job, after raft has shut down.
+// own the DB. A RaftStore from Store.RaftStore answers errors wrapping
+// ErrClosed after Store.Close (raft's metrics goroutine outlives
+// Raft.Shutdown); one from NewRaftStore must not be used after the DB closes.
 //
 // Slices returned by Get and the Data and Extensions of a Log filled by
 // GetLog are owned by the caller. Errors: GetLog returns raft.ErrLogNotFound
@@ -46,6 +48,7 @@ var (
 // ErrCorrupt; anything else is an error from Pebble.
 type RaftStore struct {
 	db        *pebble.DB
+	guard     *closeGuard // nil from NewRaftStore
 	partition uint16
 	// logLower and logUpper bound the partition's log span: [p 0x10, p 0x11).
 	logLower []byte
@@ -74,6 +77,14 @@ func (s *RaftStore) stableKey(k []byte) []byte {
 }
 
 // corrupt returns an error wrapping ErrCorrupt that names the key.
+// enter guards one call into Pebble; see closeGuard.
+func (s *RaftStore) enter() error {
+	if err := s.guard.enter(); err != nil {
+		return fmt.Errorf("storage: raft store partition %d: %w", s.partition, err)
+	}
+	return nil
+}
+
 func (s *RaftStore) corrupt(key []byte, detail error) error {
 	return fmt.Errorf("%w: raft store partition %d key %x: %v", ErrCorrupt, s.partition, key, detail)
 }
@@ -91,6 +102,10 @@ func (s *RaftStore) LastIndex() (uint64, error) {
 }
 
 func (s *RaftStore) edgeIndex(last bool) (idx uint64, err error) {
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.guard.exit()
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: s.logLower, UpperBound: s.logUpper})
 	if err != nil {
 		return 0, fmt.Errorf("storage: raft store partition %d: %w", s.partition, err)
@@ -124,6 +139,10 @@ func (s *RaftStore) edgeIndex(last bool) (idx uint64, err error) {
 // not decode or holds another index. log.Data and log.Extensions are fresh
 // slices owned by the caller (nil when empty).
 func (s *RaftStore) GetLog(index uint64, log *raft.Log) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.guard.exit()
 	var kb [raftLogKeyLen]byte
 	key := s.appendLogKey(kb[:0], index)
 	v, closer, err := s.db.Get(key)
@@ -162,6 +181,10 @@ func (s *RaftStore) StoreLogs(logs []*raft.Log) error {
 	if len(logs) == 0 {
 		return nil
 	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.guard.exit()
 	size := 0
 	for _, l := range logs {
 		n, err := raftLogEncodedLen(l)
@@ -191,6 +214,10 @@ func (s *RaftStore) StoreLogs(logs []*raft.Log) error {
 // DeleteRange deletes the log entries with index in [min, max], both ends
 // inclusive, with one synced range deletion. It does nothing if min > max.
 func (s *RaftStore) DeleteRange(min, max uint64) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.guard.exit()
 	if min > max {
 		return nil
 	}
@@ -213,6 +240,10 @@ func (s *RaftStore) DeleteRange(min, max uint64) error {
 // Set stores val under key, synced. A nil or empty val is stored as an
 // empty value: Get then returns an empty, non-nil slice.
 func (s *RaftStore) Set(key, val []byte) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.guard.exit()
 	if err := s.db.Set(s.stableKey(key), val, pebble.Sync); err != nil {
 		return fmt.Errorf("storage: raft store partition %d: set %q: %w", s.partition, key, err)
 	}
@@ -222,6 +253,10 @@ func (s *RaftStore) Set(key, val []byte) error {
 // Get returns a copy of the value stored under key, or nil and
 // ErrStableKeyNotFound (message "not found", unwrapped) if key was never set.
 func (s *RaftStore) Get(key []byte) ([]byte, error) {
+	if err := s.enter(); err != nil {
+		return nil, err
+	}
+	defer s.guard.exit()
 	k := s.stableKey(key)
 	v, closer, err := s.db.Get(k)
 	if errors.Is(err, pebble.ErrNotFound) {

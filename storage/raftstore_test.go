@@ -354,3 +354,58 @@ func BenchmarkStoreLogs(b *testing.B) {
 	}
 	b.ReportMetric(float64(next-1)/b.Elapsed().Seconds(), "entries/s")
 }
+
+// TestRaftStoreAfterClose: hashicorp/raft reads FirstIndex and LastIndex from
+// a goroutine that Raft.Shutdown does not wait for, so a RaftStore may be
+// called while and after its Store closes. Each call either works or answers
+// ErrClosed; none reaches the closed Pebble (which panics).
+func TestRaftStoreAfterClose(t *testing.T) {
+	s, _ := memStore(t)
+	rs := s.RaftStore(7)
+	mustRaft(t, rs.StoreLogs(raftTestLogs(1, 5)))
+
+	stop := make(chan struct{})
+	done := make(chan error)
+	go func() {
+		for {
+			if _, err := rs.FirstIndex(); err != nil {
+				done <- err
+				return
+			}
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+		}
+	}()
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	close(stop)
+	if err := <-done; err != nil && !errors.Is(err, ErrClosed) {
+		t.Fatalf("FirstIndex during Close: %v, want nil or ErrClosed", err)
+	}
+
+	var l raft.Log
+	calls := map[string]error{
+		"FirstIndex":  func() error { _, err := rs.FirstIndex(); return err }(),
+		"LastIndex":   func() error { _, err := rs.LastIndex(); return err }(),
+		"GetLog":      rs.GetLog(1, &l),
+		"StoreLogs":   rs.StoreLogs(raftTestLogs(6, 6)),
+		"DeleteRange": rs.DeleteRange(1, 2),
+		"Set":         rs.Set([]byte("k"), []byte("v")),
+		"Get":         func() error { _, err := rs.Get([]byte("k")); return err }(),
+		"GetUint64":   func() error { _, err := rs.GetUint64([]byte("k")); return err }(),
+		"SetUint64":   rs.SetUint64([]byte("k"), 1),
+	}
+	for name, err := range calls {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("%s after Close: %v, want ErrClosed", name, err)
+		}
+	}
+	if err := s.Close(); !errors.Is(err, ErrClosed) {
+		t.Errorf("second Close: %v, want ErrClosed", err)
+	}
+}

@@ -79,6 +79,7 @@ const lockStripes = 1024
 // log. It is safe for concurrent use.
 type Store struct {
 	db      *pebble.DB
+	guard   closeGuard // Close against RaftStore calls
 	clock   crdt.Clock
 	onReady func(p uint16, queue string) // Config.OnReady
 	noSync  bool                         // Config.AckBeforeSync (a seeded bug)
@@ -166,12 +167,17 @@ func Open(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// Close closes the database. Calls after Close fail or panic as Pebble does;
-// callers stop their users first.
-func (s *Store) Close() error { return s.db.Close() }
+// Close closes the database. RaftStores from RaftStore answer errors
+// wrapping ErrClosed afterwards; other calls after Close fail or panic as
+// Pebble does, so callers stop their users first.
+func (s *Store) Close() error { return s.guard.close(s.db.Close) }
 
 // RaftStore returns the raft.LogStore and raft.StableStore of partition p.
-func (s *Store) RaftStore(p uint16) *RaftStore { return NewRaftStore(s.db, p) }
+func (s *Store) RaftStore(p uint16) *RaftStore {
+	rs := NewRaftStore(s.db, p)
+	rs.guard = &s.guard
+	return rs
+}
 
 func stripeOf(id uint64) int { return int((id * 0x9E3779B97F4A7C15) >> (64 - 10)) }
 
