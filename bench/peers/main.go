@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"time"
 )
 
@@ -53,6 +54,20 @@ func main() {
 	fs.Float64Var(&c.CPU.idleCores, "idle-cores", 0, "the servers' CPU rate when idle, in cores (the idle subcommand)")
 	fs.Float64Var(&c.CPU.quietCores, "settle-cores", 0.1, "the servers are idle when they use at most this many cores above -idle-cores, together")
 	fs.DurationVar(&c.CPU.settleMax, "settle-max", 5*time.Second, "longest wait for the servers to become idle, before and after the timed part")
+	// BENCH_CPUPROFILE=<file>: the driver's own CPU profile (its client's
+	// cost per task).
+	if path := os.Getenv("BENCH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "cpuprofile: %v\n", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(os.Stderr, "cpuprofile: %v\n", err)
+			os.Exit(1)
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	var err error
 	switch sub {
 	case "nats":
@@ -64,6 +79,7 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s %s: %v\n", sub, c.Workload, err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
