@@ -119,9 +119,10 @@ func (h *Host) openGroup(r *cluster.Ring, p int, bootstrap bool) error {
 		return err
 	}
 	rl := h.raftLogger().Named(fmt.Sprintf("p%d", p))
-	var trans groupTransport = newNetworkTransport(stream, rl)
+	nt := newNetworkTransport(stream, rl)
+	var trans groupTransport = transport.Gate(nt)
 	if h.cfg.Heartbeats != nil {
-		trans = h.cfg.Heartbeats.Wrap(uint32(p), trans.(*raft.NetworkTransport))
+		trans = h.cfg.Heartbeats.Wrap(uint32(p), nt)
 	}
 	h.cfg.Store.ReopenPartition(uint16(p))
 	var servers []raft.Server

@@ -95,7 +95,7 @@ type Host struct {
 	mux           *transport.RaftMux
 	raftAddr      string // the mux's address, advertised
 	meta          *cluster.Meta
-	metaTrans     *raft.NetworkTransport
+	metaTrans     *transport.GatedTransport
 	members       *cluster.Membership
 	gossip        atomic.Pointer[cluster.Membership] // members, for the Raft listener's check
 	ring          atomic.Pointer[cluster.Ring]       // nil until the cluster is formed
@@ -204,7 +204,7 @@ func (h *Host) startCluster() error {
 	if err != nil {
 		return err
 	}
-	h.metaTrans = newNetworkTransport(stream, h.raftLogger().Named("meta"))
+	h.metaTrans = transport.Gate(newNetworkTransport(stream, h.raftLogger().Named("meta")))
 	snaps, err := raft.NewFileSnapshotStore(filepath.Join(h.cfg.DataDir, "raft", "meta"), 2, io.Discard)
 	if err != nil {
 		return fmt.Errorf("node: meta snapshots: %w", err)

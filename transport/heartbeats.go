@@ -96,6 +96,7 @@ type GroupTransport struct {
 	consumer chan raft.RPC
 	closed   chan struct{}
 	once     sync.Once
+	gate     heartbeatGate // the heartbeat handler, closed by Close
 }
 
 // Wrap returns group's transport over t.
@@ -206,15 +207,18 @@ func (t *GroupTransport) call(target raft.ServerAddress, kind byte, req []byte, 
 // calls it once, in NewRaft) for coalesced heartbeats and the
 // NetworkTransport's alike.
 func (t *GroupTransport) SetHeartbeatHandler(cb func(raft.RPC)) {
+	cb = t.gate.wrap(cb)
 	t.hb.mu.Lock()
 	t.handler = cb
 	t.hb.mu.Unlock()
 	t.NetworkTransport.SetHeartbeatHandler(cb)
 }
 
-// Close stops serving the group's framed calls and closes the
+// Close stops serving the group's framed calls, waits for the heartbeats
+// under way and refuses later ones (heartbeatGate), and closes the
 // NetworkTransport.
 func (t *GroupTransport) Close() error {
+	t.gate.close()
 	t.once.Do(func() {
 		close(t.closed)
 		t.hb.mu.Lock()
