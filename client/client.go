@@ -58,6 +58,7 @@ type options struct {
 	completeB   batching
 	connectOpts []connect.ClientOption
 	discovery   time.Duration
+	noFramed    bool // WithFramedCalls(false)
 }
 
 // DefaultTimeout is the timeout New gives every call whose context has no
@@ -69,6 +70,19 @@ const DefaultTimeout = 10 * time.Second
 // the node: the gRPC protocol needs it.
 func WithHTTPClient(hc connect.HTTPClient) Option {
 	return func(o *options) { o.httpClient = hc }
+}
+
+// WithFramedCalls turns the framed protocol for the hot calls on (the
+// default) or off. With it on, EnqueueBatch (and so batched Enqueue),
+// Claim, Complete, CompleteBatch and Renew travel as framed calls on the
+// node's API port, which costs client and node about half the CPU of a
+// gRPC call over HTTP/2 (docs/API.md, "Framed calls"); every other call,
+// and every call to a node that does not speak it, goes through connect.
+// It is off, whatever this says, with WithHTTPClient, WithConnectOptions
+// (whose interceptors and options framed calls would skip) or an https
+// address (framed calls have no TLS yet).
+func WithFramedCalls(on bool) Option {
+	return func(o *options) { o.noFramed = !on }
 }
 
 // WithRetry sets the retry policy (see RetryPolicy for what is retried).
@@ -206,10 +220,15 @@ func New(addrs string, opts ...Option) (*Client, error) {
 	// than it saved on a LAN (docs/BENCHMARKS.md, session 12);
 	// WithConnectOptions can add it back.
 	copts := append([]connect.ClientOption{connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil)}, o.connectOpts...)
+	framed := scheme == "http" && o.httpClient == nil && len(o.connectOpts) == 0 && !o.noFramed
 	c.eps = newEndpoints(seeds, func(base string) *endpoint {
+		var tasks nornv1connect.TaskServiceClient = nornv1connect.NewTaskServiceClient(hc, base, copts...)
+		if framed {
+			tasks = newFramedTasks(tasks, strings.TrimPrefix(base, "http://"))
+		}
 		return &endpoint{
 			base:  base,
-			tasks: nornv1connect.NewTaskServiceClient(hc, base, copts...),
+			tasks: tasks,
 			admin: nornv1connect.NewAdminServiceClient(hc, base, copts...),
 		}
 	})
@@ -289,7 +308,8 @@ func newTransport(scheme string) *http.Transport {
 }
 
 // Close sends the enqueues still waiting in a batch, waits for the batches
-// in flight, stops discovery, and closes idle connections. Calls made
+// in flight, stops discovery, and closes idle connections and the framed
+// ones. Calls made
 // after Close fail with ErrClosed; calls already running finish normally.
 // Close is idempotent.
 func (c *Client) Close() error {
@@ -314,6 +334,7 @@ func (c *Client) Close() error {
 	if c.ownTransport != nil {
 		c.ownTransport.CloseIdleConnections()
 	}
+	c.eps.closeFramed()
 	return nil
 }
 

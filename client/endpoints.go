@@ -173,6 +173,17 @@ func (e *endpoints) set(learned []string) {
 	e.next %= len(list)
 }
 
+// closeFramed closes the framed connections of every endpoint (Close).
+func (e *endpoints) closeFramed() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, ep := range e.list {
+		if f, ok := ep.tasks.(*framedTasks); ok {
+			f.rpc.Close()
+		}
+	}
+}
+
 // bases returns the base URLs of the endpoints, seeds first.
 func (e *endpoints) bases() []string {
 	e.mu.Lock()

@@ -19,6 +19,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/client"
 	"github.com/norn-dev/norn/jepsen/check"
 )
 
@@ -122,7 +123,8 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 		n.API = fmt.Sprintf("%s:%d", n.IP, apiPort)
 		n.DataDir = filepath.Join(dataRoot, n.ID)
 		n.LogPath = filepath.Join(cfg.Dir, "logs", n.ID+".log")
-		n.Tasks = nornv1connect.NewTaskServiceClient(hc, "http://"+n.API)
+		// The hot calls travel framed, as the Go client sends them.
+		n.Tasks = client.NewFramedTaskService(nornv1connect.NewTaskServiceClient(hc, "http://"+n.API), n.API)
 		n.Admin = nornv1connect.NewAdminServiceClient(hc, "http://"+n.API)
 		c.Nodes = append(c.Nodes, n)
 	}

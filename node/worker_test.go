@@ -3,13 +3,17 @@ package node
 import (
 	"context"
 	"errors"
+	"net"
+	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/client"
+	"github.com/norn-dev/norn/transport"
 )
 
 // TestWorkerLifecycle runs the client library's Worker against a real node
@@ -17,13 +21,65 @@ import (
 // handler fails aborts with its code, a task cancelled while running has its
 // handler's context cancelled (learned through a failed renew) and stays
 // CANCELLED, and shutdown yields a task still held.
+//
+// It runs twice: the client's calls through connect (gRPC over HTTP/2),
+// then with the hot ones framed on the API port (transport.SplitListener,
+// as nornd serves them), which must answer alike.
 func TestWorkerLifecycle(t *testing.T) {
-	h := newHarness(t, t.TempDir(), nil)
-	c, err := client.New(h.srv.URL, client.WithHTTPClient(h.hc))
+	t.Run("connect", func(t *testing.T) {
+		h := newHarness(t, t.TempDir(), nil)
+		c, err := client.New(h.srv.URL, client.WithHTTPClient(h.hc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		workerLifecycle(t, c)
+	})
+	t.Run("framed", func(t *testing.T) {
+		h := newHarness(t, t.TempDir(), nil)
+		addr, framedCalls := serveSplit(t, h.node)
+		c, err := client.New(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		workerLifecycle(t, c)
+		// Enqueue, claims, renews (progress), completes, the abort's
+		// claim: at least the 5 enqueues and 2 completes went framed.
+		if n := framedCalls.Load(); n < 7 {
+			t.Fatalf("%d framed calls, want at least 7", n)
+		}
+	})
+}
+
+// serveSplit serves n's API on a port of its own as nornd does: HTTP and
+// the framed client calls on one listener. It returns the address and the
+// count of framed calls answered.
+func serveSplit(t *testing.T, n *Node) (string, *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	rest, framed := transport.SplitListener(ln)
+	calls := new(atomic.Int64)
+	handler := n.ClientRPCHandler()
+	rpc := transport.ServeRPCListener(framed, 0, func(ctx context.Context, m transport.RPCMethod, meta transport.RPCMeta, body []byte) ([]byte, error) {
+		calls.Add(1)
+		return handler(ctx, m, meta, body)
+	}, nil)
+	srv := &http.Server{Handler: n.Handler(), Protocols: serverProtocols(), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(rest) //nolint:errcheck // stops with Close
+	t.Cleanup(func() {
+		n.StopWaiting()
+		srv.Close()
+		rpc.Close()
+	})
+	return ln.Addr().String(), calls
+}
+
+func workerLifecycle(t *testing.T, c *client.Client) {
+	t.Helper()
 	ctx := context.Background()
 	var ids []uint64
 	for _, p := range []string{"ok-1", "ok-2", "fail", "cancel-me", "hold"} {

@@ -29,6 +29,15 @@
 // peer that serves no framed calls yields ErrRPCUnsupported, and the
 // caller falls back to PeerService.
 //
+// # Framed client calls
+//
+// The same framing serves the Go client's hot TaskService calls on a
+// node's API port: SplitListener routes connections that open with
+// ClientRPCMagic to ServeRPCListener and the rest to net/http;
+// NewClientRPCClient dials them. Client calls carry their timeout
+// (ClientCallMeta) and cancel (MethodCancel); error answers carry their
+// details.
+//
 
 // # Raft traffic of the partition groups
 //

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // PeerRPCGroup is the mux id, on the Raft port, of the framed node-to-node
@@ -45,6 +47,40 @@ const (
 	MethodRaft RPCMethod = 3
 )
 
+// The methods of the framed client calls (SplitListener): each carries a
+// TaskService request message and answers its response message. A client
+// call's RPCMeta carries only its timeout (ClientCallMeta).
+const (
+	MethodEnqueueBatch  RPCMethod = 16
+	MethodClaim         RPCMethod = 17
+	MethodComplete      RPCMethod = 18
+	MethodCompleteBatch RPCMethod = 19
+	MethodRenew         RPCMethod = 20
+	MethodEnqueue       RPCMethod = 21
+)
+
+// MethodCancel asks the server to cancel the context of a call under way
+// on the same connection; its body is the call's id (8 bytes). It has no
+// answer. Clients of the framed client calls send it when a call's
+// context ends first.
+const MethodCancel RPCMethod = 255
+
+// ClientCallMeta is the RPCMeta of a framed client call under ctx: the
+// time left before ctx's deadline, in ms, where peer calls carry the ring
+// epoch (0: no deadline).
+func ClientCallMeta(ctx context.Context) RPCMeta {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return RPCMeta{}
+	}
+	return RPCMeta{Epoch: uint64(max(time.Until(dl).Milliseconds(), 1))}
+}
+
+// ClientCallTimeout is the timeout a framed client call carries (0: none).
+func ClientCallTimeout(meta RPCMeta) time.Duration {
+	return time.Duration(min(meta.Epoch, uint64(24*time.Hour/time.Millisecond))) * time.Millisecond
+}
+
 // RPCMeta is what a call says of its caller: the headers of a connect peer
 // call (HeaderNode, HeaderCluster, HeaderEpoch) and the connection's remote
 // address.
@@ -71,7 +107,10 @@ const rpcHello = 0x4e
 
 // RPCServer serves framed calls on a mux group's connections.
 type RPCServer struct {
-	stream *GroupStream
+	stream interface {
+		Accept() (net.Conn, error)
+		Close() error
+	}
 	h      RPCHandler
 	logger *slog.Logger
 
@@ -79,6 +118,8 @@ type RPCServer struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup // the accept loop, connections and their calls
+
+	maxFrame uint32 // the largest request frame taken
 }
 
 // ServeRPC serves framed calls on the connections of stream until Close.
@@ -87,7 +128,24 @@ func ServeRPC(stream *GroupStream, h RPCHandler, logger *slog.Logger) *RPCServer
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	s := &RPCServer{stream: stream, h: h, logger: logger, conns: map[net.Conn]struct{}{}}
+	s := &RPCServer{stream: stream, h: h, logger: logger, conns: map[net.Conn]struct{}{}, maxFrame: maxRPCFrame}
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s
+}
+
+// ServeRPCListener serves framed calls on ln's connections until Close
+// (the framed client calls on the API port: SplitListener). A request
+// frame over maxFrame bytes (0: 64 MiB) is read past and answered
+// RESOURCE_EXHAUSTED.
+func ServeRPCListener(ln net.Listener, maxFrame uint32, h RPCHandler, logger *slog.Logger) *RPCServer {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if maxFrame == 0 || maxFrame > maxRPCFrame {
+		maxFrame = maxRPCFrame
+	}
+	s := &RPCServer{stream: ln, h: h, logger: logger, conns: map[net.Conn]struct{}{}, maxFrame: maxFrame}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s
@@ -141,10 +199,23 @@ func (s *RPCServer) serveConn(c net.Conn) {
 	}
 	meta := RPCMeta{Remote: c.RemoteAddr().String()}
 	r := bufio.NewReaderSize(c, 64<<10)
+	// Each call's context ends when its caller cancels it (a MethodCancel
+	// frame) or the connection closes: a long-polling Claim whose caller
+	// gave up must not claim tasks for nobody.
+	connCtx, cancelConn := context.WithCancel(context.Background())
 	var calls sync.WaitGroup
 	defer calls.Wait()
+	defer cancelConn()
+	var mu sync.Mutex
+	cancels := map[uint64]context.CancelFunc{}
 	for {
-		frame, err := readFrame(r)
+		frame, err := readRequestFrame(r, s.maxFrame)
+		var big *oversizedFrame
+		if errors.As(err, &big) {
+			err := connect.NewError(connect.CodeResourceExhausted, big)
+			w.send(encodeResponse(big.id, nil, err)) //nolint:errcheck // a dead connection ends the loop
+			continue
+		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.logger.Debug("peer call connection closed", "remote", meta.Remote, "err", err)
@@ -158,8 +229,26 @@ func (s *RPCServer) serveConn(c net.Conn) {
 			c.Close()
 			return
 		}
+		if m == MethodCancel {
+			if len(body) == 8 {
+				mu.Lock()
+				if cancel := cancels[binary.BigEndian.Uint64(body)]; cancel != nil {
+					cancel()
+				}
+				mu.Unlock()
+			}
+			continue
+		}
+		ctx, cancel := context.WithCancel(connCtx)
+		mu.Lock()
+		cancels[id] = cancel
+		mu.Unlock()
 		calls.Go(func() {
-			out, err := s.h(context.Background(), m, callMeta, body)
+			out, err := s.h(ctx, m, callMeta, body)
+			mu.Lock()
+			delete(cancels, id)
+			mu.Unlock()
+			cancel()
 			w.send(encodeResponse(id, out, err)) //nolint:errcheck // a dead connection fails the caller
 		})
 	}
@@ -230,6 +319,47 @@ func readFrame(r *bufio.Reader) ([]byte, error) {
 	if size > maxRPCFrame {
 		return nil, fmt.Errorf("frame of %d bytes exceeds %d", size, maxRPCFrame)
 	}
+	return readFrameBody(r, size)
+}
+
+// oversizedFrame is a request frame over the server's limit, read past:
+// its call id, to answer RESOURCE_EXHAUSTED.
+type oversizedFrame struct {
+	id         uint64
+	size, most uint32
+}
+
+func (e *oversizedFrame) Error() string {
+	return fmt.Sprintf("request frame of %d bytes exceeds %d", e.size, e.most)
+}
+
+// readRequestFrame is readFrame for a server whose frames may not exceed
+// most bytes: a larger frame, up to 64 MiB, is read past (not kept) and
+// reported as an *oversizedFrame, so the connection goes on; one over 64
+// MiB ends the connection, as readFrame's do.
+func readRequestFrame(r *bufio.Reader, most uint32) ([]byte, error) {
+	var n [4]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return nil, err
+	}
+	size := binary.BigEndian.Uint32(n[:])
+	if size <= most {
+		return readFrameBody(r, size)
+	}
+	if size > maxRPCFrame || size < 8 {
+		return nil, fmt.Errorf("frame of %d bytes exceeds %d", size, maxRPCFrame)
+	}
+	var id [8]byte
+	if _, err := io.ReadFull(r, id[:]); err != nil {
+		return nil, err
+	}
+	if _, err := r.Discard(int(size) - 8); err != nil {
+		return nil, err
+	}
+	return nil, &oversizedFrame{id: binary.BigEndian.Uint64(id[:]), size: size, most: most}
+}
+
+func readFrameBody(r *bufio.Reader, size uint32) ([]byte, error) {
 	f := make([]byte, size)
 	if _, err := io.ReadFull(r, f); err != nil {
 		return nil, err
@@ -285,7 +415,9 @@ func parseRequest(f []byte, conn RPCMeta) (id uint64, m RPCMethod, meta RPCMeta,
 }
 
 // A response frame: length, id, code (0: ok, else a connect.Code), message
-// length (2 bytes) and message, then the body.
+// length (2 bytes) and message, then the body; for an error, the body is
+// the error's details, each a 4-byte length and a google.protobuf.Any
+// (older readers ignore what follows an error's message).
 func encodeResponse(id uint64, body []byte, err error) []byte {
 	var code connect.Code
 	var msg string
@@ -294,6 +426,7 @@ func encodeResponse(id uint64, body []byte, err error) []byte {
 		var ce *connect.Error
 		if errors.As(err, &ce) {
 			code, msg = ce.Code(), ce.Message()
+			body = encodeDetails(ce.Details())
 		} else {
 			code, msg = connect.CodeInternal, err.Error()
 		}
@@ -311,6 +444,40 @@ func encodeResponse(id uint64, body []byte, err error) []byte {
 	return append(f, body...)
 }
 
+// maxErrorDetails bounds the details bytes an error frame carries.
+const maxErrorDetails = 1 << 20
+
+func encodeDetails(ds []*connect.ErrorDetail) []byte {
+	var out []byte
+	for _, d := range ds {
+		b, err := proto.Marshal(&anypb.Any{TypeUrl: "type.googleapis.com/" + d.Type(), Value: d.Bytes()})
+		if err != nil || len(out)+4+len(b) > maxErrorDetails {
+			continue
+		}
+		out = binary.BigEndian.AppendUint32(out, uint32(len(b)))
+		out = append(out, b...)
+	}
+	return out
+}
+
+// decodeDetails adds the details in b to ce; what does not decode is
+// left out.
+func decodeDetails(ce *connect.Error, b []byte) {
+	for len(b) >= 4 {
+		n := int(binary.BigEndian.Uint32(b))
+		if n > len(b)-4 {
+			return
+		}
+		var a anypb.Any
+		if proto.Unmarshal(b[4:4+n], &a) == nil {
+			if d, err := connect.NewErrorDetail(&a); err == nil {
+				ce.AddDetail(d)
+			}
+		}
+		b = b[4+n:]
+	}
+}
+
 type rpcResult struct {
 	body []byte
 	err  error
@@ -325,7 +492,9 @@ func parseResponse(f []byte) (uint64, rpcResult, error) {
 		return 0, rpcResult{}, errors.New("short response frame")
 	}
 	if code != 0 {
-		return id, rpcResult{err: connect.NewError(code, errors.New(string(f[11:11+ml])))}, nil
+		ce := connect.NewError(code, errors.New(string(f[11:11+ml])))
+		decodeDetails(ce, f[11+ml:])
+		return id, rpcResult{err: ce}, nil
 	}
 	return id, rpcResult{body: f[11+ml:]}, nil
 }
@@ -336,6 +505,11 @@ func parseResponse(f []byte) (uint64, rpcResult, error) {
 type RPCClient struct {
 	addr  string   // the peer's Raft (mux) address
 	local net.Addr // the address calls leave from, nil: the kernel's choice
+	// dial connects and names the service (the mux group's header, or
+	// ClientRPCMagic on an API port).
+	dial func(addr string, timeout time.Duration, local net.Addr) (net.Conn, error)
+	// sendCancels: the server takes MethodCancel (the framed client calls).
+	sendCancels bool
 
 	mu          sync.Mutex
 	conn        *rpcConn
@@ -345,7 +519,30 @@ type RPCClient struct {
 // NewRPCClient returns a client of the mux at addr whose connections leave
 // from local (nil: any address).
 func NewRPCClient(addr string, local net.Addr) *RPCClient {
-	return &RPCClient{addr: addr, local: local}
+	return &RPCClient{addr: addr, local: local, dial: func(addr string, timeout time.Duration, local net.Addr) (net.Conn, error) {
+		return dialGroup(addr, PeerRPCGroup, timeout, local)
+	}}
+}
+
+// NewClientRPCClient returns a client of the framed client calls on the
+// API port at addr (SplitListener).
+func NewClientRPCClient(addr string) *RPCClient {
+	return &RPCClient{addr: addr, dial: dialClientRPC, sendCancels: true}
+}
+
+func dialClientRPC(addr string, timeout time.Duration, local net.Addr) (net.Conn, error) {
+	d := net.Dialer{Timeout: timeout, LocalAddr: local}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c.SetWriteDeadline(time.Now().Add(timeout)) //nolint:errcheck // a failed write reports it
+	if _, err := c.Write(ClientRPCMagic); err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.SetWriteDeadline(time.Time{}) //nolint:errcheck
+	return c, nil
 }
 
 // rpcDialTimeout bounds a dial and the peer's hello.
@@ -386,7 +583,7 @@ func (c *RPCClient) connection() (*rpcConn, error) {
 	if time.Now().Before(c.unsupported) {
 		return nil, ErrRPCUnsupported
 	}
-	nc, err := dialGroup(c.addr, PeerRPCGroup, rpcDialTimeout, c.local)
+	nc, err := c.dial(c.addr, rpcDialTimeout, c.local)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("peer call to %s: %w", c.addr, err))
 	}
@@ -396,22 +593,27 @@ func (c *RPCClient) connection() (*rpcConn, error) {
 	nc.SetReadDeadline(time.Time{}) //nolint:errcheck
 	if err != nil || hello != rpcHello {
 		nc.Close()
-		if errors.Is(err, io.EOF) || err == nil {
-			// The mux closed the connection unread: it has no such group.
+		var ne net.Error
+		if errors.Is(err, io.EOF) || err == nil || (c.sendCancels && errors.As(err, &ne) && ne.Timeout()) {
+			// The mux closed the connection unread: it has no such
+			// group; an API port answered something else (an HTTP
+			// error) or, for client calls, nothing in time.
 			c.unsupported = time.Now().Add(unsupportedFor)
 			return nil, ErrRPCUnsupported
 		}
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("peer call to %s: %w", c.addr, err))
 	}
 	c.conn = newRPCConn(nc, r)
+	c.conn.sendCancels = c.sendCancels
 	return c.conn, nil
 }
 
 // rpcConn is one connection's pending calls.
 type rpcConn struct {
-	c      net.Conn
-	w      *frameWriter
-	nextID atomic.Uint64
+	c           net.Conn
+	w           *frameWriter
+	nextID      atomic.Uint64
+	sendCancels bool // send MethodCancel when a call's context ends first
 
 	mu      sync.Mutex
 	pending map[uint64]chan rpcResult
@@ -497,6 +699,13 @@ func (rc *rpcConn) call(ctx context.Context, m RPCMethod, meta RPCMeta, body []b
 			delete(rc.pending, id)
 		}
 		rc.mu.Unlock()
+		if rc.sendCancels {
+			// Best effort: the server's call ends early (a long poll
+			// stops waiting).
+			if f, err := encodeRequest(rc.nextID.Add(1), MethodCancel, RPCMeta{}, binary.BigEndian.AppendUint64(nil, id)); err == nil {
+				rc.w.send(f) //nolint:errcheck // a dead connection cancels every call anyway
+			}
+		}
 		code := connect.CodeCanceled
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			code = connect.CodeDeadlineExceeded

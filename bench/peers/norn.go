@@ -21,13 +21,14 @@ func nornMain(c *Common, fs *flag.FlagSet, args []string) error {
 	w := fs.Int("w", 2, "write quorum")
 	batch := fs.Int("batch", 16, "claim: tasks per Claim")
 	pipeline := fs.Int("pipeline", 1, "claim: Complete calls in flight per worker (1: one after another, like the NATS driver's DoubleAck)")
+	framed := fs.Bool("framed", true, "framed calls for the hot methods (client.WithFramedCalls); false: connect for every call")
 	linger := fs.Duration("linger", time.Millisecond, "client coalescing linger for Enqueue (and Complete when pipeline > 1); 0: off")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 	defer cancel()
-	opts := []client.Option{client.WithDefaultQuorum(uint32(*w))}
+	opts := []client.Option{client.WithDefaultQuorum(uint32(*w)), client.WithFramedCalls(*framed)}
 	if *linger > 0 {
 		opts = append(opts, client.WithEnqueueBatching(*linger, 500))
 		if *pipeline > 1 {
@@ -43,6 +44,7 @@ func nornMain(c *Common, fs *flag.FlagSet, args []string) error {
 	res := newResult(c)
 	res.Params["w"] = *w
 	res.Params["linger"] = linger.String()
+	res.Params["framed"] = *framed
 	payload := payloadBytes(c.Payload)
 	spec := func() *nornv1.TaskSpec { return &nornv1.TaskSpec{Queue: queue, Payload: payload} }
 

@@ -187,8 +187,12 @@ func run(args []string) error {
 			}
 		}()
 	}
+	// One port: HTTP (connect, /healthz, /metrics) and the framed client
+	// calls (transport.SplitListener).
+	httpLn, framedLn := transport.SplitListener(ln)
+	framed := n.ServeClientRPC(framedLn, logger)
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(httpLn) }()
 	logger.Info("nornd serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "node_id", cfg.NodeID,
 		"raft", n.RaftAddr(), "gossip", n.GossipAddr(), "partitions", cfg.Partitions, "version", version)
 	go func() {
@@ -203,6 +207,7 @@ func run(args []string) error {
 	case s := <-sig:
 		logger.Info("shutting down", "signal", s.String())
 	case err := <-served:
+		framed.Close()
 		n.Close()
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -210,6 +215,7 @@ func run(args []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	shutdownErr := srv.Shutdown(ctx)
+	framed.Close() // waits for its calls under way
 	closeErr := n.Close()
 	if err := errors.Join(shutdownErr, closeErr); err != nil {
 		return err

@@ -1,0 +1,75 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/transport"
+)
+
+// ServeClientRPC serves the framed client calls on ln (the framed side of
+// transport.SplitListener on the API port) until the server's Close, with
+// frames bounded by the request size limit.
+func (n *Node) ServeClientRPC(ln net.Listener, logger *slog.Logger) *transport.RPCServer {
+	return transport.ServeRPCListener(ln, uint32(n.cfg.MaxRequestBytes)+clientFrameOverhead, n.ClientRPCHandler(), logger)
+}
+
+// clientFrameOverhead is what a request frame holds besides its message.
+const clientFrameOverhead = 1 << 10
+
+// ClientRPCHandler answers the framed client calls (transport.SplitListener
+// on the API port) with the same TaskService as connect: the same
+// validation, limits and errors.
+func (n *Node) ClientRPCHandler() transport.RPCHandler {
+	ts := n.server.TaskService()
+	limit := n.cfg.MaxRequestBytes
+	return func(ctx context.Context, m transport.RPCMethod, meta transport.RPCMeta, body []byte) ([]byte, error) {
+		if d := transport.ClientCallTimeout(meta); d > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, d)
+			defer cancel()
+		}
+		if limit > 0 && int64(len(body)) > int64(limit) {
+			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("request of %d bytes exceeds the limit of %d", len(body), limit))
+		}
+		switch m {
+		case transport.MethodEnqueue:
+			return unaryFramed(ctx, body, new(nornv1.EnqueueRequest), ts.Enqueue)
+		case transport.MethodEnqueueBatch:
+			return unaryFramed(ctx, body, new(nornv1.EnqueueBatchRequest), ts.EnqueueBatch)
+		case transport.MethodClaim:
+			return unaryFramed(ctx, body, new(nornv1.ClaimRequest), ts.Claim)
+		case transport.MethodComplete:
+			return unaryFramed(ctx, body, new(nornv1.CompleteRequest), ts.Complete)
+		case transport.MethodCompleteBatch:
+			return unaryFramed(ctx, body, new(nornv1.CompleteBatchRequest), ts.CompleteBatch)
+		case transport.MethodRenew:
+			return unaryFramed(ctx, body, new(nornv1.RenewRequest), ts.Renew)
+		}
+		return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("framed method %d", m))
+	}
+}
+
+func unaryFramed[Req any, Resp any, PReq interface {
+	*Req
+	proto.Message
+}](ctx context.Context, body []byte, req PReq, f func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) ([]byte, error) {
+	if err := proto.Unmarshal(body, req); err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unmarshal %T: %w", req, err))
+	}
+	resp, err := f(ctx, connect.NewRequest((*Req)(req)))
+	if err != nil {
+		return nil, err
+	}
+	msg, ok := any(resp.Msg).(proto.Message)
+	if !ok {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("response %T is not a message", resp.Msg))
+	}
+	return proto.Marshal(msg)
+}

@@ -1,0 +1,129 @@
+package transport
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"sync"
+	"time"
+)
+
+// ClientRPCMagic opens a connection of framed client calls on a node's API
+// port: SplitListener hands connections that start with it to the framed
+// server, every other connection (HTTP/1.1, the HTTP/2 preface) to
+// net/http. It is longer than the HTTP/2 preface (24 bytes), so that a
+// server without framed calls that waits for a preface gets enough bytes
+// to refuse it as a bad HTTP request instead of waiting for more.
+var ClientRPCMagic = []byte("NORN-FRAMED-CALLS/1\r\n\r\n\r\n")
+
+// splitPeekTimeout bounds the wait for a new connection's first bytes.
+const splitPeekTimeout = 10 * time.Second
+
+// SplitListener splits ln's connections by their first bytes: those that
+// start with ClientRPCMagic (consumed) come from framed, the others (their
+// first bytes kept) from rest. Closing either closes ln.
+func SplitListener(ln net.Listener) (rest, framed net.Listener) {
+	s := &splitter{ln: ln, rest: make(chan net.Conn), framed: make(chan net.Conn), done: make(chan struct{})}
+	go s.acceptLoop()
+	return &splitSide{s: s, ch: s.rest}, &splitSide{s: s, ch: s.framed}
+}
+
+type splitter struct {
+	ln           net.Listener
+	rest, framed chan net.Conn
+	done         chan struct{}
+	once         sync.Once
+	err          error // why acceptLoop stopped; read after done
+}
+
+func (s *splitter) acceptLoop() {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			s.close(err)
+			return
+		}
+		go s.route(c)
+	}
+}
+
+func (s *splitter) route(c net.Conn) {
+	r := bufio.NewReaderSize(c, 4096)
+	c.SetReadDeadline(time.Now().Add(splitPeekTimeout)) //nolint:errcheck // a failed peek reports it
+	// Decide at the first byte that differs from the magic: an HTTP
+	// request is routed as soon as its first byte arrives, whatever its
+	// length.
+	framed, got := true, 0
+	for i := 1; i <= len(ClientRPCMagic); i++ {
+		head, err := r.Peek(i)
+		got = len(head)
+		if err != nil {
+			framed = false
+			break
+		}
+		if head[i-1] != ClientRPCMagic[i-1] {
+			framed = false
+			break
+		}
+	}
+	c.SetReadDeadline(time.Time{}) //nolint:errcheck
+	if got == 0 {
+		c.Close() // gone, or silent, before its first byte
+		return
+	}
+	ch := s.rest
+	if framed {
+		r.Discard(len(ClientRPCMagic)) //nolint:errcheck // peeked
+		ch = s.framed
+	}
+	select {
+	case ch <- &peekedConn{Conn: c, r: r}:
+	case <-s.done:
+		c.Close()
+	}
+}
+
+func (s *splitter) close(err error) {
+	s.once.Do(func() {
+		s.err = err
+		close(s.done)
+		s.ln.Close()
+	})
+}
+
+type splitSide struct {
+	s  *splitter
+	ch chan net.Conn
+}
+
+func (l *splitSide) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.s.done:
+		if l.s.err != nil && !errors.Is(l.s.err, net.ErrClosed) {
+			return nil, l.s.err
+		}
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *splitSide) Close() error   { l.s.close(net.ErrClosed); return nil }
+func (l *splitSide) Addr() net.Addr { return l.s.ln.Addr() }
+
+// peekedConn reads first what the splitter peeked.
+type peekedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *peekedConn) Read(p []byte) (int, error) {
+	if c.r.Buffered() == 0 {
+		return c.Conn.Read(p)
+	}
+	return c.r.Read(p)
+}
