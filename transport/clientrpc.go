@@ -37,16 +37,25 @@ type splitter struct {
 }
 
 func (s *splitter) acceptLoop() {
+	var delay time.Duration
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				s.close(err)
+				return
 			}
-			s.close(err)
-			return
+			// Out of file descriptors and the like: wait and go on, as
+			// net/http's Serve does.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(delay):
+				continue
+			case <-s.done:
+				return
+			}
 		}
+		delay = 0
 		go s.route(c)
 	}
 }
