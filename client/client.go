@@ -182,8 +182,9 @@ func WithConnectOptions(opts ...connect.ClientOption) Option {
 // of the cluster are learned from them (WithDiscovery). Calls go to the
 // nodes in turn, skipping a node for a while after it failed (see the
 // package documentation). The client speaks the gRPC protocol over HTTP/2,
-// in cleartext (h2c) for "http" and plain addresses. New does not connect;
-// the first call does.
+// in cleartext (h2c) for "http" and plain addresses, there with the hot
+// calls framed (WithFramedCalls). New does not connect; the first call
+// does.
 func New(addrs string, opts ...Option) (*Client, error) {
 	seeds, scheme, err := parseSeeds(addrs)
 	if err != nil {

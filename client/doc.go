@@ -29,9 +29,12 @@
 // Any node answers any call. New takes one address ("host:port",
 // "http://host:port" or "https://host:port") or several separated by
 // commas, and speaks the gRPC protocol over HTTP/2, in cleartext (h2c)
-// unless the scheme is https. Requests and responses are the generated
-// messages of package nornv1; Client.TaskService gives the raw connect
-// client of one node for anything this package does not wrap.
+// unless the scheme is https; in cleartext the hot calls (Enqueue, Claim,
+// Complete, Renew and their batches) travel as framed calls on the same
+// port, which cost both ends less (WithFramedCalls). Requests and
+// responses are the generated messages of package nornv1;
+// Client.TaskService gives the raw connect client of one node for anything
+// this package does not wrap.
 //
 // # Nodes
 //
