@@ -149,8 +149,7 @@ func (c *rowCache) apply(ops []batchOp) {
 		k     rowKey
 		shard uint8
 		task  bool
-		i     int // the op's place in the batch: a key's writes stay in order
-		op    *batchOp
+		i     int // the op's place in ops: a key's writes stay in order
 	}
 	writes := make([]write, 0, len(ops))
 	for i := range ops {
@@ -158,7 +157,7 @@ func (c *rowCache) apply(ops []batchOp) {
 		if !ok {
 			continue
 		}
-		writes = append(writes, write{k: k, shard: c.shardOf(k.id), task: isTask, i: i, op: &ops[i]})
+		writes = append(writes, write{k: k, shard: c.shardOf(k.id), task: isTask, i: i})
 	}
 	slices.SortFunc(writes, func(a, b write) int {
 		return cmp.Or(cmp.Compare(a.shard, b.shard), cmp.Compare(a.k.p, b.k.p), cmp.Compare(a.k.id, b.k.id), cmp.Compare(a.i, b.i))
@@ -177,7 +176,7 @@ func (c *rowCache) apply(ops []batchOp) {
 		var r row
 		var task, metaSeen bool
 		for ; i < len(writes) && writes[i].k == k; i++ {
-			op := writes[i].op
+			op := &ops[writes[i].i]
 			if writes[i].task {
 				task = true
 				r.enc = nil

@@ -107,10 +107,7 @@ const rpcHello = 0x4e
 
 // RPCServer serves framed calls on a mux group's connections.
 type RPCServer struct {
-	stream interface {
-		Accept() (net.Conn, error)
-		Close() error
-	}
+	stream net.Listener
 	h      RPCHandler
 	logger *slog.Logger
 
@@ -125,13 +122,7 @@ type RPCServer struct {
 // ServeRPC serves framed calls on the connections of stream until Close.
 // Each call runs in its own goroutine.
 func ServeRPC(stream *GroupStream, h RPCHandler, logger *slog.Logger) *RPCServer {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	s := &RPCServer{stream: stream, h: h, logger: logger, conns: map[net.Conn]struct{}{}, maxFrame: maxRPCFrame}
-	s.wg.Add(1)
-	go s.acceptLoop()
-	return s
+	return ServeRPCListener(stream, maxRPCFrame, h, logger)
 }
 
 // ServeRPCListener serves framed calls on ln's connections until Close
@@ -209,7 +200,7 @@ func (s *RPCServer) serveConn(c net.Conn) {
 	var mu sync.Mutex
 	cancels := map[uint64]context.CancelFunc{}
 	for {
-		frame, err := readRequestFrame(r, s.maxFrame)
+		frame, err := readFrame(r, s.maxFrame)
 		var big *oversizedFrame
 		if errors.As(err, &big) {
 			err := connect.NewError(connect.CodeResourceExhausted, big)
@@ -310,18 +301,6 @@ func (w *frameWriter) send(f []byte) error {
 
 func (w *frameWriter) close() { w.once.Do(func() { close(w.done) }) }
 
-func readFrame(r *bufio.Reader) ([]byte, error) {
-	var n [4]byte
-	if _, err := io.ReadFull(r, n[:]); err != nil {
-		return nil, err
-	}
-	size := binary.BigEndian.Uint32(n[:])
-	if size > maxRPCFrame {
-		return nil, fmt.Errorf("frame of %d bytes exceeds %d", size, maxRPCFrame)
-	}
-	return readFrameBody(r, size)
-}
-
 // oversizedFrame is a request frame over the server's limit, read past:
 // its call id, to answer RESOURCE_EXHAUSTED.
 type oversizedFrame struct {
@@ -333,18 +312,22 @@ func (e *oversizedFrame) Error() string {
 	return fmt.Sprintf("request frame of %d bytes exceeds %d", e.size, e.most)
 }
 
-// readRequestFrame is readFrame for a server whose frames may not exceed
-// most bytes: a larger frame, up to 64 MiB, is read past (not kept) and
-// reported as an *oversizedFrame, so the connection goes on; one over 64
-// MiB ends the connection, as readFrame's do.
-func readRequestFrame(r *bufio.Reader, most uint32) ([]byte, error) {
+// readFrame reads one frame of at most most bytes (at most 64 MiB): a
+// larger frame up to 64 MiB is read past (not kept) and reported as an
+// *oversizedFrame, so the connection goes on; one over 64 MiB is an error
+// that ends the connection.
+func readFrame(r *bufio.Reader, most uint32) ([]byte, error) {
 	var n [4]byte
 	if _, err := io.ReadFull(r, n[:]); err != nil {
 		return nil, err
 	}
 	size := binary.BigEndian.Uint32(n[:])
 	if size <= most {
-		return readFrameBody(r, size)
+		f := make([]byte, size)
+		if _, err := io.ReadFull(r, f); err != nil {
+			return nil, err
+		}
+		return f, nil
 	}
 	if size > maxRPCFrame || size < 8 {
 		return nil, fmt.Errorf("frame of %d bytes exceeds %d", size, maxRPCFrame)
@@ -357,14 +340,6 @@ func readRequestFrame(r *bufio.Reader, most uint32) ([]byte, error) {
 		return nil, err
 	}
 	return nil, &oversizedFrame{id: binary.BigEndian.Uint64(id[:]), size: size, most: most}
-}
-
-func readFrameBody(r *bufio.Reader, size uint32) ([]byte, error) {
-	f := make([]byte, size)
-	if _, err := io.ReadFull(r, f); err != nil {
-		return nil, err
-	}
-	return f, nil
 }
 
 // A request frame: length, id, method, epoch, node and cluster ids (a byte
@@ -603,8 +578,7 @@ func (c *RPCClient) connection() (*rpcConn, error) {
 		}
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("peer call to %s: %w", c.addr, err))
 	}
-	c.conn = newRPCConn(nc, r)
-	c.conn.sendCancels = c.sendCancels
+	c.conn = newRPCConn(nc, r, c.sendCancels)
 	return c.conn, nil
 }
 
@@ -620,8 +594,8 @@ type rpcConn struct {
 	err     error // set once the connection failed
 }
 
-func newRPCConn(nc net.Conn, r *bufio.Reader) *rpcConn {
-	rc := &rpcConn{c: nc, w: newFrameWriter(nc), pending: map[uint64]chan rpcResult{}}
+func newRPCConn(nc net.Conn, r *bufio.Reader, sendCancels bool) *rpcConn {
+	rc := &rpcConn{c: nc, w: newFrameWriter(nc), sendCancels: sendCancels, pending: map[uint64]chan rpcResult{}}
 	go rc.readLoop(r)
 	return rc
 }
@@ -634,7 +608,7 @@ func (rc *rpcConn) dead() bool {
 
 func (rc *rpcConn) readLoop(r *bufio.Reader) {
 	for {
-		f, err := readFrame(r)
+		f, err := readFrame(r, maxRPCFrame)
 		if err != nil {
 			rc.fail(err)
 			return
