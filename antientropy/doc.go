@@ -9,8 +9,8 @@
 //
 // A Tree is a fixed-size XOR segment tree (Tictac style), one per
 // partition replica. storage assigns every task a segment, the top 16 bits
-// of its id's hash (storage.Segment), and keeps a segment index of
-// (segment, id) -> state digest. The tree has 2^LeafBits leaves, each
+// of its id's hash (storage.Segment), and keeps in memory a segment index
+// of (segment, id) -> state digest for every tracked partition. The tree has 2^LeafBits leaves, each
 // covering 2^(16-LeafBits) consecutive segments; a leaf is the XOR of
 // Hash(id, digest) over the tasks in its segments, and every branch, with
 // 16 children (the top level may have fewer), is the XOR of its children.
@@ -19,11 +19,13 @@
 // replicas holding the same states have the same tree.
 //
 // A Tree implements storage.DigestSink. Replica.Add builds partition p's
-// tree from the segment index (storage.Store.TrackDigests, with writes
-// held meanwhile) and from then on the store reports every committed write
+// tree from the partition's task keys (storage.Store.TrackDigests, with
+// writes held meanwhile) and from then on the store reports every committed write
 // and delete of p under the id's lock. The memory is fixed by LeafBits,
 // 8 bytes a node: DefaultLeafBits (14: 16,384 leaves) takes 137 KiB per
 // partition replica whatever the task count; MaxLeafBits (16) 546 KiB.
+// (The store's segment index beside it grows with the tasks: a map entry
+// per task.)
 // Every node of a cluster must use the same LeafBits.
 //
 // # Exchange

@@ -242,19 +242,21 @@ func (r *Replica) ServeSegmentEntries(req *nornv1.SegmentEntriesRequest) (*nornv
 	return resp, err
 }
 
-// entries calls fn for every stored task under the leaves.
+// entries calls fn for every stored task under the leaves, in one pass
+// over the partition's segment index.
 func (r *Replica) entries(p uint16, t *Tree, leaves []uint32, fn func(storage.SegmentEntry)) error {
+	want := make([]uint64, (t.Width(t.Levels()-1)+63)/64)
 	for _, leaf := range leaves {
-		lo, hi := t.Segments(leaf)
-		err := r.store.ScanSegments(p, lo, hi, func(_ uint16, e storage.SegmentEntry) error {
-			fn(e)
-			return nil
-		})
-		if err != nil {
-			return err
-		}
+		want[leaf/64] |= 1 << (leaf % 64)
 	}
-	return nil
+	in := func(seg uint16) bool {
+		leaf := t.Leaf(seg)
+		return want[leaf/64]&(1<<(leaf%64)) != 0
+	}
+	return r.store.ScanSegmentSet(p, in, func(_ uint16, e storage.SegmentEntry) error {
+		fn(e)
+		return nil
+	})
 }
 
 // localEntries returns the stored (id -> digest) under the leaves.

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -224,6 +225,49 @@ func TestCountsBuiltForAnOlderStore(t *testing.T) {
 		got, _ := recount(t, s2, p)
 		if !maps.Equal(got, want[p]) {
 			t.Fatalf("partition %d after the upgrade: %v, before %v", p, got, want[p])
+		}
+	}
+	v, err := s2.get(formatKey)
+	if err != nil || len(v) != 4 || v[3] != formatVersion {
+		t.Fatalf("format key %x, %v", v, err)
+	}
+}
+
+// Opening a format 2 store deletes its stored segment index (format 3
+// keeps it in memory) and keeps everything else.
+func TestUpgradeDropsSegmentKeys(t *testing.T) {
+	fs := vfs.NewMem()
+	s, _ := openTestStore(t, fs, "db")
+	for p := range uint16(3) {
+		for i := range 20 {
+			mustMerge(t, s, p, newTask(uint64(p)*1000+uint64(i)+1, "q", 0))
+		}
+	}
+	// Make it a format 2 store: segment keys and the old version.
+	for p := range uint16(3) {
+		err := s.scanTaskDigests(p, func(id, d uint64) error {
+			k := binary.BigEndian.AppendUint16(partitionPrefix(p, tagSegment), Segment(id))
+			return s.db.Set(binary.BigEndian.AppendUint64(k, id), binary.BigEndian.AppendUint64(nil, d), pebble.NoSync)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.db.Set(formatKey, []byte{0, 0, 0, 2}, pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.db = nil
+
+	s2, _ := openTestStore(t, fs, "db")
+	for p := range uint16(3) {
+		checkIndexes(t, s2, p) // fails on a stray segment key
+		checkCounts(t, s2, p)
+		n := 0
+		if err := s2.ScanSegments(p, 0, 1<<16, func(uint16, SegmentEntry) error { n++; return nil }); err != nil || n != 20 {
+			t.Fatalf("partition %d: %d segment entries after the upgrade, %v", p, n, err)
 		}
 	}
 	v, err := s2.get(formatKey)

@@ -1,9 +1,13 @@
 package storage
 
 import (
+	"cmp"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/norn-dev/norn/crdt"
 )
@@ -28,46 +32,61 @@ type digestChange struct {
 	had, has bool
 }
 
-// digestSinks is the registry of TrackDigests.
+// digestSinks is the registry of TrackDigests: the tracked partitions'
+// segment indexes, kept in memory. The index is not stored (format 3): a
+// task's digest is the hash of its stored encoding, so TrackDigests builds
+// it from the task keys and every committed change keeps it current. One
+// key fewer per change saves about a third of the store's CPU per merged
+// task (docs/BENCHMARKS.md, session 14).
 type digestSinks struct {
 	mu    sync.RWMutex
-	sinks map[uint16]DigestSink
+	parts map[uint16]*trackedDigests
+}
+
+// trackedDigests is one tracked partition: its sink and its segment index.
+type trackedDigests struct {
+	sink DigestSink
+	mu   sync.Mutex
+	set  map[uint64]uint64 // id -> digest of every stored task
 }
 
 // TrackDigests makes sink follow partition p's segment index: it first
 // gets every stored entry (as changes from nothing), then every committed
 // change until UntrackDigests. The load runs with every id lock held, so
 // no write is counted twice or missed; writes wait for it. A partition has
-// at most one sink; tracking again replaces it (and loads again).
+// at most one sink; tracking again replaces it (and loads again). While a
+// partition is tracked, ScanSegmentSet reads its index from memory.
 func (s *Store) TrackDigests(p uint16, sink DigestSink) error {
 	unlock := s.lockAll()
 	defer unlock()
-	err := s.ScanSegments(p, 0, 1<<16, func(seg uint16, e SegmentEntry) error {
-		sink.DigestChanged(seg, e.ID, 0, false, e.Digest, true)
+	t := &trackedDigests{sink: sink, set: make(map[uint64]uint64)}
+	err := s.scanTaskDigests(p, func(id, digest uint64) error {
+		t.set[id] = digest
+		sink.DigestChanged(Segment(id), id, 0, false, digest, true)
 		return nil
 	})
 	if err != nil {
 		return err
 	}
 	s.digests.mu.Lock()
-	if s.digests.sinks == nil {
-		s.digests.sinks = make(map[uint16]DigestSink)
+	if s.digests.parts == nil {
+		s.digests.parts = make(map[uint16]*trackedDigests)
 	}
-	s.digests.sinks[p] = sink
+	s.digests.parts[p] = t
 	s.digests.mu.Unlock()
 	return nil
 }
 
-// UntrackDigests stops the sink of partition p, if any. Call it before
-// DropPartition.
+// UntrackDigests stops the sink of partition p, if any, and drops its
+// index from memory. Call it before DropPartition.
 func (s *Store) UntrackDigests(p uint16) {
 	s.digests.mu.Lock()
-	delete(s.digests.sinks, p)
+	delete(s.digests.parts, p)
 	s.digests.mu.Unlock()
 }
 
-// notifyDigests reports committed changes to their partitions' sinks. The
-// caller holds the ids' locks and the changes are visible.
+// notifyDigests reports committed changes to their partitions' indexes and
+// sinks. The caller holds the ids' locks and the changes are visible.
 func (s *Store) notifyDigests(changes []digestChange) {
 	if len(changes) == 0 {
 		return
@@ -75,10 +94,107 @@ func (s *Store) notifyDigests(changes []digestChange) {
 	s.digests.mu.RLock()
 	defer s.digests.mu.RUnlock()
 	for _, c := range changes {
-		if sink := s.digests.sinks[c.p]; sink != nil {
-			sink.DigestChanged(Segment(c.id), c.id, c.old, c.had, c.new, c.has)
+		t := s.digests.parts[c.p]
+		if t == nil {
+			continue
+		}
+		t.mu.Lock()
+		if c.has {
+			t.set[c.id] = c.new
+		} else {
+			delete(t.set, c.id)
+		}
+		t.mu.Unlock()
+		t.sink.DigestChanged(Segment(c.id), c.id, c.old, c.had, c.new, c.has)
+	}
+}
+
+// scanTaskDigests calls fn with the id and digest of every stored task of
+// partition p, in id order.
+func (s *Store) scanTaskDigests(p uint16, fn func(id, digest uint64) error) error {
+	lo, hi := tagSpan(p, tagTask)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		k := it.Key()
+		if len(k) != len(lo)+8 {
+			return corrupt(k, "bad task key")
+		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return err
+		}
+		if err := fn(idFromKey(k), crdt.Digest(v)); err != nil {
+			return err
 		}
 	}
+	return it.Error()
+}
+
+// SegmentEntry is one (id, digest) pair of the anti-entropy segment index.
+type SegmentEntry struct {
+	ID     uint64
+	Digest uint64
+}
+
+// ScanSegments calls fn for every segment index entry of partition p with
+// segment in [lo, hi), in (segment, id) order. fn's error stops the scan and
+// is returned.
+func (s *Store) ScanSegments(p uint16, lo, hi uint32, fn func(seg uint16, e SegmentEntry) error) error {
+	if lo >= hi {
+		return nil
+	}
+	return s.ScanSegmentSet(p, func(seg uint16) bool { return uint32(seg) >= lo && uint32(seg) < hi }, fn)
+}
+
+// ScanSegmentSet calls fn for every segment index entry of partition p
+// whose segment is in the set, in (segment, id) order. A tracked
+// partition's index is read from memory (one pass for the whole set); an
+// untracked one's is computed from its task keys. fn's error stops the
+// scan and is returned.
+func (s *Store) ScanSegmentSet(p uint16, in func(seg uint16) bool, fn func(seg uint16, e SegmentEntry) error) error {
+	type entry struct {
+		seg uint16
+		SegmentEntry
+	}
+	var ents []entry
+	s.digests.mu.RLock()
+	t := s.digests.parts[p]
+	s.digests.mu.RUnlock()
+	if t != nil {
+		t.mu.Lock()
+		for id, d := range t.set {
+			if seg := Segment(id); in(seg) {
+				ents = append(ents, entry{seg, SegmentEntry{ID: id, Digest: d}})
+			}
+		}
+		t.mu.Unlock()
+	} else {
+		err := s.scanTaskDigests(p, func(id, d uint64) error {
+			if seg := Segment(id); in(seg) {
+				ents = append(ents, entry{seg, SegmentEntry{ID: id, Digest: d}})
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	slices.SortFunc(ents, func(a, b entry) int {
+		if c := cmp.Compare(a.seg, b.seg); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ID, b.ID)
+	})
+	for _, e := range ents {
+		if err := fn(e.seg, e.SegmentEntry); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // lockAll locks every id stripe, in order.

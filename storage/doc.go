@@ -1,7 +1,9 @@
 // Package storage is a node's one Pebble database: the CRDT state of every
 // task it replicates, the local indexes that make claims and expiry cheap,
-// the anti-entropy segment index, and every partition's Raft log and stable
-// store.
+// and every partition's Raft log and stable store. The anti-entropy segment
+// index, (segment, id) -> digest, is kept in memory for the partitions
+// anti-entropy tracks (TrackDigests), built from the task keys: a digest is
+// the hash of the stored encoding.
 //
 // # Keyspace
 //
@@ -13,7 +15,7 @@
 //	p 0x02 queue 0x00 ^prio' id     -> (empty)  ready index
 //	p 0x03 notBeforeMs id           -> (empty)  delayed index
 //	p 0x04 expiryMs id              -> (empty)  claimed index
-//	p 0x05 segment id               -> digest   anti-entropy segment index
+//	p 0x05 segment id               -> digest   (format 2 and before; deleted on upgrade)
 //	p 0x06 id                       -> meta: index state [+ expiryMs]
 //	p 0x07 terminalMs id            -> (empty)  retention index of terminal tasks
 //	p 0x08 queue 0x00 class         -> int64    task counter (Pebble merge: sums)
@@ -25,8 +27,8 @@
 //
 // Integers are big-endian and fixed width; times are Unix milliseconds
 // clamped at zero. prio' is the priority with its sign bit flipped, inverted,
-// so the ready index sorts by priority descending then id ascending. segment
-// is the top 16 bits of ring.HashID(id) (ring.Partition uses the low bits).
+// so the ready index sorts by priority descending then id ascending. A task's
+// segment is the top 16 bits of ring.HashID(id) (ring.Partition uses the low bits).
 //
 // # Index states
 //

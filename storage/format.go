@@ -16,32 +16,46 @@ import (
 //
 // 1 (or no key in a database that holds keys): before the task counters.
 // 2: the counters (tagCount) and waiting keys (tagWaiting) are kept.
-const formatVersion = 2
+// 3: the anti-entropy segment index (tagSegment) is no longer stored; it
+// is built in memory from the task keys (TrackDigests).
+const formatVersion = 3
 
 var formatKey = []byte("\xff\xff\xffformat")
 
 // upgrade brings an opened store to formatVersion: a new store gets the
 // version key; one of format 1 gets its counters and waiting keys built
-// from the stored tasks, partition by partition, and then the key. A
-// crash before the key is written starts the build over.
+// from the stored tasks, partition by partition; one before format 3 has
+// its segment index keys deleted; then the key. A crash before the key is
+// written starts the upgrade over (each step can run again).
 func (s *Store) upgrade() error {
 	v, err := s.get(formatKey)
+	from := uint32(1)
 	switch {
-	case err == nil && len(v) == 4 && binary.BigEndian.Uint32(v) == formatVersion:
-		return nil
-	case err == nil && len(v) == 4 && binary.BigEndian.Uint32(v) > formatVersion:
-		return fmt.Errorf("storage: the data directory has format %d; this build reads up to %d (a downgrade is not supported)", binary.BigEndian.Uint32(v), formatVersion)
-	case err == nil && len(v) != 4:
+	case err == nil && len(v) == 4:
+		from = binary.BigEndian.Uint32(v)
+	case err == nil:
 		return corrupt(formatKey, "format of %d bytes", len(v))
-	case err != nil && !errors.Is(err, ErrNotFound):
+	case !errors.Is(err, ErrNotFound):
 		return err
+	}
+	if from == formatVersion {
+		return nil
+	}
+	if from > formatVersion {
+		return fmt.Errorf("storage: the data directory has format %d; this build reads up to %d (a downgrade is not supported)", from, formatVersion)
 	}
 	for p, ok, err := s.nextPartition(0); ok || err != nil; p, ok, err = s.nextPartition(uint32(p) + 1) {
 		if err != nil {
 			return err
 		}
-		if err := s.rebuildCounts(p); err != nil {
-			return fmt.Errorf("storage: building the counters of partition %d: %w", p, err)
+		if from < 2 {
+			if err := s.rebuildCounts(p); err != nil {
+				return fmt.Errorf("storage: building the counters of partition %d: %w", p, err)
+			}
+		}
+		lo, hi := tagSpan(p, tagSegment)
+		if err := s.db.DeleteRange(lo, hi, pebble.NoSync); err != nil {
+			return fmt.Errorf("storage: deleting the segment index of partition %d: %w", p, err)
 		}
 	}
 	return s.db.Set(formatKey, binary.BigEndian.AppendUint32(nil, formatVersion), pebble.Sync)

@@ -14,7 +14,7 @@ const (
 	tagReady    byte = 0x02 // queue 0x00 prio id -> empty
 	tagDelayed  byte = 0x03 // notBefore id -> empty
 	tagClaimed  byte = 0x04 // expiry id -> empty
-	tagSegment  byte = 0x05 // segment id -> digest
+	tagSegment  byte = 0x05 // retired in format 3: segment id -> digest
 	tagMeta     byte = 0x06 // id -> local index state
 	tagTerminal byte = 0x07 // terminalMs id -> empty (retention)
 	tagCount    byte = 0x08 // queue 0x00 class -> int64 counter (merged)
@@ -24,7 +24,7 @@ const (
 	tagClaimFSM byte = 0x12 // reserved for the claim FSM (claims/)
 )
 
-// SegmentBits is the width of the anti-entropy segment number stored in the
+// SegmentBits is the width of the anti-entropy segment number of the
 // segment index: 2^16 segments per partition, which any tree of up to 65536
 // leaves can group by prefix.
 const SegmentBits = 16
@@ -61,11 +61,6 @@ func metaKey(p uint16, id uint64) []byte { return idKey(p, tagMeta, id) }
 // then the id.
 func timeIDKey(p uint16, tag byte, ms int64, id uint64) []byte {
 	k := binary.BigEndian.AppendUint64(partitionPrefix(p, tag), uint64(max(ms, 0)))
-	return binary.BigEndian.AppendUint64(k, id)
-}
-
-func segmentKey(p uint16, seg uint16, id uint64) []byte {
-	k := binary.BigEndian.AppendUint16(partitionPrefix(p, tagSegment), seg)
 	return binary.BigEndian.AppendUint64(k, id)
 }
 

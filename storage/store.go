@@ -74,9 +74,9 @@ func (c *Config) Validate() error {
 // of one task.
 const lockStripes = 1024
 
-// Store is one node's Pebble database: task states, their local indexes, the
-// anti-entropy segment index and (through RaftStore) every partition's Raft
-// log. It is safe for concurrent use.
+// Store is one node's Pebble database: task states, their local indexes and
+// (through RaftStore) every partition's Raft log, with the anti-entropy
+// segment index of the tracked partitions in memory. It is safe for concurrent use.
 type Store struct {
 	db      *pebble.DB
 	guard   closeGuard // Close against RaftStore calls

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -57,6 +59,10 @@ func TestScanTasksPagesAndDropPartition(t *testing.T) {
 	}
 }
 
+// The segment index lists every stored task with its digest, in
+// (segment, id) order, whether the partition is tracked (read from memory)
+// or not (computed from the task keys), through merges and deletes, and
+// tracking sees the same set through its sink.
 func TestSegmentIndex(t *testing.T) {
 	s, _ := memStore(t)
 	want := map[uint64]uint64{}
@@ -64,35 +70,84 @@ func TestSegmentIndex(t *testing.T) {
 		res := mustMerge(t, s, 0, newTask(uint64(i+1), "q", 0))
 		want[uint64(i+1)] = res[0].NewDigest
 	}
+	check := func(when string) {
+		t.Helper()
+		got := map[uint64]uint64{}
+		prev := -1
+		err := s.ScanSegments(0, 0, 1<<16, func(seg uint16, e SegmentEntry) error {
+			if int(seg) < prev || seg != Segment(e.ID) {
+				return fmt.Errorf("entry %d in segment %d out of order or misplaced", e.ID, seg)
+			}
+			prev = int(seg)
+			got[e.ID] = e.Digest
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !maps.Equal(got, want) {
+			t.Fatalf("%s: segment index %v, want %v", when, got, want)
+		}
+		// A sub-range returns exactly the ids in it.
+		n := 0
+		_ = s.ScanSegments(0, 0, 1<<15, func(seg uint16, _ SegmentEntry) error {
+			if seg >= 1<<15 {
+				t.Errorf("segment %d outside [0, 32768)", seg)
+			}
+			n++
+			return nil
+		})
+		if n == 0 || n == len(want) {
+			t.Fatalf("%s: half-range scan saw %d of %d entries", when, n, len(want))
+		}
+	}
+	check("untracked")
+	sink := &setSink{m: map[uint64]uint64{}}
+	if err := s.TrackDigests(0, sink); err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(sink.m, want) {
+		t.Fatalf("tracking loaded %v, want %v", sink.m, want)
+	}
+	check("tracked")
 	res := mustMerge(t, s, 0, cancelOf(3, t0))
 	want[3] = res[0].NewDigest
-	got := map[uint64]uint64{}
-	prev := -1
-	err := s.ScanSegments(0, 0, 1<<16, func(seg uint16, e SegmentEntry) error {
-		if int(seg) < prev || seg != Segment(e.ID) {
-			return fmt.Errorf("entry %d in segment %d out of order or misplaced", e.ID, seg)
-		}
-		prev = int(seg)
-		got[e.ID] = e.Digest
-		return nil
-	})
+	if err := s.DeleteTasks(0, []uint64{7, 8}); err != nil {
+		t.Fatal(err)
+	}
+	delete(want, 7)
+	delete(want, 8)
+	check("tracked, after a change and deletes")
+	if !maps.Equal(sink.m, want) {
+		t.Fatalf("the sink holds %v, want %v", sink.m, want)
+	}
+	s.UntrackDigests(0)
+	check("untracked again")
+	// Nothing of it is stored as keys of its own.
+	lo, hi := tagSpan(0, tagSegment)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("segment index %v, want %v", got, want)
+	defer it.Close()
+	if it.First() {
+		t.Fatalf("a segment index key is stored: %x", it.Key())
 	}
-	// A sub-range returns exactly the ids in it.
-	n := 0
-	_ = s.ScanSegments(0, 0, 1<<15, func(seg uint16, _ SegmentEntry) error {
-		if seg >= 1<<15 {
-			t.Errorf("segment %d outside [0, 32768)", seg)
-		}
-		n++
-		return nil
-	})
-	if n == 0 || n == len(want) {
-		t.Fatalf("half-range scan saw %d of %d entries", n, len(want))
+}
+
+// setSink is a DigestSink that keeps the (id -> digest) set it is told.
+type setSink struct {
+	mu sync.Mutex
+	m  map[uint64]uint64
+}
+
+func (k *setSink) DigestChanged(_ uint16, id uint64, _ uint64, _ bool, new uint64, has bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if has {
+		k.m[id] = new
+	} else {
+		delete(k.m, id)
 	}
 }
 

@@ -234,7 +234,6 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 		if k := indexKey(p, st.Task.ID, meta{st.Index, st.ExpiryMs}, st.Task.Spec); k != nil {
 			want[string(k)] = true
 		}
-		want[string(segmentKey(p, Segment(st.Task.ID), st.Task.ID))] = true
 		if k := terminalKey(p, st.Task); k != nil {
 			want[string(k)] = true
 		}

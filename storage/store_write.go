@@ -2,7 +2,6 @@ package storage
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"slices"
 
@@ -192,11 +191,6 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		if err := sb.Set(taskKey(k.p, k.id), enc); err != nil {
 			return nil, nil, nil, nil, nil, err
 		}
-		var dig [8]byte
-		binary.BigEndian.PutUint64(dig[:], res.NewDigest)
-		if err := sb.Set(segmentKey(k.p, Segment(k.id), k.id), dig[:]); err != nil {
-			return nil, nil, nil, nil, nil, err
-		}
 		var oldMeta meta
 		var oldSpec *crdt.Spec
 		if old != nil {
@@ -282,7 +276,7 @@ func (s *Store) TerminalBefore(p uint16, ms int64, limit int) ([]DueEntry, error
 }
 
 // DeleteTasks deletes tasks of partition p: their state, meta, index
-// entries and segment entry, in one synced batch. The claim FSM's records
+// entries, in one synced batch. The claim FSM's records
 // are the FSM's to delete (through Raft). Missing ids are skipped.
 func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 	var digests []digestChange
@@ -303,7 +297,7 @@ func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 			if ti.task != nil {
 				spec = ti.task.Spec
 				digests = append(digests, digestChange{p: p, id: id, old: ti.digest, had: true})
-				for _, k := range [][]byte{taskKey(p, id), segmentKey(p, Segment(id), id), terminalKey(p, ti.task)} {
+				for _, k := range [][]byte{taskKey(p, id), terminalKey(p, ti.task)} {
 					if k != nil {
 						if err := b.Delete(k); err != nil {
 							return nil, err
