@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -242,18 +243,20 @@ func (r *Replica) ServeSegmentEntries(req *nornv1.SegmentEntriesRequest) (*nornv
 	return resp, err
 }
 
-// entries calls fn for every stored task under the leaves, in one pass
-// over the partition's segment index.
+// entries calls fn for every stored task under the leaves.
 func (r *Replica) entries(p uint16, t *Tree, leaves []uint32, fn func(storage.SegmentEntry)) error {
-	want := make([]uint64, (t.Width(t.Levels()-1)+63)/64)
-	for _, leaf := range leaves {
-		want[leaf/64] |= 1 << (leaf % 64)
+	sorted := slices.Clone(leaves)
+	slices.Sort(sorted)
+	var ranges []storage.SegmentRange
+	for _, leaf := range sorted {
+		lo, hi := t.Segments(leaf)
+		if n := len(ranges); n > 0 && ranges[n-1].Hi >= lo {
+			ranges[n-1].Hi = max(ranges[n-1].Hi, hi)
+			continue
+		}
+		ranges = append(ranges, storage.SegmentRange{Lo: lo, Hi: hi})
 	}
-	in := func(seg uint16) bool {
-		leaf := t.Leaf(seg)
-		return want[leaf/64]&(1<<(leaf%64)) != 0
-	}
-	return r.store.ScanSegmentSet(p, in, func(_ uint16, e storage.SegmentEntry) error {
+	return r.store.ScanSegmentRanges(p, ranges, func(_ uint16, e storage.SegmentEntry) error {
 		fn(e)
 		return nil
 	})

@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"cmp"
 	"errors"
 	"slices"
 	"sync"
@@ -36,7 +35,7 @@ type digestChange struct {
 // segment indexes, kept in memory. The index is not stored (format 3): a
 // task's digest is the hash of its stored encoding, so TrackDigests builds
 // it from the task keys and every committed change keeps it current. One
-// key fewer per change saves about a third of the store's CPU per merged
+// key fewer per change saves about a quarter of the store's CPU per merged
 // task (docs/BENCHMARKS.md, session 14).
 type digestSinks struct {
 	mu    sync.RWMutex
@@ -45,9 +44,9 @@ type digestSinks struct {
 
 // trackedDigests is one tracked partition: its sink and its segment index.
 type trackedDigests struct {
-	sink DigestSink
-	mu   sync.Mutex
-	set  map[uint64]uint64 // id -> digest of every stored task
+	sink  DigestSink
+	mu    sync.Mutex
+	index *segIndex
 }
 
 // TrackDigests makes sink follow partition p's segment index: it first
@@ -55,19 +54,21 @@ type trackedDigests struct {
 // change until UntrackDigests. The load runs with every id lock held, so
 // no write is counted twice or missed; writes wait for it. A partition has
 // at most one sink; tracking again replaces it (and loads again). While a
-// partition is tracked, ScanSegmentSet reads its index from memory.
+// partition is tracked, ScanSegmentRanges reads its index from memory.
 func (s *Store) TrackDigests(p uint16, sink DigestSink) error {
 	unlock := s.lockAll()
 	defer unlock()
-	t := &trackedDigests{sink: sink, set: make(map[uint64]uint64)}
+	var items []segItem
 	err := s.scanTaskDigests(p, func(id, digest uint64) error {
-		t.set[id] = digest
-		sink.DigestChanged(Segment(id), id, 0, false, digest, true)
+		seg := Segment(id)
+		items = append(items, segItem{seg, id, digest})
+		sink.DigestChanged(seg, id, 0, false, digest, true)
 		return nil
 	})
 	if err != nil {
 		return err
 	}
+	t := &trackedDigests{sink: sink, index: newSegIndex(items)}
 	s.digests.mu.Lock()
 	if s.digests.parts == nil {
 		s.digests.parts = make(map[uint16]*trackedDigests)
@@ -100,9 +101,9 @@ func (s *Store) notifyDigests(changes []digestChange) {
 		}
 		t.mu.Lock()
 		if c.has {
-			t.set[c.id] = c.new
+			t.index.set(c.id, c.new)
 		} else {
-			delete(t.set, c.id)
+			t.index.remove(c.id)
 		}
 		t.mu.Unlock()
 		t.sink.DigestChanged(Segment(c.id), c.id, c.old, c.had, c.new, c.has)
@@ -140,57 +141,45 @@ type SegmentEntry struct {
 	Digest uint64
 }
 
+// SegmentRange is the segments [Lo, Hi) of a partition.
+type SegmentRange struct{ Lo, Hi uint32 }
+
 // ScanSegments calls fn for every segment index entry of partition p with
 // segment in [lo, hi), in (segment, id) order. fn's error stops the scan and
 // is returned.
 func (s *Store) ScanSegments(p uint16, lo, hi uint32, fn func(seg uint16, e SegmentEntry) error) error {
-	if lo >= hi {
-		return nil
-	}
-	return s.ScanSegmentSet(p, func(seg uint16) bool { return uint32(seg) >= lo && uint32(seg) < hi }, fn)
+	return s.ScanSegmentRanges(p, []SegmentRange{{lo, hi}}, fn)
 }
 
-// ScanSegmentSet calls fn for every segment index entry of partition p
-// whose segment is in the set, in (segment, id) order. A tracked
-// partition's index is read from memory (one pass for the whole set); an
-// untracked one's is computed from its task keys. fn's error stops the
-// scan and is returned.
-func (s *Store) ScanSegmentSet(p uint16, in func(seg uint16) bool, fn func(seg uint16, e SegmentEntry) error) error {
-	type entry struct {
-		seg uint16
-		SegmentEntry
-	}
-	var ents []entry
+// ScanSegmentRanges calls fn for every segment index entry of partition p
+// in one of the ranges, in (segment, id) order; the ranges must be
+// ascending and disjoint. A tracked partition's index is read from memory
+// (segIndex); an untracked one's is computed from its
+// task keys (one scan for all the ranges). fn's error stops the scan and
+// is returned.
+func (s *Store) ScanSegmentRanges(p uint16, ranges []SegmentRange, fn func(seg uint16, e SegmentEntry) error) error {
+	var ents []segItem
 	s.digests.mu.RLock()
 	t := s.digests.parts[p]
 	s.digests.mu.RUnlock()
 	if t != nil {
 		t.mu.Lock()
-		for id, d := range t.set {
-			if seg := Segment(id); in(seg) {
-				ents = append(ents, entry{seg, SegmentEntry{ID: id, Digest: d}})
-			}
-		}
+		ents = t.index.list(ranges)
 		t.mu.Unlock()
 	} else {
 		err := s.scanTaskDigests(p, func(id, d uint64) error {
-			if seg := Segment(id); in(seg) {
-				ents = append(ents, entry{seg, SegmentEntry{ID: id, Digest: d}})
+			if seg := Segment(id); inRanges(ranges, seg) {
+				ents = append(ents, segItem{seg, id, d})
 			}
 			return nil
 		})
 		if err != nil {
 			return err
 		}
+		slices.SortFunc(ents, compareSegItems)
 	}
-	slices.SortFunc(ents, func(a, b entry) int {
-		if c := cmp.Compare(a.seg, b.seg); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.ID, b.ID)
-	})
 	for _, e := range ents {
-		if err := fn(e.seg, e.SegmentEntry); err != nil {
+		if err := fn(e.seg, SegmentEntry{ID: e.id, Digest: e.digest}); err != nil {
 			return err
 		}
 	}

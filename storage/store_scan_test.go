@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -99,6 +100,28 @@ func TestSegmentIndex(t *testing.T) {
 		})
 		if n == 0 || n == len(want) {
 			t.Fatalf("%s: half-range scan saw %d of %d entries", when, n, len(want))
+		}
+		// Several ranges at once return exactly the ids in them, in order.
+		ranges := []SegmentRange{{0, 9000}, {20000, 20000}, {30000, 45000}, {60000, 1 << 16}}
+		var wantIn []uint64
+		for id := range want {
+			for _, r := range ranges {
+				if seg := uint32(Segment(id)); r.Lo <= seg && seg < r.Hi {
+					wantIn = append(wantIn, id)
+				}
+			}
+		}
+		slices.SortFunc(wantIn, func(a, b uint64) int { return cmp.Or(cmp.Compare(Segment(a), Segment(b)), cmp.Compare(a, b)) })
+		var gotIn []uint64
+		err = s.ScanSegmentRanges(0, ranges, func(seg uint16, e SegmentEntry) error {
+			if e.Digest != want[e.ID] {
+				t.Errorf("%s: id %d with digest %x, want %x", when, e.ID, e.Digest, want[e.ID])
+			}
+			gotIn = append(gotIn, e.ID)
+			return nil
+		})
+		if err != nil || !slices.Equal(gotIn, wantIn) || len(wantIn) == 0 {
+			t.Fatalf("%s: ranges %v gave %v, want %v (%v)", when, ranges, gotIn, wantIn, err)
 		}
 	}
 	check("untracked")
