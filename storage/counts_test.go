@@ -266,7 +266,7 @@ func TestUpgradeDropsSegmentKeys(t *testing.T) {
 		checkIndexes(t, s2, p) // fails on a stray segment key
 		checkCounts(t, s2, p)
 		n := 0
-		if err := s2.ScanSegments(p, 0, 1<<16, func(uint16, SegmentEntry) error { n++; return nil }); err != nil || n != 20 {
+		if err := s2.ScanSegmentRanges(p, []SegmentRange{{0, 1 << 16}}, func(uint16, SegmentEntry) error { n++; return nil }); err != nil || n != 20 {
 			t.Fatalf("partition %d: %d segment entries after the upgrade, %v", p, n, err)
 		}
 	}

@@ -144,13 +144,6 @@ type SegmentEntry struct {
 // SegmentRange is the segments [Lo, Hi) of a partition.
 type SegmentRange struct{ Lo, Hi uint32 }
 
-// ScanSegments calls fn for every segment index entry of partition p with
-// segment in [lo, hi), in (segment, id) order. fn's error stops the scan and
-// is returned.
-func (s *Store) ScanSegments(p uint16, lo, hi uint32, fn func(seg uint16, e SegmentEntry) error) error {
-	return s.ScanSegmentRanges(p, []SegmentRange{{lo, hi}}, fn)
-}
-
 // ScanSegmentRanges calls fn for every segment index entry of partition p
 // in one of the ranges, in (segment, id) order; the ranges must be
 // ascending and disjoint. A tracked partition's index is read from memory

@@ -101,31 +101,6 @@ func (x *segIndex) merge() {
 	clear(x.delta)
 }
 
-// len returns the number of stored tasks.
-func (x *segIndex) len() int {
-	n := len(x.base)
-	for id, d := range x.delta {
-		_, inBase := x.find(id)
-		switch {
-		case d.deleted && inBase:
-			n--
-		case !d.deleted && !inBase:
-			n++
-		}
-	}
-	return n
-}
-
-// find returns the array position of id and whether it is there.
-func (x *segIndex) find(id uint64) (int, bool) {
-	key := segItem{seg: Segment(id), id: id}
-	i := sort.Search(len(x.base), func(i int) bool {
-		b := x.base[i]
-		return compareSegItems(segItem{seg: Segment(b.id), id: b.id}, key) >= 0
-	})
-	return i, i < len(x.base) && x.base[i].id == id
-}
-
 // list returns the entries in the ranges (ascending, disjoint), in
 // (segment, id) order.
 func (x *segIndex) list(ranges []SegmentRange) []segItem {

@@ -3,6 +3,7 @@ package storage
 import (
 	"math/rand/v2"
 	"slices"
+	"sort"
 	"testing"
 )
 
@@ -70,4 +71,29 @@ func TestSegIndexMatchesAMap(t *testing.T) {
 	if merges < 10 {
 		t.Fatalf("only %d merges of the change map: the test does not reach them", merges)
 	}
+}
+
+// len returns the number of stored tasks (for the test).
+func (x *segIndex) len() int {
+	n := len(x.base)
+	for id, d := range x.delta {
+		_, inBase := x.find(id)
+		switch {
+		case d.deleted && inBase:
+			n--
+		case !d.deleted && !inBase:
+			n++
+		}
+	}
+	return n
+}
+
+// find returns the array position of id and whether it is there.
+func (x *segIndex) find(id uint64) (int, bool) {
+	key := segItem{seg: Segment(id), id: id}
+	i := sort.Search(len(x.base), func(i int) bool {
+		b := x.base[i]
+		return compareSegItems(segItem{seg: Segment(b.id), id: b.id}, key) >= 0
+	})
+	return i, i < len(x.base) && x.base[i].id == id
 }

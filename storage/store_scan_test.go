@@ -75,7 +75,7 @@ func TestSegmentIndex(t *testing.T) {
 		t.Helper()
 		got := map[uint64]uint64{}
 		prev := -1
-		err := s.ScanSegments(0, 0, 1<<16, func(seg uint16, e SegmentEntry) error {
+		err := s.ScanSegmentRanges(0, []SegmentRange{{0, 1 << 16}}, func(seg uint16, e SegmentEntry) error {
 			if int(seg) < prev || seg != Segment(e.ID) {
 				return fmt.Errorf("entry %d in segment %d out of order or misplaced", e.ID, seg)
 			}
@@ -91,7 +91,7 @@ func TestSegmentIndex(t *testing.T) {
 		}
 		// A sub-range returns exactly the ids in it.
 		n := 0
-		_ = s.ScanSegments(0, 0, 1<<15, func(seg uint16, _ SegmentEntry) error {
+		_ = s.ScanSegmentRanges(0, []SegmentRange{{0, 1 << 15}}, func(seg uint16, _ SegmentEntry) error {
 			if seg >= 1<<15 {
 				t.Errorf("segment %d outside [0, 32768)", seg)
 			}
