@@ -12,6 +12,10 @@ MODULE      := github.com/norn-dev/norn
 # Core packages run under the race detector.
 CORE_PKGS   := ./crdt/... ./ring/... ./faultfs/... ./storage/... ./claims/... ./cluster/... ./antientropy/... ./transport/... ./client/... ./apierr/... ./replicas/... ./coord/... ./dispatch/... ./server/... ./rebalance/... ./node/...
 BIN         := bin
+# Tests build with the Jepsen harness's test hooks and seeded bugs (package
+# testhooks), so the seeded-bug tests run; `make build` and the release
+# binaries never carry them (cmd/nornd's TestReleaseHasNoTestHooks).
+TEST_TAGS   := testhooks
 
 .PHONY: all build test test-core test-rest test-stress lint fmt proto proto-check bench bench-move bench-peers bench-scale bench-idle fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
 
@@ -25,12 +29,12 @@ build:
 test: test-core test-rest
 
 test-core:
-	$(GO) test -race -timeout 10m $(CORE_PKGS)
+	$(GO) test -race -tags $(TEST_TAGS) -timeout 10m $(CORE_PKGS)
 
 # Everything that is not a core package (the architecture test, cmd/, jepsen/).
 test-rest:
 	@core="$$($(GO) list $(CORE_PKGS))"; \
-	$(GO) test -timeout 10m $$($(GO) list ./... | grep -vxF "$$core")
+	$(GO) test -tags $(TEST_TAGS) -timeout 10m $$($(GO) list ./... | grep -vxF "$$core")
 
 # The multi-node tests again and again, several at once, under the race
 # detector, for STRESS_TIME (default 10m); prints every failure. Not part of
@@ -48,7 +52,9 @@ lint: proto-check
 	if [ -n "$$out" ]; then echo "imports not grouped the goimports way (standard library, others, then $(MODULE)) in:"; echo "$$out"; \
 	echo "run: go run $(GOIMPORTS) -local $(MODULE) -w <file>"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags $(TEST_TAGS) ./...
 	$(GO) run $(STATICCHECK) ./...
+	$(GO) run $(STATICCHECK) -tags $(TEST_TAGS) ./...
 	cd bench && $(GO) vet ./...
 
 fmt:

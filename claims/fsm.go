@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/norn-dev/norn/testhooks"
 )
 
 // Op is the kind of a claim FSM command.
@@ -303,7 +305,7 @@ func (a *applier) claim(c Candidate) error {
 	case r.Done():
 		a.fail(c.ID, ErrTaskTerminal)
 		return nil
-	case live && !a.bugs.ClaimNoCheck:
+	case live && !(testhooks.Built && a.bugs.ClaimNoCheck):
 		a.fail(c.ID, ErrAlreadyClaimed)
 		return nil
 	case a.cmd.NowMs < c.NotBeforeMs:

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"testing"
+
+	"github.com/norn-dev/norn/testhooks"
 )
 
 // memFSM applies commands to records in a map, as the Raft FSM does with
@@ -375,7 +377,7 @@ func FuzzDecodeRecord(f *testing.F) {
 // ErrAlreadyClaimed, unless the seeded bug ClaimNoCheck is on: then it is
 // granted while the first claim is live.
 func TestSeededBugClaimNoCheck(t *testing.T) {
-	for _, bug := range []bool{false, true} {
+	for _, bug := range testhooks.BugCases() {
 		m := newMemFSM()
 		m.bugs.ClaimNoCheck = bug
 		if outs := m.apply(t, claimCmd(1000, 100, 1)); outs[0].Err != nil {

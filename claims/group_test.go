@@ -15,6 +15,7 @@ import (
 
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/testhooks"
 )
 
 // testNode is one node's store and a group of partition 3 on it, on a real
@@ -212,7 +213,7 @@ func TestGroupSnapshotRestore(t *testing.T) {
 // seeded bugs: with ClaimNoCheck a second claim of a claimed task is
 // granted, without it refused.
 func TestFSMSeededBug(t *testing.T) {
-	for _, bug := range []bool{false, true} {
+	for _, bug := range testhooks.BugCases() {
 		st, err := storage.Open(storage.Config{Dir: t.TempDir()})
 		if err != nil {
 			t.Fatal(err)

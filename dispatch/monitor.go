@@ -10,6 +10,7 @@ import (
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/replicas"
+	"github.com/norn-dev/norn/testhooks"
 )
 
 // monitorBatch bounds the claims and delayed tasks one monitor pass handles
@@ -113,7 +114,7 @@ func (d *Dispatcher) extendClaims(p uint16) error {
 func (d *Dispatcher) expireClaims(p uint16) {
 	now := d.cfg.Clock.Now().UnixMilli()
 	skew := d.cfg.SkewBuffer.Milliseconds()
-	if d.cfg.ExpiryNoSkew {
+	if testhooks.Built && d.cfg.ExpiryNoSkew {
 		skew = 0 // the seeded bug: expire at the expiry itself
 	}
 	due, err := d.store.ClaimsExpiring(p, now-skew-1, monitorBatch)

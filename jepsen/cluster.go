@@ -567,10 +567,11 @@ func HasTestHooks(bin string) bool {
 	return strings.Contains(string(out), "test-hooks")
 }
 
-// BuildNornd builds ./cmd/nornd of the module at root into dir.
+// BuildNornd builds ./cmd/nornd of the module at root into dir, with the
+// test hooks (build tag testhooks): clock, power loss and seeded bugs.
 func BuildNornd(root, dir string) (string, error) {
 	bin := filepath.Join(dir, "nornd")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/nornd")
+	cmd := exec.Command("go", "build", "-tags", "testhooks", "-o", bin, "./cmd/nornd")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build ./cmd/nornd: %v\n%s", err, out)

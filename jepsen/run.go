@@ -227,7 +227,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	hooks := HasTestHooks(bin)
 	if sc.NeedsHooks && !hooks {
-		res.Skipped = "needs nornd -test-hooks (the test-hooks branch is not merged yet)"
+		res.Skipped = "needs a nornd built with the test hooks (go build -tags testhooks: -test-hooks)"
 		res.OK = true
 		return res, nil
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/testhooks"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -36,7 +37,7 @@ func TestParseTestBugs(t *testing.T) {
 // TestSeededBugExpiryNoSkew: a claim past its expiry but within the skew
 // buffer is expired by the monitor only with the seeded bug.
 func TestSeededBugExpiryNoSkew(t *testing.T) {
-	for _, bug := range []bool{false, true} {
+	for _, bug := range testhooks.BugCases() {
 		t.Run(fmt.Sprint("bug=", bug), func(t *testing.T) {
 			h := newHarnessWith(t, t.TempDir(), nil, func(c *Config) { c.TestBugs.ExpiryNoSkew = bug })
 			id := h.enqueue(&nornv1.TaskSpec{Queue: "q"})
@@ -57,7 +58,7 @@ func TestSeededBugExpiryNoSkew(t *testing.T) {
 // TestSeededBugDropReplicatedWrite: with the seeded bug every 20th
 // Replicate is acknowledged and its task not stored; without it all are.
 func TestSeededBugDropReplicatedWrite(t *testing.T) {
-	for _, bug := range []bool{false, true} {
+	for _, bug := range testhooks.BugCases() {
 		t.Run(fmt.Sprint("bug=", bug), func(t *testing.T) {
 			ms := testClusterWith(t, 1, func(_ int, c *Config) { c.TestBugs.DropReplicatedWrite = bug })
 			n := ms[0].node
@@ -92,7 +93,7 @@ func TestSeededBugDropReplicatedWrite(t *testing.T) {
 // bug: a claim proposed for a task with a live claim is granted only with
 // it.
 func TestSeededBugClaimNoCheck(t *testing.T) {
-	for _, bug := range []bool{false, true} {
+	for _, bug := range testhooks.BugCases() {
 		t.Run(fmt.Sprint("bug=", bug), func(t *testing.T) {
 			h := newHarnessWith(t, t.TempDir(), nil, func(c *Config) { c.TestBugs.ClaimNoCheck = bug })
 			id := h.enqueue(&nornv1.TaskSpec{Queue: "q"})

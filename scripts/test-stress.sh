@@ -38,7 +38,7 @@ end=$(( $(date +%s) + $(seconds "$time_spec") ))
 
 bin="$out/stress.test"
 echo "test-stress: building $pkg with -race"
-go test -c -race -o "$bin" "$pkg"
+go test -c -race -tags testhooks -o "$bin" "$pkg"
 pkgdir=$(go list -f '{{.Dir}}' "$pkg")
 
 pids=()

@@ -11,6 +11,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/testhooks"
 )
 
 // The claim FSM's keys, under tag 0x12 of its partition:
@@ -470,7 +471,7 @@ func (s *Store) moveClaims(b *sortedBatch, p uint16, moves []IndexMove) ([]ready
 		if next == ti.m && (ti.metaFound || ti.task != nil) {
 			continue
 		}
-		if !s.drift { // the seeded bug leaves the move uncounted
+		if !(testhooks.Built && s.drift) { // the seeded bug leaves the move uncounted
 			if err := b.recount(p, id, ti.task, ti.m, ti.task, next); err != nil {
 				return nil, err
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/norn-dev/norn/faultfs"
+	"github.com/norn-dev/norn/testhooks"
 )
 
 // crashImage copies the files of dir as they are on disk (what a power
@@ -29,7 +30,7 @@ func crashImage(t *testing.T, dir string) string {
 // plain OS filesystem: the store opens cleanly with consistent indexes,
 // every synced task is there, and with the bug the unsynced ones are gone.
 func TestPowerLossOnFaultFS(t *testing.T) {
-	for _, bug := range []bool{false, true} {
+	for _, bug := range testhooks.BugCases() {
 		t.Run(map[bool]string{false: "synced", true: "ack-before-sync"}[bug], func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "db")
 			fs := faultfs.New(vfs.Default)

@@ -17,10 +17,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/norn-dev/norn/faultfs"
 	"github.com/norn-dev/norn/node"
 	"github.com/norn-dev/norn/transport"
 )
@@ -91,8 +89,7 @@ func run(args []string) error {
 	fs.BoolVar(&cfg.GossipLAN, "gossip-lan", false, "use LAN gossip timings (nodes on several machines) instead of loopback ones")
 	pprofAddr := fs.String("pprof-addr", "", "if set, serve net/http/pprof on this address (keep it on loopback)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
-	testHooks := fs.Bool("test-hooks", false, "Jepsen harness only, never in production: controllable clock (/test/clock), power loss (/test/crash, unsynced writes kept in memory) and -test-bug")
-	testBug := fs.String("test-bug", "", "Jepsen harness only (needs -test-hooks): comma-separated seeded bugs: "+strings.Join(node.TestBugNames(), ", "))
+	hooks := addTestHookFlags(fs) // none in a release build (testhooks_off.go)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -110,16 +107,6 @@ func run(args []string) error {
 	}
 	if *machine == 0 || *machine > 1<<16-1 {
 		return usageError{fmt.Errorf("-machine-id: %d out of range", *machine)}
-	}
-	if *testBug != "" {
-		if !*testHooks {
-			return usageError{errors.New("-test-bug needs -test-hooks (the Jepsen harness's test hooks; never in production)")}
-		}
-		bugs, err := node.ParseTestBugs(*testBug)
-		if err != nil {
-			return usageError{fmt.Errorf("-test-bug: %w", err)}
-		}
-		cfg.TestBugs = bugs
 	}
 	cfg.MachineID = uint16(*machine)
 	cfg.NoLeaderBalance = !*leaderBalance
@@ -150,12 +137,8 @@ func run(args []string) error {
 		}
 	}
 
-	var clk *testClock
-	if *testHooks {
-		logger.Warn("test hooks enabled: not for production", "test_bugs", *testBug)
-		clk = newTestClock()
-		cfg.Clock = clk
-		cfg.StorageFS = faultfs.New(vfs.Default)
+	if err := hooks.configure(&cfg, logger); err != nil {
+		return usageError{err}
 	}
 
 	// Listen first: the node advertises the address it really got.
@@ -172,10 +155,7 @@ func run(args []string) error {
 		ln.Close()
 		return err
 	}
-	handler := n.Handler()
-	if *testHooks {
-		handler = testHandler(handler, clk, logger, os.Exit)
-	}
+	handler := hooks.wrap(n.Handler(), logger)
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)

@@ -19,6 +19,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/testhooks"
 )
 
 // norndBin is the nornd binary built for these tests.
@@ -30,7 +31,14 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	norndBin = filepath.Join(dir, "nornd")
-	if out, err := exec.Command("go", "build", "-o", norndBin, ".").CombinedOutput(); err != nil {
+	// The tests' nornd carries the test hooks when the tests do (make test
+	// builds with -tags testhooks); TestReleaseHasNoTestHooks builds a
+	// release nornd of its own.
+	args := []string{"build", "-o", norndBin}
+	if testhooks.Built {
+		args = append(args, "-tags", "testhooks")
+	}
+	if out, err := exec.Command("go", append(args, ".")...).CombinedOutput(); err != nil {
 		panic(fmt.Sprintf("go build: %v\n%s", err, out))
 	}
 	code := m.Run()

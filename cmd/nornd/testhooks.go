@@ -1,19 +1,76 @@
+//go:build testhooks
+
 package main
 
 import (
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"math"
 	"net/http"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/norn-dev/norn/faultfs"
+	"github.com/norn-dev/norn/node"
 )
 
-// Test hooks (nornd -test-hooks), for the Jepsen harness only: a
-// controllable clock (GET and POST /test/clock) and a power loss (POST
-// /test/crash, with Pebble on faultfs). See docs/OPERATIONS.md.
+// Test hooks (nornd -test-hooks), for the Jepsen harness only, and only in
+// a build with the tag testhooks (package testhooks): a controllable clock
+// (GET and POST /test/clock), a power loss (POST /test/crash, with Pebble
+// on faultfs) and seeded bugs (-test-bug). See docs/OPERATIONS.md.
+
+// testHooks are the flags of the test hooks and, once configured, the
+// node's test clock.
+type testHooks struct {
+	on  *bool
+	bug *string
+	clk *testClock
+}
+
+// addTestHookFlags defines -test-hooks and -test-bug on fs.
+func addTestHookFlags(fs *flag.FlagSet) *testHooks {
+	return &testHooks{
+		on:  fs.Bool("test-hooks", false, "Jepsen harness only, never in production: controllable clock (/test/clock), power loss (/test/crash, unsynced writes kept in memory) and -test-bug"),
+		bug: fs.String("test-bug", "", "Jepsen harness only (needs -test-hooks): comma-separated seeded bugs: "+strings.Join(node.TestBugNames(), ", ")),
+	}
+}
+
+// configure sets cfg's seeded bugs, clock and storage filesystem from the
+// flags; an error is a usage error.
+func (h *testHooks) configure(cfg *node.Config, logger *slog.Logger) error {
+	if *h.bug != "" {
+		if !*h.on {
+			return errors.New("-test-bug needs -test-hooks (the Jepsen harness's test hooks; never in production)")
+		}
+		bugs, err := node.ParseTestBugs(*h.bug)
+		if err != nil {
+			return fmt.Errorf("-test-bug: %w", err)
+		}
+		cfg.TestBugs = bugs
+	}
+	if *h.on {
+		logger.Warn("test hooks enabled: not for production", "test_bugs", *h.bug)
+		h.clk = newTestClock()
+		cfg.Clock = h.clk
+		cfg.StorageFS = faultfs.New(vfs.Default)
+	}
+	return nil
+}
+
+// wrap serves the hooks' routes beside api when -test-hooks is on.
+func (h *testHooks) wrap(api http.Handler, logger *slog.Logger) http.Handler {
+	if !*h.on {
+		return api
+	}
+	return testHandler(api, h.clk, logger, os.Exit)
+}
 
 // crashExitCode is the exit code of POST /test/crash.
 const crashExitCode = 99
