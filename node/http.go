@@ -2,27 +2,47 @@ package node
 
 import (
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/transport"
+)
+
+// Limits of the API's HTTP server (NewHTTPServer), documented in
+// docs/API.md.
+const (
+	// HTTPReadHeaderTimeout bounds how long a client may take to send a
+	// request's headers (slowloris).
+	HTTPReadHeaderTimeout = 10 * time.Second
+	// HTTPIdleTimeout closes a keep-alive connection idle this long.
+	HTTPIdleTimeout = 2 * time.Minute
+	// HTTPMaxHeaderBytes bounds a request's headers (HTTP/1.1 and the
+	// HTTP/2 header list).
+	HTTPMaxHeaderBytes = 64 << 10
+	// HTTPMaxConcurrentStreams bounds the requests one HTTP/2 connection
+	// may have open at once; more wait for the client's turn.
+	HTTPMaxConcurrentStreams = 1000
 )
 
 // Handler returns the node's HTTP API: norn.v1.TaskService and
 // AdminService over connect (gRPC, gRPC-Web and Connect/JSON on the same
 // paths), and GET /healthz. Serve it over HTTP/2 cleartext and HTTP/1.1.
+// JSON requests with a field the API does not have are refused with
+// INVALID_ARGUMENT naming it (transport.StrictJSON).
 func (n *Node) Handler() http.Handler {
-	opts := []connect.HandlerOption{
+	opts := append([]connect.HandlerOption{
 		connect.WithReadMaxBytes(n.cfg.MaxRequestBytes),
 		// Gzip costs more than it saves on small messages (DESIGN §8).
 		connect.WithCompressMinBytes(4 << 10),
-	}
+	}, transport.StrictJSON()...)
 	mux := http.NewServeMux()
 	mux.Handle(nornv1connect.NewTaskServiceHandler(n.server.TaskService(), opts...))
 	mux.Handle(nornv1connect.NewAdminServiceHandler(n.server.AdminService(), opts...))
 	// Replication batches many tasks in one call (up to maxReplicate).
 	mux.Handle(nornv1connect.NewPeerServiceHandler(n.server.PeerService(),
-		connect.WithReadMaxBytes(64<<20), connect.WithCompressMinBytes(4<<10)))
+		append([]connect.HandlerOption{connect.WithReadMaxBytes(64 << 20), connect.WithCompressMinBytes(4 << 10)}, transport.StrictJSON()...)...))
 	mux.HandleFunc("GET /metrics", n.serveMetrics)
 	// Ready once every partition has a leader; 503 before.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -33,4 +53,22 @@ func (n *Node) Handler() http.Handler {
 		w.Write([]byte("ok\n"))
 	})
 	return mux
+}
+
+// NewHTTPServer returns the HTTP server of the API port for h: HTTP/1.1
+// and HTTP/2 (cleartext, or over TLS when served so), with the limits
+// above.
+func NewHTTPServer(h http.Handler) *http.Server {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: HTTPReadHeaderTimeout,
+		IdleTimeout:       HTTPIdleTimeout,
+		MaxHeaderBytes:    HTTPMaxHeaderBytes,
+		Protocols:         new(http.Protocols),
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: HTTPMaxConcurrentStreams},
+	}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetHTTP2(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	return srv
 }

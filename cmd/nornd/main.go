@@ -156,9 +156,7 @@ func run(args []string) error {
 		return err
 	}
 	handler := hooks.wrap(n.Handler(), logger)
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
-	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
+	srv := node.NewHTTPServer(handler)
 	if *pprofAddr != "" {
 		go func() {
 			// http.DefaultServeMux carries net/http/pprof's handlers.
