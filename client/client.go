@@ -2,11 +2,14 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,7 +61,8 @@ type options struct {
 	completeB   batching
 	connectOpts []connect.ClientOption
 	discovery   time.Duration
-	noFramed    bool // WithFramedCalls(false)
+	noFramed    bool        // WithFramedCalls(false)
+	tls         *tls.Config // WithTLS
 }
 
 // DefaultTimeout is the timeout New gives every call whose context has no
@@ -83,6 +87,40 @@ func WithHTTPClient(hc connect.HTTPClient) Option {
 // address (framed calls have no TLS yet).
 func WithFramedCalls(on bool) Option {
 	return func(o *options) { o.noFramed = !on }
+}
+
+// WithTLS makes the client speak TLS (HTTP/2 by ALPN) with conf: its
+// RootCAs (the cluster's CA) verify the nodes, its certificate (if any)
+// authenticates the client. Addresses without a scheme then mean https;
+// an http:// address is an error. LoadTLSConfig reads conf from PEM
+// files. Framed calls are not used over TLS yet.
+func WithTLS(conf *tls.Config) Option {
+	return func(o *options) { o.tls = conf }
+}
+
+// LoadTLSConfig reads a TLS configuration for WithTLS: caFile, a PEM
+// bundle of the CA certificates that sign the nodes' certificates, and,
+// when certFile is not empty, the client's certificate and its key
+// (nornctl cert create-client). The nodes' certificates must name the
+// host the client dials (nornctl cert create-node --host).
+func LoadTLSConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("norn: CA bundle: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("norn: CA bundle %s: no PEM certificate in it", caFile)
+	}
+	conf := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool}
+	if certFile != "" || keyFile != "" {
+		kp, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("norn: client certificate: %w", err)
+		}
+		conf.Certificates = []tls.Certificate{kp}
+	}
+	return conf, nil
 }
 
 // WithRetry sets the retry policy (see RetryPolicy for what is retried).
@@ -186,13 +224,19 @@ func WithConnectOptions(opts ...connect.ClientOption) Option {
 // calls framed (WithFramedCalls). New does not connect; the first call
 // does.
 func New(addrs string, opts ...Option) (*Client, error) {
+	o := options{timeout: DefaultTimeout, discovery: DefaultDiscoveryInterval}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.tls != nil {
+		addrs = defaultHTTPS(addrs)
+	}
 	seeds, scheme, err := parseSeeds(addrs)
 	if err != nil {
 		return nil, err
 	}
-	o := options{timeout: DefaultTimeout, discovery: DefaultDiscoveryInterval}
-	for _, opt := range opts {
-		opt(&o)
+	if o.tls != nil && scheme != "https" {
+		return nil, fmt.Errorf("norn: address list %q: http with WithTLS", addrs)
 	}
 	o.retry = o.retry.withDefaults()
 	if err := o.retry.validate(); err != nil {
@@ -215,6 +259,9 @@ func New(addrs string, opts ...Option) (*Client, error) {
 	hc := o.httpClient
 	if hc == nil {
 		c.ownTransport = newTransport(scheme)
+		if o.tls != nil {
+			c.ownTransport.TLSClientConfig = o.tls.Clone()
+		}
 		hc = &http.Client{Transport: c.ownTransport}
 	}
 	// No gzip: compressing claims and lists cost more CPU on both sides
@@ -383,4 +430,16 @@ func (c *Client) withTimeout(ctx context.Context, extra time.Duration) (context.
 		return context.WithCancel(ctx)
 	}
 	return context.WithTimeout(ctx, c.timeout+extra)
+}
+
+// defaultHTTPS gives the addresses of a comma-separated list that have no
+// scheme the scheme https.
+func defaultHTTPS(addrs string) string {
+	parts := strings.Split(addrs, ",")
+	for i, a := range parts {
+		if a = strings.TrimSpace(a); a != "" && !strings.Contains(a, "://") {
+			parts[i] = "https://" + a
+		}
+	}
+	return strings.Join(parts, ",")
 }

@@ -175,6 +175,13 @@ type Config struct {
 	// DefaultWALMinSyncInterval; negative: sync at once.
 	WALMinSyncInterval time.Duration
 
+	// TLS, when set, is the node's certificate (of node NodeID) and its CA
+	// bundle: peers are called over TLS and PeerService calls take their
+	// node id from the caller's certificate (docs/SECURITY.md). The API
+	// listener's TLS is the server's (cmd/nornd serves it with
+	// transport.TLSSplitListener). Nil: cleartext.
+	TLS *transport.Certs
+
 	// Test-only fields, set by nornd -test-hooks for the Jepsen harness;
 	// production leaves them zero.
 

@@ -2,6 +2,7 @@ package node
 
 import (
 	"net/http"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -52,7 +53,31 @@ func (n *Node) Handler() http.Handler {
 		}
 		w.Write([]byte("ok\n"))
 	})
+	if n.cfg.TLS != nil {
+		return peerIdentityFromCert(mux)
+	}
 	return mux
+}
+
+// peerIdentityFromCert makes a PeerService call over TLS speak for the
+// node its client certificate names, whatever its node header says: the
+// header is set to the certificate's node id, or emptied for a user's
+// certificate or none, which PeerService's checks then refuse
+// (PERMISSION_DENIED) as they refuse an unknown node.
+func peerIdentityFromCert(next http.Handler) http.Handler {
+	prefix := "/" + nornv1connect.PeerServiceName + "/"
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, prefix) {
+			node := ""
+			if r.TLS != nil {
+				if id, ok := transport.IdentityOf(*r.TLS); ok {
+					node = id.Node
+				}
+			}
+			r.Header.Set(transport.HeaderNode, node)
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // NewHTTPServer returns the HTTP server of the API port for h: HTTP/1.1

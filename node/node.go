@@ -105,7 +105,7 @@ func New(cfg Config) (*Node, error) {
 		Members: func() []cluster.Member { return n.host.Members().Members() },
 		Groups:  n.leaders,
 	})
-	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr})
+	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, TLS: cfg.TLS})
 	n.ae, err = antientropy.New(antientropy.Config{
 		NodeID: cfg.NodeID,
 		Replica: antientropy.ReplicaConfig{

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"net"
 	"sync"
@@ -23,13 +24,32 @@ const splitPeekTimeout = 10 * time.Second
 // start with ClientRPCMagic (consumed) come from framed, the others (their
 // first bytes kept) from rest. Closing either closes ln.
 func SplitListener(ln net.Listener) (rest, framed net.Listener) {
-	s := &splitter{ln: ln, rest: make(chan net.Conn), framed: make(chan net.Conn), done: make(chan struct{})}
+	return splitListener(ln, nil)
+}
+
+// FramedALPN is the ALPN protocol of framed client calls over TLS.
+var FramedALPN = "norn-framed/1"
+
+// TLSSplitListener is SplitListener over TLS: it runs each connection's
+// handshake with conf (whose NextProtos it sets to h2, http/1.1 and
+// FramedALPN) and splits by the protocol negotiated: FramedALPN to framed
+// (no magic over TLS), the others to rest as *tls.Conn, so that net/http
+// serves HTTP/2 by ALPN and handlers see the client's certificate.
+func TLSSplitListener(ln net.Listener, conf *tls.Config) (rest, framed net.Listener) {
+	conf = conf.Clone()
+	conf.NextProtos = []string{"h2", "http/1.1", FramedALPN}
+	return splitListener(ln, conf)
+}
+
+func splitListener(ln net.Listener, conf *tls.Config) (rest, framed net.Listener) {
+	s := &splitter{ln: ln, tls: conf, rest: make(chan net.Conn), framed: make(chan net.Conn), done: make(chan struct{})}
 	go s.acceptLoop()
 	return &splitSide{s: s, ch: s.rest}, &splitSide{s: s, ch: s.framed}
 }
 
 type splitter struct {
 	ln           net.Listener
+	tls          *tls.Config // nil: cleartext, split by the first bytes
 	rest, framed chan net.Conn
 	done         chan struct{}
 	once         sync.Once
@@ -61,6 +81,10 @@ func (s *splitter) acceptLoop() {
 }
 
 func (s *splitter) route(c net.Conn) {
+	if s.tls != nil {
+		s.routeTLS(c)
+		return
+	}
 	r := bufio.NewReaderSize(c, 4096)
 	c.SetReadDeadline(time.Now().Add(splitPeekTimeout)) //nolint:errcheck // a failed peek reports it
 	// Decide at the first byte that differs from the magic: an HTTP
@@ -93,6 +117,27 @@ func (s *splitter) route(c net.Conn) {
 	case ch <- &peekedConn{Conn: c, r: r}:
 	case <-s.done:
 		c.Close()
+	}
+}
+
+// routeTLS runs c's handshake (a client that does not finish it within
+// splitPeekTimeout is dropped) and hands it on by its ALPN protocol.
+func (s *splitter) routeTLS(c net.Conn) {
+	tc := tls.Server(c, s.tls)
+	c.SetDeadline(time.Now().Add(splitPeekTimeout)) //nolint:errcheck // a failed handshake reports it
+	if err := tc.Handshake(); err != nil {
+		c.Close()
+		return
+	}
+	c.SetDeadline(time.Time{}) //nolint:errcheck
+	ch := s.rest
+	if tc.ConnectionState().NegotiatedProtocol == FramedALPN {
+		ch = s.framed
+	}
+	select {
+	case ch <- tc:
+	case <-s.done:
+		tc.Close()
 	}
 }
 

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"net/http"
 	"strconv"
@@ -43,6 +44,10 @@ type PeersConfig struct {
 	// APIAddr is this node's API address: calls leave from its IP when it
 	// is a specific one (see Peers.Get).
 	APIAddr string
+	// TLS, when set, is this node's certificate and CA bundle: peers'
+	// API ports are called over TLS 1.3 with it (HTTP/2 by ALPN), and
+	// must present a node certificate of the CA. Nil: cleartext (h2c).
+	TLS *Certs
 }
 
 // RingSource returns this node's cluster id and ring epoch ("" and 0
@@ -74,7 +79,13 @@ func (s *Peers) SetRing(src RingSource) { s.ring.Store(&src) }
 func (s *Peers) Get(addr string) *Peer {
 	s.once.Do(func() {
 		var p http.Protocols
-		p.SetUnencryptedHTTP2(true)
+		var tlsConf *tls.Config
+		if s.cfg.TLS != nil {
+			p.SetHTTP2(true)
+			tlsConf = s.cfg.TLS.ClientConfig([]string{"h2"}, "")
+		} else {
+			p.SetUnencryptedHTTP2(true)
+		}
 		// Calls leave from this node's API IP when it is a specific one:
 		// peers check the caller's address against its API address, and
 		// on a host with several addresses (nodes on loopback aliases
@@ -86,8 +97,10 @@ func (s *Peers) Get(addr string) *Peer {
 			}
 		}
 		s.tr = &http.Transport{
-			Protocols:   &p,
-			DialContext: d.DialContext,
+			Protocols:           &p,
+			DialContext:         d.DialContext,
+			TLSClientConfig:     tlsConf,
+			TLSHandshakeTimeout: 2 * time.Second,
 			HTTP2: &http.HTTP2Config{
 				// A peer that stops answering (paused, cut off) is noticed
 				// within seconds even on an idle connection.
@@ -107,6 +120,9 @@ func (s *Peers) Get(addr string) *Peer {
 	// large answer (a proxied claim, anti-entropy entries) costs.
 	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil), connect.WithSendMaxBytes(64 << 20), connect.WithReadMaxBytes(64 << 20)}
 	base := "http://" + addr
+	if s.cfg.TLS != nil {
+		base = "https://" + addr
+	}
 	p := &Peer{
 		Addr:  addr,
 		Peer:  nornv1connect.NewPeerServiceClient(s.hc, base, opts...),

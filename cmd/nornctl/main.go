@@ -46,6 +46,9 @@ type globals struct {
 	addr    string        // node address, host:port or a URL
 	output  string        // "table" or "json"
 	timeout time.Duration // per call, retries included; 0: none
+	ca      string        // CA bundle: TLS to the node (env NORN_CA)
+	cert    string        // client certificate (env NORN_CERT)
+	key     string        // its key (env NORN_KEY)
 }
 
 // register adds the global flags to fs, with the current values as defaults.
@@ -53,6 +56,9 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.addr, "addr", g.addr, "node address, host:port or http(s)://host:port (env "+addrEnv+")")
 	fs.StringVar(&g.output, "o", g.output, "output format: table or json")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "deadline of each call, retries included (0: none)")
+	fs.StringVar(&g.ca, "ca", g.ca, "PEM bundle of the cluster's CA: speak TLS to the node (env NORN_CA)")
+	fs.StringVar(&g.cert, "cert", g.cert, "PEM client certificate, with --key (env NORN_CERT)")
+	fs.StringVar(&g.key, "key", g.key, "PEM key of --cert (env NORN_KEY)")
 }
 
 // env is what a command runs with: its streams, the global flags and a
@@ -72,7 +78,17 @@ func (e *env) client(opts ...client.Option) (*client.Client, error) {
 	if e.c != nil {
 		return e.c, nil
 	}
-	c, err := client.New(e.g.addr, append([]client.Option{client.WithTimeout(e.g.timeout)}, opts...)...)
+	base := []client.Option{client.WithTimeout(e.g.timeout)}
+	if e.g.ca != "" {
+		conf, err := client.LoadTLSConfig(e.g.ca, e.g.cert, e.g.key)
+		if err != nil {
+			return nil, err
+		}
+		base = append(base, client.WithTLS(conf))
+	} else if e.g.cert != "" || e.g.key != "" {
+		return nil, errors.New("--cert and --key need --ca (or NORN_CA)")
+	}
+	c, err := client.New(e.g.addr, append(base, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -112,6 +128,7 @@ var commands = []*command{
 	{name: "drain", args: "<node>", summary: "move every replica off a node, which stays a member", help: drainHelp, run: runDrain},
 	{name: "decommission", args: "<node>", summary: "drain a node, then remove it from the cluster", help: decommissionHelp, run: runDecommission},
 	{name: "remove", args: "--dead <node>", summary: "replace the replicas of a node gone for good and remove it", help: removeHelp, run: runRemove},
+	{name: "cert", args: "create-ca | create-node <id> | create-client <user>", summary: "make the cluster's CA, node and client certificates", help: certHelp, run: runCert},
 	{name: "bench", summary: "generate load: enqueue, then claim+complete, and report rates and latencies", help: benchHelp, run: runBench},
 }
 
@@ -150,6 +167,7 @@ func newEnv(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, gete
 	if a := getenv(addrEnv); a != "" {
 		e.g.addr = a
 	}
+	e.g.ca, e.g.cert, e.g.key = getenv("NORN_CA"), getenv("NORN_CERT"), getenv("NORN_KEY")
 	return e
 }
 

@@ -29,6 +29,10 @@ type clusterNode struct {
 	tasks               nornv1connect.TaskServiceClient
 	admin               nornv1connect.AdminServiceClient
 	flags               []string // more nornd flags
+	// hc and scheme reach the API over TLS (tls_test.go); nil and "":
+	// http.DefaultClient and http.
+	hc     *http.Client
+	scheme string
 }
 
 func (c *clusterNode) start(t *testing.T, i int) {
@@ -48,7 +52,11 @@ func (c *clusterNode) start(t *testing.T, i int) {
 }
 
 func (c *clusterNode) healthy() bool {
-	resp, err := http.Get("http://" + c.api + "/healthz")
+	hc, scheme := http.DefaultClient, "http"
+	if c.hc != nil {
+		hc, scheme = c.hc, c.scheme
+	}
+	resp, err := hc.Get(scheme + "://" + c.api + "/healthz")
 	if err != nil {
 		return false
 	}

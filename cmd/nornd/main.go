@@ -87,6 +87,10 @@ func run(args []string) error {
 	fs.Float64Var(&cfg.LeaderBalanceTolerance, "leader-balance-tolerance", 0.2, "how far from its fair share of leaderships a node may be, as a fraction of it, before leaderships move (above 0, below 1)")
 	fs.IntVar(&cfg.TreeLeafBits, "tree-leaf-bits", 14, "Merkle tree size: 2^bits leaves per partition replica, 4 to 16 (the same on every node)")
 	fs.BoolVar(&cfg.GossipLAN, "gossip-lan", false, "use LAN gossip timings (nodes on several machines) instead of loopback ones")
+	tlsCA := fs.String("tls-ca", "", "PEM bundle of the cluster's CA certificates (old and new ones during a rotation); with -tls-cert and -tls-key the API port serves TLS 1.3 only and peers are called over TLS (docs/SECURITY.md)")
+	tlsCert := fs.String("tls-cert", "", "PEM certificate of this node (nornctl cert create-node: its URI SAN names -node-id); reloaded when the files change or on SIGHUP")
+	tlsKey := fs.String("tls-key", "", "PEM private key of -tls-cert")
+	insecure := fs.Bool("insecure", false, "allow serving cleartext on an address that is not loopback (logged as a warning at start)")
 	pprofAddr := fs.String("pprof-addr", "", "if set, serve net/http/pprof on this address (keep it on loopback)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	hooks := addTestHookFlags(fs) // none in a release build (testhooks_off.go)
@@ -107,6 +111,10 @@ func run(args []string) error {
 	}
 	if *machine == 0 || *machine > 1<<16-1 {
 		return usageError{fmt.Errorf("-machine-id: %d out of range", *machine)}
+	}
+	tlsFiles := transport.TLSFiles{CA: *tlsCA, Cert: *tlsCert, Key: *tlsKey}
+	if err := checkSecure(tlsFiles, *insecure, *listen, cfg.RaftAddr, cfg.GossipAddr); err != nil {
+		return usageError{err}
 	}
 	cfg.MachineID = uint16(*machine)
 	cfg.NoLeaderBalance = !*leaderBalance
@@ -140,6 +148,15 @@ func run(args []string) error {
 	if err := hooks.configure(&cfg, logger); err != nil {
 		return usageError{err}
 	}
+	if tlsFiles.CA != "" {
+		certs, err := loadNodeCerts(tlsFiles, cfg.NodeID)
+		if err != nil {
+			return err
+		}
+		cfg.TLS = certs
+	} else if *insecure {
+		logger.Warn("serving cleartext (-insecure): anyone who reaches the ports can read and write every task", "listen", *listen)
+	}
 
 	// Listen first: the node advertises the address it really got.
 	ln, err := net.Listen("tcp", *listen)
@@ -167,7 +184,12 @@ func run(args []string) error {
 	}
 	// One port: HTTP (connect, /healthz, /metrics) and the framed client
 	// calls (transport.SplitListener).
-	httpLn, framedLn := transport.SplitListener(ln)
+	var httpLn, framedLn net.Listener
+	if cfg.TLS != nil {
+		httpLn, framedLn = transport.TLSSplitListener(ln, cfg.TLS.ServerConfig(nil, false))
+	} else {
+		httpLn, framedLn = transport.SplitListener(ln)
+	}
 	framed := n.ServeClientRPC(framedLn, logger)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(httpLn) }()
@@ -180,14 +202,29 @@ func run(args []string) error {
 	}()
 
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	select {
-	case s := <-sig:
-		logger.Info("shutting down", "signal", s.String())
-	case err := <-served:
-		framed.Close()
-		n.Close()
-		return fmt.Errorf("serve: %w", err)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	stopWatch := make(chan struct{})
+	defer close(stopWatch)
+	if cfg.TLS != nil {
+		go cfg.TLS.Watch(certWatchPeriod, stopWatch, func(err error) {
+			logger.Error("reloading the TLS certificates failed; the old ones stay in use", "err", err)
+		})
+	}
+wait:
+	for {
+		select {
+		case s := <-sig:
+			if s == syscall.SIGHUP {
+				reloadCerts(cfg.TLS, logger)
+				continue
+			}
+			logger.Info("shutting down", "signal", s.String())
+			break wait
+		case err := <-served:
+			framed.Close()
+			n.Close()
+			return fmt.Errorf("serve: %w", err)
+		}
 	}
 	n.StopWaiting() // long polls return so Shutdown can finish
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -229,4 +266,80 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 		}
 	}
 	return nil
+}
+
+// certWatchPeriod is how often nornd looks for changed certificate files.
+const certWatchPeriod = 5 * time.Second
+
+// loadNodeCerts reads the node's TLS files and checks that the
+// certificate is node id's.
+func loadNodeCerts(files transport.TLSFiles, id string) (*transport.Certs, error) {
+	certs, err := transport.LoadCerts(files)
+	if err != nil {
+		return nil, err
+	}
+	ident, err := certs.Identity()
+	if err != nil {
+		return nil, fmt.Errorf("-tls-cert: %w", err)
+	}
+	if ident.Node != id {
+		return nil, fmt.Errorf("-tls-cert %s is the certificate of %+v, not of node %q (-node-id)", files.Cert, ident, id)
+	}
+	return certs, nil
+}
+
+// reloadCerts reads the certificate files again (SIGHUP).
+func reloadCerts(certs *transport.Certs, logger *slog.Logger) {
+	if certs == nil {
+		logger.Info("SIGHUP: no TLS certificates to reload")
+		return
+	}
+	if err := certs.Reload(); err != nil {
+		logger.Error("SIGHUP: reloading the TLS certificates failed; the old ones stay in use", "err", err)
+		return
+	}
+	logger.Info("SIGHUP: TLS certificates reloaded")
+}
+
+// checkSecure refuses to serve cleartext on an address that is not
+// loopback unless -insecure: the API port without -tls-*, and for now the
+// Raft and gossip ports always (their TLS is not there yet:
+// docs/SECURITY.md). The three -tls-* flags go together.
+func checkSecure(files transport.TLSFiles, insecure bool, api, raft, gossip string) error {
+	set := 0
+	for _, f := range []string{files.CA, files.Cert, files.Key} {
+		if f != "" {
+			set++
+		}
+	}
+	if set != 0 && set != 3 {
+		return errors.New("-tls-ca, -tls-cert and -tls-key go together")
+	}
+	if insecure {
+		return nil
+	}
+	cleartext := map[string]string{"-raft-addr": raft, "-gossip-addr": gossip}
+	if set == 0 {
+		cleartext["-listen"] = api
+	}
+	for _, flag := range []string{"-listen", "-raft-addr", "-gossip-addr"} {
+		addr, ok := cleartext[flag]
+		if ok && !loopback(addr) {
+			return fmt.Errorf("%s %s is not a loopback address and would carry cleartext: give -tls-ca, -tls-cert and -tls-key, or -insecure to accept it", flag, addr)
+		}
+	}
+	return nil
+}
+
+// loopback reports whether a listen address is on loopback only.
+func loopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

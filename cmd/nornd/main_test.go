@@ -190,3 +190,15 @@ func TestSecondStartOnSameDataDirFails(t *testing.T) {
 		t.Fatalf("second start: %v\n%s", err, out)
 	}
 }
+
+// runFails runs nornd with args, expecting it to exit with code before it
+// serves anything, and returns its output.
+func runFails(t *testing.T, code int, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(norndBin, append([]string{"-data-dir", t.TempDir(), "-listen", "127.0.0.1:0"}, args...)...).CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != code {
+		t.Fatalf("nornd %v: %v, want exit code %d\n%s", args, err, code, out)
+	}
+	return string(out)
+}

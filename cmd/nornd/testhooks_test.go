@@ -19,18 +19,6 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 )
 
-// runFails runs nornd with args, expecting it to exit with code before it
-// serves anything, and returns its output.
-func runFails(t *testing.T, code int, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(norndBin, append([]string{"-data-dir", t.TempDir(), "-listen", "127.0.0.1:0"}, args...)...).CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != code {
-		t.Fatalf("nornd %v: %v, want exit code %d\n%s", args, err, code, out)
-	}
-	return string(out)
-}
-
 func TestTestBugNeedsTestHooks(t *testing.T) {
 	if out := runFails(t, 2, "-test-bug", "claim-no-check"); !strings.Contains(out, "-test-hooks") {
 		t.Fatalf("the error does not name -test-hooks:\n%s", out)

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	norn "github.com/norn-dev/norn/client"
+	"github.com/norn-dev/norn/transport"
+)
+
+// makeCerts makes a CA in dir with node certificates for n1..n3
+// (127.0.0.1) and a client certificate for "alice".
+func makeCerts(t *testing.T, dir string) {
+	t.Helper()
+	if err := transport.CreateCA(dir, "test CA"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		if err := transport.CreateNodeCert(dir, fmt.Sprintf("n%d", i), []string{"127.0.0.1", "localhost"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := transport.CreateClientCert(dir, "alice"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tlsHTTPClient is an HTTP/2-over-TLS client trusting dir's CA, with
+// user's client certificate (none for "").
+func tlsHTTPClient(t *testing.T, dir, user string) *http.Client {
+	t.Helper()
+	cert, key := "", ""
+	if user != "" {
+		cert, key = transport.ClientCertFiles(dir, user)
+	}
+	conf, err := norn.LoadTLSConfig(filepath.Join(dir, transport.CACertFile), cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := new(http.Protocols)
+	p.SetHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: p, TLSClientConfig: conf}}
+}
+
+// startTLSCluster starts three nornd processes with TLS from dir's
+// certificates.
+func startTLSCluster(t *testing.T, dir string) []*clusterNode {
+	t.Helper()
+	ns := make([]*clusterNode, 3)
+	addrs := freeAddrs(t, 3*len(ns))
+	hc := tlsHTTPClient(t, dir, "alice")
+	for i := range ns {
+		id := fmt.Sprintf("n%d", i+1)
+		cert, key := transport.NodeCertFiles(dir, id)
+		ns[i] = &clusterNode{id: id, dir: t.TempDir(),
+			api: addrs[3*i], raftA: addrs[3*i+1], gossipA: addrs[3*i+2], hc: hc, scheme: "https",
+			flags: []string{"-tls-ca", filepath.Join(dir, transport.CACertFile), "-tls-cert", cert, "-tls-key", key}}
+		ns[i].tasks = nornv1connect.NewTaskServiceClient(hc, "https://"+ns[i].api, connect.WithGRPC())
+		ns[i].admin = nornv1connect.NewAdminServiceClient(hc, "https://"+ns[i].api)
+	}
+	for i, n := range ns {
+		for j, o := range ns {
+			if i != j {
+				n.join = append(n.join, o.gossipA)
+			}
+		}
+	}
+	for i, n := range ns {
+		n.start(t, i)
+	}
+	waitAllHealthy(t, ns)
+	return ns
+}
+
+// TestTLSCluster runs a 3-node cluster with TLS on its API ports and its
+// peer calls: a client of the cluster's CA is served on every node (a
+// task enqueued on one is read on the others, so replication runs over
+// TLS), and the doors stay shut to a plaintext client, a client of
+// another CA and a client certificate calling PeerService.
+func TestTLSCluster(t *testing.T) {
+	dir := t.TempDir()
+	makeCerts(t, dir)
+	ns := startTLSCluster(t, dir)
+	ctx := context.Background()
+
+	// The Go client over TLS, with the client certificate.
+	c, err := norn.New(ns[0].api, norn.WithTLS(mustTLS(t, dir, "alice")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	id, err := c.Enqueue(ctx, &nornv1.TaskSpec{Queue: "tls", Payload: []byte("x")}, norn.WithQuorum(3))
+	if err != nil {
+		t.Fatalf("enqueue over TLS: %v", err)
+	}
+	for _, n := range ns[1:] {
+		got, err := n.tasks.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id}))
+		if err != nil || got.Msg.GetTask().GetSpec().GetQueue() != "tls" {
+			t.Fatalf("%s: get %d: %v", n.id, id, err)
+		}
+	}
+
+	// A plaintext client (h2c) gets no answer: the port speaks TLS only.
+	if _, err := client(ns[0].api).CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{})); err == nil {
+		t.Fatal("a plaintext call was served")
+	}
+	if _, err := http.Get("http://" + ns[0].api + "/healthz"); err == nil {
+		t.Fatal("plaintext HTTP/1.1 was served")
+	}
+
+	// A client certificate of another CA is refused at the handshake.
+	other := t.TempDir()
+	makeCerts(t, other)
+	oc := tlsHTTPClient(t, other, "alice")
+	oc.Transport.(*http.Transport).TLSClientConfig.RootCAs = mustTLS(t, dir, "").RootCAs // trusts the nodes
+	_, err = nornv1connect.NewTaskServiceClient(oc, "https://"+ns[0].api, connect.WithGRPC()).
+		CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{}))
+	if err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("a client certificate of another CA: %v, want a refused handshake", err)
+	}
+
+	// A user's certificate does not open PeerService, whatever node its
+	// header claims.
+	peer := nornv1connect.NewPeerServiceClient(tlsHTTPClient(t, dir, "alice"), "https://"+ns[0].api, connect.WithGRPC())
+	req := connect.NewRequest(&nornv1.ReplicateRequest{})
+	req.Header().Set(transport.HeaderNode, "n2")
+	_, err = peer.Replicate(ctx, req)
+	if connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("Replicate with a user's certificate: %v, want permission_denied", err)
+	}
+}
+
+func mustTLS(t *testing.T, dir, user string) *tls.Config {
+	t.Helper()
+	cert, key := "", ""
+	if user != "" {
+		cert, key = transport.ClientCertFiles(dir, user)
+	}
+	conf, err := norn.LoadTLSConfig(filepath.Join(dir, transport.CACertFile), cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conf
+}
+
+// TestTLSFlags: the -tls-* flags go together, a certificate of another
+// node is refused at start, and cleartext on a non-loopback address needs
+// -insecure.
+func TestTLSFlags(t *testing.T) {
+	dir := t.TempDir()
+	makeCerts(t, dir)
+	ca := filepath.Join(dir, transport.CACertFile)
+	cert, key := transport.NodeCertFiles(dir, "n2")
+	if out := runFails(t, 2, "-tls-ca", ca); !strings.Contains(out, "go together") {
+		t.Fatalf("-tls-ca alone:\n%s", out)
+	}
+	if out := runFails(t, 1, "-node-id", "n1", "-tls-ca", ca, "-tls-cert", cert, "-tls-key", key); !strings.Contains(out, `not of node "n1"`) {
+		t.Fatalf("n2's certificate on n1:\n%s", out)
+	}
+	out, err := exec.Command(norndBin, "-data-dir", t.TempDir(), "-listen", "0.0.0.0:0").CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "-insecure") {
+		t.Fatalf("cleartext on 0.0.0.0: %v\n%s", err, out)
+	}
+}
