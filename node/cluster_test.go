@@ -531,7 +531,7 @@ func TestMetricsLabelledPerGroup(t *testing.T) {
 func TestFramedReplicateRefusesStrangers(t *testing.T) {
 	ms := testCluster(t, 3)
 	ctx := context.Background()
-	c := transport.NewRPCClient(ms[0].node.RaftAddr(), nil)
+	c := transport.NewRPCClient(ms[0].node.RaftAddr(), nil, nil)
 	defer c.Close()
 	body := func(tasks ...[]byte) []byte {
 		b, err := proto.Marshal(&nornv1.ReplicateRequest{Tasks: tasks})

@@ -55,6 +55,9 @@ type Config struct {
 	Clock           crdt.Clock
 	Logger          *slog.Logger
 	RaftLogger      hclog.Logger // nil: warnings to stderr
+	// TLS, when set, secures the Raft port: TLS 1.3 with node
+	// certificates on both ends (transport.MuxConfig.TLS). Nil: cleartext.
+	TLS *transport.Certs
 
 	// Store holds every replica's data and Raft log.
 	Store *storage.Store
@@ -193,7 +196,7 @@ func (h *Host) raftLogger() hclog.Logger {
 // adopts the ring kept in the data dir (a restart), starts gossip and,
 // for a node that forms a cluster alone, forms it.
 func (h *Host) startCluster() error {
-	mux, err := transport.ListenRaftMux(h.cfg.RaftAddr, transport.MuxConfig{Allow: h.allowRaftPeer, Logger: h.cfg.Logger})
+	mux, err := transport.ListenRaftMux(h.cfg.RaftAddr, transport.MuxConfig{Allow: h.allowRaftPeer, Logger: h.cfg.Logger, TLS: h.cfg.TLS})
 	if err != nil {
 		return fmt.Errorf("node: raft listener: %w", err)
 	}

@@ -201,6 +201,11 @@ func (s peerService) SegmentEntries(_ context.Context, req *connect.Request[norn
 // check of the caller.
 func (sv *Server) HandleRPC(ctx context.Context, m transport.RPCMethod, meta transport.RPCMeta, body []byte) ([]byte, error) {
 	h := http.Header{}
+	if meta.Cert != nil {
+		// Over TLS the caller is the node its certificate names (the
+		// Raft port takes node certificates only).
+		meta.Node = meta.Cert.Node
+	}
 	h.Set(transport.HeaderNode, meta.Node)
 	if meta.Cluster != "" {
 		h.Set(transport.HeaderCluster, meta.Cluster)

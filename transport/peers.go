@@ -151,7 +151,7 @@ func (s *Peers) RPC(raftAddr string) *RPCClient {
 	if s.rpcs == nil {
 		s.rpcs = map[string]*RPCClient{}
 	}
-	c := NewRPCClient(raftAddr, local)
+	c := NewRPCClient(raftAddr, local, s.cfg.TLS)
 	s.rpcs[raftAddr] = c
 	return c
 }

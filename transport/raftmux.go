@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -40,7 +41,15 @@ type MuxConfig struct {
 	HandshakeTimeout time.Duration
 	// Logger gets refused connections at debug level. Default: discard.
 	Logger *slog.Logger
+	// TLS, when set, makes every connection TLS 1.3 with node
+	// certificates of its CA on both ends (RaftALPN); the group header
+	// travels inside. A client or a user certificate is refused at the
+	// handshake. Nil: cleartext.
+	TLS *Certs
 }
+
+// RaftALPN is the ALPN protocol of the Raft port over TLS.
+const RaftALPN = "norn-raft/1"
 
 // RaftMux serves the Raft traffic of many groups on one listener.
 type RaftMux struct {
@@ -162,9 +171,20 @@ func (m *RaftMux) acceptLoop() {
 // handshake reads c's header and hands c to its group.
 func (m *RaftMux) handshake(c net.Conn) {
 	defer m.wg.Done()
-	id, err := m.readHeader(c)
+	raw := c
+	var err error
+	if m.cfg.TLS != nil {
+		var tc net.Conn
+		if tc, err = m.tlsHandshake(c); err == nil {
+			c = tc
+		}
+	}
+	var id uint32
+	if err == nil {
+		id, err = m.readHeader(c)
+	}
 	m.mu.Lock()
-	delete(m.conns, c)
+	delete(m.conns, raw)
 	g := m.groups[id]
 	m.mu.Unlock()
 	if err != nil || g == nil {
@@ -180,6 +200,19 @@ func (m *RaftMux) handshake(c net.Conn) {
 	case <-g.done:
 		c.Close()
 	}
+}
+
+// tlsHandshake runs the server side of c's TLS handshake within the
+// handshake timeout.
+func (m *RaftMux) tlsHandshake(c net.Conn) (net.Conn, error) {
+	tc := tls.Server(c, m.cfg.TLS.ServerConfig([]string{RaftALPN}, true))
+	if err := c.SetDeadline(time.Now().Add(m.cfg.HandshakeTimeout)); err != nil {
+		return nil, err
+	}
+	if err := tc.Handshake(); err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	return tc, c.SetDeadline(time.Time{})
 }
 
 func (m *RaftMux) readHeader(c net.Conn) (uint32, error) {
@@ -249,19 +282,33 @@ func (g *GroupStream) Dial(address raft.ServerAddress, timeout time.Duration) (n
 	if ta, ok := g.m.Addr().(*net.TCPAddr); ok && ta.IP != nil && !ta.IP.IsUnspecified() {
 		local = &net.TCPAddr{IP: ta.IP}
 	}
-	return dialGroup(string(address), g.id, timeout, local)
+	return dialGroup(string(address), g.id, timeout, local, g.m.cfg.TLS)
 }
 
-// DialGroup connects to the RaftMux at address for group id.
+// DialGroup connects to the cleartext RaftMux at address for group id.
 func DialGroup(address string, id uint32, timeout time.Duration) (net.Conn, error) {
-	return dialGroup(address, id, timeout, nil)
+	return dialGroup(address, id, timeout, nil, nil)
 }
 
-func dialGroup(address string, id uint32, timeout time.Duration, local net.Addr) (net.Conn, error) {
+// dialGroup connects to the RaftMux at address for group id, over TLS
+// with certs when they are set.
+func dialGroup(address string, id uint32, timeout time.Duration, local net.Addr, certs *Certs) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout, LocalAddr: local}
 	c, err := d.Dial("tcp", address)
 	if err != nil {
 		return nil, err
+	}
+	if certs != nil {
+		tc := tls.Client(c, certs.ClientConfig([]string{RaftALPN}, ""))
+		if timeout > 0 {
+			c.SetDeadline(time.Now().Add(timeout)) //nolint:errcheck // a failed handshake reports it
+		}
+		if err := tc.Handshake(); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("transport: raft TLS to %s: %w", address, err)
+		}
+		c.SetDeadline(time.Time{}) //nolint:errcheck
+		c = tc
 	}
 	hdr := binary.BigEndian.AppendUint32(append([]byte(nil), muxMagic...), id)
 	if timeout > 0 {

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"crypto/tls"
 	"bufio"
 	"context"
 	"encoding/binary"
@@ -89,6 +90,10 @@ type RPCMeta struct {
 	Cluster string
 	Epoch   uint64
 	Remote  string
+	// Cert is the identity of the connection's verified TLS certificate
+	// (nil over cleartext, or when the caller presented none): handlers
+	// trust it over Node.
+	Cert *Identity
 }
 
 // RPCHandler answers one call: a body, or an error (a *connect.Error keeps
@@ -189,6 +194,11 @@ func (s *RPCServer) serveConn(c net.Conn) {
 		return
 	}
 	meta := RPCMeta{Remote: c.RemoteAddr().String()}
+	if tc, ok := c.(*tls.Conn); ok {
+		if id, ok := IdentityOf(tc.ConnectionState()); ok {
+			meta.Cert = &id
+		}
+	}
 	r := bufio.NewReaderSize(c, 64<<10)
 	// Each call's context ends when its caller cancels it (a MethodCancel
 	// frame) or the connection closes: a long-polling Claim whose caller
@@ -385,7 +395,7 @@ func parseRequest(f []byte, conn RPCMeta) (id uint64, m RPCMethod, meta RPCMeta,
 	if !ok1 || !ok2 {
 		return 0, 0, meta, nil, bad
 	}
-	meta.Remote = conn.Remote
+	meta.Remote, meta.Cert = conn.Remote, conn.Cert
 	return id, m, meta, f, nil
 }
 
@@ -492,10 +502,11 @@ type RPCClient struct {
 }
 
 // NewRPCClient returns a client of the mux at addr whose connections leave
-// from local (nil: any address).
-func NewRPCClient(addr string, local net.Addr) *RPCClient {
+// from local (nil: any address), over TLS with certs when set (the mux's
+// MuxConfig.TLS).
+func NewRPCClient(addr string, local net.Addr, certs *Certs) *RPCClient {
 	return &RPCClient{addr: addr, local: local, dial: func(addr string, timeout time.Duration, local net.Addr) (net.Conn, error) {
-		return dialGroup(addr, PeerRPCGroup, timeout, local)
+		return dialGroup(addr, PeerRPCGroup, timeout, local, certs)
 	}}
 }
 

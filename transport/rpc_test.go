@@ -40,7 +40,7 @@ func echoServer(t *testing.T, m *RaftMux) *RPCServer {
 func TestRPCRoundTrips(t *testing.T) {
 	m := newMux(t, MuxConfig{})
 	echoServer(t, m)
-	c := NewRPCClient(m.Addr().String(), nil)
+	c := NewRPCClient(m.Addr().String(), nil, nil)
 	defer c.Close()
 	ctx := context.Background()
 	meta := RPCMeta{Node: "n1", Cluster: "c9", Epoch: 42}
@@ -95,7 +95,7 @@ func TestRPCRoundTrips(t *testing.T) {
 func TestRPCConnectionLossAndRedial(t *testing.T) {
 	m := newMux(t, MuxConfig{})
 	s := echoServer(t, m)
-	c := NewRPCClient(m.Addr().String(), nil)
+	c := NewRPCClient(m.Addr().String(), nil, nil)
 	defer c.Close()
 	ctx := context.Background()
 	if _, err := c.Call(ctx, MethodReplicate, RPCMeta{}, []byte("a")); err != nil {
@@ -121,7 +121,7 @@ func TestRPCConnectionLossAndRedial(t *testing.T) {
 // such, for the caller to use connect instead.
 func TestRPCUnsupportedPeer(t *testing.T) {
 	m := newMux(t, MuxConfig{})
-	c := NewRPCClient(m.Addr().String(), nil)
+	c := NewRPCClient(m.Addr().String(), nil, nil)
 	defer c.Close()
 	_, err := c.Call(context.Background(), MethodReplicate, RPCMeta{}, []byte("x"))
 	if !errors.Is(err, ErrRPCUnsupported) {

@@ -87,7 +87,7 @@ func run(args []string) error {
 	fs.Float64Var(&cfg.LeaderBalanceTolerance, "leader-balance-tolerance", 0.2, "how far from its fair share of leaderships a node may be, as a fraction of it, before leaderships move (above 0, below 1)")
 	fs.IntVar(&cfg.TreeLeafBits, "tree-leaf-bits", 14, "Merkle tree size: 2^bits leaves per partition replica, 4 to 16 (the same on every node)")
 	fs.BoolVar(&cfg.GossipLAN, "gossip-lan", false, "use LAN gossip timings (nodes on several machines) instead of loopback ones")
-	tlsCA := fs.String("tls-ca", "", "PEM bundle of the cluster's CA certificates (old and new ones during a rotation); with -tls-cert and -tls-key the API port serves TLS 1.3 only and peers are called over TLS (docs/SECURITY.md)")
+	tlsCA := fs.String("tls-ca", "", "PEM bundle of the cluster's CA certificates (old and new ones during a rotation); with -tls-cert and -tls-key the API and Raft ports serve TLS 1.3 only and peers are called over TLS (docs/SECURITY.md)")
 	tlsCert := fs.String("tls-cert", "", "PEM certificate of this node (nornctl cert create-node: its URI SAN names -node-id); reloaded when the files change or on SIGHUP")
 	tlsKey := fs.String("tls-key", "", "PEM private key of -tls-cert")
 	insecure := fs.Bool("insecure", false, "allow serving cleartext on an address that is not loopback (logged as a warning at start)")
@@ -302,8 +302,8 @@ func reloadCerts(certs *transport.Certs, logger *slog.Logger) {
 }
 
 // checkSecure refuses to serve cleartext on an address that is not
-// loopback unless -insecure: the API port without -tls-*, and for now the
-// Raft and gossip ports always (their TLS is not there yet:
+// loopback unless -insecure: the API and Raft ports without -tls-*, and
+// for now the gossip port always (its encryption is not there yet:
 // docs/SECURITY.md). The three -tls-* flags go together.
 func checkSecure(files transport.TLSFiles, insecure bool, api, raft, gossip string) error {
 	set := 0
@@ -318,9 +318,9 @@ func checkSecure(files transport.TLSFiles, insecure bool, api, raft, gossip stri
 	if insecure {
 		return nil
 	}
-	cleartext := map[string]string{"-raft-addr": raft, "-gossip-addr": gossip}
+	cleartext := map[string]string{"-gossip-addr": gossip}
 	if set == 0 {
-		cleartext["-listen"] = api
+		cleartext["-listen"], cleartext["-raft-addr"] = api, raft
 	}
 	for _, flag := range []string{"-listen", "-raft-addr", "-gossip-addr"} {
 		addr, ok := cleartext[flag]

@@ -5,11 +5,13 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -138,6 +140,52 @@ func TestTLSCluster(t *testing.T) {
 	_, err = peer.Replicate(ctx, req)
 	if connect.CodeOf(err) != connect.CodePermissionDenied {
 		t.Fatalf("Replicate with a user's certificate: %v, want permission_denied", err)
+	}
+}
+
+// TestTLSRaftPort: the Raft port of a TLS node takes node certificates of
+// its CA only: a node certificate of another CA, a client's certificate of
+// the right CA and no certificate are all refused at the handshake; the
+// cluster's own node certificate gets through.
+func TestTLSRaftPort(t *testing.T) {
+	dir, other := t.TempDir(), t.TempDir()
+	makeCerts(t, dir)
+	makeCerts(t, other)
+	ns := startTLSCluster(t, dir)
+	pool := mustTLS(t, dir, "").RootCAs
+	dial := func(certDir, cert, key string) error {
+		conf := &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", NextProtos: []string{transport.RaftALPN}, MinVersion: tls.VersionTLS13}
+		if cert != "" {
+			kp, err := tls.LoadX509KeyPair(filepath.Join(certDir, cert), filepath.Join(certDir, key))
+			if err != nil {
+				t.Fatal(err)
+			}
+			conf.Certificates = []tls.Certificate{kp}
+		}
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", ns[0].raftA, conf)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		// TLS 1.3: a refused client certificate shows at the first read.
+		c.SetReadDeadline(time.Now().Add(time.Second)) // below the mux's header timeout (5 s)
+		_, err = c.Read(make([]byte, 1))
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			return nil // accepted: the mux waits for the group header
+		}
+		return err
+	}
+	for _, c := range []struct{ name, dir, cert, key string }{
+		{"another CA's node certificate", other, "node-n2.crt", "node-n2.key"},
+		{"a client certificate", dir, "client-alice.crt", "client-alice.key"},
+		{"no certificate", dir, "", ""},
+	} {
+		if err := dial(c.dir, c.cert, c.key); err == nil {
+			t.Errorf("raft port with %s: accepted", c.name)
+		}
+	}
+	if err := dial(dir, "node-n2.crt", "node-n2.key"); err != nil {
+		t.Fatalf("raft port with n2's certificate: %v", err)
 	}
 }
 
