@@ -1,9 +1,9 @@
 package transport
 
 import (
-	"crypto/tls"
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
