@@ -122,6 +122,11 @@ type MembershipConfig struct {
 	// Meta is this node's metadata; Meta.ID is its memberlist name and
 	// must be unique in the cluster.
 	Meta NodeMeta
+	// SecretKey, when set (16, 24 or 32 bytes), encrypts and
+	// authenticates every gossip message with memberlist's AES-GCM
+	// keyring: a node without the key can neither read the cluster's
+	// gossip nor be heard (docs/SECURITY.md). Nil: cleartext.
+	SecretKey []byte
 	// BindAddr is the gossip address, host:port (TCP and UDP); port 0
 	// picks one (tests).
 	BindAddr string
@@ -216,6 +221,10 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	}
 	mc.Name = cfg.Meta.ID
 	mc.BindAddr, mc.BindPort = host, port
+	if cfg.SecretKey != nil {
+		mc.SecretKey = cfg.SecretKey
+		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	}
 	mc.AdvertiseAddr, mc.AdvertisePort = "", 0
 	mc.Delegate = (*delegate)(m)
 	mc.Events = (*events)(m)

@@ -438,3 +438,31 @@ func TestMemberStateString(t *testing.T) {
 		}
 	}
 }
+
+// TestMembershipSecretKey: nodes with the cluster's gossip key join each
+// other; a node without it, or with another key, cannot join, and the
+// cluster never lists it.
+func TestMembershipSecretKey(t *testing.T) {
+	key := bytes.Repeat([]byte{7}, 32)
+	withKey := func(k []byte) func(*MembershipConfig) {
+		return func(c *MembershipConfig) { c.SecretKey = k }
+	}
+	a := startMember(t, "n1", withKey(key))
+	b := startMember(t, "n2", withKey(key))
+	join(t, b, a)
+	waitFor(t, a, "n1 sees n2", func(ms []Member) bool { return sees(ms, "n1", "n2") })
+	for _, c := range []struct {
+		id  string
+		key []byte
+	}{{"n3", nil}, {"n4", bytes.Repeat([]byte{8}, 32)}} {
+		m := startMember(t, c.id, withKey(c.key))
+		if n, err := m.Join([]string{a.Addr()}); err == nil && n > 0 {
+			t.Errorf("%s (key %x) joined %d node(s)", c.id, c.key, n)
+		}
+	}
+	// Long enough for any gossip that got through to show.
+	time.Sleep(500 * time.Millisecond)
+	if ms := a.Members(); !sees(ms, "n1", "n2") {
+		t.Fatalf("members with the key: %+v", ms)
+	}
+}

@@ -181,6 +181,10 @@ type Config struct {
 	// listener's TLS is the server's (cmd/nornd serves it with
 	// transport.TLSSplitListener). Nil: cleartext.
 	TLS *transport.Certs
+	// GossipKey, when set (16, 24 or 32 bytes), encrypts and
+	// authenticates gossip with memberlist's keyring; every node needs
+	// the same key. Nil: cleartext gossip.
+	GossipKey []byte
 
 	// Test-only fields, set by nornd -test-hooks for the Jepsen harness;
 	// production leaves them zero.

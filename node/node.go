@@ -145,7 +145,7 @@ func New(cfg Config) (*Node, error) {
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, Partitions: cfg.Partitions,
 		APIAddr: cfg.APIAddr, RaftAddr: cfg.RaftAddr, GossipAddr: cfg.GossipAddr, GossipLAN: cfg.GossipLAN,
 		Join: cfg.Join, BootstrapExpect: cfg.BootstrapExpect, Replication: cfg.Replication,
-		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Clock: cfg.Clock, TLS: cfg.TLS,
+		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Clock: cfg.Clock, TLS: cfg.TLS, GossipKey: cfg.GossipKey,
 		Logger: cfg.Logger, RaftLogger: cfg.RaftLogger,
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck,
 		LeaderBalance:  leaderBalanceTuning(cfg),

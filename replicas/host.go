@@ -58,6 +58,8 @@ type Config struct {
 	// TLS, when set, secures the Raft port: TLS 1.3 with node
 	// certificates on both ends (transport.MuxConfig.TLS). Nil: cleartext.
 	TLS *transport.Certs
+	// GossipKey, when set, encrypts gossip (cluster.MembershipConfig.SecretKey).
+	GossipKey []byte
 
 	// Store holds every replica's data and Raft log.
 	Store *storage.Store
@@ -196,7 +198,7 @@ func (h *Host) raftLogger() hclog.Logger {
 // adopts the ring kept in the data dir (a restart), starts gossip and,
 // for a node that forms a cluster alone, forms it.
 func (h *Host) startCluster() error {
-	mux, err := transport.ListenRaftMux(h.cfg.RaftAddr, transport.MuxConfig{Allow: h.allowRaftPeer, Logger: h.cfg.Logger, TLS: h.cfg.TLS})
+	mux, err := transport.ListenRaftMux(h.cfg.RaftAddr, transport.MuxConfig{Allow: h.allowRaftPeer, AllowNode: h.allowRaftNode, Logger: h.cfg.Logger, TLS: h.cfg.TLS})
 	if err != nil {
 		return fmt.Errorf("node: raft listener: %w", err)
 	}
@@ -240,7 +242,7 @@ func (h *Host) startCluster() error {
 		meta.RingEpoch, meta.ClusterID = r.Epoch, r.ClusterID
 	}
 	h.members, err = cluster.StartMembership(cluster.MembershipConfig{Meta: meta, BindAddr: h.cfg.GossipAddr,
-		Logger: h.raftLogger().Named("gossip"), LAN: h.cfg.GossipLAN, Clock: h.cfg.Clock})
+		Logger: h.raftLogger().Named("gossip"), LAN: h.cfg.GossipLAN, Clock: h.cfg.Clock, SecretKey: h.cfg.GossipKey})
 	if err != nil {
 		return err
 	}
@@ -314,6 +316,30 @@ func (h *Host) allowRaftPeer(remote net.Addr) bool {
 	if ms := h.gossip.Load(); ms != nil {
 		for _, m := range ms.Members() {
 			if m.State.Up() && match(m.RaftAddr) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// allowRaftNode accepts a Raft connection over TLS only from the node its
+// certificate names, at that node's Raft address on the ring or in
+// gossip: a node's certificate does not let another host speak for it.
+func (h *Host) allowRaftNode(id string, remote net.Addr) bool {
+	ta, ok := remote.(*net.TCPAddr)
+	if !ok {
+		return false
+	}
+	match := func(hostport string) bool { return transport.SameHost(hostport, ta.IP) }
+	if r := h.ring.Load(); r != nil {
+		if nd, ok := r.Node(id); ok && match(nd.RaftAddr) {
+			return true
+		}
+	}
+	if ms := h.gossip.Load(); ms != nil {
+		for _, m := range ms.Members() {
+			if m.ID == id && m.State.Up() && match(m.RaftAddr) {
 				return true
 			}
 		}

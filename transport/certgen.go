@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -33,6 +35,43 @@ const (
 	CACertFile = "ca.crt"
 	CAKeyFile  = "ca.key"
 )
+
+// GossipKeyFile is the file name of the cluster's gossip key in a
+// certificate directory.
+const GossipKeyFile = "gossip.key"
+
+// CreateGossipKey writes a new random 32-byte gossip key (AES-256, base64,
+// mode 0600) to dir's gossip.key, refusing to overwrite one.
+func CreateGossipKey(dir string) error {
+	p := filepath.Join(dir, GossipKeyFile)
+	if exists(p) {
+		return fmt.Errorf("cert: %s exists; remove it first to make a new key (every node needs the same one)", p)
+	}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return writeAtomic(p, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600)
+}
+
+// ReadGossipKey reads a gossip key file: base64 of 16, 24 or 32 bytes.
+func ReadGossipKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("gossip key: %w", err)
+	}
+	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("gossip key %s: not base64: %w", path, err)
+	}
+	if n := len(key); n != 16 && n != 24 && n != 32 {
+		return nil, fmt.Errorf("gossip key %s: %d bytes, want 16, 24 or 32", path, n)
+	}
+	return key, nil
+}
 
 // NodeCertFiles are the certificate and key file names of node id.
 func NodeCertFiles(dir, id string) (cert, key string) {

@@ -46,6 +46,9 @@ type MuxConfig struct {
 	// travels inside. A client or a user certificate is refused at the
 	// handshake. Nil: cleartext.
 	TLS *Certs
+	// AllowNode, with TLS, is asked about the node a connection's
+	// certificate names and its remote address; false closes it.
+	AllowNode func(node string, remote net.Addr) bool
 }
 
 // RaftALPN is the ALPN protocol of the Raft port over TLS.
@@ -211,6 +214,13 @@ func (m *RaftMux) tlsHandshake(c net.Conn) (net.Conn, error) {
 	}
 	if err := tc.Handshake(); err != nil {
 		return nil, fmt.Errorf("tls: %w", err)
+	}
+	id, ok := IdentityOf(tc.ConnectionState())
+	if !ok || id.Node == "" {
+		return nil, errors.New("tls: not a node certificate")
+	}
+	if m.cfg.AllowNode != nil && !m.cfg.AllowNode(id.Node, c.RemoteAddr()) {
+		return nil, fmt.Errorf("node %q is not a member at %s", id.Node, c.RemoteAddr())
 	}
 	return tc, c.SetDeadline(time.Time{})
 }

@@ -21,6 +21,9 @@ when the files change).
   nornctl cert create-client <user> [--dir certs]
       client-<user>.crt and .key: URI SAN norn://user/<user>; for
       nornctl --cert/--key and client.LoadTLSConfig.
+  nornctl cert create-gossip-key [--dir certs]
+      gossip.key: a random AES-256 key (base64, mode 0600) for nornd
+      -gossip-key; every node of the cluster takes the same file.
 
 Every node and client takes ca.crt (-tls-ca, --ca). During a rotation to a
 new CA, give them a bundle of both CAs (cat old.crt new.crt).`
@@ -56,6 +59,12 @@ func runCert(e *env, cmd *command, args []string) error {
 		err = transport.CreateNodeCert(*dir, id, splitList(*hosts))
 		c, k := transport.NodeCertFiles(*dir, id)
 		out = []string{c, k}
+	case "create-gossip-key":
+		if len(pos) != 1 {
+			return usagef(cmd, "create-gossip-key takes no argument")
+		}
+		err = transport.CreateGossipKey(*dir)
+		out = []string{filepath.Join(*dir, transport.GossipKeyFile)}
 	case "create-client":
 		if len(pos) != 2 || pos[1] == "" {
 			return usagef(cmd, "create-client <user>")
@@ -64,7 +73,7 @@ func runCert(e *env, cmd *command, args []string) error {
 		c, k := transport.ClientCertFiles(*dir, pos[1])
 		out = []string{c, k}
 	default:
-		return usagef(cmd, "unknown cert command %q: want create-ca, create-node or create-client", pos[0])
+		return usagef(cmd, "unknown cert command %q: want create-ca, create-node, create-client or create-gossip-key", pos[0])
 	}
 	if err != nil {
 		return err

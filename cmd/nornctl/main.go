@@ -128,7 +128,7 @@ var commands = []*command{
 	{name: "drain", args: "<node>", summary: "move every replica off a node, which stays a member", help: drainHelp, run: runDrain},
 	{name: "decommission", args: "<node>", summary: "drain a node, then remove it from the cluster", help: decommissionHelp, run: runDecommission},
 	{name: "remove", args: "--dead <node>", summary: "replace the replicas of a node gone for good and remove it", help: removeHelp, run: runRemove},
-	{name: "cert", args: "create-ca | create-node <id> | create-client <user>", summary: "make the cluster's CA, node and client certificates", help: certHelp, run: runCert},
+	{name: "cert", args: "create-ca | create-node <id> | create-client <user> | create-gossip-key", summary: "make the cluster's CA, node and client certificates", help: certHelp, run: runCert},
 	{name: "bench", summary: "generate load: enqueue, then claim+complete, and report rates and latencies", help: benchHelp, run: runBench},
 }
 

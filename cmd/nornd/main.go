@@ -90,6 +90,7 @@ func run(args []string) error {
 	tlsCA := fs.String("tls-ca", "", "PEM bundle of the cluster's CA certificates (old and new ones during a rotation); with -tls-cert and -tls-key the API and Raft ports serve TLS 1.3 only and peers are called over TLS (docs/SECURITY.md)")
 	tlsCert := fs.String("tls-cert", "", "PEM certificate of this node (nornctl cert create-node: its URI SAN names -node-id); reloaded when the files change or on SIGHUP")
 	tlsKey := fs.String("tls-key", "", "PEM private key of -tls-cert")
+	gossipKey := fs.String("gossip-key", "", "file of the cluster's gossip key (nornctl cert create-gossip-key: base64 of 32 bytes): gossip encrypted and authenticated with it; the same on every node")
 	insecure := fs.Bool("insecure", false, "allow serving cleartext on an address that is not loopback (logged as a warning at start)")
 	pprofAddr := fs.String("pprof-addr", "", "if set, serve net/http/pprof on this address (keep it on loopback)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -113,8 +114,15 @@ func run(args []string) error {
 		return usageError{fmt.Errorf("-machine-id: %d out of range", *machine)}
 	}
 	tlsFiles := transport.TLSFiles{CA: *tlsCA, Cert: *tlsCert, Key: *tlsKey}
-	if err := checkSecure(tlsFiles, *insecure, *listen, cfg.RaftAddr, cfg.GossipAddr); err != nil {
+	if err := checkSecure(tlsFiles, *gossipKey != "", *insecure, *listen, cfg.RaftAddr, cfg.GossipAddr); err != nil {
 		return usageError{err}
+	}
+	if *gossipKey != "" {
+		key, err := transport.ReadGossipKey(*gossipKey)
+		if err != nil {
+			return usageError{fmt.Errorf("-gossip-key: %w", err)}
+		}
+		cfg.GossipKey = key
 	}
 	cfg.MachineID = uint16(*machine)
 	cfg.NoLeaderBalance = !*leaderBalance
@@ -302,10 +310,9 @@ func reloadCerts(certs *transport.Certs, logger *slog.Logger) {
 }
 
 // checkSecure refuses to serve cleartext on an address that is not
-// loopback unless -insecure: the API and Raft ports without -tls-*, and
-// for now the gossip port always (its encryption is not there yet:
-// docs/SECURITY.md). The three -tls-* flags go together.
-func checkSecure(files transport.TLSFiles, insecure bool, api, raft, gossip string) error {
+// loopback unless -insecure: the API and Raft ports without -tls-*, the
+// gossip port without -gossip-key. The three -tls-* flags go together.
+func checkSecure(files transport.TLSFiles, gossipKey, insecure bool, api, raft, gossip string) error {
 	set := 0
 	for _, f := range []string{files.CA, files.Cert, files.Key} {
 		if f != "" {
@@ -318,14 +325,17 @@ func checkSecure(files transport.TLSFiles, insecure bool, api, raft, gossip stri
 	if insecure {
 		return nil
 	}
-	cleartext := map[string]string{"-gossip-addr": gossip}
+	cleartext := map[string]string{}
+	if !gossipKey {
+		cleartext["-gossip-addr"] = gossip
+	}
 	if set == 0 {
 		cleartext["-listen"], cleartext["-raft-addr"] = api, raft
 	}
 	for _, flag := range []string{"-listen", "-raft-addr", "-gossip-addr"} {
 		addr, ok := cleartext[flag]
 		if ok && !loopback(addr) {
-			return fmt.Errorf("%s %s is not a loopback address and would carry cleartext: give -tls-ca, -tls-cert and -tls-key, or -insecure to accept it", flag, addr)
+			return fmt.Errorf("%s %s is not a loopback address and would carry cleartext: give -tls-ca, -tls-cert and -tls-key (and -gossip-key for gossip), or -insecure to accept it", flag, addr)
 		}
 	}
 	return nil
