@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -186,6 +188,168 @@ func TestTLSRaftPort(t *testing.T) {
 	}
 	if err := dial(dir, "node-n2.crt", "node-n2.key"); err != nil {
 		t.Fatalf("raft port with n2's certificate: %v", err)
+	}
+}
+
+// TestTLSRotation rotates a running 3-node cluster to a new CA without a
+// failed call: clients trust both CAs first; then each node's CA bundle
+// becomes old+new, then each node's certificate one of the new CA, and
+// the nodes pick the files up by themselves (the watch) or on SIGHUP.
+// A client making new connections all along sees no error, and at the
+// end every node presents a certificate of the new CA on its API and
+// Raft ports and still replicates (W=3).
+func TestTLSRotation(t *testing.T) {
+	dir, newCA := t.TempDir(), t.TempDir()
+	makeCerts(t, dir)
+	if err := transport.CreateCA(newCA, "new CA"); err != nil {
+		t.Fatal(err)
+	}
+	ns := startTLSCluster(t, dir)
+	oldPEM, _ := os.ReadFile(filepath.Join(dir, transport.CACertFile))
+	newPEM, _ := os.ReadFile(filepath.Join(newCA, transport.CACertFile))
+	bothPath := filepath.Join(t.TempDir(), "both.crt")
+	if err := os.WriteFile(bothPath, append(append([]byte{}, oldPEM...), newPEM...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cert, key := transport.ClientCertFiles(dir, "alice")
+	clientConf, err := norn.LoadTLSConfig(bothPath, cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	stop, failed := make(chan struct{}), make(chan error, 1)
+	calls := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { calls <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// A new client each time: a new TLS handshake each time.
+			c, err := norn.New(ns[n%3].api, norn.WithTLS(clientConf), norn.WithDiscovery(0))
+			if err == nil {
+				_, err = c.Enqueue(ctx, &nornv1.TaskSpec{Queue: "rot"}, norn.WithQuorum(2))
+				c.Close()
+			}
+			if err != nil {
+				failed <- fmt.Errorf("call %d during the rotation: %w", n, err)
+				return
+			}
+			n++
+		}
+	}()
+
+	// The CA bundle of every node: old and new (the same file for all).
+	// A node has it once it takes a client certificate of the new CA.
+	writeFileAtomic(t, filepath.Join(dir, transport.CACertFile), append(append([]byte{}, oldPEM...), newPEM...))
+	if err := transport.CreateClientCert(newCA, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	bc, bk := transport.ClientCertFiles(newCA, "bob")
+	bobConf, err := norn.LoadTLSConfig(bothPath, bc, bk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bob := &http.Client{Transport: &http.Transport{TLSClientConfig: bobConf, DisableKeepAlives: true}}
+	for _, n := range ns {
+		waitUntil(t, 30*time.Second, n.id+" trusting the new CA", func() bool {
+			resp, err := bob.Get("https://" + n.api + "/healthz")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		})
+	}
+	// Each node's certificate from the new CA, one node after the other;
+	// n2 is told by SIGHUP, the others find the change themselves.
+	for i, n := range ns {
+		if err := transport.CreateNodeCert(newCA, n.id, []string{"127.0.0.1", "localhost"}); err != nil {
+			t.Fatal(err)
+		}
+		nc, nk := transport.NodeCertFiles(newCA, n.id)
+		oc, ok := transport.NodeCertFiles(dir, n.id)
+		copyFile(t, nk, ok)
+		copyFile(t, nc, oc)
+		if i == 1 {
+			n.proc.cmd.Process.Signal(syscall.SIGHUP)
+		}
+		waitUntil(t, 30*time.Second, n.id+" presenting the new CA's certificate", func() bool {
+			return issuer(t, n.api, clientConf) == "new CA"
+		})
+	}
+	time.Sleep(500 * time.Millisecond) // a few more calls on the new certificates
+	close(stop)
+	select {
+	case err := <-failed:
+		t.Fatal(err)
+	case n := <-calls:
+		if n < 10 {
+			t.Fatalf("only %d calls during the rotation", n)
+		}
+		t.Logf("%d calls during the rotation, none failed", n)
+	}
+	for _, n := range ns {
+		if got := issuer(t, n.raftA, nodeClientConf(t, newCA, "n1", bothPath)); got != "new CA" {
+			t.Fatalf("%s's Raft port presents a certificate of %q", n.id, got)
+		}
+	}
+	c, err := norn.New(ns[0].api, norn.WithTLS(clientConf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Enqueue(ctx, &nornv1.TaskSpec{Queue: "rot"}, norn.WithQuorum(3)); err != nil {
+		t.Fatalf("W=3 after the rotation: %v", err)
+	}
+}
+
+// issuer dials addr with conf and returns the common name of the issuer
+// of the certificate the server presents.
+func issuer(t *testing.T, addr string, conf *tls.Config) string {
+	t.Helper()
+	conf = conf.Clone()
+	conf.InsecureSkipVerify = true // the name: checked by the callers' comparisons
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, conf)
+	if err != nil {
+		return "dial: " + err.Error()
+	}
+	defer c.Close()
+	return c.ConnectionState().PeerCertificates[0].Issuer.CommonName
+}
+
+// nodeClientConf is a TLS client configuration with node id's
+// certificate of dir, for the Raft port.
+func nodeClientConf(t *testing.T, dir, id, bundle string) *tls.Config {
+	t.Helper()
+	cert, key := transport.NodeCertFiles(dir, id)
+	conf, err := norn.LoadTLSConfig(bundle, cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf.NextProtos = []string{transport.RaftALPN}
+	return conf
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFileAtomic(t, to, b)
+}
+
+func writeFileAtomic(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
 	}
 }
 
