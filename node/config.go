@@ -185,6 +185,9 @@ type Config struct {
 	// authenticates gossip with memberlist's keyring; every node needs
 	// the same key. Nil: cleartext gossip.
 	GossipKey []byte
+	// Insecure is nornd -insecure (cleartext allowed beyond loopback),
+	// shown in Status.
+	Insecure bool
 
 	// Test-only fields, set by nornd -test-hooks for the Jepsen harness;
 	// production leaves them zero.

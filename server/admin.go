@@ -33,6 +33,8 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 		Uptime:  durationpb.New(sv.cfg.Clock.Now().Sub(sv.start)),
 		Nodes:   sv.NodeStatuses(),
 		Healthy: true,
+		Security: &nornv1.SecurityStatus{Tls: sv.cfg.Security.TLS, GossipEncrypted: sv.cfg.Security.GossipEncrypted,
+			Insecure: sv.cfg.Security.Insecure},
 	}
 	if err := sv.clockGuard.MayLead(); err != nil {
 		resp.Healthy = false

@@ -51,6 +51,13 @@ type Config struct {
 	// Heartbeats answers the coalesced Raft heartbeats
 	// (transport.MethodRaftHeartbeats); nil refuses them.
 	Heartbeats *transport.Heartbeats
+	// Security is how the node's ports are secured, for Status.
+	Security SecurityStatus
+}
+
+// SecurityStatus is how a node's ports are secured (Status's security).
+type SecurityStatus struct {
+	TLS, GossipEncrypted, Insecure bool
 }
 
 // Server is the API edge of a node: it validates every request field by

@@ -155,6 +155,7 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 	fmt.Fprintf(w, "NODE:\t%s\n", st.GetNodeId())
 	fmt.Fprintf(w, "VERSION:\t%s\n", st.GetVersion())
 	fmt.Fprintf(w, "UPTIME:\t%s\n", st.GetUptime().AsDuration().Round(time.Second))
+	fmt.Fprintf(w, "SECURITY:\t%s\n", securityLine(st.GetSecurity()))
 	fmt.Fprintf(w, "RING EPOCH:\t%d\n", st.GetRingEpoch())
 	fmt.Fprintf(w, "PARTITIONS:\t%d\n", len(st.GetPartitions()))
 	health := "healthy"
@@ -404,4 +405,23 @@ func joinIDs(ids []uint64) string {
 		parts[i] = strconv.FormatUint(id, 10)
 	}
 	return strings.Join(parts, ",")
+}
+
+// securityLine sums up a node's SecurityStatus.
+func securityLine(s *nornv1.SecurityStatus) string {
+	var parts []string
+	if s.GetTls() {
+		parts = append(parts, "TLS")
+	} else {
+		parts = append(parts, "cleartext")
+	}
+	if s.GetGossipEncrypted() {
+		parts = append(parts, "gossip encrypted")
+	} else {
+		parts = append(parts, "gossip in cleartext")
+	}
+	if s.GetInsecure() {
+		parts = append(parts, "INSECURE (-insecure)")
+	}
+	return strings.Join(parts, ", ")
 }

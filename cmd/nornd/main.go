@@ -162,8 +162,11 @@ func run(args []string) error {
 			return err
 		}
 		cfg.TLS = certs
-	} else if *insecure {
-		logger.Warn("serving cleartext (-insecure): anyone who reaches the ports can read and write every task", "listen", *listen)
+	}
+	cfg.Insecure = *insecure
+	if *insecure {
+		logger.Warn("started with -insecure: cleartext is allowed on addresses that are not loopback; anyone who reaches a cleartext port can read and write every task",
+			"tls", cfg.TLS != nil, "gossip_encrypted", cfg.GossipKey != nil)
 	}
 
 	// Listen first: the node advertises the address it really got.

@@ -115,6 +115,11 @@ func TestTLSCluster(t *testing.T) {
 		}
 	}
 
+	st, err := ns[1].admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{}))
+	if err != nil || !st.Msg.GetSecurity().GetTls() || st.Msg.GetSecurity().GetInsecure() {
+		t.Fatalf("status security: %v %v", st.Msg.GetSecurity(), err)
+	}
+
 	// A plaintext client (h2c) gets no answer: the port speaks TLS only.
 	if _, err := client(ns[0].api).CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{})); err == nil {
 		t.Fatal("a plaintext call was served")

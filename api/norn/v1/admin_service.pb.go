@@ -888,7 +888,9 @@ type StatusResponse struct {
 	// The moves of the current (or last) rebalance, as the answering
 	// node's ring records them, by partition. Done moves stay listed until
 	// the next plan is applied.
-	Moves         []*MoveStatus `protobuf:"bytes,9,rep,name=moves,proto3" json:"moves,omitempty"`
+	Moves []*MoveStatus `protobuf:"bytes,9,rep,name=moves,proto3" json:"moves,omitempty"`
+	// How the answering node's ports are secured (docs/SECURITY.md).
+	Security      *SecurityStatus `protobuf:"bytes,10,opt,name=security,proto3" json:"security,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -986,6 +988,80 @@ func (x *StatusResponse) GetMoves() []*MoveStatus {
 	return nil
 }
 
+func (x *StatusResponse) GetSecurity() *SecurityStatus {
+	if x != nil {
+		return x.Security
+	}
+	return nil
+}
+
+// SecurityStatus is how a node's ports are secured.
+type SecurityStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The API and Raft ports serve TLS 1.3 only (nornd -tls-ca, -tls-cert,
+	// -tls-key), and the node calls its peers over TLS.
+	Tls bool `protobuf:"varint,1,opt,name=tls,proto3" json:"tls,omitempty"`
+	// Gossip is encrypted and authenticated with the cluster key (nornd
+	// -gossip-key).
+	GossipEncrypted bool `protobuf:"varint,2,opt,name=gossip_encrypted,json=gossipEncrypted,proto3" json:"gossip_encrypted,omitempty"`
+	// nornd was started with -insecure: it may serve cleartext on
+	// addresses that are not loopback.
+	Insecure      bool `protobuf:"varint,3,opt,name=insecure,proto3" json:"insecure,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecurityStatus) Reset() {
+	*x = SecurityStatus{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecurityStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecurityStatus) ProtoMessage() {}
+
+func (x *SecurityStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecurityStatus.ProtoReflect.Descriptor instead.
+func (*SecurityStatus) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SecurityStatus) GetTls() bool {
+	if x != nil {
+		return x.Tls
+	}
+	return false
+}
+
+func (x *SecurityStatus) GetGossipEncrypted() bool {
+	if x != nil {
+		return x.GossipEncrypted
+	}
+	return false
+}
+
+func (x *SecurityStatus) GetInsecure() bool {
+	if x != nil {
+		return x.Insecure
+	}
+	return false
+}
+
 // PartitionStatus is one partition as a replica sees it.
 type PartitionStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1031,7 +1107,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1119,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1132,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{15}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PartitionStatus) GetId() uint32 {
@@ -1151,7 +1227,7 @@ type ReplicaRoot struct {
 
 func (x *ReplicaRoot) Reset() {
 	*x = ReplicaRoot{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1239,7 @@ func (x *ReplicaRoot) String() string {
 func (*ReplicaRoot) ProtoMessage() {}
 
 func (x *ReplicaRoot) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1252,7 @@ func (x *ReplicaRoot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaRoot.ProtoReflect.Descriptor instead.
 func (*ReplicaRoot) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{16}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReplicaRoot) GetNodeId() string {
@@ -1247,7 +1323,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1335,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1348,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{17}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -1394,7 +1470,7 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\rStatusRequest\x12\x1f\n" +
 	"\vskip_counts\x18\x01 \x01(\bR\n" +
 	"skipCounts\x12#\n" +
-	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\xdb\x02\n" +
+	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\x90\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x121\n" +
@@ -1407,7 +1483,13 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\x05nodes\x18\x06 \x03(\v2\x13.norn.v1.NodeStatusR\x05nodes\x12\x18\n" +
 	"\ahealthy\x18\a \x01(\bR\ahealthy\x12\x1a\n" +
 	"\bproblems\x18\b \x03(\tR\bproblems\x12)\n" +
-	"\x05moves\x18\t \x03(\v2\x13.norn.v1.MoveStatusR\x05moves\"\xcf\x03\n" +
+	"\x05moves\x18\t \x03(\v2\x13.norn.v1.MoveStatusR\x05moves\x123\n" +
+	"\bsecurity\x18\n" +
+	" \x01(\v2\x17.norn.v1.SecurityStatusR\bsecurity\"i\n" +
+	"\x0eSecurityStatus\x12\x10\n" +
+	"\x03tls\x18\x01 \x01(\bR\x03tls\x12)\n" +
+	"\x10gossip_encrypted\x18\x02 \x01(\bR\x0fgossipEncrypted\x12\x1a\n" +
+	"\binsecure\x18\x03 \x01(\bR\binsecure\"\xcf\x03\n" +
 	"\x0fPartitionStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x16\n" +
@@ -1462,7 +1544,7 @@ func file_norn_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_admin_service_proto_rawDescData
 }
 
-var file_norn_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_norn_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_norn_v1_admin_service_proto_goTypes = []any{
 	(*JoinRequest)(nil),          // 0: norn.v1.JoinRequest
 	(*JoinResponse)(nil),         // 1: norn.v1.JoinResponse
@@ -1479,11 +1561,12 @@ var file_norn_v1_admin_service_proto_goTypes = []any{
 	(*MoveStatus)(nil),           // 12: norn.v1.MoveStatus
 	(*StatusRequest)(nil),        // 13: norn.v1.StatusRequest
 	(*StatusResponse)(nil),       // 14: norn.v1.StatusResponse
-	(*PartitionStatus)(nil),      // 15: norn.v1.PartitionStatus
-	(*ReplicaRoot)(nil),          // 16: norn.v1.ReplicaRoot
-	(*NodeStatus)(nil),           // 17: norn.v1.NodeStatus
-	nil,                          // 18: norn.v1.PartitionStatus.CountsEntry
-	(*durationpb.Duration)(nil),  // 19: google.protobuf.Duration
+	(*SecurityStatus)(nil),       // 15: norn.v1.SecurityStatus
+	(*PartitionStatus)(nil),      // 16: norn.v1.PartitionStatus
+	(*ReplicaRoot)(nil),          // 17: norn.v1.ReplicaRoot
+	(*NodeStatus)(nil),           // 18: norn.v1.NodeStatus
+	nil,                          // 19: norn.v1.PartitionStatus.CountsEntry
+	(*durationpb.Duration)(nil),  // 20: google.protobuf.Duration
 }
 var file_norn_v1_admin_service_proto_depIdxs = []int32{
 	10, // 0: norn.v1.RebalanceResponse.plan:type_name -> norn.v1.Plan
@@ -1492,31 +1575,32 @@ var file_norn_v1_admin_service_proto_depIdxs = []int32{
 	10, // 3: norn.v1.RemoveResponse.plan:type_name -> norn.v1.Plan
 	12, // 4: norn.v1.Plan.moves:type_name -> norn.v1.MoveStatus
 	11, // 5: norn.v1.Plan.loads:type_name -> norn.v1.NodeLoad
-	19, // 6: norn.v1.StatusResponse.uptime:type_name -> google.protobuf.Duration
-	15, // 7: norn.v1.StatusResponse.partitions:type_name -> norn.v1.PartitionStatus
-	17, // 8: norn.v1.StatusResponse.nodes:type_name -> norn.v1.NodeStatus
+	20, // 6: norn.v1.StatusResponse.uptime:type_name -> google.protobuf.Duration
+	16, // 7: norn.v1.StatusResponse.partitions:type_name -> norn.v1.PartitionStatus
+	18, // 8: norn.v1.StatusResponse.nodes:type_name -> norn.v1.NodeStatus
 	12, // 9: norn.v1.StatusResponse.moves:type_name -> norn.v1.MoveStatus
-	18, // 10: norn.v1.PartitionStatus.counts:type_name -> norn.v1.PartitionStatus.CountsEntry
-	16, // 11: norn.v1.PartitionStatus.replica_roots:type_name -> norn.v1.ReplicaRoot
-	19, // 12: norn.v1.NodeStatus.clock_offset:type_name -> google.protobuf.Duration
-	19, // 13: norn.v1.NodeStatus.median_offset:type_name -> google.protobuf.Duration
-	13, // 14: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
-	0,  // 15: norn.v1.AdminService.Join:input_type -> norn.v1.JoinRequest
-	2,  // 16: norn.v1.AdminService.Rebalance:input_type -> norn.v1.RebalanceRequest
-	3,  // 17: norn.v1.AdminService.Drain:input_type -> norn.v1.DrainRequest
-	4,  // 18: norn.v1.AdminService.Decommission:input_type -> norn.v1.DecommissionRequest
-	5,  // 19: norn.v1.AdminService.Remove:input_type -> norn.v1.RemoveRequest
-	14, // 20: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
-	1,  // 21: norn.v1.AdminService.Join:output_type -> norn.v1.JoinResponse
-	6,  // 22: norn.v1.AdminService.Rebalance:output_type -> norn.v1.RebalanceResponse
-	7,  // 23: norn.v1.AdminService.Drain:output_type -> norn.v1.DrainResponse
-	8,  // 24: norn.v1.AdminService.Decommission:output_type -> norn.v1.DecommissionResponse
-	9,  // 25: norn.v1.AdminService.Remove:output_type -> norn.v1.RemoveResponse
-	20, // [20:26] is the sub-list for method output_type
-	14, // [14:20] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	15, // 10: norn.v1.StatusResponse.security:type_name -> norn.v1.SecurityStatus
+	19, // 11: norn.v1.PartitionStatus.counts:type_name -> norn.v1.PartitionStatus.CountsEntry
+	17, // 12: norn.v1.PartitionStatus.replica_roots:type_name -> norn.v1.ReplicaRoot
+	20, // 13: norn.v1.NodeStatus.clock_offset:type_name -> google.protobuf.Duration
+	20, // 14: norn.v1.NodeStatus.median_offset:type_name -> google.protobuf.Duration
+	13, // 15: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
+	0,  // 16: norn.v1.AdminService.Join:input_type -> norn.v1.JoinRequest
+	2,  // 17: norn.v1.AdminService.Rebalance:input_type -> norn.v1.RebalanceRequest
+	3,  // 18: norn.v1.AdminService.Drain:input_type -> norn.v1.DrainRequest
+	4,  // 19: norn.v1.AdminService.Decommission:input_type -> norn.v1.DecommissionRequest
+	5,  // 20: norn.v1.AdminService.Remove:input_type -> norn.v1.RemoveRequest
+	14, // 21: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
+	1,  // 22: norn.v1.AdminService.Join:output_type -> norn.v1.JoinResponse
+	6,  // 23: norn.v1.AdminService.Rebalance:output_type -> norn.v1.RebalanceResponse
+	7,  // 24: norn.v1.AdminService.Drain:output_type -> norn.v1.DrainResponse
+	8,  // 25: norn.v1.AdminService.Decommission:output_type -> norn.v1.DecommissionResponse
+	9,  // 26: norn.v1.AdminService.Remove:output_type -> norn.v1.RemoveResponse
+	21, // [21:27] is the sub-list for method output_type
+	15, // [15:21] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_admin_service_proto_init() }
@@ -1530,7 +1614,7 @@ func file_norn_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_admin_service_proto_rawDesc), len(file_norn_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
