@@ -63,6 +63,7 @@ type options struct {
 	discovery   time.Duration
 	noFramed    bool        // WithFramedCalls(false)
 	tls         *tls.Config // WithTLS
+	token       string      // WithToken
 }
 
 // DefaultTimeout is the timeout New gives every call whose context has no
@@ -96,6 +97,15 @@ func WithFramedCalls(on bool) Option {
 // files. Framed calls are not used over TLS yet.
 func WithTLS(conf *tls.Config) Option {
 	return func(o *options) { o.tls = conf }
+}
+
+// WithToken sends token (nornctl token create) as a bearer token with
+// every call: how a client without a client certificate authenticates to
+// a node with an access file. Use it over TLS only (WithTLS): a token in
+// cleartext can be read on the way. Framed calls are off with a token
+// (they carry no headers).
+func WithToken(token string) Option {
+	return func(o *options) { o.token = token }
 }
 
 // LoadTLSConfig reads a TLS configuration for WithTLS: caFile, a PEM
@@ -268,7 +278,10 @@ func New(addrs string, opts ...Option) (*Client, error) {
 	// than it saved on a LAN (docs/BENCHMARKS.md, session 12);
 	// WithConnectOptions can add it back.
 	copts := append([]connect.ClientOption{connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil)}, o.connectOpts...)
-	framed := scheme == "http" && o.httpClient == nil && len(o.connectOpts) == 0 && !o.noFramed
+	if o.token != "" {
+		copts = append(copts, connect.WithInterceptors(bearer("Bearer "+o.token)))
+	}
+	framed := scheme == "http" && o.httpClient == nil && len(o.connectOpts) == 0 && !o.noFramed && o.token == ""
 	c.eps = newEndpoints(seeds, func(base string) *endpoint {
 		var tasks nornv1connect.TaskServiceClient = nornv1connect.NewTaskServiceClient(hc, base, copts...)
 		if framed {
@@ -442,4 +455,26 @@ func defaultHTTPS(addrs string) string {
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// bearer is a client interceptor that sets the Authorization header.
+type bearer string
+
+func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set("Authorization", string(b))
+		return next(ctx, req)
+	}
+}
+
+func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		conn.RequestHeader().Set("Authorization", string(b))
+		return conn
+	}
+}
+
+func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
 }

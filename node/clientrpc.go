@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -38,19 +39,24 @@ func (n *Node) ClientRPCHandler() transport.RPCHandler {
 		if limit > 0 && int64(len(body)) > int64(limit) {
 			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("request of %d bytes exceeds the limit of %d", len(body), limit))
 		}
+		// Each call passes the same access checks as over connect, with
+		// the connection's client certificate as its credential.
+		auth := func(procedure string, msg any) error {
+			return n.server.AuthorizeFramed(ctx, procedure, meta.Cert, msg)
+		}
 		switch m {
 		case transport.MethodEnqueue:
-			return unaryFramed(ctx, body, new(nornv1.EnqueueRequest), ts.Enqueue)
+			return unaryFramed(ctx, body, new(nornv1.EnqueueRequest), nornv1connect.TaskServiceEnqueueProcedure, auth, ts.Enqueue)
 		case transport.MethodEnqueueBatch:
-			return unaryFramed(ctx, body, new(nornv1.EnqueueBatchRequest), ts.EnqueueBatch)
+			return unaryFramed(ctx, body, new(nornv1.EnqueueBatchRequest), nornv1connect.TaskServiceEnqueueBatchProcedure, auth, ts.EnqueueBatch)
 		case transport.MethodClaim:
-			return unaryFramed(ctx, body, new(nornv1.ClaimRequest), ts.Claim)
+			return unaryFramed(ctx, body, new(nornv1.ClaimRequest), nornv1connect.TaskServiceClaimProcedure, auth, ts.Claim)
 		case transport.MethodComplete:
-			return unaryFramed(ctx, body, new(nornv1.CompleteRequest), ts.Complete)
+			return unaryFramed(ctx, body, new(nornv1.CompleteRequest), nornv1connect.TaskServiceCompleteProcedure, auth, ts.Complete)
 		case transport.MethodCompleteBatch:
-			return unaryFramed(ctx, body, new(nornv1.CompleteBatchRequest), ts.CompleteBatch)
+			return unaryFramed(ctx, body, new(nornv1.CompleteBatchRequest), nornv1connect.TaskServiceCompleteBatchProcedure, auth, ts.CompleteBatch)
 		case transport.MethodRenew:
-			return unaryFramed(ctx, body, new(nornv1.RenewRequest), ts.Renew)
+			return unaryFramed(ctx, body, new(nornv1.RenewRequest), nornv1connect.TaskServiceRenewProcedure, auth, ts.Renew)
 		}
 		return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("framed method %d", m))
 	}
@@ -59,9 +65,13 @@ func (n *Node) ClientRPCHandler() transport.RPCHandler {
 func unaryFramed[Req any, Resp any, PReq interface {
 	*Req
 	proto.Message
-}](ctx context.Context, body []byte, req PReq, f func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) ([]byte, error) {
+}](ctx context.Context, body []byte, req PReq, procedure string, auth func(string, any) error,
+	f func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) ([]byte, error) {
 	if err := proto.Unmarshal(body, req); err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unmarshal %T: %w", req, err))
+	}
+	if err := auth(procedure, req); err != nil {
+		return nil, err
 	}
 	resp, err := f(ctx, connect.NewRequest((*Req)(req)))
 	if err != nil {

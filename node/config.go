@@ -6,14 +6,14 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/norn-dev/norn/antientropy"
-	"github.com/norn-dev/norn/transport"
-
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/norn-dev/norn/antientropy"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/ring"
+	"github.com/norn-dev/norn/server"
+	"github.com/norn-dev/norn/transport"
 )
 
 // Config configures a node. Zero fields take the defaults documented here
@@ -185,6 +185,10 @@ type Config struct {
 	// authenticates gossip with memberlist's keyring; every node needs
 	// the same key. Nil: cleartext gossip.
 	GossipKey []byte
+	// Auth, when set, is the access file (nornd -auth-file): users'
+	// grants and tokens, checked on every TaskService and AdminService
+	// call (docs/SECURITY.md).
+	Auth *server.Auth
 	// Insecure is nornd -insecure (cleartext allowed beyond loopback),
 	// shown in Status.
 	Insecure bool

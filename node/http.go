@@ -37,6 +37,9 @@ func (n *Node) Handler() http.Handler {
 		connect.WithReadMaxBytes(n.cfg.MaxRequestBytes),
 		// Gzip costs more than it saves on small messages (DESIGN §8).
 		connect.WithCompressMinBytes(4 << 10),
+		// Who may call what: the access file's grants, or any client
+		// certificate with TLS (server.AuthInterceptor).
+		connect.WithInterceptors(n.server.AuthInterceptor()),
 	}, transport.StrictJSON()...)
 	mux := http.NewServeMux()
 	mux.Handle(nornv1connect.NewTaskServiceHandler(n.server.TaskService(), opts...))
@@ -54,27 +57,30 @@ func (n *Node) Handler() http.Handler {
 		w.Write([]byte("ok\n"))
 	})
 	if n.cfg.TLS != nil {
-		return peerIdentityFromCert(mux)
+		return identityFromCert(mux)
 	}
 	return mux
 }
 
-// peerIdentityFromCert makes a PeerService call over TLS speak for the
-// node its client certificate names, whatever its node header says: the
-// header is set to the certificate's node id, or emptied for a user's
-// certificate or none, which PeerService's checks then refuse
-// (PERMISSION_DENIED) as they refuse an unknown node.
-func peerIdentityFromCert(next http.Handler) http.Handler {
+// identityFromCert passes the identity of a call's verified client
+// certificate on in its context (transport.WithIdentity), for the access
+// checks. And it makes a PeerService call speak for the node its
+// certificate names, whatever its node header says: the header is set to
+// the certificate's node id, or emptied for a user's certificate or none,
+// which PeerService's checks then refuse (PERMISSION_DENIED) as they
+// refuse an unknown node.
+func identityFromCert(next http.Handler) http.Handler {
 	prefix := "/" + nornv1connect.PeerServiceName + "/"
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var id transport.Identity
+		if r.TLS != nil {
+			id, _ = transport.IdentityOf(*r.TLS)
+		}
 		if strings.HasPrefix(r.URL.Path, prefix) {
-			node := ""
-			if r.TLS != nil {
-				if id, ok := transport.IdentityOf(*r.TLS); ok {
-					node = id.Node
-				}
-			}
-			r.Header.Set(transport.HeaderNode, node)
+			r.Header.Set(transport.HeaderNode, id.Node)
+		}
+		if id != (transport.Identity{}) {
+			r = r.WithContext(transport.WithIdentity(r.Context(), id))
 		}
 		next.ServeHTTP(w, r)
 	})

@@ -186,6 +186,7 @@ func New(cfg Config) (*Node, error) {
 		NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Version: cfg.Version, Start: cfg.Clock.Now(),
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
 		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard, Heartbeats: heartbeats,
+		Auth:     cfg.Auth,
 		Security: server.SecurityStatus{TLS: cfg.TLS != nil, GossipEncrypted: cfg.GossipKey != nil, Insecure: cfg.Insecure},
 	})
 	// Replication's framed calls, on the Raft port (transport.PeerRPCGroup).

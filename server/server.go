@@ -51,8 +51,13 @@ type Config struct {
 	// Heartbeats answers the coalesced Raft heartbeats
 	// (transport.MethodRaftHeartbeats); nil refuses them.
 	Heartbeats *transport.Heartbeats
-	// Security is how the node's ports are secured, for Status.
+	// Security is how the node's ports are secured, for Status; with TLS
+	// and no Auth, every call needs a client certificate.
 	Security SecurityStatus
+	// Auth, when set, is the access file: every TaskService and
+	// AdminService call needs a user whose grants allow it
+	// (AuthInterceptor, AuthorizeFramed).
+	Auth *Auth
 }
 
 // SecurityStatus is how a node's ports are secured (Status's security).

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -8,9 +9,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // Identities in certificates (docs/SECURITY.md). A node's certificate
@@ -70,10 +69,9 @@ type TLSFiles struct {
 // current ones, so a rotation needs no restart: new connections use the
 // new certificate, existing ones keep theirs. Safe for concurrent use.
 type Certs struct {
+	*Reloader
 	files TLSFiles
 	cur   atomic.Pointer[certSet]
-	mu    sync.Mutex // serializes Reload
-	stamp string     // the files' sizes and modification times at the last load
 }
 
 type certSet struct {
@@ -84,17 +82,17 @@ type certSet struct {
 // LoadCerts reads the files; an error names the file at fault.
 func LoadCerts(files TLSFiles) (*Certs, error) {
 	c := &Certs{files: files}
-	if err := c.Reload(); err != nil {
+	r, err := NewReloader(c.load, files.CA, files.Cert, files.Key)
+	if err != nil {
 		return nil, err
 	}
+	c.Reloader = r
 	return c, nil
 }
 
-// Reload reads the files again; on an error the certificates in use stay.
-func (c *Certs) Reload() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	stamp := c.files.stamp()
+// load reads the files and installs them; on an error the certificates
+// in use stay.
+func (c *Certs) load() error {
 	caPEM, err := os.ReadFile(c.files.CA)
 	if err != nil {
 		return fmt.Errorf("tls: CA bundle: %w", err)
@@ -113,49 +111,7 @@ func (c *Certs) Reload() error {
 		}
 	}
 	c.cur.Store(&certSet{pool: pool, cert: &kp})
-	c.stamp = stamp
 	return nil
-}
-
-// stamp sums up the files' sizes and modification times.
-func (f TLSFiles) stamp() string {
-	var b strings.Builder
-	for _, p := range []string{f.CA, f.Cert, f.Key} {
-		if st, err := os.Stat(p); err == nil {
-			fmt.Fprintf(&b, "%d/%d;", st.Size(), st.ModTime().UnixNano())
-		} else {
-			b.WriteString("-;")
-		}
-	}
-	return b.String()
-}
-
-// Changed reports whether the files changed since the last load.
-func (c *Certs) Changed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.files.stamp() != c.stamp
-}
-
-// Watch reloads the certificates every period when the files changed,
-// until stop is closed; onErr (if not nil) hears of a failed reload (the
-// old certificates stay in use).
-func (c *Certs) Watch(period time.Duration, stop <-chan struct{}, onErr func(error)) {
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
-		if !c.Changed() {
-			continue
-		}
-		if err := c.Reload(); err != nil && onErr != nil {
-			onErr(err)
-		}
-	}
 }
 
 // Identity is the identity of the certificate in use.
@@ -260,4 +216,18 @@ func IdentityOf(st tls.ConnectionState) (Identity, bool) {
 	}
 	id, err := CertIdentity(st.PeerCertificates[0])
 	return id, err == nil
+}
+
+type identityKey struct{}
+
+// WithIdentity returns ctx carrying the identity of the call's verified
+// TLS client certificate (set by the node's HTTP layer).
+func WithIdentity(ctx context.Context, id Identity) context.Context {
+	return context.WithValue(ctx, identityKey{}, id)
+}
+
+// IdentityFromContext is the identity WithIdentity put in ctx.
+func IdentityFromContext(ctx context.Context) (Identity, bool) {
+	id, ok := ctx.Value(identityKey{}).(Identity)
+	return id, ok
 }

@@ -49,6 +49,7 @@ type globals struct {
 	ca      string        // CA bundle: TLS to the node (env NORN_CA)
 	cert    string        // client certificate (env NORN_CERT)
 	key     string        // its key (env NORN_KEY)
+	token   string        // bearer token (env NORN_TOKEN)
 }
 
 // register adds the global flags to fs, with the current values as defaults.
@@ -59,6 +60,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.ca, "ca", g.ca, "PEM bundle of the cluster's CA: speak TLS to the node (env NORN_CA)")
 	fs.StringVar(&g.cert, "cert", g.cert, "PEM client certificate, with --key (env NORN_CERT)")
 	fs.StringVar(&g.key, "key", g.key, "PEM key of --cert (env NORN_KEY)")
+	fs.StringVar(&g.token, "token", g.token, "bearer token (nornctl token create; env NORN_TOKEN)")
 }
 
 // env is what a command runs with: its streams, the global flags and a
@@ -87,6 +89,9 @@ func (e *env) client(opts ...client.Option) (*client.Client, error) {
 		base = append(base, client.WithTLS(conf))
 	} else if e.g.cert != "" || e.g.key != "" {
 		return nil, errors.New("--cert and --key need --ca (or NORN_CA)")
+	}
+	if e.g.token != "" {
+		base = append(base, client.WithToken(e.g.token))
 	}
 	c, err := client.New(e.g.addr, append(base, opts...)...)
 	if err != nil {
@@ -128,6 +133,8 @@ var commands = []*command{
 	{name: "drain", args: "<node>", summary: "move every replica off a node, which stays a member", help: drainHelp, run: runDrain},
 	{name: "decommission", args: "<node>", summary: "drain a node, then remove it from the cluster", help: decommissionHelp, run: runDecommission},
 	{name: "remove", args: "--dead <node>", summary: "replace the replicas of a node gone for good and remove it", help: removeHelp, run: runRemove},
+	{name: "token", args: "create <user> | revoke <id> | list", summary: "make, revoke or list the bearer tokens of an access file", help: tokenHelp, run: runToken},
+	{name: "grant", args: "<user> <role> [--queues q1,q2] | --remove ...", summary: "give a user a role on queues in an access file (or take it back)", help: grantHelp, run: runGrant},
 	{name: "cert", args: "create-ca | create-node <id> | create-client <user> | create-gossip-key", summary: "make the cluster's CA, node and client certificates", help: certHelp, run: runCert},
 	{name: "bench", summary: "generate load: enqueue, then claim+complete, and report rates and latencies", help: benchHelp, run: runBench},
 }
@@ -167,7 +174,7 @@ func newEnv(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer, gete
 	if a := getenv(addrEnv); a != "" {
 		e.g.addr = a
 	}
-	e.g.ca, e.g.cert, e.g.key = getenv("NORN_CA"), getenv("NORN_CERT"), getenv("NORN_KEY")
+	e.g.ca, e.g.cert, e.g.key, e.g.token = getenv("NORN_CA"), getenv("NORN_CERT"), getenv("NORN_KEY"), getenv("NORN_TOKEN")
 	return e
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/norn-dev/norn/node"
+	"github.com/norn-dev/norn/server"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -91,6 +92,7 @@ func run(args []string) error {
 	tlsCert := fs.String("tls-cert", "", "PEM certificate of this node (nornctl cert create-node: its URI SAN names -node-id); reloaded when the files change or on SIGHUP")
 	tlsKey := fs.String("tls-key", "", "PEM private key of -tls-cert")
 	gossipKey := fs.String("gossip-key", "", "file of the cluster's gossip key (nornctl cert create-gossip-key: base64 of 32 bytes): gossip encrypted and authenticated with it; the same on every node")
+	authFile := fs.String("auth-file", "", "access file: users' grants (roles on queues) and hashed tokens (nornctl grant, nornctl token create); every TaskService and AdminService call then needs a user allowed to make it; reloaded when it changes or on SIGHUP (docs/SECURITY.md)")
 	insecure := fs.Bool("insecure", false, "allow serving cleartext on an address that is not loopback (logged as a warning at start)")
 	pprofAddr := fs.String("pprof-addr", "", "if set, serve net/http/pprof on this address (keep it on loopback)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -163,6 +165,13 @@ func run(args []string) error {
 		}
 		cfg.TLS = certs
 	}
+	if *authFile != "" {
+		auth, err := server.LoadAuth(*authFile)
+		if err != nil {
+			return usageError{fmt.Errorf("-auth-file: %w", err)}
+		}
+		cfg.Auth = auth
+	}
 	cfg.Insecure = *insecure
 	if *insecure {
 		logger.Warn("started with -insecure: cleartext is allowed on addresses that are not loopback; anyone who reaches a cleartext port can read and write every task",
@@ -221,12 +230,24 @@ func run(args []string) error {
 			logger.Error("reloading the TLS certificates failed; the old ones stay in use", "err", err)
 		})
 	}
+	if cfg.Auth != nil {
+		go cfg.Auth.Watch(certWatchPeriod, stopWatch, func(err error) {
+			logger.Error("reloading the access file failed; the old rules stay in use", "err", err)
+		})
+	}
 wait:
 	for {
 		select {
 		case s := <-sig:
 			if s == syscall.SIGHUP {
 				reloadCerts(cfg.TLS, logger)
+				if cfg.Auth != nil {
+					if err := cfg.Auth.Reload(); err != nil {
+						logger.Error("SIGHUP: reloading the access file failed; the old rules stay in use", "err", err)
+					} else {
+						logger.Info("SIGHUP: access file reloaded")
+					}
+				}
 				continue
 			}
 			logger.Info("shutting down", "signal", s.String())

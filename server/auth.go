@@ -1,0 +1,288 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
+)
+
+// Who may call what (docs/SECURITY.md). With an access file
+// (Config.Auth) every TaskService and AdminService call needs a user, by
+// client certificate or bearer token, whose grants allow the method on
+// the queues the call touches; a node's certificate (a peer forwarding a
+// call) may call everything. Without an access file but with TLS, any
+// client certificate of the CA may call everything. Without either,
+// everyone may (loopback or -insecure).
+
+// procRoles lists the roles that may call each procedure. A procedure
+// missing here is for admins only.
+var procRoles = map[string][]string{
+	nornv1connect.TaskServiceEnqueueProcedure:       {RoleAdmin, RoleProducer},
+	nornv1connect.TaskServiceEnqueueBatchProcedure:  {RoleAdmin, RoleProducer},
+	nornv1connect.TaskServiceCancelProcedure:        {RoleAdmin, RoleProducer},
+	nornv1connect.TaskServiceGetTaskProcedure:       {RoleAdmin, RoleProducer, RoleWorker, RoleReader},
+	nornv1connect.TaskServiceListTasksProcedure:     {RoleAdmin, RoleProducer, RoleReader},
+	nornv1connect.TaskServiceCountTasksProcedure:    {RoleAdmin, RoleProducer, RoleReader},
+	nornv1connect.TaskServiceClaimProcedure:         {RoleAdmin, RoleWorker},
+	nornv1connect.TaskServiceRenewProcedure:         {RoleAdmin, RoleWorker},
+	nornv1connect.TaskServiceUpdateProcedure:        {RoleAdmin, RoleWorker},
+	nornv1connect.TaskServiceCompleteProcedure:      {RoleAdmin, RoleWorker},
+	nornv1connect.TaskServiceCompleteBatchProcedure: {RoleAdmin, RoleWorker},
+	nornv1connect.TaskServiceAbortProcedure:         {RoleAdmin, RoleWorker},
+	nornv1connect.TaskServiceYieldProcedure:         {RoleAdmin, RoleWorker},
+	nornv1connect.AdminServiceStatusProcedure:       {RoleAdmin, RoleReader},
+}
+
+// principal is who a call speaks for.
+type principal struct {
+	node string // a node's certificate: every right
+	user string
+	via  string // "certificate" or "token"
+}
+
+func (p principal) String() string {
+	if p.node != "" {
+		return "node " + p.node
+	}
+	if p.user == "" {
+		return "an unauthenticated caller"
+	}
+	return fmt.Sprintf("user %q (%s)", p.user, p.via)
+}
+
+// authMode is how calls are checked.
+func (sv *Server) authOn() bool { return sv.cfg.Auth != nil || sv.cfg.Security.TLS }
+
+// AuthInterceptor checks every connect call of TaskService and
+// AdminService (see above); PeerService has its own checks (checkPeer).
+func (sv *Server) AuthInterceptor() connect.Interceptor { return authInterceptor{sv} }
+
+type authInterceptor struct{ sv *Server }
+
+func (i authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if i.sv.authOn() {
+			id, _ := transport.IdentityFromContext(ctx)
+			if err := i.sv.authorize(ctx, req.Spec().Procedure, id, req.Header().Get("Authorization"), req.Any()); err != nil {
+				return nil, err
+			}
+		}
+		return next(ctx, req)
+	}
+}
+
+func (i authInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (i authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		if i.sv.authOn() {
+			// No streaming method takes a queue: admins only.
+			id, _ := transport.IdentityFromContext(ctx)
+			if err := i.sv.authorize(ctx, conn.Spec().Procedure, id, conn.RequestHeader().Get("Authorization"), nil); err != nil {
+				return err
+			}
+		}
+		return next(ctx, conn)
+	}
+}
+
+// AuthorizeFramed checks a framed client call (the API port's framed
+// calls carry no token: a client certificate is their credential).
+func (sv *Server) AuthorizeFramed(ctx context.Context, procedure string, cert *transport.Identity, msg any) error {
+	if !sv.authOn() {
+		return nil
+	}
+	var id transport.Identity
+	if cert != nil {
+		id = *cert
+	}
+	return sv.authorize(ctx, procedure, id, "", msg)
+}
+
+// authorize decides one call: the caller from its certificate identity
+// or its Authorization header, then its grants against the procedure and
+// the queues msg touches.
+func (sv *Server) authorize(ctx context.Context, procedure string, cert transport.Identity, authz string, msg any) error {
+	p, err := sv.authenticate(cert, authz)
+	if err != nil {
+		sv.audit(procedure, principal{}, err)
+		return err
+	}
+	if p.node != "" || sv.cfg.Auth == nil {
+		// A peer forwarding a call, or TLS without an access file: every
+		// client certificate of the CA may call everything.
+		sv.auditAdmin(procedure, p)
+		return nil
+	}
+	if err := sv.permit(ctx, procedure, p, msg); err != nil {
+		sv.audit(procedure, p, err)
+		return err
+	}
+	sv.auditAdmin(procedure, p)
+	return nil
+}
+
+// authenticate finds the caller: a verified client certificate first,
+// else a bearer token of the access file.
+func (sv *Server) authenticate(cert transport.Identity, authz string) (principal, error) {
+	if cert.Node != "" {
+		return principal{node: cert.Node}, nil
+	}
+	if cert.User != "" {
+		return principal{user: cert.User, via: "certificate"}, nil
+	}
+	tok, hasToken := strings.CutPrefix(authz, "Bearer ")
+	if authz == "" || !hasToken {
+		if sv.cfg.Auth == nil {
+			return principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New("no client certificate: this node takes clients with a certificate of its CA"))
+		}
+		return principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New("no credentials: present a client certificate or an Authorization: Bearer token"))
+	}
+	if sv.cfg.Auth == nil {
+		return principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New("this node takes no tokens (no access file): present a client certificate"))
+	}
+	user, ok := sv.cfg.Auth.tokenUser(strings.TrimSpace(tok))
+	if !ok {
+		return principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New("the bearer token is not valid (unknown or revoked)"))
+	}
+	return principal{user: user, via: "token"}, nil
+}
+
+// permit checks p's grants: a grant of a role that may call procedure,
+// covering every queue the call touches.
+func (sv *Server) permit(ctx context.Context, procedure string, p principal, msg any) error {
+	roles, ok := procRoles[procedure]
+	if !ok {
+		roles = []string{RoleAdmin}
+	}
+	var usable []Grant
+	for _, g := range sv.cfg.Auth.grants(p.user) {
+		if slices.Contains(roles, g.Role) {
+			usable = append(usable, g)
+		}
+	}
+	method := procedure[strings.LastIndexByte(procedure, '/')+1:]
+	if len(usable) == 0 {
+		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s: it needs the role %s", p, method, strings.Join(roles, " or ")))
+	}
+	anyQueue := slices.ContainsFunc(usable, Grant.allQueues)
+	queues, ids, all := callScope(msg)
+	if all && !anyQueue {
+		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s on every queue: name a queue it is granted", p, method))
+	}
+	if anyQueue {
+		return nil
+	}
+	for _, id := range ids {
+		q, err := sv.queueOf(ctx, id)
+		if err != nil {
+			return err
+		}
+		if q == "" {
+			// Not found: answered as a queue outside the grant, so that
+			// the answer does not tell whether the task exists.
+			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s on task %d: not in a queue it is granted", p, method, id))
+		}
+		queues = append(queues, q)
+	}
+	for _, q := range queues {
+		if !slices.ContainsFunc(usable, func(g Grant) bool { return g.covers(q) }) {
+			if slices.Contains(ids, 0) || len(ids) == 0 {
+				return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s on queue %q", p, method, q))
+			}
+			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s on task %v: not in a queue it is granted", p, method, ids))
+		}
+	}
+	return nil
+}
+
+// callScope is what a request touches: queues by name, tasks by id, or
+// every queue (a list or count without a queue, an admin call).
+func callScope(msg any) (queues []string, ids []uint64, all bool) {
+	switch m := msg.(type) {
+	case *nornv1.EnqueueRequest:
+		return []string{m.GetTask().GetQueue()}, nil, false
+	case *nornv1.EnqueueBatchRequest:
+		for _, t := range m.GetTasks() {
+			queues = append(queues, t.GetQueue())
+		}
+		return queues, nil, false
+	case *nornv1.ClaimRequest:
+		return []string{m.GetQueue()}, nil, false
+	case *nornv1.ListTasksRequest:
+		return []string{m.GetQueue()}, nil, m.GetQueue() == ""
+	case *nornv1.CountTasksRequest:
+		return []string{m.GetQueue()}, nil, m.GetQueue() == ""
+	case *nornv1.GetTaskRequest:
+		return nil, []uint64{m.GetId()}, false
+	case *nornv1.CancelRequest:
+		return nil, []uint64{m.GetId()}, false
+	case *nornv1.RenewRequest:
+		return nil, []uint64{m.GetId()}, false
+	case *nornv1.UpdateRequest:
+		return nil, []uint64{m.GetId()}, false
+	case *nornv1.CompleteRequest:
+		return nil, []uint64{m.GetId()}, false
+	case *nornv1.AbortRequest:
+		return nil, []uint64{m.GetId()}, false
+	case *nornv1.YieldRequest:
+		return nil, []uint64{m.GetId()}, false
+	case *nornv1.CompleteBatchRequest:
+		for _, c := range m.GetCompletions() {
+			ids = append(ids, c.GetId())
+		}
+		return nil, ids, false
+	case *nornv1.StatusRequest:
+		return nil, nil, false // the cluster's state, no task's
+	}
+	return nil, nil, true
+}
+
+// queueOf returns the queue of task id ("" when no replica has it): this
+// node's replica when it has the task (a task's queue never changes),
+// else a majority read.
+func (sv *Server) queueOf(ctx context.Context, id uint64) (string, error) {
+	if id == 0 {
+		return "", nil
+	}
+	ts, err := sv.coord.Load(id)
+	if errors.Is(err, storage.ErrNotFound) {
+		ts, err = sv.coord.Read(ctx, id, 0)
+	}
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		return "", nil
+	case err != nil:
+		return "", err
+	}
+	return ts.Task.Spec.Queue, nil
+}
+
+// audit logs a refused call on the audit logger.
+func (sv *Server) audit(procedure string, p principal, err error) {
+	sv.auditLog().Warn("call refused", "procedure", procedure, "caller", p.String(), "code", connect.CodeOf(err).String(), "err", err)
+}
+
+// auditAdmin logs an admin action (every AdminService call but Status).
+func (sv *Server) auditAdmin(procedure string, p principal) {
+	if strings.HasPrefix(procedure, "/"+nornv1connect.AdminServiceName+"/") && procedure != nornv1connect.AdminServiceStatusProcedure {
+		sv.auditLog().Info("admin action", "procedure", procedure, "caller", p.String())
+	}
+}
+
+// auditLog is the audit logger: the node's logger named "audit".
+func (sv *Server) auditLog() *slog.Logger {
+	return sv.cfg.Logger.With("logger", "audit")
+}
