@@ -112,7 +112,8 @@ P ?= 1024
 bench-idle: build
 	BIN=$(BIN) P=$(P) bash scripts/bench-idle.sh
 
-# A short coverage-guided fuzz run of every decoder.
+# A coverage-guided fuzz run of every decoder (FUZZTIME each); make test
+# runs their seed corpora.
 FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./crdt/
@@ -121,6 +122,10 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./claims/
 	$(GO) test -run '^$$' -fuzz '^FuzzRPCFrames$$' -fuzztime $(FUZZTIME) ./transport/
 	$(GO) test -run '^$$' -fuzz '^FuzzRaftFrames$$' -fuzztime $(FUZZTIME) ./transport/
+	$(GO) test -run '^$$' -fuzz '^FuzzMuxHandshake$$' -fuzztime $(FUZZTIME) ./transport/
+	$(GO) test -run '^$$' -fuzz '^FuzzRequestDecoders$$' -fuzztime $(FUZZTIME) ./server/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMeta$$' -fuzztime $(FUZZTIME) ./cluster/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeAckTime$$' -fuzztime $(FUZZTIME) ./cluster/
 
 # One node for quick trials: API on 127.0.0.1:7400, data under ./data.
 run:

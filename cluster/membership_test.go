@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -465,4 +466,21 @@ func TestMembershipSecretKey(t *testing.T) {
 	if ms := a.Members(); !sees(ms, "n1", "n2") {
 		t.Fatalf("members with the key: %+v", ms)
 	}
+}
+
+// FuzzDecodeMeta feeds arbitrary gossip metadata to decodeMeta: no input
+// may panic, and a node always keeps the name gossip knows it by, whatever
+// its metadata claims.
+func FuzzDecodeMeta(f *testing.F) {
+	good, _ := json.Marshal(NodeMeta{ID: "n1", APIAddr: "127.0.0.1:7400", RaftAddr: "127.0.0.1:7401", Version: "v1"})
+	f.Add("n1", good)
+	f.Add("n2", good)
+	f.Add("n1", []byte(`{"id": "n1", "ring_epoch": -1}`))
+	f.Add("", []byte(`null`))
+	f.Fuzz(func(t *testing.T, name string, meta []byte) {
+		got := decodeMeta(&memberlist.Node{Name: name, Meta: meta})
+		if got.ID != name {
+			t.Fatalf("node %q decoded as %q", name, got.ID)
+		}
+	})
 }

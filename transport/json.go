@@ -53,5 +53,11 @@ func (c strictJSON) Unmarshal(b []byte, m any) error {
 		return errors.New("an empty body is not a JSON object")
 	}
 	// connect answers an error here with INVALID_ARGUMENT.
-	return protojson.Unmarshal(b, pm)
+	return UnmarshalStrictJSON(b, pm)
+}
+
+// UnmarshalStrictJSON decodes a JSON request as StrictJSON does: an
+// unknown field is an error that names it.
+func UnmarshalStrictJSON(b []byte, m proto.Message) error {
+	return protojson.Unmarshal(b, m)
 }

@@ -1,10 +1,13 @@
 package transport
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"slices"
 	"sync"
 	"syscall"
@@ -252,4 +255,68 @@ func TestMuxAllow(t *testing.T) {
 	allowed = true
 	mu.Unlock()
 	expectAccepted(t, g, m.Addr().String(), 3)
+}
+
+// FuzzMuxHandshake feeds arbitrary first bytes to a mux's handshake, in
+// cleartext and under TLS (the bytes then stand for the ClientHello): no
+// input may panic, and a connection is handed to a group only when its
+// header names that group.
+func FuzzMuxHandshake(f *testing.F) {
+	f.Add(binary.BigEndian.AppendUint32(append([]byte(nil), muxMagic...), 1))
+	f.Add(binary.BigEndian.AppendUint32(append([]byte(nil), muxMagic...), 7))
+	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
+	f.Add([]byte{0x16, 0x03, 0x01, 0x00, 0x05, 0x01, 0x00, 0x00, 0x01, 0x00})
+	dir := f.TempDir()
+	if err := CreateCA(dir, "fuzz"); err != nil {
+		f.Fatal(err)
+	}
+	if err := CreateNodeCert(dir, "n1", []string{"127.0.0.1"}); err != nil {
+		f.Fatal(err)
+	}
+	cert, key := NodeCertFiles(dir, "n1")
+	certs, err := LoadCerts(TLSFiles{CA: filepath.Join(dir, CACertFile), Cert: cert, Key: key})
+	if err != nil {
+		f.Fatal(err)
+	}
+	var muxes []*RaftMux
+	for _, c := range []*Certs{nil, certs} {
+		m, err := ListenRaftMux("127.0.0.1:0", MuxConfig{TLS: c, HandshakeTimeout: 50 * time.Millisecond})
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Cleanup(func() { m.Close() })
+		muxes = append(muxes, m)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, m := range muxes {
+			g, err := m.Register(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			client, server := net.Pipe()
+			m.mu.Lock()
+			m.conns[server] = struct{}{}
+			m.wg.Add(1)
+			m.mu.Unlock()
+			done := make(chan struct{})
+			go func() { m.handshake(server); close(done) }()
+			go func() {
+				client.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+				client.Write(data)
+				io.Copy(io.Discard, client) // the TLS server's answers
+			}()
+			select {
+			case c := <-g.conns: // the handshake waits for this Accept
+				<-done
+				want := binary.BigEndian.AppendUint32(append([]byte(nil), muxMagic...), 1)
+				if m.cfg.TLS != nil || len(data) < len(want) || !bytes.Equal(data[:len(want)], want) {
+					t.Fatalf("a connection with header %x reached group 1", data)
+				}
+				c.Close()
+			case <-done:
+			}
+			client.Close()
+			g.Close()
+		}
+	})
 }
