@@ -83,9 +83,11 @@ func WithHTTPClient(hc connect.HTTPClient) Option {
 // which costs the client about half and the node about a fifth less CPU
 // than a gRPC call over HTTP/2 (docs/API.md, "Framed calls"); every other call,
 // and every call to a node that does not speak it, goes through connect.
-// It is off, whatever this says, with WithHTTPClient, WithConnectOptions
-// (whose interceptors and options framed calls would skip) or an https
-// address (framed calls have no TLS yet).
+// Over TLS they need WithTLS (ALPN norn-framed/1 on the same port, the
+// client certificate as their credential). It is off, whatever this
+// says, with WithHTTPClient, WithConnectOptions (whose interceptors and
+// options framed calls would skip), WithToken (framed calls carry no
+// headers), or an https address without WithTLS.
 func WithFramedCalls(on bool) Option {
 	return func(o *options) { o.noFramed = !on }
 }
@@ -94,7 +96,7 @@ func WithFramedCalls(on bool) Option {
 // RootCAs (the cluster's CA) verify the nodes, its certificate (if any)
 // authenticates the client. Addresses without a scheme then mean https;
 // an http:// address is an error. LoadTLSConfig reads conf from PEM
-// files. Framed calls are not used over TLS yet.
+// files. The hot calls still travel framed (WithFramedCalls), over TLS.
 func WithTLS(conf *tls.Config) Option {
 	return func(o *options) { o.tls = conf }
 }
@@ -281,10 +283,16 @@ func New(addrs string, opts ...Option) (*Client, error) {
 	if o.token != "" {
 		copts = append(copts, connect.WithInterceptors(bearer("Bearer "+o.token)))
 	}
-	framed := scheme == "http" && o.httpClient == nil && len(o.connectOpts) == 0 && !o.noFramed && o.token == ""
+	// Framed calls: in cleartext, or over TLS with WithTLS (the client
+	// certificate is their credential: a token, which they cannot carry,
+	// turns them off).
+	framed := (scheme == "http" || o.tls != nil) && o.httpClient == nil && len(o.connectOpts) == 0 && !o.noFramed && o.token == ""
 	c.eps = newEndpoints(seeds, func(base string) *endpoint {
 		var tasks nornv1connect.TaskServiceClient = nornv1connect.NewTaskServiceClient(hc, base, copts...)
-		if framed {
+		switch {
+		case framed && o.tls != nil:
+			tasks = newFramedTasksTLS(tasks, strings.TrimPrefix(base, "https://"), o.tls)
+		case framed:
 			tasks = newFramedTasks(tasks, strings.TrimPrefix(base, "http://"))
 		}
 		return &endpoint{

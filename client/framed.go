@@ -1,6 +1,7 @@
 package client
 
 import (
+	"crypto/tls"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +25,12 @@ type framedTasks struct {
 
 func newFramedTasks(c nornv1connect.TaskServiceClient, hostport string) *framedTasks {
 	return &framedTasks{TaskServiceClient: c, rpc: transport.NewClientRPCClient(hostport)}
+}
+
+// newFramedTasksTLS is newFramedTasks over TLS with conf (ALPN
+// transport.FramedALPN on the API port).
+func newFramedTasksTLS(c nornv1connect.TaskServiceClient, hostport string, conf *tls.Config) *framedTasks {
+	return &framedTasks{TaskServiceClient: c, rpc: transport.NewClientRPCClientTLS(hostport, conf)}
 }
 
 // NewFramedTaskService returns a TaskServiceClient of the node at hostport

@@ -13,12 +13,45 @@
 # data/pids/; stop signals exactly those processes, added nodes included.
 # PPROF=1 also serves net/http/pprof on 127.0.0.1:7409, 7419, 7429 (for
 # profiling benchmarks). NORND_ARGS adds nornd flags to every node started
-# (for example NORND_ARGS='-raft-log-level warn').
+# (for example NORND_ARGS='-raft-log-level warn'). TLS=1 runs the nodes
+# with TLS and an encrypted gossip (docs/SECURITY.md): a dev CA, node
+# certificates, a client certificate "admin" and a gossip key are made
+# under data/certs on first start (kept afterwards), and nornctl finds
+# them through NORN_CA, NORN_CERT and NORN_KEY (printed at start).
 set -euo pipefail
 
 BIN=${BIN:-bin}
 DATA=${DATA:-data}
 NODES=(1 2 3)
+TLS=${TLS:-}
+CERTS=$DATA/certs
+SCHEME=http
+CURL=(curl -fsS)
+if [ -n "$TLS" ]; then
+	SCHEME=https
+	CURL=(curl -fsS --cacert "$CERTS/ca.crt" --cert "$CERTS/client-admin.crt" --key "$CERTS/client-admin.key")
+fi
+
+# certs makes the dev CA, a gossip key and the client certificate once,
+# and node $1's certificate when missing.
+certs() {
+	if [ ! -f "$CERTS/ca.crt" ]; then
+		"$BIN/nornctl" cert create-ca --dir "$CERTS" --name "Norn dev CA" >/dev/null
+		"$BIN/nornctl" cert create-gossip-key --dir "$CERTS" >/dev/null
+		"$BIN/nornctl" cert create-client admin --dir "$CERTS" >/dev/null
+	fi
+	if [ ! -f "$CERTS/node-n$1.crt" ]; then
+		"$BIN/nornctl" cert create-node "n$1" --host 127.0.0.1,localhost --dir "$CERTS" >/dev/null
+	fi
+}
+
+# tlsargs prints node $1's TLS flags (none without TLS).
+tlsargs() {
+	if [ -n "$TLS" ]; then
+		certs "$1"
+		echo "-tls-ca $CERTS/ca.crt -tls-cert $CERTS/node-n$1.crt -tls-key $CERTS/node-n$1.key -gossip-key $CERTS/gossip.key"
+	fi
+}
 
 api()    { echo "127.0.0.1:74$(( ($1 - 1) * 1 ))0"; }
 raft()   { echo "127.0.0.1:74$(( ($1 - 1) * 1 ))1"; }
@@ -48,7 +81,7 @@ start() {
 		for j in "${NODES[@]}"; do [ "$j" != "$i" ] && joins+=("$(gossip "$j")"); done
 		"$BIN/nornd" -node-id "n$i" -machine-id "$i" -data-dir "$DATA/node$i" \
 			-listen "$(api "$i")" -raft-addr "$(raft "$i")" -gossip-addr "$(gossip "$i")" \
-			-bootstrap-expect 3 -join "$(IFS=,; echo "${joins[*]}")" ${extra[@]+"${extra[@]}"} ${NORND_ARGS:-} \
+			-bootstrap-expect 3 -join "$(IFS=,; echo "${joins[*]}")" ${extra[@]+"${extra[@]}"} $(tlsargs "$i") ${NORND_ARGS:-} \
 			>>"$DATA/logs/node$i.log" 2>&1 &
 		echo $! >"$pidf"
 		echo "started n$i (pid $!): API $(api "$i"), log $DATA/logs/node$i.log"
@@ -57,12 +90,20 @@ start() {
 	for _ in $(seq 1 120); do
 		ok=0
 		for i in "${NODES[@]}"; do
-			if curl -fsS -o /dev/null "http://$(api "$i")/healthz" 2>/dev/null; then ok=$((ok + 1)); fi
+			if "${CURL[@]}" -o /dev/null "$SCHEME://$(api "$i")/healthz" 2>/dev/null; then ok=$((ok + 1)); fi
 		done
 		if [ "$ok" = 3 ]; then
 			echo " ok"
-			id=$(curl -fsS -H 'Content-Type: application/json' -d '{}' \
-				"http://$(api 1)/norn.v1.AdminService/Status" | grep -o '"ringEpoch":"[0-9]*"' || true)
+			id=$("${CURL[@]}" -H 'Content-Type: application/json' -d '{}' \
+				"$SCHEME://$(api 1)/norn.v1.AdminService/Status" | grep -o '"ringEpoch":"[0-9]*"' || true)
+			if [ -n "$TLS" ]; then
+				cat <<MSG
+
+With TLS: nornctl needs the dev CA and the client certificate:
+
+  export NORN_CA=$CERTS/ca.crt NORN_CERT=$CERTS/client-admin.crt NORN_KEY=$CERTS/client-admin.key
+MSG
+			fi
 			cat <<MSG
 
 Norn cluster of 3 nodes is up ($id). Try:
@@ -107,11 +148,11 @@ add() {
 	fi
 	"$BIN/nornd" -node-id "n$i" -machine-id "$i" -data-dir "$DATA/node$i" \
 		-listen "$(api "$i")" -raft-addr "$(raft "$i")" -gossip-addr "$(gossip "$i")" \
-		-join "$(gossip 1),$(gossip 2),$(gossip 3)" ${NORND_ARGS:-} >>"$DATA/logs/node$i.log" 2>&1 &
+		-join "$(gossip 1),$(gossip 2),$(gossip 3)" $(tlsargs "$i") ${NORND_ARGS:-} >>"$DATA/logs/node$i.log" 2>&1 &
 	echo $! >"$pidf"
 	echo -n "started n$i (pid $!): API $(api "$i"), log $DATA/logs/node$i.log; waiting for it to see the cluster"
 	for _ in $(seq 1 60); do
-		if curl -fsS -o /dev/null "http://$(api "$i")/healthz" 2>/dev/null; then
+		if "${CURL[@]}" -o /dev/null "$SCHEME://$(api "$i")/healthz" 2>/dev/null; then
 			echo " ok"
 			echo "admit it with: $BIN/nornctl join n$i   (then $BIN/nornctl rebalance)"
 			return 0

@@ -37,7 +37,9 @@ var FramedALPN = "norn-framed/1"
 // serves HTTP/2 by ALPN and handlers see the client's certificate.
 func TLSSplitListener(ln net.Listener, conf *tls.Config) (rest, framed net.Listener) {
 	conf = conf.Clone()
-	conf.NextProtos = []string{"h2", "http/1.1", FramedALPN}
+	// The server's order decides: FramedALPN first, which only framed
+	// clients offer.
+	conf.NextProtos = []string{FramedALPN, "h2", "http/1.1"}
 	return splitListener(ln, conf)
 }
 

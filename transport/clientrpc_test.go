@@ -3,11 +3,15 @@ package transport
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -175,5 +179,91 @@ func TestClientRPCFrameLimit(t *testing.T) {
 	out, err := c.Call(context.Background(), MethodComplete, RPCMeta{}, []byte("after"))
 	if err != nil || string(out) != "18|false|after" {
 		t.Fatalf("call after an oversized one: %q, %v", out, err)
+	}
+}
+
+// TestTLSSplitListener: over TLS the API port splits by ALPN: HTTP/2 and
+// HTTP/1.1 reach net/http with the client's certificate, framed calls
+// (FramedALPN) reach the framed server, whose handler sees the
+// certificate's identity; a framed client of a port that does not offer
+// FramedALPN learns that it is unsupported.
+func TestTLSSplitListener(t *testing.T) {
+	dir := t.TempDir()
+	if err := CreateCA(dir, "test"); err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range []error{CreateNodeCert(dir, "n1", []string{"127.0.0.1"}), CreateClientCert(dir, "alice")} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc, nk := NodeCertFiles(dir, "n1")
+	certs, err := LoadCerts(TLSFiles{CA: filepath.Join(dir, CACertFile), Cert: nc, Key: nk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, framed := TLSSplitListener(ln, certs.ServerConfig(nil, false))
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, _ := IdentityOf(*r.TLS)
+		fmt.Fprintf(w, "%s %s", r.Proto, id.User)
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(rest) //nolint:errcheck // stops with Close
+	rpc := ServeRPCListener(framed, 0, func(_ context.Context, _ RPCMethod, meta RPCMeta, body []byte) ([]byte, error) {
+		if meta.Cert == nil {
+			return []byte("no certificate"), nil
+		}
+		return []byte(meta.Cert.User + " " + string(body)), nil
+	}, nil)
+	t.Cleanup(func() { srv.Close(); rpc.Close(); framed.Close() })
+	addr := ln.Addr().String()
+
+	pool := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(filepath.Join(dir, CACertFile))
+	pool.AppendCertsFromPEM(caPEM)
+	cc, ck := ClientCertFiles(dir, "alice")
+	kp, err := tls.LoadX509KeyPair(cc, ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{kp}, MinVersion: tls.VersionTLS13}
+
+	for _, h2 := range []bool{false, true} {
+		p := new(http.Protocols)
+		p.SetHTTP1(!h2)
+		p.SetHTTP2(h2)
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: conf.Clone(), Protocols: p}}
+		resp, err := hc.Get("https://" + addr + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := map[bool]string{false: "HTTP/1.1 alice", true: "HTTP/2.0 alice"}[h2]; string(b) != want {
+			t.Fatalf("http: %q, want %q", b, want)
+		}
+	}
+	c := NewClientRPCClientTLS(addr, conf)
+	defer c.Close()
+	got, err := c.Call(context.Background(), MethodEnqueue, RPCMeta{}, []byte("hi"))
+	if err != nil || string(got) != "alice hi" {
+		t.Fatalf("framed over TLS: %q %v", got, err)
+	}
+
+	// A TLS port without framed calls: unsupported, not a failure.
+	plain, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: http.NotFoundHandler(), TLSConfig: certs.ServerConfig([]string{"h2", "http/1.1"}, false), ReadHeaderTimeout: 5 * time.Second}
+	go hs.ServeTLS(plain, "", "") //nolint:errcheck // stops with Close
+	t.Cleanup(func() { hs.Close() })
+	c2 := NewClientRPCClientTLS(plain.Addr().String(), conf)
+	defer c2.Close()
+	if _, err := c2.Call(context.Background(), MethodEnqueue, RPCMeta{}, []byte("hi")); !errors.Is(err, ErrRPCUnsupported) {
+		t.Fatalf("a port without framed calls: %v, want ErrRPCUnsupported", err)
 	}
 }

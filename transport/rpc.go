@@ -516,6 +516,34 @@ func NewClientRPCClient(addr string) *RPCClient {
 	return &RPCClient{addr: addr, dial: dialClientRPC, sendCancels: true}
 }
 
+// NewClientRPCClientTLS returns a client of the framed client calls on
+// the TLS API port at addr (TLSSplitListener): TLS with conf, ALPN
+// FramedALPN, no magic. A node that does not offer FramedALPN is taken to
+// serve no framed calls (ErrRPCUnsupported).
+func NewClientRPCClientTLS(addr string, conf *tls.Config) *RPCClient {
+	conf = conf.Clone()
+	// h2 too: a TLS port without framed calls then completes the
+	// handshake (with h2) instead of failing it, and the client learns the
+	// node serves none.
+	conf.NextProtos = []string{FramedALPN, "h2"}
+	if conf.ServerName == "" {
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			conf.ServerName = host
+		}
+	}
+	return &RPCClient{addr: addr, sendCancels: true, dial: func(addr string, timeout time.Duration, local net.Addr) (net.Conn, error) {
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: timeout, LocalAddr: local}, "tcp", addr, conf)
+		if err != nil {
+			return nil, err
+		}
+		if c.ConnectionState().NegotiatedProtocol != FramedALPN {
+			c.Close()
+			return nil, ErrRPCUnsupported
+		}
+		return c, nil
+	}}
+}
+
 func dialClientRPC(addr string, timeout time.Duration, local net.Addr) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout, LocalAddr: local}
 	c, err := d.Dial("tcp", addr)
@@ -570,6 +598,10 @@ func (c *RPCClient) connection() (*rpcConn, error) {
 		return nil, ErrRPCUnsupported
 	}
 	nc, err := c.dial(c.addr, rpcDialTimeout, c.local)
+	if errors.Is(err, ErrRPCUnsupported) {
+		c.unsupported = time.Now().Add(unsupportedFor)
+		return nil, err
+	}
 	if err != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("peer call to %s: %w", c.addr, err))
 	}

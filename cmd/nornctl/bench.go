@@ -82,6 +82,7 @@ type benchConfig struct {
 	CompLinger  time.Duration // client complete coalescing; 0: off
 	Lease       time.Duration // lease of every claim
 	ClaimWait   time.Duration // long poll of every claim
+	Framed      bool          // the client's framed calls (off: gRPC for every call)
 }
 
 // completeBatchMax is the most completions bench's client coalesces into
@@ -106,6 +107,7 @@ func runBench(e *env, cmd *command, args []string) error {
 	fs.IntVar(&cfg.BatchMax, "batch-max", 500, "client enqueue coalescing: most tasks per batch, 1 to 10000")
 	fs.DurationVar(&cfg.CompLinger, "complete-linger", time.Millisecond, "client complete coalescing: longest wait for a batch of completes to fill (0: off, one Complete RPC per task)")
 	fs.DurationVar(&cfg.Lease, "lease", time.Minute, "lease of every claim")
+	fs.BoolVar(&cfg.Framed, "framed", true, "send the hot calls framed (cleartext only; false: every call over gRPC, to compare)")
 	fs.DurationVar(&cfg.ClaimWait, "claim-wait", time.Second, "long poll of every claim; a worker stops after one that finds nothing")
 	if _, err := e.parse(cmd, fs, args, 0, 0); err != nil {
 		return err
@@ -118,7 +120,7 @@ func runBench(e *env, cmd *command, args []string) error {
 	}
 	lingerSet := false
 	fs.Visit(func(f *flag.Flag) { lingerSet = lingerSet || f.Name == "complete-linger" })
-	c, err := e.client(cfg.clientOptions(lingerSet)...)
+	c, err := e.client(append(cfg.clientOptions(lingerSet), client.WithFramedCalls(cfg.Framed))...)
 	if err != nil {
 		return err
 	}
