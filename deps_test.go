@@ -32,6 +32,7 @@ var allowed = map[string][]string{
 	"ring":        {},
 	"faultfs":     {},
 	"testhooks":   {},
+	"access":      {"transport", "api", "crdt", "ring"},
 	"storage":     {"crdt", "ring", "faultfs", "testhooks"},
 	"api":         {},
 	"transport":   {"api", "crdt", "ring"},
@@ -42,12 +43,12 @@ var allowed = map[string][]string{
 	"replicas":    {"cluster", "claims", "storage", "transport", "api", "crdt", "ring"},
 	"coord":       {"replicas", "apierr", "cluster", "claims", "storage", "transport", "api", "crdt", "ring", "testhooks"},
 	"dispatch":    {"coord", "replicas", "apierr", "claims", "storage", "transport", "api", "crdt", "ring", "testhooks"},
-	"server":      {"dispatch", "rebalance", "coord", "antientropy", "replicas", "apierr", "cluster", "claims", "storage", "transport", "api", "crdt", "ring"},
+	"server":      {"dispatch", "rebalance", "coord", "antientropy", "replicas", "apierr", "cluster", "claims", "storage", "transport", "api", "crdt", "ring", "access"},
 	"rebalance":   {"replicas", "apierr", "cluster", "claims", "transport", "api", "ring"},
 	"client":      {"api", "transport", "crdt", "ring"},
-	"node":        {"server", "dispatch", "rebalance", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs", "testhooks"},
-	"jepsen":      {"client", "api", "transport", "crdt", "ring"},
-	"cmd":         {"node", "server", "dispatch", "rebalance", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs", "testhooks"},
+	"node":        {"server", "dispatch", "rebalance", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs", "testhooks", "access"},
+	"jepsen":      {"client", "api", "transport", "crdt", "ring", "access"},
+	"cmd":         {"node", "server", "dispatch", "rebalance", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs", "testhooks", "access"},
 }
 
 // banned lists arrows that must never exist, whatever the table above

@@ -281,7 +281,7 @@ func New(addrs string, opts ...Option) (*Client, error) {
 	// WithConnectOptions can add it back.
 	copts := append([]connect.ClientOption{connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil)}, o.connectOpts...)
 	if o.token != "" {
-		copts = append(copts, connect.WithInterceptors(bearer("Bearer "+o.token)))
+		copts = append(copts, BearerToken(o.token))
 	}
 	// Framed calls: in cleartext, or over TLS with WithTLS (the client
 	// certificate is their credential: a token, which they cannot carry,
@@ -463,6 +463,13 @@ func defaultHTTPS(addrs string) string {
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// BearerToken is a connect client option that sends token as a bearer
+// token with every call (what WithToken does), for callers of the
+// generated clients.
+func BearerToken(token string) connect.ClientOption {
+	return connect.WithInterceptors(bearer("Bearer " + token))
 }
 
 // bearer is a client interceptor that sets the Authorization header.

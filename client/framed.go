@@ -42,6 +42,13 @@ func NewFramedTaskService(c nornv1connect.TaskServiceClient, hostport string) no
 	return newFramedTasks(c, hostport)
 }
 
+// NewFramedTaskServiceTLS is NewFramedTaskService for a node serving TLS:
+// the framed calls go over TLS with conf (its client certificate is their
+// credential).
+func NewFramedTaskServiceTLS(c nornv1connect.TaskServiceClient, hostport string, conf *tls.Config) nornv1connect.TaskServiceClient {
+	return newFramedTasksTLS(c, hostport, conf)
+}
+
 // callFramed makes one framed call; ok is false when the node does not
 // serve framed calls (the caller then uses connect).
 func callFramed[Resp any, PResp interface {

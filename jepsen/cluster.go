@@ -50,8 +50,11 @@ type ClusterConfig struct {
 	Hooks       bool     // start nornd with -test-hooks
 	Bugs        []string // seeded bugs (-test-bug), only with Hooks
 	ExtraArgs   []string // more nornd flags (they win over the defaults)
+	// Insecure runs the nodes in cleartext, without the access file;
+	// by default they run secure (secure.go).
 	RaftTimeout time.Duration
 	SkewBuffer  time.Duration
+	Insecure    bool
 }
 
 // Node is one nornd process of the cluster.
@@ -74,11 +77,21 @@ type Node struct {
 	Tasks nornv1connect.TaskServiceClient
 	Admin nornv1connect.AdminServiceClient
 	hc    *http.Client
+	sec   *security // nil: cleartext
+}
+
+// url is the address of path on n's API.
+func (n *Node) url(path string) string {
+	if n.sec != nil {
+		return "https://" + n.API + path
+	}
+	return "http://" + n.API + path
 }
 
 // Cluster is the set of nodes under test.
 type Cluster struct {
 	Cfg   ClusterConfig
+	sec   *security // nil with Cfg.Insecure
 	Nodes []*Node // every slot, spares included
 	// DataRoot holds the nodes' data dirs (linked from Cfg.Dir/data).
 	DataRoot string
@@ -118,14 +131,24 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	}
 	c.DataRoot = dataRoot
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 5 * time.Second}}
+	if !cfg.Insecure {
+		if c.sec, err = newSecurity(filepath.Join(dataRoot, "certs"), cfg.Nodes); err != nil {
+			return nil, fmt.Errorf("jepsen: certificates: %w", err)
+		}
+		hc = c.sec.httpClient()
+	}
 	for i := 1; i <= cfg.Nodes; i++ {
-		n := &Node{Index: i, ID: fmt.Sprintf("n%d", i), IP: NodeIP(i), UID: uidBase + i, cfg: &c.Cfg, hc: hc}
+		n := &Node{Index: i, ID: fmt.Sprintf("n%d", i), IP: NodeIP(i), UID: uidBase + i, cfg: &c.Cfg, hc: hc, sec: c.sec}
 		n.API = fmt.Sprintf("%s:%d", n.IP, apiPort)
 		n.DataDir = filepath.Join(dataRoot, n.ID)
 		n.LogPath = filepath.Join(cfg.Dir, "logs", n.ID+".log")
-		// The hot calls travel framed, as the Go client sends them.
-		n.Tasks = client.NewFramedTaskService(nornv1connect.NewTaskServiceClient(hc, "http://"+n.API), n.API)
-		n.Admin = nornv1connect.NewAdminServiceClient(hc, "http://"+n.API)
+		if c.sec != nil {
+			n.Tasks, n.Admin = c.sec.clients(hc, n.API)
+		} else {
+			// The hot calls travel framed, as the Go client sends them.
+			n.Tasks = client.NewFramedTaskService(nornv1connect.NewTaskServiceClient(hc, "http://"+n.API), n.API)
+			n.Admin = nornv1connect.NewAdminServiceClient(hc, "http://"+n.API)
+		}
 		c.Nodes = append(c.Nodes, n)
 	}
 	c.active = append([]*Node(nil), c.Nodes[:cfg.Initial]...)
@@ -188,6 +211,9 @@ func (n *Node) Start() error {
 		if len(cfg.Bugs) > 0 {
 			args = append(args, "-test-bug", strings.Join(cfg.Bugs, ","))
 		}
+	}
+	if n.sec != nil {
+		args = append(args, n.sec.nodeArgs(n.ID)...)
 	}
 	args = append(args, cfg.ExtraArgs...)
 	logf, err := os.OpenFile(n.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -277,7 +303,7 @@ func (n *Node) Paused() bool {
 func (n *Node) Healthy() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.API+"/healthz", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, n.url("/healthz"), nil)
 	resp, err := n.hc.Do(req)
 	if err != nil {
 		return false
@@ -339,7 +365,7 @@ func (n *Node) Crash() error {
 func (n *Node) post(path, body string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+n.API+path, strings.NewReader(body))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, n.url(path), strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := n.hc.Do(req)
 	if err != nil {

@@ -9,10 +9,10 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/norn-dev/norn/access"
 	"github.com/norn-dev/norn/antientropy"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/ring"
-	"github.com/norn-dev/norn/server"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -188,7 +188,7 @@ type Config struct {
 	// Auth, when set, is the access file (nornd -auth-file): users'
 	// grants and tokens, checked on every TaskService and AdminService
 	// call (docs/SECURITY.md).
-	Auth *server.Auth
+	Auth *access.Rules
 	// Insecure is nornd -insecure (cleartext allowed beyond loopback),
 	// shown in Status.
 	Insecure bool

@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/norn-dev/norn/access"
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/storage"
@@ -27,20 +28,20 @@ import (
 // procRoles lists the roles that may call each procedure. A procedure
 // missing here is for admins only.
 var procRoles = map[string][]string{
-	nornv1connect.TaskServiceEnqueueProcedure:       {RoleAdmin, RoleProducer},
-	nornv1connect.TaskServiceEnqueueBatchProcedure:  {RoleAdmin, RoleProducer},
-	nornv1connect.TaskServiceCancelProcedure:        {RoleAdmin, RoleProducer},
-	nornv1connect.TaskServiceGetTaskProcedure:       {RoleAdmin, RoleProducer, RoleWorker, RoleReader},
-	nornv1connect.TaskServiceListTasksProcedure:     {RoleAdmin, RoleProducer, RoleReader},
-	nornv1connect.TaskServiceCountTasksProcedure:    {RoleAdmin, RoleProducer, RoleReader},
-	nornv1connect.TaskServiceClaimProcedure:         {RoleAdmin, RoleWorker},
-	nornv1connect.TaskServiceRenewProcedure:         {RoleAdmin, RoleWorker},
-	nornv1connect.TaskServiceUpdateProcedure:        {RoleAdmin, RoleWorker},
-	nornv1connect.TaskServiceCompleteProcedure:      {RoleAdmin, RoleWorker},
-	nornv1connect.TaskServiceCompleteBatchProcedure: {RoleAdmin, RoleWorker},
-	nornv1connect.TaskServiceAbortProcedure:         {RoleAdmin, RoleWorker},
-	nornv1connect.TaskServiceYieldProcedure:         {RoleAdmin, RoleWorker},
-	nornv1connect.AdminServiceStatusProcedure:       {RoleAdmin, RoleReader},
+	nornv1connect.TaskServiceEnqueueProcedure:       {access.RoleAdmin, access.RoleProducer},
+	nornv1connect.TaskServiceEnqueueBatchProcedure:  {access.RoleAdmin, access.RoleProducer},
+	nornv1connect.TaskServiceCancelProcedure:        {access.RoleAdmin, access.RoleProducer},
+	nornv1connect.TaskServiceGetTaskProcedure:       {access.RoleAdmin, access.RoleProducer, access.RoleWorker, access.RoleReader},
+	nornv1connect.TaskServiceListTasksProcedure:     {access.RoleAdmin, access.RoleProducer, access.RoleReader},
+	nornv1connect.TaskServiceCountTasksProcedure:    {access.RoleAdmin, access.RoleProducer, access.RoleReader},
+	nornv1connect.TaskServiceClaimProcedure:         {access.RoleAdmin, access.RoleWorker},
+	nornv1connect.TaskServiceRenewProcedure:         {access.RoleAdmin, access.RoleWorker},
+	nornv1connect.TaskServiceUpdateProcedure:        {access.RoleAdmin, access.RoleWorker},
+	nornv1connect.TaskServiceCompleteProcedure:      {access.RoleAdmin, access.RoleWorker},
+	nornv1connect.TaskServiceCompleteBatchProcedure: {access.RoleAdmin, access.RoleWorker},
+	nornv1connect.TaskServiceAbortProcedure:         {access.RoleAdmin, access.RoleWorker},
+	nornv1connect.TaskServiceYieldProcedure:         {access.RoleAdmin, access.RoleWorker},
+	nornv1connect.AdminServiceStatusProcedure:       {access.RoleAdmin, access.RoleReader},
 }
 
 // principal is who a call speaks for.
@@ -153,7 +154,7 @@ func (sv *Server) authenticate(cert transport.Identity, authz string) (principal
 	if sv.cfg.Auth == nil {
 		return principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New("this node takes no tokens (no access file): present a client certificate"))
 	}
-	user, ok := sv.cfg.Auth.tokenUser(strings.TrimSpace(tok))
+	user, ok := sv.cfg.Auth.TokenUser(strings.TrimSpace(tok))
 	if !ok {
 		return principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New("the bearer token is not valid (unknown or revoked)"))
 	}
@@ -165,10 +166,10 @@ func (sv *Server) authenticate(cert transport.Identity, authz string) (principal
 func (sv *Server) permit(ctx context.Context, procedure string, p principal, msg any) error {
 	roles, ok := procRoles[procedure]
 	if !ok {
-		roles = []string{RoleAdmin}
+		roles = []string{access.RoleAdmin}
 	}
-	var usable []Grant
-	for _, g := range sv.cfg.Auth.grants(p.user) {
+	var usable []access.Grant
+	for _, g := range sv.cfg.Auth.Grants(p.user) {
 		if slices.Contains(roles, g.Role) {
 			usable = append(usable, g)
 		}
@@ -177,7 +178,7 @@ func (sv *Server) permit(ctx context.Context, procedure string, p principal, msg
 	if len(usable) == 0 {
 		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s: it needs the role %s", p, method, strings.Join(roles, " or ")))
 	}
-	anyQueue := slices.ContainsFunc(usable, Grant.allQueues)
+	anyQueue := slices.ContainsFunc(usable, access.Grant.AllQueues)
 	queues, ids, all := callScope(msg)
 	if all && !anyQueue {
 		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s on every queue: name a queue it is granted", p, method))
@@ -198,7 +199,7 @@ func (sv *Server) permit(ctx context.Context, procedure string, p principal, msg
 		queues = append(queues, q)
 	}
 	for _, q := range queues {
-		if !slices.ContainsFunc(usable, func(g Grant) bool { return g.covers(q) }) {
+		if !slices.ContainsFunc(usable, func(g access.Grant) bool { return g.Covers(q) }) {
 			if slices.Contains(ids, 0) || len(ids) == 0 {
 				return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s on queue %q", p, method, q))
 			}

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/norn-dev/norn/access"
 	"github.com/norn-dev/norn/antientropy"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/cluster"
@@ -57,7 +58,7 @@ type Config struct {
 	// Auth, when set, is the access file: every TaskService and
 	// AdminService call needs a user whose grants allow it
 	// (AuthInterceptor, AuthorizeFramed).
-	Auth *Auth
+	Auth *access.Rules
 }
 
 // SecurityStatus is how a node's ports are secured (Status's security).

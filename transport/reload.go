@@ -9,7 +9,7 @@ import (
 )
 
 // Reloader runs a load function again when its files change: the TLS
-// certificates (Certs) and the access file (server.Auth). A failed load
+// certificates (Certs) and the access file (access.Rules). A failed load
 // keeps what the last good one installed. Safe for concurrent use.
 type Reloader struct {
 	paths []string

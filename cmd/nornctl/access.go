@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/norn-dev/norn/server"
+	"github.com/norn-dev/norn/access"
 )
 
 const tokenHelp = `Edits the bearer tokens of an access file (nornd -auth-file; nodes reload
@@ -37,10 +37,10 @@ client certificate's name (nornctl cert create-client) or a token's owner.
 const authFileFlag = "auth.json"
 
 // readOrNewAuthFile reads path, or starts an empty file when it is missing.
-func readOrNewAuthFile(path string) (*server.AuthFile, error) {
-	f, err := server.ReadAuthFile(path)
+func readOrNewAuthFile(path string) (*access.File, error) {
+	f, err := access.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return &server.AuthFile{Users: map[string]server.User{}}, nil
+		return &access.File{Users: map[string]access.User{}}, nil
 	}
 	return f, err
 }
@@ -58,7 +58,7 @@ func runToken(e *env, cmd *command, args []string) error {
 	}
 	switch {
 	case pos[0] == "create" && len(pos) == 2:
-		tok, entry := server.NewToken(pos[1], time.Now())
+		tok, entry := access.NewToken(pos[1], time.Now())
 		f.Tokens = append(f.Tokens, entry)
 		if err := f.Write(*path); err != nil {
 			return err
@@ -68,7 +68,7 @@ func runToken(e *env, cmd *command, args []string) error {
 		}
 		fmt.Fprintln(e.stdout, tok)
 	case pos[0] == "revoke" && len(pos) == 2:
-		i := slices.IndexFunc(f.Tokens, func(t server.TokenEntry) bool { return t.ID == pos[1] })
+		i := slices.IndexFunc(f.Tokens, func(t access.TokenEntry) bool { return t.ID == pos[1] })
 		if i < 0 {
 			return fmt.Errorf("no token %q in %s", pos[1], *path)
 		}
@@ -94,8 +94,8 @@ func runGrant(e *env, cmd *command, args []string) error {
 		return err
 	}
 	user, role := pos[0], pos[1]
-	if !slices.Contains(server.Roles, role) {
-		return usagef(cmd, "role %q: want one of %s", role, strings.Join(server.Roles, ", "))
+	if !slices.Contains(access.Roles, role) {
+		return usagef(cmd, "role %q: want one of %s", role, strings.Join(access.Roles, ", "))
 	}
 	f, err := readOrNewAuthFile(*path)
 	if err != nil {
@@ -103,9 +103,9 @@ func runGrant(e *env, cmd *command, args []string) error {
 	}
 	u := f.Users[user]
 	if *remove {
-		u.Grants = slices.DeleteFunc(u.Grants, func(g server.Grant) bool { return g.Role == role })
+		u.Grants = slices.DeleteFunc(u.Grants, func(g access.Grant) bool { return g.Role == role })
 	} else {
-		g := server.Grant{Role: role, Queues: splitList(*queues)}
+		g := access.Grant{Role: role, Queues: splitList(*queues)}
 		if slices.Equal(g.Queues, []string{"*"}) {
 			g.Queues = nil
 		}

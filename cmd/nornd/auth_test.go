@@ -13,9 +13,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/norn-dev/norn/access"
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	norn "github.com/norn-dev/norn/client"
-	"github.com/norn-dev/norn/server"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -56,15 +56,15 @@ func TestAuthRoles(t *testing.T) {
 	dir := t.TempDir()
 	makeCerts(t, dir)
 	authPath := filepath.Join(t.TempDir(), "auth.json")
-	prodTok, prodEntry := server.NewToken("prod", time.Now())
-	opsTok, opsEntry := server.NewToken("ops", time.Now())
-	f := &server.AuthFile{
-		Users: map[string]server.User{
-			"alice": {Grants: []server.Grant{{Role: server.RoleWorker, Queues: []string{"emails"}}}},
-			"prod":  {Grants: []server.Grant{{Role: server.RoleProducer, Queues: []string{"emails", "billing.*"}}}},
-			"ops":   {Grants: []server.Grant{{Role: server.RoleAdmin}}},
+	prodTok, prodEntry := access.NewToken("prod", time.Now())
+	opsTok, opsEntry := access.NewToken("ops", time.Now())
+	f := &access.File{
+		Users: map[string]access.User{
+			"alice": {Grants: []access.Grant{{Role: access.RoleWorker, Queues: []string{"emails"}}}},
+			"prod":  {Grants: []access.Grant{{Role: access.RoleProducer, Queues: []string{"emails", "billing.*"}}}},
+			"ops":   {Grants: []access.Grant{{Role: access.RoleAdmin}}},
 		},
-		Tokens: []server.TokenEntry{prodEntry, opsEntry},
+		Tokens: []access.TokenEntry{prodEntry, opsEntry},
 	}
 	if err := f.Write(authPath); err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func TestAuthRoles(t *testing.T) {
 	}
 
 	// Revoked: the file without prod's token, picked up on SIGHUP.
-	f.Tokens = []server.TokenEntry{opsEntry}
+	f.Tokens = []access.TokenEntry{opsEntry}
 	if err := f.Write(authPath); err != nil {
 		t.Fatal(err)
 	}

@@ -19,8 +19,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/norn-dev/norn/access"
 	"github.com/norn-dev/norn/node"
-	"github.com/norn-dev/norn/server"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -166,7 +166,7 @@ func run(args []string) error {
 		cfg.TLS = certs
 	}
 	if *authFile != "" {
-		auth, err := server.LoadAuth(*authFile)
+		auth, err := access.LoadRules(*authFile)
 		if err != nil {
 			return usageError{fmt.Errorf("-auth-file: %w", err)}
 		}

@@ -1,4 +1,4 @@
-package server
+package access
 
 import (
 	"bytes"
@@ -61,10 +61,10 @@ type TokenEntry struct {
 	Created time.Time `json:"created"`
 }
 
-// AuthFile is the access file nornd -auth-file reads: users and their
+// File is the access file nornd -auth-file reads: users and their
 // grants, and tokens. nornctl token create|revoke and nornctl grant edit
 // it; nodes reload it when it changes.
-type AuthFile struct {
+type File struct {
 	Users  map[string]User `json:"users"`
 	Tokens []TokenEntry    `json:"tokens,omitempty"`
 }
@@ -72,16 +72,16 @@ type AuthFile struct {
 // tokenPrefix starts every token: norn_<id>_<secret>.
 const tokenPrefix = "norn_"
 
-// ReadAuthFile reads and checks an access file. Unknown fields are
+// ReadFile reads and checks an access file. Unknown fields are
 // refused (a typo must not drop a grant silently).
-func ReadAuthFile(path string) (*AuthFile, error) {
+func ReadFile(path string) (*File, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("auth file: %w", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	var f AuthFile
+	var f File
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("auth file %s: %w", path, err)
 	}
@@ -95,7 +95,7 @@ func ReadAuthFile(path string) (*AuthFile, error) {
 }
 
 // Validate checks the roles, queue patterns and tokens.
-func (f *AuthFile) Validate() error {
+func (f *File) Validate() error {
 	for name, u := range f.Users {
 		if name == "" {
 			return errors.New("users: an empty user name")
@@ -126,7 +126,7 @@ func (f *AuthFile) Validate() error {
 
 // Write stores the file (mode 0600) through a temporary file renamed into
 // place, so a node reloading never reads half of it.
-func (f *AuthFile) Write(path string) error {
+func (f *File) Write(path string) error {
 	if err := f.Validate(); err != nil {
 		return err
 	}
@@ -153,9 +153,9 @@ func NewToken(user string, now time.Time) (string, TokenEntry) {
 	return tok, TokenEntry{ID: hex.EncodeToString(id[:]), User: user, SHA256: hex.EncodeToString(sum[:]), Created: now.UTC()}
 }
 
-// Auth is the access rules of a node: an AuthFile, read again by Reload
+// Rules are the access rules of a node: an File, read again by Reload
 // (SIGHUP) or when its file changes (Watch). Safe for concurrent use.
-type Auth struct {
+type Rules struct {
 	*transport.Reloader
 	path string
 	cur  atomic.Pointer[authState]
@@ -166,9 +166,9 @@ type authState struct {
 	tokens map[string]TokenEntry // by id
 }
 
-// LoadAuth reads the access file at path.
-func LoadAuth(path string) (*Auth, error) {
-	a := &Auth{path: path}
+// LoadRules reads the access file at path.
+func LoadRules(path string) (*Rules, error) {
+	a := &Rules{path: path}
 	r, err := transport.NewReloader(a.load, path)
 	if err != nil {
 		return nil, err
@@ -179,8 +179,8 @@ func LoadAuth(path string) (*Auth, error) {
 
 // load reads the file and installs its rules; on an error the rules in
 // use stay.
-func (a *Auth) load() error {
-	f, err := ReadAuthFile(a.path)
+func (a *Rules) load() error {
+	f, err := ReadFile(a.path)
 	if err != nil {
 		return err
 	}
@@ -192,9 +192,9 @@ func (a *Auth) load() error {
 	return nil
 }
 
-// tokenUser returns the user of a valid token: one of the file's, its
+// TokenUser returns the user of a valid token: one of the file's, its
 // hash matching (compared in constant time).
-func (a *Auth) tokenUser(tok string) (string, bool) {
+func (a *Rules) TokenUser(tok string) (string, bool) {
 	rest, ok := strings.CutPrefix(tok, tokenPrefix)
 	if !ok {
 		return "", false
@@ -218,8 +218,8 @@ func (a *Auth) tokenUser(tok string) (string, bool) {
 	return e.User, true
 }
 
-// grants returns a user's grants.
-func (a *Auth) grants(user string) []Grant { return a.cur.Load().users[user].Grants }
+// Grants returns a user's grants.
+func (a *Rules) Grants(user string) []Grant { return a.cur.Load().users[user].Grants }
 
 // queueMatch reports whether pattern covers queue.
 func queueMatch(pattern, queue string) bool {
@@ -229,14 +229,14 @@ func queueMatch(pattern, queue string) bool {
 	return pattern == queue
 }
 
-// allQueues reports whether g covers every queue.
-func (g Grant) allQueues() bool {
+// AllQueues reports whether g covers every queue.
+func (g Grant) AllQueues() bool {
 	return len(g.Queues) == 0 || slices.Contains(g.Queues, "*")
 }
 
-// covers reports whether g covers queue.
-func (g Grant) covers(queue string) bool {
-	if g.allQueues() {
+// Covers reports whether g covers queue.
+func (g Grant) Covers(queue string) bool {
+	if g.AllQueues() {
 		return true
 	}
 	for _, p := range g.Queues {
