@@ -136,10 +136,11 @@ run:
 # A local 3-node cluster on 127.0.0.1 (API ports 7400, 7410, 7420), data
 # under ./data/node{1,2,3}, logs under ./data/logs; started again from its
 # data when it exists. cluster-stop stops exactly those processes (by pid).
+# TLS=1: with TLS and encrypted gossip, certificates under data/certs.
 cluster:
 	$(GO) build -o $(BIN)/nornd ./cmd/nornd
 	$(GO) build -o $(BIN)/nornctl ./cmd/nornctl
-	BIN=$(BIN) bash scripts/cluster.sh start
+	BIN=$(BIN) TLS=$(TLS) bash scripts/cluster.sh start
 
 # One more node (N=4 to 9) for growing the cluster: it gossips with it and
 # waits for `nornctl join nN` (docs/OPERATIONS.md).
@@ -147,7 +148,7 @@ N ?= 4
 cluster-add:
 	$(GO) build -o $(BIN)/nornd ./cmd/nornd
 	$(GO) build -o $(BIN)/nornctl ./cmd/nornctl
-	BIN=$(BIN) bash scripts/cluster.sh add $(N)
+	BIN=$(BIN) TLS=$(TLS) bash scripts/cluster.sh add $(N)
 
 cluster-stop:
 	BIN=$(BIN) bash scripts/cluster.sh stop

@@ -35,7 +35,7 @@ var allowed = map[string][]string{
 	"access":      {"transport", "api", "crdt", "ring"},
 	"storage":     {"crdt", "ring", "faultfs", "testhooks"},
 	"api":         {},
-	"transport":   {"api", "crdt", "ring"},
+	"transport":   {"api", "crdt", "ring", "testhooks"},
 	"claims":      {"storage", "transport", "api", "crdt", "ring", "testhooks"},
 	"cluster":     {"storage", "transport", "api", "crdt", "ring"},
 	"antientropy": {"cluster", "storage", "transport", "api", "crdt", "ring"},

@@ -20,6 +20,8 @@ type Env struct {
 	// Churn is what the membership-churn nemesis did and expects of the
 	// placement (CheckPlacement).
 	Churn *Churn
+	// Rogue is what the rogue-node nemesis tried (CheckRogue).
+	Rogue *Rogue
 }
 
 // lockedSource makes a rand.Source safe for the nemeses that run at the

@@ -49,6 +49,9 @@ type Scenario struct {
 	// Placement adds the placement checker (CheckPlacement) to the run's
 	// verdicts; the nemesis records what it expects in Env.Churn.
 	Placement bool
+	// Rogue adds the rogue checker (CheckRogue): the nemesis records its
+	// attempts in Env.Rogue.
+	Rogue bool
 }
 
 // Scenarios lists every scenario, in the order `make jepsen` runs them.
@@ -71,12 +74,14 @@ var Scenarios = []Scenario{
 	{Name: "clock-strobe", Desc: "test hooks: a node's clock jumps +-700ms every 200ms", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockStrobe},
 	{Name: "power-loss", Desc: "test hooks: POST /test/crash (unsynced writes lost) on one node or all, restart", Nodes: 3, NeedsHooks: true, Nemesis: nemesisPowerLoss},
 	{Name: "combined", Desc: "a seeded schedule of one to three faults at once: kill, power loss or leader pause; isolation, leader isolation or flaky links; a clock bump below the buffer", Nodes: 3, NeedsHooks: true, Nemesis: nemesisCombined},
+	{Name: "rogue-node", Desc: "outsiders at the doors of the secure cluster while the workload runs: a nornd with another CA's certificate and gossip key joins; Raft streams and PeerService writes from members' addresses with another CA's certificate, the CA's certificate of a non-member, a client's certificate; all must be refused and change nothing", Nodes: 3, Nemesis: nemesisRogue, Rogue: true, Short: true},
 	{Name: "membership-churn", Desc: "3 nodes grow to 5 (start two spares, join, rebalance), drain one, decommission another (then stop it), each under load with kill -9 of a move's source or target while it runs; placement checked at the end",
 		Nodes: 5, Initial: 3, Nemesis: nemesisMembershipChurn, UntilNemesis: 8 * time.Minute, Placement: true},
 	{Name: "bug-claim-no-check", Desc: "self-test: seeded bug claim-no-check; kill -9 the partition leader right after it grants a long claim (its successor has not applied it and serves waiting claims at once), 8 clients for 60 s; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"claim-no-check"}, Nemesis: nemesisKillClaimLeader, Time: time.Minute, Clients: 8, EnqueueShare: 0.2},
 	{Name: "bug-ack-before-sync", Desc: "self-test: seeded bug ack-before-sync; every node loses power right after an enqueue is acked; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"ack-before-sync"}, Nemesis: nemesisCrashAfterEnqueue, Short: true},
 	{Name: "bug-expiry-no-skew", Desc: "self-test: seeded bug expiry-no-skew; workers hold short claims past their leases while the granting leader's clock runs 3/4 of the buffer ahead; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"expiry-no-skew"}, Nemesis: nemesisStallLeaderClockAhead},
 	{Name: "bug-count-drift", Desc: "self-test: seeded bug count-drift (the task counters miss the claim FSM's moves), no faults; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"count-drift"}, Nemesis: nemesisNone, Short: true},
+	{Name: "bug-tls-any-client", Desc: "self-test: seeded bug tls-any-client (the nodes take a client certificate of any CA), the rogue-node attempts; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"tls-any-client"}, Nemesis: nemesisRogue, Rogue: true},
 	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write, no faults, anti-entropy off (every 1h) so that nothing repairs the dropped writes; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Args: []string{"-antientropy-interval", "1h"}, Nemesis: nemesisNone},
 }
 
@@ -95,6 +100,7 @@ var Nemeses = []string{
 	"clock: bumps below and above the skew buffer, strobe, and (aimed) the granting leader ahead while its claim's holder stalls, through POST /test/clock (needs nornd -test-hooks)",
 	"power-loss: POST /test/crash, unsynced writes lost, on one node or all; (aimed) on all within 5 ms of an enqueue ack (needs nornd -test-hooks)",
 	"combined: one to three faults of different kinds at once on a seeded schedule",
+	"rogue: a foreign nornd joins, and Raft streams and PeerService writes with wrong certificates from members' addresses (every one must be refused)",
 	"membership-churn: start spares and join them, rebalance, drain, decommission (AdminService), each with kill -9 of a node whose move is under way",
 }
 
@@ -295,7 +301,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		ShortLease: 2500 * time.Millisecond, TL: tl, EnqueueShare: sc.EnqueueShare}
 	w.init()
 	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks,
-		Churn: &Churn{}}
+		Churn: &Churn{}, Rogue: &Rogue{}}
 	minEnd := time.Now().Add(o.Time)
 	runCtx, cancel := context.WithTimeout(ctx, runFor)
 	defer cancel()
@@ -341,6 +347,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	firstClaim, _ := w.FirstClaim(ctx, max(time.Duration(heal+10*int64(time.Second)-h.Now()), time.Second))
 	conv := CheckConvergence(ctx, c, h, heal, 30*time.Second)
 	tl.Log("note", "checked-convergence", "", nil)
+	var rogue *check.Verdict
+	if sc.Rogue {
+		v := CheckRogue(ctx, c, env.Rogue)
+		rogue = &v
+		tl.Log("note", "checked-rogue", "", nil)
+	}
 	var placement *check.Verdict
 	if sc.Placement {
 		v := CheckPlacement(ctx, c, env.Churn, 60*time.Second)
@@ -379,6 +391,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if placement != nil {
 		res.Verdicts = append(res.Verdicts, *placement)
+	}
+	if rogue != nil {
+		res.Verdicts = append(res.Verdicts, *rogue)
 	}
 	res.Valid = true
 	for i, v := range res.Verdicts {

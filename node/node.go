@@ -105,6 +105,9 @@ func New(cfg Config) (*Node, error) {
 		Members: func() []cluster.Member { return n.host.Members().Members() },
 		Groups:  n.leaders,
 	})
+	if cfg.TLS != nil && cfg.TestBugs.TLSAnyClient {
+		cfg.TLS.AcceptAnyClient = true
+	}
 	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, TLS: cfg.TLS})
 	n.ae, err = antientropy.New(antientropy.Config{
 		NodeID: cfg.NodeID,

@@ -28,6 +28,10 @@ type TestBugs struct {
 	// moves (storage.Config.CountDrift), so claimed and ended tasks are
 	// counted wrong.
 	CountDrift bool
+	// TLSAnyClient ("tls-any-client"): the node's TLS listeners (API and
+	// Raft ports) take a client certificate of any CA and believe the
+	// identity it names (transport.Certs.AcceptAnyClient).
+	TLSAnyClient bool
 }
 
 // testBugs maps the names of -test-bug to their fields.
@@ -37,6 +41,7 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"expiry-no-skew":        func(b *TestBugs) *bool { return &b.ExpiryNoSkew },
 	"drop-replicated-write": func(b *TestBugs) *bool { return &b.DropReplicatedWrite },
 	"count-drift":           func(b *TestBugs) *bool { return &b.CountDrift },
+	"tls-any-client":        func(b *TestBugs) *bool { return &b.TLSAnyClient },
 }
 
 // TestBugNames returns the names ParseTestBugs accepts, sorted.

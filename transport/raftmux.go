@@ -295,6 +295,12 @@ func (g *GroupStream) Dial(address raft.ServerAddress, timeout time.Duration) (n
 	return dialGroup(string(address), g.id, timeout, local, g.m.cfg.TLS)
 }
 
+// RaftMuxHeader is the header that opens a stream of group id on a
+// RaftMux (after the TLS handshake, when there is one).
+func RaftMuxHeader(id uint32) []byte {
+	return binary.BigEndian.AppendUint32(append([]byte(nil), muxMagic...), id)
+}
+
 // DialGroup connects to the cleartext RaftMux at address for group id.
 func DialGroup(address string, id uint32, timeout time.Duration) (net.Conn, error) {
 	return dialGroup(address, id, timeout, nil, nil)
@@ -320,7 +326,7 @@ func dialGroup(address string, id uint32, timeout time.Duration, local net.Addr,
 		c.SetDeadline(time.Time{}) //nolint:errcheck
 		c = tc
 	}
-	hdr := binary.BigEndian.AppendUint32(append([]byte(nil), muxMagic...), id)
+	hdr := RaftMuxHeader(id)
 	if timeout > 0 {
 		if err := c.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
 			c.Close()

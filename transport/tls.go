@@ -10,6 +10,8 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+
+	"github.com/norn-dev/norn/testhooks"
 )
 
 // Identities in certificates (docs/SECURITY.md). A node's certificate
@@ -72,6 +74,10 @@ type Certs struct {
 	*Reloader
 	files TLSFiles
 	cur   atomic.Pointer[certSet]
+	// AcceptAnyClient is the seeded bug tls-any-client (a build with
+	// the test hooks only): listeners take a client certificate of any
+	// CA, reading its identity without verifying it.
+	AcceptAnyClient bool
 }
 
 type certSet struct {
@@ -167,6 +173,9 @@ func (c *Certs) ServerConfig(alpn []string, requireNode bool) *tls.Config {
 			if len(raw) == 0 {
 				return nil // no certificate: allowed unless requireNode (then refused before this)
 			}
+			if testhooks.Built && c.AcceptAnyClient {
+				return nil // the seeded bug: any CA will do
+			}
 			id, err := c.verify(raw, x509.ExtKeyUsageClientAuth)
 			if err != nil {
 				return err
@@ -209,7 +218,9 @@ func (c *Certs) ClientConfig(alpn []string, wantNode string) *tls.Config {
 }
 
 // IdentityOf is the identity of a connection's verified client
-// certificate (false when it presented none).
+// certificate (false when it presented none). The listeners' configs
+// (ServerConfig) verify every certificate presented before a connection
+// is served.
 func IdentityOf(st tls.ConnectionState) (Identity, bool) {
 	if len(st.PeerCertificates) == 0 {
 		return Identity{}, false
