@@ -43,13 +43,13 @@ type ClusterConfig struct {
 	// all. The others are spares: prepared (uid, data dir, iptables, probe
 	// listener) but started only by StartSpare, without -bootstrap-expect,
 	// gossiping with the cluster until they are joined.
-	Initial     int
-	Partitions  int      // power of two, for example 8
-	Bin         string   // the nornd binary
-	Dir         string   // data dirs and logs go under it
-	Hooks       bool     // start nornd with -test-hooks
-	Bugs        []string // seeded bugs (-test-bug), only with Hooks
-	ExtraArgs   []string // more nornd flags (they win over the defaults)
+	Initial    int
+	Partitions int      // power of two, for example 8
+	Bin        string   // the nornd binary
+	Dir        string   // data dirs and logs go under it
+	Hooks      bool     // start nornd with -test-hooks
+	Bugs       []string // seeded bugs (-test-bug), only with Hooks
+	ExtraArgs  []string // more nornd flags (they win over the defaults)
 	// Insecure runs the nodes in cleartext, without the access file;
 	// by default they run secure (secure.go).
 	RaftTimeout time.Duration
@@ -92,7 +92,7 @@ func (n *Node) url(path string) string {
 type Cluster struct {
 	Cfg   ClusterConfig
 	sec   *security // nil with Cfg.Insecure
-	Nodes []*Node // every slot, spares included
+	Nodes []*Node   // every slot, spares included
 	// DataRoot holds the nodes' data dirs (linked from Cfg.Dir/data).
 	DataRoot string
 
