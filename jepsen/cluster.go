@@ -50,11 +50,11 @@ type ClusterConfig struct {
 	Hooks      bool     // start nornd with -test-hooks
 	Bugs       []string // seeded bugs (-test-bug), only with Hooks
 	ExtraArgs  []string // more nornd flags (they win over the defaults)
-	// Insecure runs the nodes in cleartext, without the access file;
-	// by default they run secure (secure.go).
 	RaftTimeout time.Duration
 	SkewBuffer  time.Duration
-	Insecure    bool
+	// Insecure runs the nodes in cleartext, without the access file;
+	// by default they run secure (secure.go).
+	Insecure bool
 }
 
 // Node is one nornd process of the cluster.
