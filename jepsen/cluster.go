@@ -43,13 +43,13 @@ type ClusterConfig struct {
 	// all. The others are spares: prepared (uid, data dir, iptables, probe
 	// listener) but started only by StartSpare, without -bootstrap-expect,
 	// gossiping with the cluster until they are joined.
-	Initial    int
-	Partitions int      // power of two, for example 8
-	Bin        string   // the nornd binary
-	Dir        string   // data dirs and logs go under it
-	Hooks      bool     // start nornd with -test-hooks
-	Bugs       []string // seeded bugs (-test-bug), only with Hooks
-	ExtraArgs  []string // more nornd flags (they win over the defaults)
+	Initial     int
+	Partitions  int      // power of two, for example 8
+	Bin         string   // the nornd binary
+	Dir         string   // data dirs and logs go under it
+	Hooks       bool     // start nornd with -test-hooks
+	Bugs        []string // seeded bugs (-test-bug), only with Hooks
+	ExtraArgs   []string // more nornd flags (they win over the defaults)
 	RaftTimeout time.Duration
 	SkewBuffer  time.Duration
 	// Insecure runs the nodes in cleartext, without the access file;
