@@ -189,6 +189,9 @@ type Config struct {
 	// grants and tokens, checked on every TaskService and AdminService
 	// call (docs/SECURITY.md).
 	Auth *access.Rules
+	// MetricsElsewhere takes GET /metrics off the API port: nornd
+	// -metrics-addr serves MetricsHandler on an address of its own.
+	MetricsElsewhere bool
 	// Insecure is nornd -insecure (cleartext allowed beyond loopback),
 	// shown in Status.
 	Insecure bool

@@ -47,7 +47,9 @@ func (n *Node) Handler() http.Handler {
 	// Replication batches many tasks in one call (up to maxReplicate).
 	mux.Handle(nornv1connect.NewPeerServiceHandler(n.server.PeerService(),
 		append([]connect.HandlerOption{connect.WithReadMaxBytes(64 << 20), connect.WithCompressMinBytes(4 << 10)}, transport.StrictJSON()...)...))
-	mux.HandleFunc("GET /metrics", n.serveMetrics)
+	if !n.cfg.MetricsElsewhere {
+		mux.HandleFunc("GET /metrics", n.serveMetrics)
+	}
 	// Ready once every partition has a leader; 503 before.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if !n.Ready() {
@@ -84,6 +86,14 @@ func identityFromCert(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// MetricsHandler serves GET /metrics alone, for an address of its own
+// (nornd -metrics-addr).
+func (n *Node) MetricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", n.serveMetrics)
+	return mux
 }
 
 // NewHTTPServer returns the HTTP server of the API port for h: HTTP/1.1

@@ -94,6 +94,7 @@ func run(args []string) error {
 	gossipKey := fs.String("gossip-key", "", "file of the cluster's gossip key (nornctl cert create-gossip-key: base64 of 32 bytes): gossip encrypted and authenticated with it; the same on every node")
 	authFile := fs.String("auth-file", "", "access file: users' grants (roles on queues) and hashed tokens (nornctl grant, nornctl token create); every TaskService and AdminService call then needs a user allowed to make it; reloaded when it changes or on SIGHUP (docs/SECURITY.md)")
 	insecure := fs.Bool("insecure", false, "allow serving cleartext on an address that is not loopback (logged as a warning at start)")
+	metricsAddr := fs.String("metrics-addr", "", "if set, serve GET /metrics (Prometheus) on this address, in cleartext, and not on the API port")
 	pprofAddr := fs.String("pprof-addr", "", "if set, serve net/http/pprof on this address (keep it on loopback)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	hooks := addTestHookFlags(fs) // none in a release build (testhooks_off.go)
@@ -173,6 +174,7 @@ func run(args []string) error {
 		cfg.Auth = auth
 	}
 	cfg.Insecure = *insecure
+	cfg.MetricsElsewhere = *metricsAddr != ""
 	if *insecure {
 		logger.Warn("started with -insecure: cleartext is allowed on addresses that are not loopback; anyone who reaches a cleartext port can read and write every task",
 			"tls", cfg.TLS != nil, "gossip_encrypted", cfg.GossipKey != nil)
@@ -194,6 +196,17 @@ func run(args []string) error {
 	}
 	handler := hooks.wrap(n.Handler(), logger)
 	srv := node.NewHTTPServer(handler)
+	if *metricsAddr != "" {
+		mln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			ln.Close()
+			n.Close()
+			return fmt.Errorf("-metrics-addr: %w", err)
+		}
+		msrv := &http.Server{Handler: n.MetricsHandler(), ReadHeaderTimeout: node.HTTPReadHeaderTimeout}
+		go msrv.Serve(mln) //nolint:errcheck // stops with the process
+		defer msrv.Close()
+	}
 	if *pprofAddr != "" {
 		go func() {
 			// http.DefaultServeMux carries net/http/pprof's handlers.

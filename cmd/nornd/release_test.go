@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -52,5 +53,27 @@ func TestReleaseHasNoTestHooks(t *testing.T) {
 		if resp.StatusCode != http.StatusNotFound {
 			t.Errorf("%s %s on the release nornd: %d", r[0], r[1], resp.StatusCode)
 		}
+	}
+}
+
+// TestMetricsAddr: with -metrics-addr, /metrics is served there and no
+// longer on the API port.
+func TestMetricsAddr(t *testing.T) {
+	addr, maddr := freeAddr(t), freeAddr(t)
+	startNornd(t, t.TempDir(), addr, "-metrics-addr", maddr)
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("http://" + maddr + "/metrics"); code != http.StatusOK || !strings.Contains(body, "norn_") {
+		t.Fatalf("metrics address: %d %.200s", code, body)
+	}
+	if code, _ := get("http://" + addr + "/metrics"); code != http.StatusNotFound {
+		t.Fatalf("API port /metrics with -metrics-addr: %d, want 404", code)
 	}
 }
