@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -118,6 +119,18 @@ func TestTLSCluster(t *testing.T) {
 	st, err := ns[1].admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{}))
 	if err != nil || !st.Msg.GetSecurity().GetTls() || st.Msg.GetSecurity().GetInsecure() {
 		t.Fatalf("status security: %v %v", st.Msg.GetSecurity(), err)
+	}
+
+	// JSON with a typo'd field is refused, naming it.
+	resp, err := tlsHTTPClient(t, dir, "alice").Post("https://"+ns[0].api+"/norn.v1.TaskService/Enqueue", "application/json",
+		strings.NewReader(`{"task": {"queue": "tls", "priorty": 5}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "priorty") {
+		t.Fatalf("JSON with an unknown field: %d %s", resp.StatusCode, body)
 	}
 
 	// A plaintext client (h2c) gets no answer: the port speaks TLS only.
