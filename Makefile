@@ -10,7 +10,7 @@ BUF         ?= github.com/bufbuild/buf/cmd/buf@v1.73.0
 GOIMPORTS   ?= golang.org/x/tools/cmd/goimports@v0.52.0
 MODULE      := github.com/norn-dev/norn
 # Core packages run under the race detector.
-CORE_PKGS   := ./crdt/... ./ring/... ./faultfs/... ./storage/... ./claims/... ./cluster/... ./antientropy/... ./transport/... ./client/... ./apierr/... ./replicas/... ./coord/... ./dispatch/... ./server/... ./rebalance/... ./node/...
+CORE_PKGS   := ./access/... ./crdt/... ./ring/... ./faultfs/... ./storage/... ./claims/... ./cluster/... ./antientropy/... ./transport/... ./client/... ./apierr/... ./replicas/... ./coord/... ./dispatch/... ./server/... ./rebalance/... ./node/...
 BIN         := bin
 # Tests build with the Jepsen harness's test hooks and seeded bugs (package
 # testhooks), so the seeded-bug tests run; `make build` and the release
