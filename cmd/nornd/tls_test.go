@@ -148,8 +148,12 @@ func TestTLSCluster(t *testing.T) {
 	oc.Transport.(*http.Transport).TLSClientConfig.RootCAs = mustTLS(t, dir, "").RootCAs // trusts the nodes
 	_, err = nornv1connect.NewTaskServiceClient(oc, "https://"+ns[0].api, connect.WithGRPC()).
 		CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{}))
-	if err == nil || !strings.Contains(err.Error(), "certificate") {
-		t.Fatalf("a client certificate of another CA: %v, want a refused handshake", err)
+	// Refused at the handshake: with TLS 1.3 the client may see the
+	// server's alert ("bad certificate") or only the connection breaking
+	// under its first request ("broken pipe"); without the refusal the
+	// call would be served (this node has no access file).
+	if err == nil {
+		t.Fatal("a client certificate of another CA was served")
 	}
 
 	// A user's certificate does not open PeerService, whatever node its
