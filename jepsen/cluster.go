@@ -131,11 +131,12 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	}
 	c.DataRoot = dataRoot
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 5 * time.Second}}
+	var adminHC *http.Client
 	if !cfg.Insecure {
 		if c.sec, err = newSecurity(filepath.Join(dataRoot, "certs"), cfg.Nodes); err != nil {
 			return nil, fmt.Errorf("jepsen: certificates: %w", err)
 		}
-		hc = c.sec.httpClient()
+		hc, adminHC = c.sec.httpClient(), c.sec.adminHTTPClient()
 	}
 	for i := 1; i <= cfg.Nodes; i++ {
 		n := &Node{Index: i, ID: fmt.Sprintf("n%d", i), IP: NodeIP(i), UID: uidBase + i, cfg: &c.Cfg, hc: hc, sec: c.sec}
@@ -143,7 +144,7 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 		n.DataDir = filepath.Join(dataRoot, n.ID)
 		n.LogPath = filepath.Join(cfg.Dir, "logs", n.ID+".log")
 		if c.sec != nil {
-			n.Tasks, n.Admin = c.sec.clients(hc, n.API)
+			n.Tasks, n.Admin = c.sec.clients(hc, adminHC, n.API)
 		} else {
 			// The hot calls travel framed, as the Go client sends them.
 			n.Tasks = client.NewFramedTaskService(nornv1connect.NewTaskServiceClient(hc, "http://"+n.API), n.API)

@@ -100,10 +100,20 @@ func (s *security) httpClient() *http.Client {
 }
 
 // clients are node n's API clients: TaskService with the hot calls framed
-// over TLS (the client certificate), AdminService with ops's token.
-func (s *security) clients(hc *http.Client, api string) (nornv1connect.TaskServiceClient, nornv1connect.AdminServiceClient) {
+// over TLS (the client certificate), AdminService with ops's token alone
+// (adminHC presents no client certificate).
+func (s *security) clients(hc, adminHC *http.Client, api string) (nornv1connect.TaskServiceClient, nornv1connect.AdminServiceClient) {
 	base := "https://" + api
 	tasks := client.NewFramedTaskServiceTLS(nornv1connect.NewTaskServiceClient(hc, base), api, s.clientTL)
-	admin := nornv1connect.NewAdminServiceClient(hc, base, client.BearerToken(s.token))
+	admin := nornv1connect.NewAdminServiceClient(adminHC, base, client.BearerToken(s.token))
 	return tasks, admin
+}
+
+// adminHTTPClient is httpClient without the client certificate: the
+// admin calls authenticate by token only.
+func (s *security) adminHTTPClient() *http.Client {
+	conf := s.clientTL.Clone()
+	conf.Certificates = nil
+	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 5 * time.Second,
+		TLSClientConfig: conf, TLSHandshakeTimeout: 2 * time.Second}}
 }

@@ -135,16 +135,17 @@ func (sv *Server) authorize(ctx context.Context, procedure string, cert transpor
 	return nil
 }
 
-// authenticate finds the caller: a verified client certificate first,
-// else a bearer token of the access file.
+// authenticate finds the caller: a node's certificate; else the call's
+// bearer token, which names the caller of this call whatever client
+// certificate its connection carries; else a user's certificate.
 func (sv *Server) authenticate(cert transport.Identity, authz string) (principal, error) {
 	if cert.Node != "" {
 		return principal{node: cert.Node}, nil
 	}
-	if cert.User != "" {
+	tok, hasToken := strings.CutPrefix(authz, "Bearer ")
+	if cert.User != "" && !hasToken {
 		return principal{user: cert.User, via: "certificate"}, nil
 	}
-	tok, hasToken := strings.CutPrefix(authz, "Bearer ")
 	if authz == "" || !hasToken {
 		if sv.cfg.Auth == nil {
 			return principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New("no client certificate: this node takes clients with a certificate of its CA"))

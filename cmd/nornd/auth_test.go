@@ -130,6 +130,11 @@ func TestAuthRoles(t *testing.T) {
 	if _, err := newClient("", opsTok).Status(ctx); err != nil {
 		t.Fatalf("admin Status: %v", err)
 	}
+	// A token names the caller of its call, whatever certificate the
+	// connection carries: alice's connection with ops's token is ops.
+	if _, err := newClient("alice", opsTok).Status(ctx); err != nil {
+		t.Fatalf("Status with alice's certificate and ops's token: %v", err)
+	}
 
 	// Revoked: the file without prod's token, picked up on SIGHUP.
 	f.Tokens = []access.TokenEntry{opsEntry}
