@@ -94,6 +94,14 @@ func startClusterWith(t *testing.T, flags ...string) []*clusterNode {
 		ns[i].tasks = client(ns[i].api)
 		ns[i].admin = nornv1connect.NewAdminServiceClient(http.DefaultClient, "http://"+ns[i].api)
 	}
+	joinAndStart(t, ns)
+	return ns
+}
+
+// joinAndStart has every node join the others' gossip, starts them all
+// and waits until each is healthy.
+func joinAndStart(t *testing.T, ns []*clusterNode) {
+	t.Helper()
 	for i, n := range ns {
 		for j, o := range ns {
 			if i != j {
@@ -105,7 +113,6 @@ func startClusterWith(t *testing.T, flags ...string) []*clusterNode {
 		n.start(t, i)
 	}
 	waitAllHealthy(t, ns)
-	return ns
 }
 
 func waitAllHealthy(t *testing.T, ns []*clusterNode) {

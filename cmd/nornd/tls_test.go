@@ -45,14 +45,7 @@ func makeCerts(t *testing.T, dir string) {
 // user's client certificate (none for "").
 func tlsHTTPClient(t *testing.T, dir, user string) *http.Client {
 	t.Helper()
-	cert, key := "", ""
-	if user != "" {
-		cert, key = transport.ClientCertFiles(dir, user)
-	}
-	conf, err := norn.LoadTLSConfig(filepath.Join(dir, transport.CACertFile), cert, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conf := mustTLS(t, dir, user)
 	p := new(http.Protocols)
 	p.SetHTTP2(true)
 	return &http.Client{Transport: &http.Transport{Protocols: p, TLSClientConfig: conf}}
@@ -74,17 +67,7 @@ func startTLSCluster(t *testing.T, dir string) []*clusterNode {
 		ns[i].tasks = nornv1connect.NewTaskServiceClient(hc, "https://"+ns[i].api, connect.WithGRPC())
 		ns[i].admin = nornv1connect.NewAdminServiceClient(hc, "https://"+ns[i].api)
 	}
-	for i, n := range ns {
-		for j, o := range ns {
-			if i != j {
-				n.join = append(n.join, o.gossipA)
-			}
-		}
-	}
-	for i, n := range ns {
-		n.start(t, i)
-	}
-	waitAllHealthy(t, ns)
+	joinAndStart(t, ns)
 	return ns
 }
 
