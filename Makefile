@@ -136,7 +136,8 @@ run:
 # A local 3-node cluster on 127.0.0.1 (API ports 7400, 7410, 7420), data
 # under ./data/node{1,2,3}, logs under ./data/logs; started again from its
 # data when it exists. cluster-stop stops exactly those processes (by pid).
-# TLS=1: with TLS and encrypted gossip, certificates under data/certs.
+# TLS 1.3 and encrypted gossip, certificates under data/certs (. data/certs/env
+# for nornctl); TLS=0 or NORND_ARGS=-insecure: cleartext.
 cluster:
 	$(GO) build -o $(BIN)/nornd ./cmd/nornd
 	$(GO) build -o $(BIN)/nornctl ./cmd/nornctl

@@ -12,6 +12,8 @@
 # P (default 1024), SETTLE (default 20 s), WINDOW (default 30 s), DATA
 # (default data-benchidle, removed first), NORND_ARGS (more nornd flags).
 set -euo pipefail
+# In cleartext, like the numbers before TLS (docs/BENCHMARKS.md has its cost).
+export TLS=0
 
 BIN=${BIN:-bin}
 export BIN

@@ -20,6 +20,8 @@
 # first) on the ports of `make cluster` (7400-7452): stop that one first.
 # Every node it starts is stopped at the end (by pid, scripts/cluster.sh).
 set -euo pipefail
+# In cleartext, like the numbers before TLS (docs/BENCHMARKS.md has its cost).
+export TLS=0
 
 MODE=${1:-partition}
 BIN=${BIN:-bin}

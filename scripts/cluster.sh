@@ -13,21 +13,39 @@
 # data/pids/; stop signals exactly those processes, added nodes included.
 # PPROF=1 also serves net/http/pprof on 127.0.0.1:7409, 7419, 7429 (for
 # profiling benchmarks). NORND_ARGS adds nornd flags to every node started
-# (for example NORND_ARGS='-raft-log-level warn'). TLS=1 runs the nodes
-# with TLS and an encrypted gossip (docs/SECURITY.md): a dev CA, node
-# certificates, a client certificate "admin" and a gossip key are made
-# under data/certs on first start (kept afterwards), and nornctl finds
-# them through NORN_CA, NORN_CERT and NORN_KEY (printed at start).
+# (for example NORND_ARGS='-raft-log-level warn').
+#
+# The nodes run TLS 1.3 and an encrypted gossip (docs/SECURITY.md): a dev
+# CA, node certificates, a client certificate "admin" and a gossip key are
+# made under data/certs on first start (kept afterwards), with
+# data/certs/env, the NORN_CA, NORN_CERT and NORN_KEY exports that nornctl
+# needs (`. data/certs/env`). TLS=0, or -insecure in NORND_ARGS, runs them
+# in cleartext instead (loopback only; the benchmarks next to NATS, which
+# runs without TLS, do). `add` starts a node the way the cluster was
+# started, as recorded in data/tls.
 set -euo pipefail
 
 BIN=${BIN:-bin}
 DATA=${DATA:-data}
 NODES=(1 2 3)
-TLS=${TLS:-}
 CERTS=$DATA/certs
+
+# tls_wanted: TLS unless TLS=0 (or no, off, false) or -insecure is among
+# NORND_ARGS.
+tls_wanted() {
+	case "${TLS:-}" in 0 | no | off | false) return 1 ;; esac
+	case " ${NORND_ARGS:-} " in *" -insecure "* | *" --insecure "* | *" -insecure=true "*) return 1 ;; esac
+	return 0
+}
+USE_TLS=
+if [ "${1:-start}" = add ] && [ -z "${TLS:-}" ] && [ -f "$DATA/tls" ]; then
+	USE_TLS=$(cat "$DATA/tls")
+elif tls_wanted; then
+	USE_TLS=1
+fi
 SCHEME=http
 CURL=(curl -fsS)
-if [ -n "$TLS" ]; then
+if [ -n "$USE_TLS" ]; then
 	SCHEME=https
 	CURL=(curl -fsS --cacert "$CERTS/ca.crt" --cert "$CERTS/client-admin.crt" --key "$CERTS/client-admin.key")
 fi
@@ -40,6 +58,11 @@ certs() {
 		"$BIN/nornctl" cert create-gossip-key --dir "$CERTS" >/dev/null
 		"$BIN/nornctl" cert create-client admin --dir "$CERTS" >/dev/null
 	fi
+	if [ ! -f "$CERTS/env" ]; then
+		local abs
+		abs=$(cd "$CERTS" && pwd)
+		printf 'export NORN_CA=%s NORN_CERT=%s NORN_KEY=%s\n' "$abs/ca.crt" "$abs/client-admin.crt" "$abs/client-admin.key" >"$CERTS/env"
+	fi
 	if [ ! -f "$CERTS/node-n$1.crt" ]; then
 		"$BIN/nornctl" cert create-node "n$1" --host 127.0.0.1,localhost --dir "$CERTS" >/dev/null
 	fi
@@ -47,7 +70,7 @@ certs() {
 
 # tlsargs prints node $1's TLS flags (none without TLS).
 tlsargs() {
-	if [ -n "$TLS" ]; then
+	if [ -n "$USE_TLS" ]; then
 		certs "$1"
 		echo "-tls-ca $CERTS/ca.crt -tls-cert $CERTS/node-n$1.crt -tls-key $CERTS/node-n$1.key -gossip-key $CERTS/gossip.key"
 	fi
@@ -69,6 +92,7 @@ running() {
 
 start() {
 	mkdir -p "$DATA/logs" "$DATA/pids"
+	echo "$USE_TLS" >"$DATA/tls"
 	for i in "${NODES[@]}"; do
 		pidf="$DATA/pids/node$i.pid"
 		if running "$pidf"; then
@@ -79,9 +103,10 @@ start() {
 		if [ -n "${PPROF:-}" ]; then extra+=(-pprof-addr "$(pprof "$i")"); fi
 		joins=()
 		for j in "${NODES[@]}"; do [ "$j" != "$i" ] && joins+=("$(gossip "$j")"); done
+		targs=$(tlsargs "$i") # here, not in the background line: the nodes would race to make the CA
 		"$BIN/nornd" -node-id "n$i" -machine-id "$i" -data-dir "$DATA/node$i" \
 			-listen "$(api "$i")" -raft-addr "$(raft "$i")" -gossip-addr "$(gossip "$i")" \
-			-bootstrap-expect 3 -join "$(IFS=,; echo "${joins[*]}")" ${extra[@]+"${extra[@]}"} $(tlsargs "$i") ${NORND_ARGS:-} \
+			-bootstrap-expect 3 -join "$(IFS=,; echo "${joins[*]}")" ${extra[@]+"${extra[@]}"} $targs ${NORND_ARGS:-} \
 			>>"$DATA/logs/node$i.log" 2>&1 &
 		echo $! >"$pidf"
 		echo "started n$i (pid $!): API $(api "$i"), log $DATA/logs/node$i.log"
@@ -96,17 +121,19 @@ start() {
 			echo " ok"
 			id=$("${CURL[@]}" -H 'Content-Type: application/json' -d '{}' \
 				"$SCHEME://$(api 1)/norn.v1.AdminService/Status" | grep -o '"ringEpoch":"[0-9]*"' || true)
-			if [ -n "$TLS" ]; then
-				cat <<MSG
-
-With TLS: nornctl needs the dev CA and the client certificate:
-
-  export NORN_CA=$CERTS/ca.crt NORN_CERT=$CERTS/client-admin.crt NORN_KEY=$CERTS/client-admin.key
-MSG
-			fi
 			cat <<MSG
 
 Norn cluster of 3 nodes is up ($id). Try:
+MSG
+			if [ -n "$USE_TLS" ]; then
+				cat <<MSG
+
+  . $CERTS/env    # TLS: nornctl's NORN_CA, NORN_CERT, NORN_KEY (the dev CA, client "admin")
+MSG
+			else
+				echo "  (the nodes run in cleartext: TLS=0 or -insecure)"
+			fi
+			cat <<MSG
 
   $BIN/nornctl enqueue emails 'hello world' --addr 127.0.0.1:7400   # prints the task id
   $BIN/nornctl claim emails --lease 30s --addr 127.0.0.1:7410        # any node: prints id and claim id
@@ -146,9 +173,10 @@ add() {
 		echo "node n$i already running (pid $(cat "$pidf"))"
 		return 0
 	fi
+	targs=$(tlsargs "$i")
 	"$BIN/nornd" -node-id "n$i" -machine-id "$i" -data-dir "$DATA/node$i" \
 		-listen "$(api "$i")" -raft-addr "$(raft "$i")" -gossip-addr "$(gossip "$i")" \
-		-join "$(gossip 1),$(gossip 2),$(gossip 3)" $(tlsargs "$i") ${NORND_ARGS:-} >>"$DATA/logs/node$i.log" 2>&1 &
+		-join "$(gossip 1),$(gossip 2),$(gossip 3)" $targs ${NORND_ARGS:-} >>"$DATA/logs/node$i.log" 2>&1 &
 	echo $! >"$pidf"
 	echo -n "started n$i (pid $!): API $(api "$i"), log $DATA/logs/node$i.log; waiting for it to see the cluster"
 	for _ in $(seq 1 60); do

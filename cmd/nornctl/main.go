@@ -249,6 +249,9 @@ func report(e *env, cmd *command, err error) int {
 		return exitUsage
 	default:
 		fmt.Fprintf(e.stderr, "nornctl: %s: %s\n", cmd.name, errorMessage(err))
+		if needsTLSHint(e.ctx, e.g, err) {
+			fmt.Fprintln(e.stderr, tlsHint)
+		}
 		return exitError
 	}
 }
