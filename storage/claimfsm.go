@@ -111,8 +111,9 @@ func (s *Store) ApplyClaimFSM(p uint16, u ClaimFSMUpdate, sync bool) error {
 	}
 	s.rows.apply(sb.ops)
 	s.due.lower(sb.ops)
+	s.applyReady(changes)
 	unlock()
-	s.noteReadyChanges(changes)
+	s.announceReady(changes)
 	return nil
 }
 
@@ -284,8 +285,9 @@ func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, l
 	}
 	s.rows.apply(sb.ops)
 	s.due.lower(sb.ops)
+	s.applyReady(changes)
 	unlock()
-	s.noteReadyChanges(changes)
+	s.announceReady(changes)
 	return nil
 }
 
@@ -352,7 +354,7 @@ func (s *Store) PromoteDelayed(p uint16, limit int) (int, error) {
 }
 
 // commitMoves locks ids, lets fill write index moves into a batch, commits
-// it synced, and updates the head caches. fill may record digest changes
+// it synced, and updates the in-memory ready index. fill may record digest changes
 // (deletions) in *digests, reported to the sinks after the commit; nil
 // digests for fills that change no digest.
 func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *sortedBatch) ([]readyChange, error), digests *[]digestChange) error {
@@ -379,8 +381,9 @@ func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *sortedBatch) ([
 	}
 	s.rows.apply(sb.ops)
 	s.due.lower(sb.ops)
+	s.applyReady(changes)
 	unlock()
-	s.noteReadyChanges(changes)
+	s.announceReady(changes)
 	return nil
 }
 

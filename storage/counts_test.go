@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -274,6 +275,79 @@ func TestUpgradeDropsSegmentKeys(t *testing.T) {
 	if err != nil || len(v) != 4 || v[3] != formatVersion {
 		t.Fatalf("format key %x, %v", v, err)
 	}
+}
+
+// Opening a format 3 store deletes its stored ready index (format 4 keeps
+// it in memory, built at Open from the task and meta keys), and the
+// index built holds exactly the ready tasks: not the claimed, delayed,
+// cancelled or released-then-claimed-again ones.
+func TestUpgradeDropsReadyKeys(t *testing.T) {
+	fs := vfs.NewMem()
+	s, _ := openTestStore(t, fs, "db")
+	for p := range uint16(2) {
+		for i := range 20 {
+			mustMerge(t, s, p, newTask(uint64(p)*1000+uint64(i)+1, []string{"q", "r"}[i%2], int32(i%3)))
+		}
+		base := uint64(p) * 1000
+		if err := s.MarkClaimed(p, []ClaimMark{{ID: base + 1, ExpiryMs: t0 + 10}, {ID: base + 2, ExpiryMs: t0 + 10}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ReleaseClaims(p, []uint64{base + 2}); err != nil { // ready again, with a meta key
+			t.Fatal(err)
+		}
+		mustMerge(t, s, p, cancelOf(base+3, t0))
+		later := newTask(base+100, "q", 0)
+		later.Spec.NotBeforeMs = t0 + 60_000
+		mustMerge(t, s, p, later)
+	}
+	want := map[uint16][]uint64{}
+	for p := range uint16(2) {
+		want[p] = append(headIDs(t, s, p, "q", 100), headIDs(t, s, p, "r", 100)...)
+		if len(want[p]) != 18 {
+			t.Fatalf("partition %d: %d ready before the upgrade, want 18", p, len(want[p]))
+		}
+	}
+	// Make it a format 3 store: ready keys as format 3 wrote them.
+	for p := range uint16(2) {
+		for _, q := range []string{"q", "r"} {
+			for _, e := range mustHead(t, s, p, q) {
+				k := append(partitionPrefix(p, tagReady), q...)
+				k = binary.BigEndian.AppendUint32(append(k, 0), math.MaxUint32-(uint32(e.Priority)^1<<31))
+				if err := s.db.Set(binary.BigEndian.AppendUint64(k, e.ID), nil, pebble.NoSync); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if err := s.db.Set(formatKey, []byte{0, 0, 0, 3}, pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.db = nil
+
+	s2, _ := openTestStore(t, fs, "db")
+	for p := range uint16(2) {
+		checkIndexes(t, s2, p) // fails on a stray ready key, or a ready index that is not the ready tasks
+		checkCounts(t, s2, p)
+		if got := append(headIDs(t, s2, p, "q", 100), headIDs(t, s2, p, "r", 100)...); !slices.Equal(got, want[p]) {
+			t.Fatalf("partition %d: ready after the upgrade %v, want %v", p, got, want[p])
+		}
+	}
+	v, err := s2.get(formatKey)
+	if err != nil || len(v) != 4 || v[3] != formatVersion {
+		t.Fatalf("format key %x, %v", v, err)
+	}
+}
+
+func mustHead(t *testing.T, s *Store, p uint16, queue string) []ReadyEntry {
+	t.Helper()
+	h, err := s.ReadyHead(p, queue, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
 
 // A store of a newer format is refused, not misread.

@@ -1,9 +1,11 @@
 // Package storage is a node's one Pebble database: the CRDT state of every
 // task it replicates, the local indexes that make claims and expiry cheap,
-// and every partition's Raft log and stable store. The anti-entropy segment
-// index, (segment, id) -> digest, is kept in memory for the partitions
-// anti-entropy tracks (TrackDigests), built from the task keys: a digest is
-// the hash of the stored encoding.
+// and every partition's Raft log and stable store. Two indexes live in
+// memory, built from the task keys: the anti-entropy segment index,
+// (segment, id) -> digest, for the partitions anti-entropy tracks
+// (TrackDigests; a digest is the hash of the stored encoding), and the
+// ready index, per partition and queue a B-tree of (priority, id) of the
+// ready tasks, built at Open from the task and meta keys (readyQueue).
 //
 // # Keyspace
 //
@@ -12,7 +14,7 @@
 // and each index of a partition is a contiguous sub-span.
 //
 //	p 0x01 id                       -> canonical crdt.Task encoding
-//	p 0x02 queue 0x00 ^prio' id     -> (empty)  ready index
+//	p 0x02 queue 0x00 ^prio' id     -> (empty)  ready index (format 3 and before; deleted on upgrade)
 //	p 0x03 notBeforeMs id           -> (empty)  delayed index
 //	p 0x04 expiryMs id              -> (empty)  claimed index
 //	p 0x05 segment id               -> digest   (format 2 and before; deleted on upgrade)
@@ -26,8 +28,7 @@
 //	p 0x12 0x01 id                  -> claim FSM record (opaque to storage)
 //
 // Integers are big-endian and fixed width; times are Unix milliseconds
-// clamped at zero. prio' is the priority with its sign bit flipped, inverted,
-// so the ready index sorts by priority descending then id ascending. A task's
+// clamped at zero. A task's
 // segment is the top 16 bits of ring.HashID(id) (ring.Partition uses the low bits).
 //
 // # Index states

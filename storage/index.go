@@ -1,13 +1,14 @@
 package storage
 
 import (
-	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/google/btree"
 )
 
 // ReadyEntry is one task in a queue's ready index.
@@ -28,88 +29,89 @@ type queueKey struct {
 	queue string
 }
 
-// defaultHeadCacheLen is how many ready keys a queue's head cache is filled
-// with; it is trimmed back to this when inserts grow it past twice as many.
-const defaultHeadCacheLen = 256
+// readyDegree is the B-tree degree of a queue's ready index: nodes of up
+// to 2*readyDegree-1 entries of 16 bytes, no pointers among the entries.
+const readyDegree = 32
 
-// readyHead caches the first keys of one queue's ready index in memory.
+// readyQueue is one queue's ready index in one partition, in memory:
+// the tasks whose index state is ready, by priority descending then id
+// ascending. It is built at Open from the task and meta keys
+// (buildReadyIndex) and follows every committed batch: a writer applies
+// its batch's ready changes after the batch is visible and before it
+// releases the ids' stripe locks (applyReady), so the changes of one id
+// land in the order of its writes.
 //
-// Invariant: when valid, keys holds, in order, every live ready key of the
-// queue that is below hi (hi == nil: up to the queue's end). Writers apply
-// their changes to the cache after their batch is visible and bump version;
-// a refill from Pebble installs its result only if version did not change
-// while it read, so it never drops a key it could not see.
-//
-// The cache answers most head reads without touching Pebble, and the refill
-// seeks from hi, past the heads removed since the last refill: their
-// tombstones at the front of the queue's key range (the LSM tombstone trap)
-// are never stepped over. After a restart the first refill starts at the
-// queue's first key.
-//
-// Between a write becoming visible and its cache update, a reader may see
-// the head as it was just before the write; callers (the claim FSM)
-// validate what they pick anyway.
-type readyHead struct {
-	mu      sync.Mutex
-	valid   bool
-	keys    [][]byte
-	hi      []byte // exclusive; nil = the queue's end
-	version uint64
+// Between a batch becoming visible and its changes landing, a reader may
+// see the queue as it was just before; callers (the claim FSM) validate
+// what they pick anyway.
+type readyQueue struct {
+	mu sync.Mutex
+	t  *btree.BTreeG[ReadyEntry]
 }
 
-func (s *Store) readyHead(p uint16, queue string) *readyHead {
-	k := queueKey{p, queue}
-	s.headsMu.Lock()
-	defer s.headsMu.Unlock()
-	h, ok := s.heads[k]
-	if !ok {
-		h = &readyHead{}
-		s.heads[k] = h
+func readyLess(a, b ReadyEntry) bool {
+	if a.Priority != b.Priority {
+		return a.Priority > b.Priority
 	}
-	return h
+	return a.ID < b.ID
 }
 
-// below reports whether key is in the range the cache covers.
-func (h *readyHead) below(key []byte) bool { return h.hi == nil || bytes.Compare(key, h.hi) < 0 }
+// readyQueue returns queue's ready index in partition p, made when
+// missing if create, nil otherwise.
+func (s *Store) readyQueue(p uint16, queue string, create bool) *readyQueue {
+	k := queueKey{p, queue}
+	s.readyMu.RLock()
+	q := s.ready[k]
+	s.readyMu.RUnlock()
+	if q != nil || !create {
+		return q
+	}
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
+	if q = s.ready[k]; q == nil {
+		q = &readyQueue{t: btree.NewG(readyDegree, readyLess)}
+		s.ready[k] = q
+	}
+	return q
+}
 
-// noteReadyChanges applies ready-index changes to the head caches. Call it
-// after the batch that made them is visible.
-func (s *Store) noteReadyChanges(changes []readyChange) {
-	defer s.announceReady(changes)
+// applyReady applies a committed batch's ready changes to the in-memory
+// index. The caller holds the stripe locks of every id they name, and
+// calls it after the batch is visible.
+func (s *Store) applyReady(changes []readyChange) {
+	var q *readyQueue
+	var qk queueKey
 	for _, c := range changes {
-		h := s.readyHead(c.p, c.queue)
-		h.mu.Lock()
-		h.version++
-		if h.valid && h.below(c.key) {
-			i, found := slices.BinarySearchFunc(h.keys, c.key, bytes.Compare)
-			switch {
-			case c.insert && !found:
-				h.keys = slices.Insert(h.keys, i, c.key)
-				if len(h.keys) > 2*s.headCacheLen {
-					h.hi = h.keys[s.headCacheLen]
-					h.keys = slices.Clip(h.keys[:s.headCacheLen])
-				}
-			case !c.insert && found:
-				h.keys = slices.Delete(h.keys, i, i+1)
+		if k := (queueKey{c.p, c.queue}); q == nil || k != qk {
+			if q != nil {
+				q.mu.Unlock()
 			}
+			qk = k
+			if q = s.readyQueue(c.p, c.queue, c.insert); q == nil {
+				continue // a delete from a queue that holds nothing
+			}
+			q.mu.Lock()
 		}
-		h.mu.Unlock()
+		if c.insert {
+			q.t.ReplaceOrInsert(c.e)
+		} else {
+			q.t.Delete(c.e)
+		}
+	}
+	if q != nil {
+		q.mu.Unlock()
 	}
 }
 
 // announceReady calls Config.OnReady once per partition and queue that
-// gained ready tasks.
+// gained ready tasks. Call it after the ids' locks are released.
 func (s *Store) announceReady(changes []readyChange) {
 	if s.onReady == nil {
 		return
 	}
-	type pq struct {
-		p     uint16
-		queue string
-	}
-	var told []pq
+	var told []queueKey
 	for _, c := range changes {
-		if k := (pq{c.p, c.queue}); c.insert && !slices.Contains(told, k) {
+		if k := (queueKey{c.p, c.queue}); c.insert && !slices.Contains(told, k) {
 			told = append(told, k)
 			s.onReady(c.p, c.queue)
 		}
@@ -117,70 +119,104 @@ func (s *Store) announceReady(changes []readyChange) {
 }
 
 // ReadyHead returns up to limit tasks at the head of queue's ready index in
-// partition p: priority descending, then id ascending. It does not scan
-// tasks that are not ready, and heads removed earlier cost nothing.
+// partition p: priority descending, then id ascending. It reads memory
+// only: tasks that are not ready cost nothing, nor do heads removed before.
 func (s *Store) ReadyHead(p uint16, queue string, limit int) ([]ReadyEntry, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("storage: ReadyHead limit %d must be positive", limit)
 	}
-	h := s.readyHead(p, queue)
-	h.mu.Lock()
-	if h.valid && (len(h.keys) >= limit || h.hi == nil) {
-		out := readyEntries(h.keys[:min(limit, len(h.keys))])
-		h.mu.Unlock()
-		return out, nil
+	q := s.readyQueue(p, queue, false)
+	if q == nil {
+		return nil, nil
 	}
-	// Refill: keep what the cache holds and read on from where it ends.
-	version := h.version
-	keys := slices.Clone(h.keys)
-	from := readyQueuePrefix(p, queue)
-	if h.valid {
-		from = h.hi
-	}
-	h.mu.Unlock()
-
-	prefix := readyQueuePrefix(p, queue)
-	end := prefixEnd(prefix)
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: from, UpperBound: end})
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
-	want := max(limit, s.headCacheLen)
-	var hi []byte
-	for ok := it.First(); ok; ok = it.Next() {
-		if len(keys) == want {
-			hi = bytes.Clone(it.Key())
-			break
-		}
-		if len(it.Key()) != len(prefix)+12 {
-			return nil, corrupt(it.Key(), "short ready index key")
-		}
-		keys = append(keys, bytes.Clone(it.Key()))
-	}
-	if err := it.Error(); err != nil {
-		return nil, err
-	}
-	// Render the answer before installing keys: once installed, writers
-	// insert into and delete from its backing array under h.mu.
-	out := readyEntries(keys[:min(limit, len(keys))])
-	if s.testHookRefillRead != nil {
-		s.testHookRefillRead()
-	}
-	h.mu.Lock()
-	if h.version == version {
-		h.valid, h.keys, h.hi = true, keys, hi
-	}
-	h.mu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := make([]ReadyEntry, 0, min(limit, q.t.Len()))
+	q.t.Ascend(func(e ReadyEntry) bool {
+		out = append(out, e)
+		return len(out) < limit
+	})
 	return out, nil
 }
 
-func readyEntries(keys [][]byte) []ReadyEntry {
-	out := make([]ReadyEntry, len(keys))
-	for i, k := range keys {
-		out[i] = ReadyEntry{ID: idFromKey(k), Priority: prioFromBits(binary.BigEndian.Uint32(k[len(k)-12:]))}
+// dropReady forgets partition p's ready index.
+func (s *Store) dropReady(p uint16) {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
+	for k := range s.ready {
+		if k.p == p {
+			delete(s.ready, k)
+		}
 	}
-	return out
+}
+
+// buildReadyIndex fills the ready index of partition p from its task and
+// meta keys: a stored task is ready when its meta key says so or when it
+// has none (row.meta). Open runs it for every partition before the store
+// takes writes; only the tasks without a meta key, or ready by it, are
+// decoded.
+func (s *Store) buildReadyIndex(p uint16) error {
+	tlo, thi := tagSpan(p, tagTask)
+	tasks, err := s.db.NewIter(&pebble.IterOptions{LowerBound: tlo, UpperBound: thi})
+	if err != nil {
+		return err
+	}
+	defer tasks.Close()
+	mlo, mhi := tagSpan(p, tagMeta)
+	metas, err := s.db.NewIter(&pebble.IterOptions{LowerBound: mlo, UpperBound: mhi})
+	if err != nil {
+		return err
+	}
+	defer metas.Close()
+	byQueue := map[string][]ReadyEntry{}
+	mok := metas.First()
+	for ok := tasks.First(); ok; ok = tasks.Next() {
+		key := tasks.Key()
+		if len(key) != 3+8 {
+			return corrupt(key, "bad task key")
+		}
+		id := idFromKey(key)
+		for mok && idFromKey(metas.Key()) < id {
+			mok = metas.Next()
+		}
+		if mok && idFromKey(metas.Key()) == id {
+			mv, err := metas.ValueAndErr()
+			if err != nil {
+				return err
+			}
+			m, valid := decodeMeta(mv)
+			if !valid {
+				return corrupt(metas.Key(), "bad meta value %x", mv)
+			}
+			if m.state != IndexReady {
+				continue
+			}
+		}
+		v, err := tasks.ValueAndErr()
+		if err != nil {
+			return err
+		}
+		st, err := decodeTask(p, slices.Clone(key), v)
+		if err != nil {
+			return err
+		}
+		if st.Task.Spec == nil {
+			continue
+		}
+		byQueue[st.Task.Spec.Queue] = append(byQueue[st.Task.Spec.Queue], ReadyEntry{ID: id, Priority: st.Task.Spec.Priority})
+	}
+	if err := errors.Join(tasks.Error(), metas.Error()); err != nil {
+		return err
+	}
+	for queue, entries := range byQueue {
+		q := s.readyQueue(p, queue, true)
+		q.mu.Lock()
+		for _, e := range entries {
+			q.t.ReplaceOrInsert(e)
+		}
+		q.mu.Unlock()
+	}
+	return nil
 }
 
 // DelayedDue returns up to limit tasks of partition p whose not-before time

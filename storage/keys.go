@@ -2,7 +2,6 @@ package storage
 
 import (
 	"encoding/binary"
-	"math"
 
 	"github.com/norn-dev/norn/ring"
 )
@@ -11,7 +10,7 @@ import (
 // full layout.
 const (
 	tagTask     byte = 0x01 // id -> canonical crdt.Task encoding
-	tagReady    byte = 0x02 // queue 0x00 prio id -> empty
+	tagReady    byte = 0x02 // retired in format 4: queue 0x00 prio id -> empty
 	tagDelayed  byte = 0x03 // notBefore id -> empty
 	tagClaimed  byte = 0x04 // expiry id -> empty
 	tagSegment  byte = 0x05 // retired in format 3: segment id -> digest
@@ -63,26 +62,6 @@ func timeIDKey(p uint16, tag byte, ms int64, id uint64) []byte {
 	k := binary.BigEndian.AppendUint64(partitionPrefix(p, tag), uint64(max(ms, 0)))
 	return binary.BigEndian.AppendUint64(k, id)
 }
-
-// readyQueuePrefix is the prefix of one queue's ready entries. Queue names
-// never contain 0x00 (crdt.ValidateQueue), so the terminator keeps queues
-// "a" and "ab" apart.
-func readyQueuePrefix(p uint16, queue string) []byte {
-	k := append(partitionPrefix(p, tagReady), queue...)
-	return append(k, 0x00)
-}
-
-// readyKey orders a queue's entries by priority descending, then id
-// ascending: the priority's sign bit is flipped (order-preserving map of
-// int32 to uint32) and the result inverted.
-func readyKey(p uint16, queue string, prio int32, id uint64) []byte {
-	k := binary.BigEndian.AppendUint32(readyQueuePrefix(p, queue), prioBits(prio))
-	return binary.BigEndian.AppendUint64(k, id)
-}
-
-func prioBits(prio int32) uint32 { return math.MaxUint32 - (uint32(prio) ^ 1<<31) }
-
-func prioFromBits(b uint32) int32 { return int32((math.MaxUint32 - b) ^ 1<<31) }
 
 // prefixEnd returns the smallest key greater than every key with prefix
 // (the prefix's last byte incremented; prefixes here never end in 0xff).

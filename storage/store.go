@@ -101,13 +101,8 @@ type Store struct {
 	rows *rowCache // nil when Config.TaskCacheRows < 0
 	due  dueTable  // lower bounds of the time indexes' earliest keys
 
-	headsMu      sync.Mutex
-	heads        map[queueKey]*readyHead
-	headCacheLen int // keys per queue head cache; tests lower it
-
-	// testHookRefillRead, when set, runs after a head-cache refill has read
-	// Pebble and before it installs the result.
-	testHookRefillRead func()
+	readyMu sync.RWMutex
+	ready   map[queueKey]*readyQueue // the ready index, in memory
 }
 
 // Open opens (creating if needed) the store in cfg.Dir.
@@ -159,11 +154,20 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.TaskCacheRows >= 0 {
 		rows = newRowCache(cmp.Or(cfg.TaskCacheRows, defaultRowCacheRows))
 	}
-	s := &Store{db: db, rows: rows, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, drift: cfg.CountDrift, heads: make(map[queueKey]*readyHead), headCacheLen: defaultHeadCacheLen,
+	s := &Store{db: db, rows: rows, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, drift: cfg.CountDrift, ready: map[queueKey]*readyQueue{},
 		horizons: idHorizons{db: db, spans: stateSpans}, recordHorizons: idHorizons{db: db, spans: recordSpans}}
 	if err := s.upgrade(); err != nil {
 		db.Close()
 		return nil, err
+	}
+	for p, ok, err := s.nextPartition(0); ok || err != nil; p, ok, err = s.nextPartition(uint32(p) + 1) {
+		if err == nil {
+			err = s.buildReadyIndex(p)
+		}
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("storage: building the ready index of partition %d: %w", p, err)
+		}
 	}
 	return s, nil
 }
@@ -200,13 +204,7 @@ func (s *Store) DropPartition(p uint16) error {
 	}
 	s.rows.dropPartition(p)
 	s.due.forget(p)
-	s.headsMu.Lock()
-	for k := range s.heads {
-		if k.p == p {
-			delete(s.heads, k)
-		}
-	}
-	s.headsMu.Unlock()
+	s.dropReady(p)
 	return nil
 }
 

@@ -58,12 +58,13 @@ func decodeMeta(b []byte) (meta, bool) {
 	return meta{}, false
 }
 
-// readyChange records a ready-index key written or deleted by a batch, so
-// the queue's head cache can follow once the batch is visible.
+// readyChange is a task entering (insert) or leaving a queue's ready
+// index, applied to the in-memory index once its batch is visible
+// (applyReady).
 type readyChange struct {
 	p      uint16
 	queue  string
-	key    []byte
+	e      ReadyEntry
 	insert bool // false: deleted
 }
 
@@ -88,40 +89,50 @@ func (s *Store) moveIndex(b *sortedBatch, p uint16, id uint64, old meta, oldSpec
 	} else if err := b.Set(metaKey(p, id), new.encode()); err != nil {
 		return nil, err
 	}
-	return moveIndexKeys(b, p, old, oldSpec, oldKey, new, newSpec, newKey)
+	if err := moveIndexKeys(b, oldKey, newKey); err != nil {
+		return nil, err
+	}
+	return readyMoves(p, id, old, oldSpec, new, newSpec), nil
 }
 
-// moveIndexKeys replaces oldKey by newKey in the indexes, and returns the
-// ready-index changes.
-func moveIndexKeys(b *sortedBatch, p uint16, old meta, oldSpec *crdt.Spec, oldKey []byte, new meta, newSpec *crdt.Spec, newKey []byte) ([]readyChange, error) {
+// moveIndexKeys replaces oldKey by newKey in the indexes kept in Pebble.
+func moveIndexKeys(b *sortedBatch, oldKey, newKey []byte) error {
 	if bytes.Equal(oldKey, newKey) {
-		return nil, nil
+		return nil
 	}
-	var changes []readyChange
 	if oldKey != nil {
 		if err := b.Delete(oldKey); err != nil {
-			return nil, err
-		}
-		if old.state == IndexReady {
-			changes = append(changes, readyChange{p: p, queue: oldSpec.Queue, key: oldKey})
+			return err
 		}
 	}
 	if newKey != nil {
-		if err := b.Set(newKey, nil); err != nil {
-			return nil, err
-		}
-		if new.state == IndexReady {
-			changes = append(changes, readyChange{p: p, queue: newSpec.Queue, key: newKey, insert: true})
-		}
+		return b.Set(newKey, nil)
 	}
-	return changes, nil
+	return nil
 }
 
-// indexKey returns the index key of a task in state m, or nil for IndexNone.
+// readyMoves returns the ready-index changes of a task going from (old,
+// oldSpec) to (new, newSpec).
+func readyMoves(p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec) []readyChange {
+	wasReady := old.state == IndexReady && oldSpec != nil
+	isReady := new.state == IndexReady && newSpec != nil
+	if wasReady && isReady && oldSpec.Queue == newSpec.Queue && oldSpec.Priority == newSpec.Priority {
+		return nil
+	}
+	var changes []readyChange
+	if wasReady {
+		changes = append(changes, readyChange{p: p, queue: oldSpec.Queue, e: ReadyEntry{ID: id, Priority: oldSpec.Priority}})
+	}
+	if isReady {
+		changes = append(changes, readyChange{p: p, queue: newSpec.Queue, e: ReadyEntry{ID: id, Priority: newSpec.Priority}, insert: true})
+	}
+	return changes
+}
+
+// indexKey returns the Pebble index key of a task in state m, or nil for
+// IndexNone and IndexReady (the ready index is in memory: readyQueue).
 func indexKey(p uint16, id uint64, m meta, spec *crdt.Spec) []byte {
 	switch m.state {
-	case IndexReady:
-		return readyKey(p, spec.Queue, spec.Priority, id)
 	case IndexDelayed:
 		return timeIDKey(p, tagDelayed, spec.NotBeforeMs, id)
 	case IndexClaimed:

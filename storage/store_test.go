@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -230,7 +231,12 @@ func eachStored(t testing.TB, s *Store, p uint16, fn func(*StoredTask)) {
 func checkIndexes(t testing.TB, s *Store, p uint16) {
 	t.Helper()
 	want := map[string]bool{}
+	wantReady := map[queueKey][]ReadyEntry{}
 	eachStored(t, s, p, func(st *StoredTask) {
+		if st.Index == IndexReady {
+			k := queueKey{p, st.Task.Spec.Queue}
+			wantReady[k] = append(wantReady[k], ReadyEntry{ID: st.Task.ID, Priority: st.Task.Spec.Priority})
+		}
 		if k := indexKey(p, st.Task.ID, meta{st.Index, st.ExpiryMs}, st.Task.Spec); k != nil {
 			want[string(k)] = true
 		}
@@ -259,5 +265,31 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 	}
 	if len(want) != 0 {
 		t.Fatalf("%d index entries missing", len(want))
+	}
+	// The in-memory ready index holds exactly the ready tasks, in order.
+	s.readyMu.RLock()
+	queues := map[queueKey]*readyQueue{}
+	for k, q := range s.ready {
+		if k.p == p {
+			queues[k] = q
+		}
+	}
+	s.readyMu.RUnlock()
+	for k, q := range queues {
+		q.mu.Lock()
+		var got []ReadyEntry
+		q.t.Ascend(func(e ReadyEntry) bool { got = append(got, e); return true })
+		q.mu.Unlock()
+		w := wantReady[k]
+		slices.SortFunc(w, func(a, b ReadyEntry) int {
+			return cmp.Or(cmp.Compare(b.Priority, a.Priority), cmp.Compare(a.ID, b.ID))
+		})
+		if !slices.Equal(got, w) {
+			t.Fatalf("ready index of queue %q: %v, want %v", k.queue, got, w)
+		}
+		delete(wantReady, k)
+	}
+	for k, w := range wantReady {
+		t.Fatalf("queue %q: %d ready tasks missing from the ready index", k.queue, len(w))
 	}
 }

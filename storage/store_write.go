@@ -96,10 +96,11 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 		s.notifyDigests(digests)
 		s.rows.apply(ops)
 		s.due.lower(ops)
+		s.applyReady(changes)
 	}
 	unlock()
 	if err == nil {
-		s.noteReadyChanges(changes)
+		s.announceReady(changes)
 		if !(testhooks.Built && s.noSync) {
 			err = batch.SyncWait()
 		}
@@ -310,10 +311,8 @@ func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 				if err := b.Delete(k); err != nil {
 					return nil, err
 				}
-				if ti.m.state == IndexReady {
-					changes = append(changes, readyChange{p: p, queue: spec.Queue, key: k})
-				}
 			}
+			changes = append(changes, readyMoves(p, id, ti.m, spec, meta{}, nil)...)
 			if ti.metaFound {
 				if err := b.Delete(metaKey(p, id)); err != nil {
 					return nil, err
