@@ -4,8 +4,9 @@
 // memory, built from the task keys: the anti-entropy segment index,
 // (segment, id) -> digest, for the partitions anti-entropy tracks
 // (TrackDigests; a digest is the hash of the stored encoding), and the
-// ready index, per partition and queue a B-tree of (priority, id) of the
-// ready tasks, built at Open from the task and meta keys (readyQueue).
+// ready index, per partition and queue the ids of the ready tasks by
+// priority, in sorted chunks (readyList), built at Open from the task and
+// meta keys.
 //
 // # Keyspace
 //

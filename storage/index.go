@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/google/btree"
 )
 
 // ReadyEntry is one task in a queue's ready index.
@@ -29,10 +28,6 @@ type queueKey struct {
 	queue string
 }
 
-// readyDegree is the B-tree degree of a queue's ready index: nodes of up
-// to 2*readyDegree-1 entries of 16 bytes, no pointers among the entries.
-const readyDegree = 32
-
 // readyQueue is one queue's ready index in one partition, in memory:
 // the tasks whose index state is ready, by priority descending then id
 // ascending. It is built at Open from the task and meta keys
@@ -46,14 +41,7 @@ const readyDegree = 32
 // what they pick anyway.
 type readyQueue struct {
 	mu sync.Mutex
-	t  *btree.BTreeG[ReadyEntry]
-}
-
-func readyLess(a, b ReadyEntry) bool {
-	if a.Priority != b.Priority {
-		return a.Priority > b.Priority
-	}
-	return a.ID < b.ID
+	l  readyList
 }
 
 // readyQueue returns queue's ready index in partition p, made when
@@ -69,7 +57,7 @@ func (s *Store) readyQueue(p uint16, queue string, create bool) *readyQueue {
 	s.readyMu.Lock()
 	defer s.readyMu.Unlock()
 	if q = s.ready[k]; q == nil {
-		q = &readyQueue{t: btree.NewG(readyDegree, readyLess)}
+		q = &readyQueue{}
 		s.ready[k] = q
 	}
 	return q
@@ -93,9 +81,9 @@ func (s *Store) applyReady(changes []readyChange) {
 			q.mu.Lock()
 		}
 		if c.insert {
-			q.t.ReplaceOrInsert(c.e)
+			q.l.insert(c.e)
 		} else {
-			q.t.Delete(c.e)
+			q.l.remove(c.e)
 		}
 	}
 	if q != nil {
@@ -131,12 +119,7 @@ func (s *Store) ReadyHead(p uint16, queue string, limit int) ([]ReadyEntry, erro
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	out := make([]ReadyEntry, 0, min(limit, q.t.Len()))
-	q.t.Ascend(func(e ReadyEntry) bool {
-		out = append(out, e)
-		return len(out) < limit
-	})
-	return out, nil
+	return q.l.head(limit, make([]ReadyEntry, 0, min(limit, q.l.len()))), nil
 }
 
 // dropReady forgets partition p's ready index.
@@ -212,7 +195,7 @@ func (s *Store) buildReadyIndex(p uint16) error {
 		q := s.readyQueue(p, queue, true)
 		q.mu.Lock()
 		for _, e := range entries {
-			q.t.ReplaceOrInsert(e)
+			q.l.insert(e)
 		}
 		q.mu.Unlock()
 	}

@@ -277,8 +277,7 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 	s.readyMu.RUnlock()
 	for k, q := range queues {
 		q.mu.Lock()
-		var got []ReadyEntry
-		q.t.Ascend(func(e ReadyEntry) bool { got = append(got, e); return true })
+		got := q.l.head(q.l.len()+1, nil)
 		q.mu.Unlock()
 		w := wantReady[k]
 		slices.SortFunc(w, func(a, b ReadyEntry) int {
