@@ -119,26 +119,36 @@ func TestRowCacheDropBeatsStaleFill(t *testing.T) {
 	}
 }
 
-// The cache stays within its bound.
+// The cache stays within its bound: its capacity rounded up to whole
+// sets (a power of two of them per shard), and the rows it keeps are the
+// ones filled last.
 func TestRowCacheBounded(t *testing.T) {
-	c := newRowCache(rowShards * 4)
+	const capacity = rowShards * rowWays * 4
+	c := newRowCache(capacity)
 	for id := range uint64(10_000) {
 		c.fill(0, id, row{enc: []byte{1}, mFound: true}, 0)
 	}
 	n := 0
 	for i := range c.shards {
-		n += len(c.shards[i].rows)
+		n += c.shards[i].len()
 	}
-	if n > rowShards*4 {
-		t.Fatalf("%d rows cached, bound %d", n, rowShards*4)
+	if n != capacity {
+		t.Fatalf("%d rows cached after 10,000 fills, want the bound %d", n, capacity)
+	}
+	// Each set evicts its oldest: the last ids filled are all there.
+	for id := uint64(10_000 - capacity/4); id < 10_000; id++ {
+		if _, ok := c.lookup(0, id); !ok {
+			t.Fatalf("id %d, among the last filled, was evicted", id)
+		}
 	}
 }
 
 // TestRowCacheKeepsSonyflakeIDs: ids as sonyflake makes them at a low
 // rate (3 coordinators, 5 ids per 10 ms tick each: the sequence bits stay
-// small and the low bits are the machine id) spread over the shards, so
-// a cache of capacity rows keeps every one of capacity such ids. Before,
-// they crowded 4 of the 64 shards and the cache kept a sixteenth of them.
+// small and the low bits are the machine id) spread over the shards and
+// sets, so a cache of twice capacity rows keeps nearly every one of
+// capacity such ids. Before, they crowded 4 of the 64 shards and the cache
+// kept a sixteenth of them.
 func TestRowCacheKeepsSonyflakeIDs(t *testing.T) {
 	const capacity = 1 << 14
 	c := newRowCache(2 * capacity) // the slack of an uneven hash
@@ -159,7 +169,9 @@ func TestRowCacheKeepsSonyflakeIDs(t *testing.T) {
 			kept++
 		}
 	}
-	if kept != len(ids) {
-		t.Fatalf("the cache kept %d of %d ids, want all", kept, len(ids))
+	// A set-associative cache loses a few to sets that overflow (about 1%
+	// at half its capacity); crowded shards lost fifteen sixteenths.
+	if kept < len(ids)*98/100 {
+		t.Fatalf("the cache kept %d of %d ids, want at least 98%%", kept, len(ids))
 	}
 }
