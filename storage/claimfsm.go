@@ -111,7 +111,7 @@ func (s *Store) ApplyClaimFSM(p uint16, u ClaimFSMUpdate, sync bool) error {
 	}
 	s.rows.apply(sb.ops)
 	s.due.lower(sb.ops)
-	s.applyReady(changes)
+	s.applyIndex(changes)
 	unlock()
 	s.announceReady(changes)
 	return nil
@@ -236,18 +236,12 @@ func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, l
 		isLive[l.ID] = true
 	}
 	var moves []IndexMove
-	lo, hi := tagSpan(p, tagClaimed)
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
-	if err != nil {
-		return err
-	}
-	for ok := it.First(); ok; ok = it.Next() {
-		if id := idFromKey(it.Key()); !isLive[id] {
-			moves = append(moves, IndexMove{ID: id})
+	if x := s.timeIndex(p, tagClaimed, false); x != nil {
+		for _, id := range x.ids() {
+			if !isLive[id] {
+				moves = append(moves, IndexMove{ID: id})
+			}
 		}
-	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
-		return err
 	}
 	for _, l := range live {
 		moves = append(moves, IndexMove{ID: l.ID, Claimed: true, ExpiryMs: l.ExpiryMs})
@@ -285,7 +279,7 @@ func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, l
 	}
 	s.rows.apply(sb.ops)
 	s.due.lower(sb.ops)
-	s.applyReady(changes)
+	s.applyIndex(changes)
 	unlock()
 	s.announceReady(changes)
 	return nil
@@ -300,7 +294,7 @@ func (s *Store) MarkClaimed(p uint16, marks []ClaimMark) error {
 		moves[i] = IndexMove{ID: m.ID, Claimed: true, ExpiryMs: m.ExpiryMs}
 		ids[i] = m.ID
 	}
-	return s.commitMoves(p, ids, func(b *sortedBatch) ([]readyChange, error) { return s.moveClaims(b, p, moves) }, nil)
+	return s.commitMoves(p, ids, func(b *sortedBatch) ([]indexChange, error) { return s.moveClaims(b, p, moves) }, nil)
 }
 
 // ReleaseClaims ends claims in partition p's claimed index: each task goes
@@ -311,7 +305,7 @@ func (s *Store) ReleaseClaims(p uint16, ids []uint64) error {
 	for i, id := range ids {
 		moves[i] = IndexMove{ID: id}
 	}
-	return s.commitMoves(p, ids, func(b *sortedBatch) ([]readyChange, error) { return s.moveClaims(b, p, moves) }, nil)
+	return s.commitMoves(p, ids, func(b *sortedBatch) ([]indexChange, error) { return s.moveClaims(b, p, moves) }, nil)
 }
 
 // PromoteDelayed moves up to limit delayed tasks of partition p whose
@@ -328,8 +322,8 @@ func (s *Store) PromoteDelayed(p uint16, limit int) (int, error) {
 		ids[i] = d.ID
 	}
 	moved := 0
-	err = s.commitMoves(p, ids, func(b *sortedBatch) ([]readyChange, error) {
-		var changes []readyChange
+	err = s.commitMoves(p, ids, func(b *sortedBatch) ([]indexChange, error) {
+		var changes []indexChange
 		for _, id := range ids {
 			ti, err := s.loadIndex(p, id)
 			if err != nil {
@@ -357,7 +351,7 @@ func (s *Store) PromoteDelayed(p uint16, limit int) (int, error) {
 // it synced, and updates the in-memory ready index. fill may record digest changes
 // (deletions) in *digests, reported to the sinks after the commit; nil
 // digests for fills that change no digest.
-func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *sortedBatch) ([]readyChange, error), digests *[]digestChange) error {
+func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *sortedBatch) ([]indexChange, error), digests *[]digestChange) error {
 	unlock := s.lockIDs(ids)
 	defer unlock()
 	var sb sortedBatch
@@ -381,7 +375,7 @@ func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *sortedBatch) ([
 	}
 	s.rows.apply(sb.ops)
 	s.due.lower(sb.ops)
-	s.applyReady(changes)
+	s.applyIndex(changes)
 	unlock()
 	s.announceReady(changes)
 	return nil
@@ -417,7 +411,7 @@ func (s *Store) loadIndex(p uint16, id uint64) (taskIndex, error) {
 // collapsed to their net effect: the last claim's expiry, or a release if
 // the last move releases a claim (held before or granted earlier in moves).
 // The caller holds the ids' locks.
-func (s *Store) moveClaims(b *sortedBatch, p uint16, moves []IndexMove) ([]readyChange, error) {
+func (s *Store) moveClaims(b *sortedBatch, p uint16, moves []IndexMove) ([]indexChange, error) {
 	type net struct {
 		last       IndexMove
 		claimedYet bool // a claim precedes the last move
@@ -437,7 +431,7 @@ func (s *Store) moveClaims(b *sortedBatch, p uint16, moves []IndexMove) ([]ready
 	}
 	slices.Sort(order)
 	now := s.clock.Now().UnixMilli()
-	var changes []readyChange
+	var changes []indexChange
 	for _, id := range order {
 		n := nets[id]
 		ti, err := s.loadIndex(p, id)
@@ -459,11 +453,7 @@ func (s *Store) moveClaims(b *sortedBatch, p uint16, moves []IndexMove) ([]ready
 			if err := b.Delete(metaKey(p, id)); err != nil {
 				return nil, err
 			}
-			if k := indexKey(p, id, ti.m, nil); k != nil {
-				if err := b.Delete(k); err != nil {
-					return nil, err
-				}
-			}
+			changes = append(changes, indexMoves(p, id, ti.m, nil, meta{}, nil)...)
 			continue
 		default:
 			next = meta{state: IndexNone}

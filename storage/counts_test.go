@@ -277,11 +277,11 @@ func TestUpgradeDropsSegmentKeys(t *testing.T) {
 	}
 }
 
-// Opening a format 3 store deletes its stored ready index (format 4 keeps
-// it in memory, built at Open from the task and meta keys), and the
-// index built holds exactly the ready tasks: not the claimed, delayed,
-// cancelled or released-then-claimed-again ones.
-func TestUpgradeDropsReadyKeys(t *testing.T) {
+// Opening a format 3 store deletes its stored ready, delayed and claimed
+// indexes (format 5 keeps them in memory, built at Open from the task and
+// meta keys), and the indexes built hold exactly the ready, delayed and
+// claimed tasks, a claim recorded before its task arrived included.
+func TestUpgradeDropsIndexKeys(t *testing.T) {
 	fs := vfs.NewMem()
 	s, _ := openTestStore(t, fs, "db")
 	for p := range uint16(2) {
@@ -299,6 +299,9 @@ func TestUpgradeDropsReadyKeys(t *testing.T) {
 		later := newTask(base+100, "q", 0)
 		later.Spec.NotBeforeMs = t0 + 60_000
 		mustMerge(t, s, p, later)
+		if err := s.MarkClaimed(p, []ClaimMark{{ID: base + 500, ExpiryMs: t0 + 20}}); err != nil { // no task here yet
+			t.Fatal(err)
+		}
 	}
 	want := map[uint16][]uint64{}
 	for p := range uint16(2) {
@@ -307,7 +310,24 @@ func TestUpgradeDropsReadyKeys(t *testing.T) {
 			t.Fatalf("partition %d: %d ready before the upgrade, want 18", p, len(want[p]))
 		}
 	}
-	// Make it a format 3 store: ready keys as format 3 wrote them.
+	// Make it a format 3 store: ready, delayed and claimed keys as format 3
+	// wrote them.
+	wantDue := map[uint16][2][]DueEntry{}
+	for p := range uint16(2) {
+		delayed, _ := s.DelayedDue(p, math.MaxInt64, 100)
+		claimed, _ := s.ClaimsExpiring(p, math.MaxInt64, 100)
+		if len(delayed) != 1 || len(claimed) != 2 {
+			t.Fatalf("partition %d: %d delayed and %d claimed before the upgrade, want 1 and 2", p, len(delayed), len(claimed))
+		}
+		wantDue[p] = [2][]DueEntry{delayed, claimed}
+		for i, tag := range []byte{tagDelayed, tagClaimed} {
+			for _, e := range wantDue[p][i] {
+				if err := s.db.Set(timeIDKey(p, tag, e.AtMs, e.ID), nil, pebble.NoSync); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
 	for p := range uint16(2) {
 		for _, q := range []string{"q", "r"} {
 			for _, e := range mustHead(t, s, p, q) {
@@ -333,6 +353,11 @@ func TestUpgradeDropsReadyKeys(t *testing.T) {
 		checkCounts(t, s2, p)
 		if got := append(headIDs(t, s2, p, "q", 100), headIDs(t, s2, p, "r", 100)...); !slices.Equal(got, want[p]) {
 			t.Fatalf("partition %d: ready after the upgrade %v, want %v", p, got, want[p])
+		}
+		delayed, _ := s2.DelayedDue(p, math.MaxInt64, 100)
+		claimed, _ := s2.ClaimsExpiring(p, math.MaxInt64, 100)
+		if !slices.Equal(delayed, wantDue[p][0]) || !slices.Equal(claimed, wantDue[p][1]) {
+			t.Fatalf("partition %d: delayed %v and claimed %v after the upgrade, want %v", p, delayed, claimed, wantDue[p])
 		}
 	}
 	v, err := s2.get(formatKey)

@@ -1,12 +1,14 @@
 // Package storage is a node's one Pebble database: the CRDT state of every
 // task it replicates, the local indexes that make claims and expiry cheap,
-// and every partition's Raft log and stable store. Two indexes live in
-// memory, built from the task keys: the anti-entropy segment index,
+// and every partition's Raft log and stable store. Most indexes live in
+// memory, built from the stored keys: the anti-entropy segment index,
 // (segment, id) -> digest, for the partitions anti-entropy tracks
-// (TrackDigests; a digest is the hash of the stored encoding), and the
-// ready index, per partition and queue the ids of the ready tasks by
-// priority, in sorted chunks (readyList), built at Open from the task and
-// meta keys.
+// (TrackDigests; a digest is the hash of the stored encoding); and, built
+// at Open from the task and meta keys (buildIndexes), the ready index (per
+// partition and queue the ids of the ready tasks by priority, in sorted
+// chunks: readyList) and the delayed and claimed indexes (per partition
+// (time, id) in a B-tree: timeIndex). Only the retention index is a key
+// per task.
 //
 // # Keyspace
 //
@@ -16,8 +18,8 @@
 //
 //	p 0x01 id                       -> canonical crdt.Task encoding
 //	p 0x02 queue 0x00 ^prio' id     -> (empty)  ready index (format 3 and before; deleted on upgrade)
-//	p 0x03 notBeforeMs id           -> (empty)  delayed index
-//	p 0x04 expiryMs id              -> (empty)  claimed index
+//	p 0x03 notBeforeMs id           -> (empty)  delayed index (format 4 and before; deleted on upgrade)
+//	p 0x04 expiryMs id              -> (empty)  claimed index (format 4 and before; deleted on upgrade)
 //	p 0x05 segment id               -> digest   (format 2 and before; deleted on upgrade)
 //	p 0x06 id                       -> meta: index state [+ expiryMs]
 //	p 0x07 terminalMs id            -> (empty)  retention index of terminal tasks

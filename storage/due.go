@@ -6,11 +6,11 @@ import (
 	"sync"
 )
 
-// dueTable keeps, per partition and time index (delayed, claimed,
-// terminal), a lower bound of the earliest time in the index, so that
-// the monitor's pass over every partition every 250 ms (due delayed
-// tasks, expiring claims, retention) opens no iterator on an index with
-// nothing due. With 1,024 idle partitions per node those iterators were
+// dueTable keeps, per partition, a lower bound of the earliest time in
+// the retention index (terminal), so that the monitor's pass over every
+// partition every 250 ms opens no iterator on an index with nothing due.
+// (The delayed and claimed indexes, which it served too, are in memory
+// since store format 5: timeIndex.) With 1,024 idle partitions per node those iterators were
 // about 7% of an idle node's CPU (docs/SCALING.md).
 //
 // A bound is lowered after every commit that inserted a key into the
@@ -54,10 +54,9 @@ func (d *dueTable) bound(k dueKey) *dueBound {
 	return b
 }
 
-// isTimeTag reports whether tag is a time index (timeIDKey layout).
-func isTimeTag(tag byte) bool {
-	return tag == tagDelayed || tag == tagClaimed || tag == tagTerminal
-}
+// isTimeTag reports whether tag is a time index kept in Pebble
+// (timeIDKey layout).
+func isTimeTag(tag byte) bool { return tag == tagTerminal }
 
 // lower lowers the bounds for the time index keys the ops insert.
 func (d *dueTable) lower(ops []batchOp) {
@@ -96,10 +95,8 @@ func (d *dueTable) raise(k dueKey, version uint64, minMs int64) {
 func (d *dueTable) forget(p uint16) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, tag := range []byte{tagDelayed, tagClaimed, tagTerminal} {
-		if b := d.bounds[dueKey{p, tag}]; b != nil {
-			b.known = false
-			b.version++
-		}
+	if b := d.bounds[dueKey{p, tagTerminal}]; b != nil {
+		b.known = false
+		b.version++
 	}
 }

@@ -19,16 +19,17 @@ import (
 // 3: the anti-entropy segment index (tagSegment) is no longer stored; it
 // is built in memory from the task keys (TrackDigests).
 // 4: the ready index (tagReady) is no longer stored; it is built in memory
-// from the task and meta keys at Open (buildReadyIndex).
-const formatVersion = 4
+// from the task and meta keys at Open (buildIndexes).
+// 5: nor are the delayed and claimed indexes (tagDelayed, tagClaimed).
+const formatVersion = 5
 
 var formatKey = []byte("\xff\xff\xffformat")
 
 // upgrade brings an opened store to formatVersion: a new store gets the
 // version key; one of format 1 gets its counters and waiting keys built
 // from the stored tasks, partition by partition; one before format 3 has
-// its segment index keys deleted, one before format 4 its ready index
-// keys; then the key. A crash before the key is
+// its segment index keys deleted, one before format 5 its ready, delayed
+// and claimed index keys; then the key. A crash before the key is
 // written starts the upgrade over (each step can run again).
 func (s *Store) upgrade() error {
 	v, err := s.get(formatKey)
@@ -62,9 +63,11 @@ func (s *Store) upgrade() error {
 				return fmt.Errorf("storage: deleting the segment index of partition %d: %w", p, err)
 			}
 		}
-		lo, hi := tagSpan(p, tagReady)
-		if err := s.db.DeleteRange(lo, hi, pebble.NoSync); err != nil {
-			return fmt.Errorf("storage: deleting the ready index of partition %d: %w", p, err)
+		for _, tag := range []byte{tagReady, tagDelayed, tagClaimed} {
+			lo, hi := tagSpan(p, tag)
+			if err := s.db.DeleteRange(lo, hi, pebble.NoSync); err != nil {
+				return fmt.Errorf("storage: deleting the index %#x of partition %d: %w", tag, p, err)
+			}
 		}
 	}
 	return s.db.Set(formatKey, binary.BigEndian.AppendUint32(nil, formatVersion), pebble.Sync)

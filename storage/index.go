@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/norn-dev/norn/crdt"
 )
 
 // ReadyEntry is one task in a queue's ready index.
@@ -63,17 +65,34 @@ func (s *Store) readyQueue(p uint16, queue string, create bool) *readyQueue {
 	return q
 }
 
-// applyReady applies a committed batch's ready changes to the in-memory
-// index. The caller holds the stripe locks of every id they name, and
+// applyIndex applies a committed batch's index changes to the in-memory
+// indexes. The caller holds the stripe locks of every id they name, and
 // calls it after the batch is visible.
-func (s *Store) applyReady(changes []readyChange) {
+func (s *Store) applyIndex(changes []indexChange) {
 	var q *readyQueue
 	var qk queueKey
+	unlockQ := func() {
+		if q != nil {
+			q.mu.Unlock()
+			q = nil
+		}
+	}
+	defer unlockQ()
 	for _, c := range changes {
-		if k := (queueKey{c.p, c.queue}); q == nil || k != qk {
-			if q != nil {
-				q.mu.Unlock()
+		if c.tag != tagReady {
+			if x := s.timeIndex(c.p, c.tag, c.insert); x != nil {
+				x.mu.Lock()
+				if c.insert {
+					x.t.ReplaceOrInsert(c.due)
+				} else {
+					x.t.Delete(c.due)
+				}
+				x.mu.Unlock()
 			}
+			continue
+		}
+		if k := (queueKey{c.p, c.queue}); q == nil || k != qk {
+			unlockQ()
 			qk = k
 			if q = s.readyQueue(c.p, c.queue, c.insert); q == nil {
 				continue // a delete from a queue that holds nothing
@@ -86,20 +105,17 @@ func (s *Store) applyReady(changes []readyChange) {
 			q.l.remove(c.e)
 		}
 	}
-	if q != nil {
-		q.mu.Unlock()
-	}
 }
 
 // announceReady calls Config.OnReady once per partition and queue that
 // gained ready tasks. Call it after the ids' locks are released.
-func (s *Store) announceReady(changes []readyChange) {
+func (s *Store) announceReady(changes []indexChange) {
 	if s.onReady == nil {
 		return
 	}
 	var told []queueKey
 	for _, c := range changes {
-		if k := (queueKey{c.p, c.queue}); c.insert && !slices.Contains(told, k) {
+		if k := (queueKey{c.p, c.queue}); c.tag == tagReady && c.insert && !slices.Contains(told, k) {
 			told = append(told, k)
 			s.onReady(c.p, c.queue)
 		}
@@ -122,8 +138,8 @@ func (s *Store) ReadyHead(p uint16, queue string, limit int) ([]ReadyEntry, erro
 	return q.l.head(limit, make([]ReadyEntry, 0, min(limit, q.l.len()))), nil
 }
 
-// dropReady forgets partition p's ready index.
-func (s *Store) dropReady(p uint16) {
+// dropIndexes forgets partition p's in-memory indexes.
+func (s *Store) dropIndexes(p uint16) {
 	s.readyMu.Lock()
 	defer s.readyMu.Unlock()
 	for k := range s.ready {
@@ -131,14 +147,17 @@ func (s *Store) dropReady(p uint16) {
 			delete(s.ready, k)
 		}
 	}
+	delete(s.times, dueKey{p, tagDelayed})
+	delete(s.times, dueKey{p, tagClaimed})
 }
 
-// buildReadyIndex fills the ready index of partition p from its task and
-// meta keys: a stored task is ready when its meta key says so or when it
-// has none (row.meta). Open runs it for every partition before the store
-// takes writes; only the tasks without a meta key, or ready by it, are
-// decoded.
-func (s *Store) buildReadyIndex(p uint16) error {
+// buildIndexes fills the in-memory indexes of partition p from its task
+// and meta keys: a stored task is ready when its meta key says so or when
+// it has none (row.meta), delayed or claimed when its meta key says so; a
+// claim recorded before its task arrived (a meta key without a task) is
+// claimed too. Open runs it for every partition before the store takes
+// writes; only the ready and delayed tasks are decoded.
+func (s *Store) buildIndexes(p uint16) error {
 	tlo, thi := tagSpan(p, tagTask)
 	tasks, err := s.db.NewIter(&pebble.IterOptions{LowerBound: tlo, UpperBound: thi})
 	if err != nil {
@@ -152,41 +171,60 @@ func (s *Store) buildReadyIndex(p uint16) error {
 	}
 	defer metas.Close()
 	byQueue := map[string][]ReadyEntry{}
-	mok := metas.First()
-	for ok := tasks.First(); ok; ok = tasks.Next() {
-		key := tasks.Key()
-		if len(key) != 3+8 {
-			return corrupt(key, "bad task key")
+	var times []indexChange
+	tok, mok := tasks.First(), metas.First()
+	for tok || mok {
+		if tok && len(tasks.Key()) != 3+8 {
+			return corrupt(tasks.Key(), "bad task key")
 		}
-		id := idFromKey(key)
-		for mok && idFromKey(metas.Key()) < id {
-			mok = metas.Next()
+		if mok && len(metas.Key()) != 3+8 {
+			return corrupt(metas.Key(), "bad meta key")
 		}
-		if mok && idFromKey(metas.Key()) == id {
+		var id uint64
+		haveTask, haveMeta := false, false
+		switch {
+		case !mok || (tok && idFromKey(tasks.Key()) < idFromKey(metas.Key())):
+			id, haveTask = idFromKey(tasks.Key()), true
+		case !tok || idFromKey(metas.Key()) < idFromKey(tasks.Key()):
+			id, haveMeta = idFromKey(metas.Key()), true
+		default:
+			id, haveTask, haveMeta = idFromKey(tasks.Key()), true, true
+		}
+		m := meta{state: IndexReady} // a stored task without a meta key
+		if haveMeta {
 			mv, err := metas.ValueAndErr()
 			if err != nil {
 				return err
 			}
-			m, valid := decodeMeta(mv)
-			if !valid {
+			var valid bool
+			if m, valid = decodeMeta(mv); !valid {
 				return corrupt(metas.Key(), "bad meta value %x", mv)
 			}
-			if m.state != IndexReady {
-				continue
+		}
+		var spec *crdt.Spec
+		if haveTask && (m.state == IndexReady || m.state == IndexDelayed) {
+			v, err := tasks.ValueAndErr()
+			if err != nil {
+				return err
 			}
+			st, err := decodeTask(p, slices.Clone(tasks.Key()), v)
+			if err != nil {
+				return err
+			}
+			spec = st.Task.Spec
 		}
-		v, err := tasks.ValueAndErr()
-		if err != nil {
-			return err
+		if m.state == IndexReady && spec != nil {
+			byQueue[spec.Queue] = append(byQueue[spec.Queue], ReadyEntry{ID: id, Priority: spec.Priority})
 		}
-		st, err := decodeTask(p, slices.Clone(key), v)
-		if err != nil {
-			return err
+		if tag, e, ok := timeEntry(id, m, spec); ok {
+			times = append(times, indexChange{p: p, tag: tag, due: e, insert: true})
 		}
-		if st.Task.Spec == nil {
-			continue
+		if haveTask {
+			tok = tasks.Next()
 		}
-		byQueue[st.Task.Spec.Queue] = append(byQueue[st.Task.Spec.Queue], ReadyEntry{ID: id, Priority: st.Task.Spec.Priority})
+		if haveMeta {
+			mok = metas.Next()
+		}
 	}
 	if err := errors.Join(tasks.Error(), metas.Error()); err != nil {
 		return err
@@ -199,6 +237,7 @@ func (s *Store) buildReadyIndex(p uint16) error {
 		}
 		q.mu.Unlock()
 	}
+	s.applyIndex(times)
 	return nil
 }
 
@@ -220,6 +259,13 @@ func (s *Store) dueBefore(p uint16, tag byte, ms int64, limit int) ([]DueEntry, 
 	}
 	if ms < 0 {
 		return nil, nil
+	}
+	if tag == tagDelayed || tag == tagClaimed {
+		x := s.timeIndex(p, tag, false)
+		if x == nil {
+			return nil, nil
+		}
+		return x.before(ms, limit), nil
 	}
 	k := dueKey{p, tag}
 	skip, version := s.due.nothingDue(k, ms)

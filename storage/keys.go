@@ -11,8 +11,8 @@ import (
 const (
 	tagTask     byte = 0x01 // id -> canonical crdt.Task encoding
 	tagReady    byte = 0x02 // retired in format 4: queue 0x00 prio id -> empty
-	tagDelayed  byte = 0x03 // notBefore id -> empty
-	tagClaimed  byte = 0x04 // expiry id -> empty
+	tagDelayed  byte = 0x03 // retired in format 5: notBefore id -> empty
+	tagClaimed  byte = 0x04 // retired in format 5: expiry id -> empty
 	tagSegment  byte = 0x05 // retired in format 3: segment id -> digest
 	tagMeta     byte = 0x06 // id -> local index state
 	tagTerminal byte = 0x07 // terminalMs id -> empty (retention)

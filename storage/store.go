@@ -101,8 +101,9 @@ type Store struct {
 	rows *rowCache // nil when Config.TaskCacheRows < 0
 	due  dueTable  // lower bounds of the time indexes' earliest keys
 
-	readyMu sync.RWMutex
-	ready   map[queueKey]*readyQueue // the ready index, in memory
+	readyMu sync.RWMutex             // guards the maps of the in-memory indexes
+	ready   map[queueKey]*readyQueue // the ready index
+	times   map[dueKey]*timeIndex    // the delayed and claimed indexes
 }
 
 // Open opens (creating if needed) the store in cfg.Dir.
@@ -154,7 +155,7 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.TaskCacheRows >= 0 {
 		rows = newRowCache(cmp.Or(cfg.TaskCacheRows, defaultRowCacheRows))
 	}
-	s := &Store{db: db, rows: rows, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, drift: cfg.CountDrift, ready: map[queueKey]*readyQueue{},
+	s := &Store{db: db, rows: rows, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, drift: cfg.CountDrift, ready: map[queueKey]*readyQueue{}, times: map[dueKey]*timeIndex{},
 		horizons: idHorizons{db: db, spans: stateSpans}, recordHorizons: idHorizons{db: db, spans: recordSpans}}
 	if err := s.upgrade(); err != nil {
 		db.Close()
@@ -162,11 +163,11 @@ func Open(cfg Config) (*Store, error) {
 	}
 	for p, ok, err := s.nextPartition(0); ok || err != nil; p, ok, err = s.nextPartition(uint32(p) + 1) {
 		if err == nil {
-			err = s.buildReadyIndex(p)
+			err = s.buildIndexes(p)
 		}
 		if err != nil {
 			db.Close()
-			return nil, fmt.Errorf("storage: building the ready index of partition %d: %w", p, err)
+			return nil, fmt.Errorf("storage: building the indexes of partition %d: %w", p, err)
 		}
 	}
 	return s, nil
@@ -204,7 +205,7 @@ func (s *Store) DropPartition(p uint16) error {
 	}
 	s.rows.dropPartition(p)
 	s.due.forget(p)
-	s.dropReady(p)
+	s.dropIndexes(p)
 	return nil
 }
 

@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 
@@ -58,26 +57,28 @@ func decodeMeta(b []byte) (meta, bool) {
 	return meta{}, false
 }
 
-// readyChange is a task entering (insert) or leaving a queue's ready
-// index, applied to the in-memory index once its batch is visible
-// (applyReady).
-type readyChange struct {
+// indexChange is a task entering (insert) or leaving one of the
+// in-memory indexes: a queue's ready index (tag tagReady, queue and e), or
+// the delayed or claimed index (tagDelayed, tagClaimed: due). It is
+// applied once its batch is visible (applyIndex).
+type indexChange struct {
 	p      uint16
+	tag    byte
 	queue  string
 	e      ReadyEntry
+	due    DueEntry
 	insert bool // false: deleted
 }
 
-// moveIndex writes into b the new meta value and the index changes from
-// (old, oldSpec) to (new, newSpec). metaStored tells whether id's meta key
-// holds a value now. It returns the ready-index changes.
+// moveIndex writes into b the new meta value, and returns the changes of
+// the in-memory indexes, from (old, oldSpec) to (new, newSpec).
+// metaStored tells whether id's meta key holds a value now.
 //
 // A stored task without a meta key is ready (see row.meta): a task that
 // is ready and has no meta key keeps none, so that an enqueue writes
 // three keys, not four (the store's CPU per new task fell by about a
 // sixth without it, BenchmarkMergeTasksBatch).
-func (s *Store) moveIndex(b *sortedBatch, p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec, metaStored bool) ([]readyChange, error) {
-	oldKey, newKey := indexKey(p, id, old, oldSpec), indexKey(p, id, new, newSpec)
+func (s *Store) moveIndex(b *sortedBatch, p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec, metaStored bool) ([]indexChange, error) {
 	// Every write of a task (prepareMerge) or a meta comes here: raise the
 	// horizon before the batch is applied. A meta can be written for a
 	// task not stored here (a claim recorded first).
@@ -89,54 +90,33 @@ func (s *Store) moveIndex(b *sortedBatch, p uint16, id uint64, old meta, oldSpec
 	} else if err := b.Set(metaKey(p, id), new.encode()); err != nil {
 		return nil, err
 	}
-	if err := moveIndexKeys(b, oldKey, newKey); err != nil {
-		return nil, err
-	}
-	return readyMoves(p, id, old, oldSpec, new, newSpec), nil
+	return indexMoves(p, id, old, oldSpec, new, newSpec), nil
 }
 
-// moveIndexKeys replaces oldKey by newKey in the indexes kept in Pebble.
-func moveIndexKeys(b *sortedBatch, oldKey, newKey []byte) error {
-	if bytes.Equal(oldKey, newKey) {
-		return nil
-	}
-	if oldKey != nil {
-		if err := b.Delete(oldKey); err != nil {
-			return err
-		}
-	}
-	if newKey != nil {
-		return b.Set(newKey, nil)
-	}
-	return nil
-}
-
-// readyMoves returns the ready-index changes of a task going from (old,
-// oldSpec) to (new, newSpec).
-func readyMoves(p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec) []readyChange {
+// indexMoves returns the in-memory index changes of a task going from
+// (old, oldSpec) to (new, newSpec).
+func indexMoves(p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, newSpec *crdt.Spec) []indexChange {
+	var changes []indexChange
 	wasReady := old.state == IndexReady && oldSpec != nil
 	isReady := new.state == IndexReady && newSpec != nil
-	if wasReady && isReady && oldSpec.Queue == newSpec.Queue && oldSpec.Priority == newSpec.Priority {
-		return nil
+	if !(wasReady && isReady && oldSpec.Queue == newSpec.Queue && oldSpec.Priority == newSpec.Priority) {
+		if wasReady {
+			changes = append(changes, indexChange{p: p, tag: tagReady, queue: oldSpec.Queue, e: ReadyEntry{ID: id, Priority: oldSpec.Priority}})
+		}
+		if isReady {
+			changes = append(changes, indexChange{p: p, tag: tagReady, queue: newSpec.Queue, e: ReadyEntry{ID: id, Priority: newSpec.Priority}, insert: true})
+		}
 	}
-	var changes []readyChange
-	if wasReady {
-		changes = append(changes, readyChange{p: p, queue: oldSpec.Queue, e: ReadyEntry{ID: id, Priority: oldSpec.Priority}})
+	oldTag, oldDue, hadTime := timeEntry(id, old, oldSpec)
+	newTag, newDue, hasTime := timeEntry(id, new, newSpec)
+	if hadTime && hasTime && oldTag == newTag && oldDue == newDue {
+		return changes
 	}
-	if isReady {
-		changes = append(changes, readyChange{p: p, queue: newSpec.Queue, e: ReadyEntry{ID: id, Priority: newSpec.Priority}, insert: true})
+	if hadTime {
+		changes = append(changes, indexChange{p: p, tag: oldTag, due: oldDue})
+	}
+	if hasTime {
+		changes = append(changes, indexChange{p: p, tag: newTag, due: newDue, insert: true})
 	}
 	return changes
-}
-
-// indexKey returns the Pebble index key of a task in state m, or nil for
-// IndexNone and IndexReady (the ready index is in memory: readyQueue).
-func indexKey(p uint16, id uint64, m meta, spec *crdt.Spec) []byte {
-	switch m.state {
-	case IndexDelayed:
-		return timeIDKey(p, tagDelayed, spec.NotBeforeMs, id)
-	case IndexClaimed:
-		return timeIDKey(p, tagClaimed, m.expiryMs, id)
-	}
-	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -232,13 +233,14 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 	t.Helper()
 	want := map[string]bool{}
 	wantReady := map[queueKey][]ReadyEntry{}
+	wantTimes := map[byte][]DueEntry{}
 	eachStored(t, s, p, func(st *StoredTask) {
 		if st.Index == IndexReady {
 			k := queueKey{p, st.Task.Spec.Queue}
 			wantReady[k] = append(wantReady[k], ReadyEntry{ID: st.Task.ID, Priority: st.Task.Spec.Priority})
 		}
-		if k := indexKey(p, st.Task.ID, meta{st.Index, st.ExpiryMs}, st.Task.Spec); k != nil {
-			want[string(k)] = true
+		if tag, e, ok := timeEntry(st.Task.ID, meta{st.Index, st.ExpiryMs}, st.Task.Spec); ok {
+			wantTimes[tag] = append(wantTimes[tag], e)
 		}
 		if k := terminalKey(p, st.Task); k != nil {
 			want[string(k)] = true
@@ -290,5 +292,33 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 	}
 	for k, w := range wantReady {
 		t.Fatalf("queue %q: %d ready tasks missing from the ready index", k.queue, len(w))
+	}
+	// So do the delayed and claimed indexes; a claim recorded before its
+	// task arrived (a meta key without a task) is claimed too.
+	lo, hi := tagSpan(p, tagMeta)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		id := idFromKey(it.Key())
+		if _, err := s.get(taskKey(p, id)); !errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if m, ok := decodeMeta(it.Value()); ok && m.state == IndexClaimed {
+			wantTimes[tagClaimed] = append(wantTimes[tagClaimed], DueEntry{ID: id, AtMs: max(m.expiryMs, 0)})
+		}
+	}
+	it.Close()
+	for _, tag := range []byte{tagDelayed, tagClaimed} {
+		var got []DueEntry
+		if x := s.timeIndex(p, tag, false); x != nil {
+			got = x.before(math.MaxInt64, math.MaxInt)
+		}
+		w := wantTimes[tag]
+		slices.SortFunc(w, func(a, b DueEntry) int { return cmp.Or(cmp.Compare(a.AtMs, b.AtMs), cmp.Compare(a.ID, b.ID)) })
+		if !slices.Equal(got, w) {
+			t.Fatalf("time index %#x: %v, want %v", tag, got, w)
+		}
 	}
 }

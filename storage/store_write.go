@@ -96,7 +96,7 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 		s.notifyDigests(digests)
 		s.rows.apply(ops)
 		s.due.lower(ops)
-		s.applyReady(changes)
+		s.applyIndex(changes)
 	}
 	unlock()
 	if err == nil {
@@ -114,7 +114,7 @@ func (s *Store) MergeTasks(items []MergeItem) ([]MergeResult, error) {
 
 // prepareMerge reads the stored states, joins, and builds the batch. It
 // returns a nil batch when no state changed. The caller holds the stripes.
-func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, []batchOp, []readyChange, []digestChange, error) {
+func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, []batchOp, []indexChange, []digestChange, error) {
 	type key struct {
 		p  uint16
 		id uint64
@@ -141,7 +141,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 
 	now := s.clock.Now().UnixMilli()
 	var sb sortedBatch
-	var changes []readyChange
+	var changes []indexChange
 	var digests []digestChange
 	byKey := make(map[key]MergeResult, len(order))
 	// Which tasks are new here, decided for all before any horizon rises.
@@ -282,8 +282,8 @@ func (s *Store) TerminalBefore(p uint16, ms int64, limit int) ([]DueEntry, error
 // are the FSM's to delete (through Raft). Missing ids are skipped.
 func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 	var digests []digestChange
-	return s.commitMoves(p, ids, func(b *sortedBatch) ([]readyChange, error) {
-		var changes []readyChange
+	return s.commitMoves(p, ids, func(b *sortedBatch) ([]indexChange, error) {
+		var changes []indexChange
 		for _, id := range ids {
 			ti, err := s.loadIndex(p, id)
 			if err != nil {
@@ -307,12 +307,7 @@ func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 					}
 				}
 			}
-			if k := indexKey(p, id, ti.m, spec); k != nil {
-				if err := b.Delete(k); err != nil {
-					return nil, err
-				}
-			}
-			changes = append(changes, readyMoves(p, id, ti.m, spec, meta{}, nil)...)
+			changes = append(changes, indexMoves(p, id, ti.m, spec, meta{}, nil)...)
 			if ti.metaFound {
 				if err := b.Delete(metaKey(p, id)); err != nil {
 					return nil, err

@@ -1,0 +1,87 @@
+package storage
+
+import (
+	"sync"
+
+	"github.com/google/btree"
+
+	"github.com/norn-dev/norn/crdt"
+)
+
+// timeIndex is one partition's delayed index (not-before time, id) or
+// claimed index (lease expiry, id), in memory. Like the ready index it is
+// built at Open from the task and meta keys (buildIndexes) and follows
+// every committed batch under the ids' stripe locks (applyIndex). The
+// claimed index stays a pure function of the claim FSM: its entries come
+// from the meta keys the FSM writes, on every replica alike.
+//
+// A B-tree (google/btree): its entries are inserted in no particular
+// order (leases of different lengths, renewals, not-before times of any
+// date), unlike the ready index's appends. It holds the claimed and
+// delayed tasks only.
+type timeIndex struct {
+	mu sync.Mutex
+	t  *btree.BTreeG[DueEntry]
+}
+
+func dueLess(a, b DueEntry) bool {
+	if a.AtMs != b.AtMs {
+		return a.AtMs < b.AtMs
+	}
+	return a.ID < b.ID
+}
+
+// timeIndex returns partition p's index for tag (tagDelayed or
+// tagClaimed), made when missing if create, nil otherwise.
+func (s *Store) timeIndex(p uint16, tag byte, create bool) *timeIndex {
+	k := dueKey{p, tag}
+	s.readyMu.RLock()
+	x := s.times[k]
+	s.readyMu.RUnlock()
+	if x != nil || !create {
+		return x
+	}
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
+	if x = s.times[k]; x == nil {
+		x = &timeIndex{t: btree.NewG(16, dueLess)}
+		s.times[k] = x
+	}
+	return x
+}
+
+// before returns up to limit entries at or before ms, earliest first.
+func (x *timeIndex) before(ms int64, limit int) []DueEntry {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var out []DueEntry
+	x.t.Ascend(func(e DueEntry) bool {
+		if e.AtMs > ms || len(out) >= limit {
+			return false
+		}
+		out = append(out, e)
+		return true
+	})
+	return out
+}
+
+// ids returns the ids the index holds.
+func (x *timeIndex) ids() []uint64 {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make([]uint64, 0, x.t.Len())
+	x.t.Ascend(func(e DueEntry) bool { out = append(out, e.ID); return true })
+	return out
+}
+
+// timeEntry returns the time index entry of a task in state m (spec: its
+// spec, needed for a delayed task's not-before time), if it has one.
+func timeEntry(id uint64, m meta, spec *crdt.Spec) (tag byte, e DueEntry, ok bool) {
+	switch {
+	case m.state == IndexClaimed:
+		return tagClaimed, DueEntry{ID: id, AtMs: max(m.expiryMs, 0)}, true
+	case m.state == IndexDelayed && spec != nil:
+		return tagDelayed, DueEntry{ID: id, AtMs: max(spec.NotBeforeMs, 0)}, true
+	}
+	return 0, DueEntry{}, false
+}
