@@ -49,20 +49,25 @@ type readyQueue struct {
 // readyQueue returns queue's ready index in partition p, made when
 // missing if create, nil otherwise.
 func (s *Store) readyQueue(p uint16, queue string, create bool) *readyQueue {
-	k := queueKey{p, queue}
-	s.readyMu.RLock()
-	q := s.ready[k]
-	s.readyMu.RUnlock()
-	if q != nil || !create {
-		return q
+	return lookupIndex(&s.readyMu, s.ready, queueKey{p, queue}, create, func() *readyQueue { return &readyQueue{} })
+}
+
+// lookupIndex returns m[k] under mu, made by mk when missing if create,
+// nil otherwise (the maps of the in-memory indexes).
+func lookupIndex[K comparable, V any](mu *sync.RWMutex, m map[K]*V, k K, create bool, mk func() *V) *V {
+	mu.RLock()
+	v := m[k]
+	mu.RUnlock()
+	if v != nil || !create {
+		return v
 	}
-	s.readyMu.Lock()
-	defer s.readyMu.Unlock()
-	if q = s.ready[k]; q == nil {
-		q = &readyQueue{}
-		s.ready[k] = q
+	mu.Lock()
+	defer mu.Unlock()
+	if v = m[k]; v == nil {
+		v = mk()
+		m[k] = v
 	}
-	return q
+	return v
 }
 
 // applyIndex applies a committed batch's index changes to the in-memory

@@ -34,20 +34,9 @@ func dueLess(a, b DueEntry) bool {
 // timeIndex returns partition p's index for tag (tagDelayed or
 // tagClaimed), made when missing if create, nil otherwise.
 func (s *Store) timeIndex(p uint16, tag byte, create bool) *timeIndex {
-	k := dueKey{p, tag}
-	s.readyMu.RLock()
-	x := s.times[k]
-	s.readyMu.RUnlock()
-	if x != nil || !create {
-		return x
-	}
-	s.readyMu.Lock()
-	defer s.readyMu.Unlock()
-	if x = s.times[k]; x == nil {
-		x = &timeIndex{t: btree.NewG(16, dueLess)}
-		s.times[k] = x
-	}
-	return x
+	return lookupIndex(&s.readyMu, s.times, dueKey{p, tag}, create, func() *timeIndex {
+		return &timeIndex{t: btree.NewG(16, dueLess)}
+	})
 }
 
 // before returns up to limit entries at or before ms, earliest first.
