@@ -17,9 +17,10 @@ import (
 // KV is what the Raft FSM needs of the node's store (storage.Store
 // implements it). Records are per partition.
 type KV interface {
-	// ClaimFSMRecord returns the record of id, or an error wrapping
-	// storage.ErrNotFound.
-	ClaimFSMRecord(p uint16, id uint64) ([]byte, error)
+	// ClaimFSMRecordForApply returns the record of id, or an error
+	// wrapping storage.ErrNotFound; the FSM does not modify it. Only the
+	// partition's FSM calls it (it may cache what it reads).
+	ClaimFSMRecordForApply(p uint16, id uint64) ([]byte, error)
 	// ClaimFSMApplied returns the last applied Raft index, 0 when none.
 	ClaimFSMApplied(p uint16) (uint64, error)
 	// ApplyClaimFSM commits records, moves and applied index atomically.
@@ -175,7 +176,7 @@ func (f *fsm) applyBatch(logs []*raft.Log) []any {
 		if r, ok := overlay[id]; ok {
 			return r, nil
 		}
-		b, err := f.kv.ClaimFSMRecord(f.p, id)
+		b, err := f.kv.ClaimFSMRecordForApply(f.p, id)
 		if errors.Is(err, storage.ErrNotFound) {
 			return nil, nil
 		}

@@ -133,6 +133,49 @@ func Decode(b []byte) (*Task, error) {
 	return t, nil
 }
 
+// DecodeHead parses what an index needs of a canonical task encoding: the
+// id, the spec without its payload, and the first (winning) terminal event
+// without its errors and result, the rest skipped. It checks the framing
+// but not the canonical form: use it on encodings that Decode accepted
+// when they were stored. The returned Task does not share memory with b;
+// it is not canonical (Encode would not give b back).
+func DecodeHead(b []byte) (*Task, error) {
+	r := reader{buf: b}
+	t := r.idAndSpec(false)
+	for n := r.count(13); n > 0 && r.err == nil; n-- {
+		r.uvarint() // claim
+		r.uvarint() // seq
+		r.timestamp()
+		r.skip(8) // progress
+		r.skip(r.count(1))
+		r.skip(r.count(1))
+	}
+	if n := r.count(7); n > 0 {
+		ev := Terminal{At: r.timestamp(), Kind: TerminalKind(r.byte())}
+		if r.err == nil && !ev.Kind.valid() {
+			r.fail("unknown terminal kind %d", ev.Kind)
+		}
+		ev.Claim = r.uvarint()
+		t.Terminals = []Terminal{ev}
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return t, nil
+}
+
+// skip passes over n bytes.
+func (r *reader) skip(n int) {
+	if r.err != nil {
+		return
+	}
+	if n > len(r.buf)-r.off {
+		r.fail("unexpected end")
+		return
+	}
+	r.off += n
+}
+
 // reader decodes with sticky errors: after the first failure every read
 // returns a zero value and the error stays.
 type reader struct {
@@ -235,7 +278,9 @@ func (r *reader) timestamp() Timestamp {
 	return Timestamp{WallMs: r.varint(), Logical: r.uint32(), Node: r.uint32()}
 }
 
-func (r *reader) task() *Task {
+// idAndSpec reads a task's version, id and spec (with its payload or
+// not).
+func (r *reader) idAndSpec(payload bool) *Task {
 	if v := r.byte(); r.err == nil && v != encodingVersion {
 		r.fail("unknown format version %d", v)
 	}
@@ -243,10 +288,15 @@ func (r *reader) task() *Task {
 	switch flags := r.byte(); {
 	case r.err != nil:
 	case flags == 1:
-		t.Spec = r.spec()
+		t.Spec = r.spec(payload)
 	case flags != 0:
 		r.fail("unknown flags %#x", flags)
 	}
+	return t
+}
+
+func (r *reader) task() *Task {
+	t := r.idAndSpec(true)
 	if n := r.count(13); n > 0 {
 		t.Updates = make([]Update, n)
 		for i := range t.Updates {
@@ -268,14 +318,20 @@ func (r *reader) task() *Task {
 	return t
 }
 
-func (r *reader) spec() *Spec {
+// spec reads a spec; without payload it skips the payload instead of
+// copying it.
+func (r *reader) spec(payload bool) *Spec {
 	s := &Spec{Queue: r.string()}
 	p := r.varint()
 	if p < math.MinInt32 || p > math.MaxInt32 {
 		r.fail("priority %d overflows int32", p)
 	}
 	s.Priority = int32(p)
-	s.Payload = r.bytes()
+	if payload {
+		s.Payload = r.bytes()
+	} else {
+		r.skip(r.count(1))
+	}
 	s.NotBeforeMs = r.varint()
 	if n := r.count(1); n > 0 {
 		s.DependsOn = make([]uint64, n)

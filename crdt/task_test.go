@@ -173,6 +173,44 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	}
 }
 
+// headOf is what DecodeHead promises of x: the id, the spec without its
+// payload, the first terminal event without errors and result.
+func headOf(x *Task) *Task {
+	h := &Task{ID: x.ID}
+	if x.Spec != nil {
+		s := *x.Spec
+		s.Payload = nil
+		h.Spec = &s
+	}
+	if ev, ok := x.Terminal(); ok {
+		h.Terminals = []Terminal{{At: ev.At, Kind: ev.Kind, Claim: ev.Claim}}
+	}
+	return h
+}
+
+func TestDecodeHead(t *testing.T) {
+	r, report := seeded(t)
+	defer report()
+	for i := 0; i < iterations(); i++ {
+		x := newUniverse(r).draw(r)
+		enc := x.Encode()
+		h, err := DecodeHead(enc)
+		if err != nil {
+			t.Fatalf("DecodeHead(encode(%+v)): %v", x, err)
+		}
+		if want := headOf(x); !reflect.DeepEqual(h, want) {
+			t.Fatalf("DecodeHead:\ngot  %+v\nwant %+v", h, want)
+		}
+		// A cut encoding fails, never panics (the terminals past the
+		// first are not read, so only cuts before them must fail).
+		if cut := r.IntN(len(enc)); cut < len(enc)-1 {
+			if _, err := DecodeHead(enc[:cut]); err != nil && !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error %v does not wrap ErrCorrupt", err)
+			}
+		}
+	}
+}
+
 func TestSpecConflictLowestDigestWins(t *testing.T) {
 	s1 := &Spec{Queue: "a", Payload: []byte("one")}
 	s2 := &Spec{Queue: "a", Payload: []byte("two")}
@@ -291,7 +329,14 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{1, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
+		h, herr := DecodeHead(b)
+		if herr != nil && !errors.Is(herr, ErrCorrupt) {
+			t.Fatalf("DecodeHead error %v does not wrap ErrCorrupt", herr)
+		}
 		x, err := Decode(b)
+		if err == nil && (herr != nil || !reflect.DeepEqual(h, headOf(x))) {
+			t.Fatalf("DecodeHead of a canonical encoding: %+v, %v; want %+v", h, herr, headOf(x))
+		}
 		if err != nil {
 			if !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("error %v does not wrap ErrCorrupt", err)

@@ -134,14 +134,47 @@ func (s *Store) ClaimFSMApplied(p uint16) (uint64, error) {
 }
 
 // ClaimFSMRecord returns the FSM record of id in partition p, or
-// ErrNotFound. The caller owns the returned slice. A read concurrent with
-// the FSM's commit of id's record may see it or not.
+// ErrNotFound. The returned slice must not be modified (it may be the row
+// cache's). A read concurrent with the FSM's commit of id's record may see
+// it or not.
 func (s *Store) ClaimFSMRecord(p uint16, id uint64) ([]byte, error) {
+	rec, _, err := s.claimFSMRecord(p, id)
+	return rec, err
+}
+
+// ClaimFSMRecordForApply is ClaimFSMRecord for partition p's FSM
+// goroutine, the only writer of p's records: what it reads from Pebble
+// goes into the row cache, which then answers every reader of the record
+// (see rowCache).
+func (s *Store) ClaimFSMRecordForApply(p uint16, id uint64) ([]byte, error) {
+	rec, gen, err := s.claimFSMRecord(p, id)
+	if gen != nil && (err == nil || errors.Is(err, ErrNotFound)) {
+		s.rows.fillRecord(p, id, rec, *gen)
+	}
+	return rec, err
+}
+
+// claimFSMRecord reads id's record. gen is non-nil when it was read from
+// Pebble while id's row was cached without its record: the generation of
+// p before the read, for fillRecord.
+func (s *Store) claimFSMRecord(p uint16, id uint64) (rec []byte, gen *uint32, err error) {
 	// Most first claims are of ids above every recorded one: no read.
 	if above, err := s.recordHorizons.above(p, id); err != nil || above {
-		return nil, cmp.Or(err, ErrNotFound)
+		return nil, nil, cmp.Or(err, ErrNotFound)
 	}
-	return s.get(fsmRecordKey(p, id))
+	r, cached := s.rows.lookup(p, id)
+	if cached && r.recKnown {
+		if r.rec == nil {
+			return nil, nil, ErrNotFound
+		}
+		return r.rec, nil, nil
+	}
+	g := s.rows.gen(p)
+	rec, err = s.get(fsmRecordKey(p, id))
+	if cached {
+		gen = &g
+	}
+	return rec, gen, err
 }
 
 // FSMSnapshot is a consistent view of one partition's claim FSM, for Raft
@@ -277,6 +310,7 @@ func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, l
 	if err := b.Commit(pebble.Sync); err != nil {
 		return err
 	}
+	s.rows.forgetRecords(p) // the range delete above is not in sb.ops
 	s.rows.apply(sb.ops)
 	s.due.lower(sb.ops)
 	s.applyIndex(changes)
@@ -382,13 +416,18 @@ func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *sortedBatch) ([
 }
 
 // taskIndex is what moveClaims needs to know of one task: its state (nil
-// when not stored here) and meta.
+// when not stored here) as far as the indexes and counters look at it
+// (crdt.DecodeHead: no payload, updates, or terminal errors and results),
+// and meta.
 type taskIndex struct {
 	task      *crdt.Task
-	digest    uint64 // of task, when stored
+	enc       []byte // task's stored encoding
 	m         meta   // the meta key's value, or the default of a stored task (row.meta)
 	metaFound bool   // the meta key holds a value
 }
+
+// digest returns the digest of the stored task.
+func (ti taskIndex) digest() uint64 { return crdt.Digest(ti.enc) }
 
 // loadIndex reads what moveClaims needs of id. The caller holds id's
 // stripe lock.
@@ -400,11 +439,14 @@ func (s *Store) loadIndex(p uint16, id uint64) (taskIndex, error) {
 	if r.enc == nil {
 		return taskIndex{m: r.m, metaFound: r.mFound}, nil
 	}
-	st, err := r.storedTask(p, id)
+	t, err := crdt.DecodeHead(r.enc)
 	if err != nil {
-		return taskIndex{}, err
+		return taskIndex{}, corrupt(taskKey(p, id), "%v", err)
 	}
-	return taskIndex{task: st.Task, digest: st.Digest, m: r.meta(), metaFound: r.mFound}, nil
+	if t.ID != id {
+		return taskIndex{}, corrupt(taskKey(p, id), "stored task has id %d", t.ID)
+	}
+	return taskIndex{task: t, enc: r.enc, m: r.meta(), metaFound: r.mFound}, nil
 }
 
 // moveClaims writes the claimed-index moves into b. Moves of one id are

@@ -7,7 +7,7 @@ import (
 )
 
 // rowCache keeps, for recently used tasks, what their task and meta keys
-// hold, so that the point reads of a task's life (the claim FSM reading
+// hold, and their claim FSM record once read or written, so that the point reads of a task's life (the claim FSM reading
 // the index state on every replica, the leader checking a claim, each
 // replica joining a completion into the stored state) do not each search
 // the memtables and sstables. A Pebble Get was about 5.6 µs on the
@@ -24,6 +24,13 @@ import (
 // partition's generation first, and a fill that read under an older
 // generation is dropped.
 //
+// A row's claim FSM record is known to the cache (recKnown) once the
+// partition's FSM wrote it, or read it through ClaimFSMRecordForApply:
+// the FSM goroutine is the only writer of its partition's records, so its
+// own read cannot race with a write. Other readers only look. A
+// snapshot's restore, which replaces every record of a partition, forgets
+// them (forgetRecords).
+//
 // The cache is bounded and set-associative: a row's id picks its shard
 // and, within it, a set of rowWays slots; a new row takes a free slot of
 // its set or evicts the set's oldest. A Go map per shard cost about 430
@@ -38,14 +45,21 @@ type rowCache struct {
 // rowShards is the number of shards: 1<<6, as shard takes 6 bits.
 const rowShards = 64
 
-// defaultRowCacheRows bounds the rows kept: about 200 bytes each with a
-// 64-byte payload.
-const defaultRowCacheRows = 1 << 16
+// defaultRowCacheRows bounds the rows kept: about 250 bytes each with a
+// 64-byte payload and a claim record, so about 65 MB when full (the empty
+// slots take about 100 bytes each). A set-associative cache keeps all of a
+// working set only well below its capacity: at three quarters full about
+// 6% of the rows find their set full (Poisson occupancy of 8 ways), and
+// the claim+complete benchmark's 50,000 tasks missed at 1 << 16.
+const defaultRowCacheRows = 1 << 18
 
 type row struct {
 	enc    []byte // the task's stored encoding; nil when no task is stored
 	m      meta
 	mFound bool // a meta is stored
+	// rec is the claim FSM record when recKnown (nil: none stored).
+	rec      []byte
+	recKnown bool
 }
 
 type rowKey struct {
@@ -191,61 +205,66 @@ func (sh *rowShard) putNewLocked(k rowKey, r row) {
 // are the batch's writes in key order (sortedBatch.build sorts them; a
 // key's writes in the order they were made). The caller holds the stripe
 // locks of every id written. A cached row follows each write of its task
-// or meta key; a row not cached is added when the batch wrote both its
-// keys (an enqueue), and left out otherwise.
+// or meta key or claim record; a row not cached is added when the batch
+// wrote both its task and meta keys (an enqueue), and left out otherwise.
 //
 // In key order a partition's task keys come first, then its meta keys,
-// each run in id order; so the task and meta writes are two lists sorted
-// by (partition, id), and one merge of them yields each row's writes
-// without a sort (sorting by shard was 5% of a node's CPU on the enqueue
-// benchmark). Each row locks its shard on its own.
+// then its claim records, each run in id order; so the three kinds of
+// writes are three lists sorted by (partition, id), and one merge of them
+// yields each row's writes without a sort (sorting by shard was 5% of a
+// node's CPU on the enqueue benchmark). Each row locks its shard on its
+// own.
 func (c *rowCache) apply(ops []batchOp) {
 	if c == nil {
 		return
 	}
-	var tasks, metas []int // indexes into ops
+	var lists [rowKinds][]int // indexes into ops, by kind
 	for i := range ops {
-		if _, isTask, ok := rowKeyOf(ops[i].key); ok {
-			if isTask {
-				tasks = append(tasks, i)
-			} else {
-				metas = append(metas, i)
-			}
+		if _, kind, ok := rowKeyOf(ops[i].key); ok {
+			lists[kind] = append(lists[kind], i)
 		}
 	}
 	keyOf := func(i int) rowKey { k, _, _ := rowKeyOf(ops[i].key); return k }
 	less := func(a, b rowKey) bool { return a.p < b.p || (a.p == b.p && a.id < b.id) }
-	for ti, mi := 0, 0; ti < len(tasks) || mi < len(metas); {
+	var at [rowKinds]int
+	for {
 		var k rowKey
-		switch {
-		case mi == len(metas):
-			k = keyOf(tasks[ti])
-		case ti == len(tasks):
-			k = keyOf(metas[mi])
-		default:
-			k = keyOf(tasks[ti])
-			if mk := keyOf(metas[mi]); less(mk, k) {
-				k = mk
+		found := false
+		for kind := range lists {
+			if at[kind] < len(lists[kind]) {
+				if kk := keyOf(lists[kind][at[kind]]); !found || less(kk, k) {
+					k, found = kk, true
+				}
 			}
+		}
+		if !found {
+			return
 		}
 		// The row's writes, in order: the last of each key wins.
 		var r row
-		var task, metaSeen bool
-		for ; ti < len(tasks) && keyOf(tasks[ti]) == k; ti++ {
-			op := &ops[tasks[ti]]
-			task = true
-			r.enc = nil
-			if !op.del {
-				r.enc = op.value
-			}
-		}
-		for ; mi < len(metas) && keyOf(metas[mi]) == k; mi++ {
-			op := &ops[metas[mi]]
-			metaSeen = true // a write, or a known absence (batchOp.absent)
-			r.m, r.mFound = meta{}, false
-			if !op.del {
-				if m, ok := decodeMeta(op.value); ok {
-					r.m, r.mFound = m, true
+		var seen [rowKinds]bool
+		for kind := range lists {
+			for ; at[kind] < len(lists[kind]) && keyOf(lists[kind][at[kind]]) == k; at[kind]++ {
+				op := &ops[lists[kind][at[kind]]]
+				seen[kind] = true // a write, or a known absence (batchOp.absent)
+				switch kind {
+				case rowTask:
+					r.enc = nil
+					if !op.del {
+						r.enc = op.value
+					}
+				case rowMeta:
+					r.m, r.mFound = meta{}, false
+					if !op.del {
+						if m, ok := decodeMeta(op.value); ok {
+							r.m, r.mFound = m, true
+						}
+					}
+				case rowRecord:
+					r.rec, r.recKnown = nil, true
+					if !op.del {
+						r.rec = op.value
+					}
 				}
 			}
 		}
@@ -254,14 +273,49 @@ func (c *rowCache) apply(ops []batchOp) {
 		switch i := sh.find(k); {
 		case i >= 0:
 			cur := &sh.rows[i]
-			if task {
+			if seen[rowTask] {
 				cur.enc = r.enc
 			}
-			if metaSeen {
+			if seen[rowMeta] {
 				cur.m, cur.mFound = r.m, r.mFound
 			}
-		case task && metaSeen:
+			if seen[rowRecord] {
+				cur.rec, cur.recKnown = r.rec, true
+			}
+		case seen[rowTask] && seen[rowMeta]:
 			sh.putNewLocked(k, r)
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// fillRecord caches the claim record of a cached row of partition p, read
+// by the partition's FSM goroutine (see rowCache) while p's generation
+// was gen; rec nil: none stored.
+func (c *rowCache) fillRecord(p uint16, id uint64, rec []byte, gen uint32) {
+	if c == nil {
+		return
+	}
+	sh := c.shard(id)
+	sh.mu.Lock()
+	if i := sh.find(rowKey{p, id}); i >= 0 && c.gens[p].Load() == gen {
+		sh.rows[i].rec, sh.rows[i].recKnown = rec, true
+	}
+	sh.mu.Unlock()
+}
+
+// forgetRecords forgets the claim records of every row of p.
+func (c *rowCache) forgetRecords(p uint16) {
+	if c == nil {
+		return
+	}
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		for j := range sh.slots {
+			if sh.slots[j].used && sh.slots[j].p == p {
+				sh.rows[j].rec, sh.rows[j].recKnown = nil, false
+			}
 		}
 		sh.mu.Unlock()
 	}
@@ -286,10 +340,25 @@ func (c *rowCache) dropPartition(p uint16) {
 	}
 }
 
-// rowKeyOf parses a task or meta key.
-func rowKeyOf(key []byte) (k rowKey, isTask, ok bool) {
-	if len(key) != 3+8 || (key[2] != tagTask && key[2] != tagMeta) {
-		return rowKey{}, false, false
+// The kinds of keys a row caches.
+const (
+	rowTask = iota
+	rowMeta
+	rowRecord
+	rowKinds
+)
+
+// rowKeyOf parses a task or meta key or a claim FSM record key.
+func rowKeyOf(key []byte) (k rowKey, kind int, ok bool) {
+	switch {
+	case len(key) == 3+8 && key[2] == tagTask:
+		kind = rowTask
+	case len(key) == 3+8 && key[2] == tagMeta:
+		kind = rowMeta
+	case len(key) == 4+8 && key[2] == tagClaimFSM && key[3] == fsmRecord:
+		kind = rowRecord
+	default:
+		return rowKey{}, 0, false
 	}
-	return rowKey{p: binary.BigEndian.Uint16(key), id: binary.BigEndian.Uint64(key[3:])}, key[2] == tagTask, true
+	return rowKey{p: binary.BigEndian.Uint16(key), id: binary.BigEndian.Uint64(key[len(key)-8:])}, kind, true
 }

@@ -9,7 +9,8 @@ import (
 	"github.com/norn-dev/norn/crdt"
 )
 
-// diskRow reads id's task and meta keys from Pebble, past the row cache.
+// diskRow reads id's task and meta keys and claim record from Pebble, past
+// the row cache.
 func diskRow(t *testing.T, s *Store, p uint16, id uint64) row {
 	t.Helper()
 	enc, err := s.get(taskKey(p, id))
@@ -29,24 +30,38 @@ func diskRow(t *testing.T, s *Store, p uint16, id uint64) row {
 	} else if !errors.Is(err, ErrNotFound) {
 		t.Fatal(err)
 	}
+	rec, err := s.get(fsmRecordKey(p, id))
+	if err == nil {
+		r.rec = rec
+	} else if !errors.Is(err, ErrNotFound) {
+		t.Fatal(err)
+	}
+	r.recKnown = true
 	return r
 }
 
 // The row cache never disagrees with the disk: random merges (new tasks,
-// updates, terminal events), claim FSM moves, releases, deletions and
-// partition drops, with every id checked after every step; and the cache
-// answers reads (it is not empty throughout).
+// updates, terminal events), claim FSM moves and records, the FSM's reads
+// of records, snapshot restores, releases, deletions and partition drops,
+// with every id checked after every step; and the cache answers reads (it
+// is not empty throughout, and knows records).
 func TestRowCacheFollowsWrites(t *testing.T) {
 	s, clk := memStore(t)
 	rng := rand.New(rand.NewPCG(7, 11))
 	const ids = 24
 	part := func(id uint64) uint16 { return uint16(id % 2) }
-	hits := 0
-	for step := range 3000 {
+	hits, recHits := 0, 0
+	record := func(step int) []byte {
+		if rng.IntN(4) == 0 {
+			return nil // a deletion (OpForget)
+		}
+		return []byte{'r', byte(step), byte(step >> 8)}
+	}
+	for step := range 4000 {
 		id := uint64(rng.IntN(ids) + 1)
 		p := part(id)
 		var err error
-		switch op := rng.IntN(10); op {
+		switch op := rng.IntN(13); op {
 		case 0, 1:
 			_, err = s.MergeTask(p, newTask(id, "q", int32(rng.IntN(3))))
 		case 2:
@@ -78,6 +93,23 @@ func TestRowCacheFollowsWrites(t *testing.T) {
 					s.ReopenPartition(p)
 				}
 			}
+		case 10:
+			err = s.ApplyClaimFSM(p, ClaimFSMUpdate{AppliedIndex: uint64(step), Records: []FSMRecord{{ID: id, Value: record(step)}}}, false)
+		case 11:
+			_, err = s.ClaimFSMRecordForApply(p, id)
+			if errors.Is(err, ErrNotFound) {
+				err = nil
+			}
+		case 12:
+			if rng.IntN(10) == 0 {
+				var recs []FSMRecord
+				for i := uint64(1); i <= ids; i++ {
+					if v := record(step); part(i) == p && v != nil {
+						recs = append(recs, FSMRecord{ID: i, Value: v})
+					}
+				}
+				err = s.RestoreClaimFSM(p, uint64(step), recs, nil)
+			}
 		}
 		if err != nil && !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("step %d op on %d: %v", step, id, err)
@@ -92,10 +124,16 @@ func TestRowCacheFollowsWrites(t *testing.T) {
 			if !bytes.Equal(c.enc, d.enc) || c.m != d.m || c.mFound != d.mFound {
 				t.Fatalf("step %d: task %d cached %+v, on disk %+v", step, i, c, d)
 			}
+			if c.recKnown {
+				recHits++
+				if !bytes.Equal(c.rec, d.rec) || (c.rec == nil) != (d.rec == nil) {
+					t.Fatalf("step %d: record of %d cached %q, on disk %q", step, i, c.rec, d.rec)
+				}
+			}
 		}
 	}
-	if hits == 0 {
-		t.Fatal("the cache never held a row")
+	if hits == 0 || recHits == 0 {
+		t.Fatalf("the cache held %d rows and %d records over the steps", hits, recHits)
 	}
 }
 

@@ -298,7 +298,7 @@ func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 			var spec *crdt.Spec
 			if ti.task != nil {
 				spec = ti.task.Spec
-				digests = append(digests, digestChange{p: p, id: id, old: ti.digest, had: true})
+				digests = append(digests, digestChange{p: p, id: id, old: ti.digest(), had: true})
 				for _, k := range [][]byte{taskKey(p, id), terminalKey(p, ti.task)} {
 					if k != nil {
 						if err := b.Delete(k); err != nil {
