@@ -17,7 +17,7 @@ BIN         := bin
 # binaries never carry them (cmd/nornd's TestReleaseHasNoTestHooks).
 TEST_TAGS   := testhooks
 
-.PHONY: all build test test-core test-rest test-stress lint fmt proto proto-check bench bench-move bench-peers bench-scale bench-idle fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
+.PHONY: all build test test-core test-rest test-stress lint kubeconform fmt proto proto-check bench bench-move bench-peers bench-scale bench-idle fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
 
 all: build
 
@@ -45,6 +45,8 @@ test-stress:
 
 # bench/ is a module of its own (make bench-peers), outside ./...: lint
 # vets it too, so that a client change that breaks its driver shows here.
+# deploy/tools is one too (kubeconform and the schema maker of the
+# Kubernetes manifests' check, which lint runs).
 lint: proto-check
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
@@ -56,6 +58,13 @@ lint: proto-check
 	$(GO) run $(STATICCHECK) ./...
 	$(GO) run $(STATICCHECK) -tags $(TEST_TAGS) ./...
 	cd bench && $(GO) vet ./...
+	cd deploy/tools && $(GO) vet ./...
+	GO=$(GO) bash scripts/kubeconform.sh
+
+# The Kubernetes manifests (deploy/k8s) against the schemas of Kubernetes
+# K8S_VERSION (default in the script), offline (scripts/kubeconform.sh; docs/DEPLOY.md).
+kubeconform:
+	GO=$(GO) bash scripts/kubeconform.sh
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

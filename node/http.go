@@ -29,7 +29,9 @@ const (
 
 // Handler returns the node's HTTP API: norn.v1.TaskService and
 // AdminService over connect (gRPC, gRPC-Web and Connect/JSON on the same
-// paths), and GET /healthz. Serve it over HTTP/2 cleartext and HTTP/1.1.
+// paths), GET /healthz (ready: 200 once every partition it replicates has
+// a leader) and GET /livez (alive: 200 while it serves HTTP). Serve it
+// over HTTP/2 cleartext and HTTP/1.1.
 // JSON requests with a field the API does not have are refused with
 // INVALID_ARGUMENT naming it (transport.StrictJSON).
 func (n *Node) Handler() http.Handler {
@@ -56,6 +58,13 @@ func (n *Node) Handler() http.Handler {
 			http.Error(w, "partitions without a leader", http.StatusServiceUnavailable)
 			return
 		}
+		w.Write([]byte("ok\n"))
+	})
+	// Live while the process serves HTTP. It reads neither the disk nor
+	// the cluster's state, so a slow disk, a lost quorum or a cluster not
+	// formed yet never makes a supervisor (Kubernetes' liveness probe)
+	// restart the node; readiness is /healthz.
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
 	if n.cfg.TLS != nil {

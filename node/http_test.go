@@ -3,12 +3,15 @@ package node
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
+	"github.com/hashicorp/go-hclog"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 )
@@ -90,6 +93,37 @@ func TestHTTPServerLimits(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%s: %d", resp.Proto, resp.StatusCode)
+		}
+	}
+}
+
+// TestLivezBeforeReady: a node waiting for the others of its cluster
+// (-bootstrap-expect 3, alone) is not ready (/healthz 503) but is alive
+// (/livez 200), so a liveness probe does not restart it while it waits.
+func TestLivezBeforeReady(t *testing.T) {
+	srv := httptest.NewUnstartedServer(nil)
+	n, err := New(Config{
+		DataDir: t.TempDir(), NodeID: "n1", MachineID: 1, Partitions: 8,
+		APIAddr:         srv.Listener.Addr().String(),
+		BootstrapExpect: 3, Replication: 3, SkewBuffer: testSkew,
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		RaftLogger: hclog.NewNullLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	srv.Config.Handler = n.Handler()
+	srv.Start()
+	t.Cleanup(srv.Close)
+	for path, want := range map[string]int{"/healthz": http.StatusServiceUnavailable, "/livez": http.StatusOK} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s on a node waiting for its cluster: %d, want %d", path, resp.StatusCode, want)
 		}
 	}
 }

@@ -11,6 +11,7 @@
 //	nornctl complete <id> <claim-id> --result done
 //	nornctl get <id>                                  # the task and its history
 //	nornctl status                                    # the node and its partitions
+//	nornctl health --addr 10.0.0.1:7400,10.0.0.2:7400 # exit 0 once both are ready
 //	nornctl join n4                                   # admit a started node
 //	nornctl rebalance                                 # show the plan, ask, apply, watch
 //	nornctl rebalance status                          # the moves under way
@@ -44,5 +45,6 @@
 // Files: main.go (dispatch, global flags, errors), commands.go (one function
 // per task and status command), placement.go (the placement commands, the
 // prompt and the watch), args.go (parsing of flag values and positional
-// arguments), output.go (tables and JSON), bench.go (the load generator).
+// arguments), output.go (tables and JSON), bench.go (the load generator),
+// health.go (the health check of containers and scripts).
 package main

@@ -128,6 +128,7 @@ var commands = []*command{
 	{name: "yield", args: "<id> <claim-id>", summary: "give a claimed task back (READY again)", run: runYield},
 	{name: "cancel", args: "<id>", summary: "end a task as CANCELLED", run: runCancel},
 	{name: "status", summary: "show the node and its partitions", run: runStatus},
+	{name: "health", summary: "exit 0 if the node is ready (/healthz), or alive with --live (/livez)", help: healthHelp, run: runHealth},
 	{name: "join", args: "<node>", summary: "make a started node a member of the cluster", help: joinHelp, run: runJoin},
 	{name: "rebalance", args: "[status|cancel]", summary: "spread the replicas over the members, show the moves under way, or cancel them", help: rebalanceHelp, run: runRebalance},
 	{name: "drain", args: "<node>", summary: "move every replica off a node, which stays a member", help: drainHelp, run: runDrain},

@@ -13,6 +13,7 @@ import (
 	_ "net/http/pprof" // served only with -pprof-addr
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -54,6 +55,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.DataDir, "data-dir", "./data", "directory of the node's data (created if missing)")
 	fs.StringVar(&cfg.NodeID, "node-id", "n1", "this node's id")
 	machine := fs.Uint("machine-id", 1, "sonyflake machine id base, unique per node (1-8191)")
+	machineFromID := fs.Bool("machine-id-from-node-id", false, "take the machine id from -node-id: 1 + the number it ends with (norn-0: 1, norn-4: 5), for a Kubernetes StatefulSet whose node ids are its pod names")
 	fs.IntVar(&cfg.Partitions, "partitions", 64, "number of partitions P (power of two; fixed when the data dir is created)")
 	fs.DurationVar(&cfg.SkewBuffer, "skew-buffer", 2*time.Second, "extra time before an expired lease is taken back; must exceed -max-clock-offset")
 	fs.DurationVar(&cfg.MaxClockOffset, "max-clock-offset", 500*time.Millisecond, "how far this node's clock may be from the cluster median while it leads partitions; beyond it the node hands its leaderships over until back in bound")
@@ -112,6 +114,13 @@ func run(args []string) error {
 		if err := applyConfigFile(fs, *config); err != nil {
 			return usageError{err}
 		}
+	}
+	if *machineFromID {
+		m, err := machineIDFromNodeID(cfg.NodeID)
+		if err != nil {
+			return usageError{err}
+		}
+		*machine = m
 	}
 	if *machine == 0 || *machine > 1<<16-1 {
 		return usageError{fmt.Errorf("-machine-id: %d out of range", *machine)}
@@ -282,6 +291,21 @@ wait:
 	}
 	logger.Info("stopped cleanly")
 	return nil
+}
+
+// machineIDFromNodeID is 1 + the decimal number id ends with: a
+// StatefulSet's pod names (norn-0, norn-1, ...) give each pod a machine id
+// of its own without a shell in the image to compute it.
+func machineIDFromNodeID(id string) (uint, error) {
+	digits := len(id) - len(strings.TrimRightFunc(id, func(r rune) bool { return r >= '0' && r <= '9' }))
+	if digits == 0 {
+		return 0, fmt.Errorf("-machine-id-from-node-id: node id %q does not end with a number", id)
+	}
+	n, err := strconv.ParseUint(id[len(id)-digits:], 10, 16)
+	if err != nil {
+		return 0, fmt.Errorf("-machine-id-from-node-id: node id %q: %w", id, err)
+	}
+	return uint(n) + 1, nil
 }
 
 // applyConfigFile sets every flag named in a JSON object file that was not
