@@ -48,7 +48,19 @@ type PeersConfig struct {
 	// API ports are called over TLS 1.3 with it (HTTP/2 by ALPN), and
 	// must present a node certificate of the CA. Nil: cleartext (h2c).
 	TLS *Certs
+	// Interceptors wrap every connect call to a peer (the node's RPC
+	// metrics), the first outermost.
+	Interceptors []connect.Interceptor
+	// ObserveRPC, when set, is told of every framed call made through
+	// RPC's clients once it returns: its method, when it started and its
+	// error (nil: it succeeded). It runs on the caller's goroutine and
+	// must be cheap.
+	ObserveRPC RPCObserver
 }
+
+// RPCObserver is told of one framed call: its method, when it started
+// and its outcome (a *connect.Error's code, or nil).
+type RPCObserver func(m RPCMethod, start time.Time, err error)
 
 // RingSource returns this node's cluster id and ring epoch ("" and 0
 // before the cluster is formed), sent with every peer request.
@@ -119,6 +131,9 @@ func (s *Peers) Get(addr string) *Peer {
 	// No gzip between nodes: a node's CPU, not the network, is what a
 	// large answer (a proxied claim, anti-entropy entries) costs.
 	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil), connect.WithSendMaxBytes(64 << 20), connect.WithReadMaxBytes(64 << 20)}
+	if len(s.cfg.Interceptors) > 0 {
+		opts = append(opts, connect.WithInterceptors(s.cfg.Interceptors...))
+	}
 	base := "http://" + addr
 	if s.cfg.TLS != nil {
 		base = "https://" + addr
@@ -152,6 +167,7 @@ func (s *Peers) RPC(raftAddr string) *RPCClient {
 		s.rpcs = map[string]*RPCClient{}
 	}
 	c := NewRPCClient(raftAddr, local, s.cfg.TLS)
+	c.observe = s.cfg.ObserveRPC
 	s.rpcs[raftAddr] = c
 	return c
 }

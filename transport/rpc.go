@@ -495,6 +495,8 @@ type RPCClient struct {
 	dial func(addr string, timeout time.Duration, local net.Addr) (net.Conn, error)
 	// sendCancels: the server takes MethodCancel (the framed client calls).
 	sendCancels bool
+	// observe, when set, is told of every call (PeersConfig.ObserveRPC).
+	observe RPCObserver
 
 	mu          sync.Mutex
 	conn        *rpcConn
@@ -570,6 +572,16 @@ const unsupportedFor = time.Minute
 // are UNAVAILABLE (the call may or may not have run); ErrRPCUnsupported
 // when the peer serves no framed calls.
 func (c *RPCClient) Call(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte) ([]byte, error) {
+	if c.observe == nil {
+		return c.call(ctx, m, meta, body)
+	}
+	start := time.Now()
+	out, err := c.call(ctx, m, meta, body)
+	c.observe(m, start, err)
+	return out, err
+}
+
+func (c *RPCClient) call(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte) ([]byte, error) {
 	conn, err := c.connection()
 	if err != nil {
 		return nil, err
