@@ -69,6 +69,10 @@ type GroupConfig struct {
 	// ends, expiries), so a node whose clock is out of bound refuses them
 	// all until it has handed its leaderships over.
 	MayLead func() error
+	// OnProposed, when set, is told how long each Propose that took
+	// effect waited for its entry to commit and apply here (metrics). It
+	// runs on the proposer's goroutine and must be cheap.
+	OnProposed func(time.Duration)
 	// Bugs are seeded bugs for the Jepsen harness, test-only (see Bugs).
 	// Every replica of a group must run with the same.
 	Bugs Bugs
@@ -119,6 +123,8 @@ type Group struct {
 	fsm  *fsm
 	logs raft.LogStore
 
+	onProposed func(time.Duration) // GroupConfig.OnProposed
+
 	mayLead  func() error   // GroupConfig.MayLead
 	observer *raft.Observer // nil without OnLeaderChange
 	stop     chan struct{}  // closed by Shutdown: the observer's goroutine ends
@@ -167,7 +173,7 @@ func StartGroup(cfg GroupConfig) (*Group, error) {
 	if err != nil {
 		return nil, fmt.Errorf("claims: start partition %d: %w", cfg.Partition, err)
 	}
-	g := &Group{p: cfg.Partition, raft: r, fsm: f, logs: cfg.Log, mayLead: cfg.MayLead, stop: make(chan struct{})}
+	g := &Group{p: cfg.Partition, raft: r, fsm: f, logs: cfg.Log, mayLead: cfg.MayLead, onProposed: cfg.OnProposed, stop: make(chan struct{})}
 	if cfg.OnLeaderChange != nil {
 		g.watchLeader(cfg.OnLeaderChange)
 	}
@@ -250,6 +256,9 @@ func (g *Group) Propose(cmd *Command, timeout time.Duration) ([]Outcome, error) 
 	res, ok := fut.Response().(*Result)
 	if !ok || res == nil {
 		return nil, fmt.Errorf("claims: partition %d: entry %d applied before (replay)", g.p, fut.Index())
+	}
+	if g.onProposed != nil {
+		g.onProposed(timeout - time.Until(deadline))
 	}
 	return res.Outcomes, res.Err
 }

@@ -131,6 +131,10 @@ func (h *Host) openGroup(r *cluster.Ring, p int, bootstrap bool) error {
 		servers = append(servers, raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(nd.RaftAddr)})
 	}
 	rs := h.cfg.Store.RaftStore(uint16(p))
+	var onProposed func(time.Duration)
+	if h.cfg.OnProposed != nil {
+		onProposed = func(d time.Duration) { h.cfg.OnProposed(uint16(p), d) }
+	}
 	g, err := claims.StartGroup(claims.GroupConfig{
 		Partition: uint16(p), LocalID: raft.ServerID(h.cfg.NodeID),
 		KV: h.cfg.Store, Log: rs, Stable: rs, Snapshots: snaps, Transport: trans,
@@ -148,6 +152,7 @@ func (h *Host) openGroup(r *cluster.Ring, p int, bootstrap bool) error {
 		// look again (a change that finds nothing costs one look).
 		OnLeaderChange: h.cfg.OnLeaderChange,
 		MayLead:        h.cfg.MayLead,
+		OnProposed:     onProposed,
 		Bugs:           claims.Bugs{ClaimNoCheck: h.cfg.ClaimNoCheck},
 	})
 	if err != nil {

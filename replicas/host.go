@@ -75,6 +75,9 @@ type Config struct {
 	Heartbeats *transport.Heartbeats
 	// MayLead gates claim proposals (the clock guard): claims.GroupConfig.MayLead.
 	MayLead func() error
+	// OnProposed, when set, is each partition group's
+	// claims.GroupConfig.OnProposed, told the partition too (metrics).
+	OnProposed func(p uint16, took time.Duration)
 	// OnLeaderChange runs when a partition group's leader changes (here or
 	// elsewhere): waiting claims look again.
 	OnLeaderChange func()
