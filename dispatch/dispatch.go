@@ -56,6 +56,13 @@ type Config struct {
 	ClockInBound func() bool
 	// ExpiryNoSkew is the seeded bug TestBugs.ExpiryNoSkew.
 	ExpiryNoSkew bool
+
+	// OnExpired and OnAborted, when set, are told of the queue of each
+	// claim the monitor expired and each task the dispatcher aborted
+	// (max_claims reached, a dependency failed) on its own: the task
+	// events the API does not see (metrics). The queue is "" when this
+	// replica does not hold the task's spec. They must be cheap.
+	OnExpired, OnAborted func(queue string)
 }
 
 // Dispatcher hands tasks to workers on one node: it picks the best ready

@@ -146,6 +146,9 @@ func (d *Dispatcher) expireClaims(p uint16) {
 			d.cfg.Logger.Warn("expiring a claim failed", "id", e.ID, "claim", c.Token, "err", err)
 			continue
 		}
+		if d.cfg.OnExpired != nil {
+			d.cfg.OnExpired(queueOf(ts))
+		}
 		if o.Dead && ts != nil {
 			d.abortDead(ts, rec.MaxClaims)
 		}
@@ -178,7 +181,17 @@ func (d *Dispatcher) abortTask(ts *coord.TaskState, e *nornv1.TaskError) {
 	// The claim ends when the event reaches the leader's replica (here).
 	if _, err := d.coord.Write(ctx, []*crdt.Task{{ID: ts.Task.ID, Terminals: []crdt.Terminal{ev}}}, 0, []uint64{ts.Task.ID}); err != nil {
 		d.cfg.Logger.Warn("aborting a task failed", "id", ts.Task.ID, "code", e.Code, "err", err)
+	} else if d.cfg.OnAborted != nil {
+		d.cfg.OnAborted(queueOf(ts))
 	}
+}
+
+// queueOf is ts's queue, "" when ts is nil or its spec unknown here.
+func queueOf(ts *coord.TaskState) string {
+	if ts == nil || ts.Task == nil || ts.Task.Spec == nil {
+		return ""
+	}
+	return ts.Task.Spec.Queue
 }
 
 // RetentionHorizon is now minus the retention (Unix ms): terminal tasks
