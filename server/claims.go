@@ -28,6 +28,7 @@ const (
 
 func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.ClaimRequest]) (*connect.Response[nornv1.ClaimResponse], error) {
 	sv, m := s.sv, req.Msg
+	start := time.Now()
 	if err := crdt.ValidateQueue("queue", m.GetQueue()); err != nil {
 		return nil, apierr.From(err)
 	}
@@ -56,8 +57,12 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	if dl, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(dl)-100*time.Millisecond)
 	}
+	proxied := transport.Hops(req) > 0
 	got, err := sv.dispatch.Claim(ctx, dispatch.ClaimRequest{Msg: m, Lease: lease, Max: limit, Wait: wait,
-		Proxied: transport.Hops(req) > 0})
+		Proxied: proxied})
+	if err == nil && !proxied {
+		sv.events.Claimed(m.GetQueue(), got, sv.cfg.Clock.Now(), time.Since(start))
+	}
 	return connect.NewResponse(&nornv1.ClaimResponse{Tasks: got}), err
 }
 
@@ -113,6 +118,7 @@ func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.Rene
 	if err != nil {
 		return nil, err
 	}
+	sv.events.Renewed(queueOf(ts.Task))
 	return connect.NewResponse(&nornv1.RenewResponse{Expiry: timestamppb.New(time.UnixMilli(o.Claim.ExpiryMs))}), nil
 }
 

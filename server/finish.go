@@ -18,47 +18,50 @@ import (
 
 // finish records a terminal event for a claimed task (complete or abort):
 // the claim must be the live one, or the one that already ended the task
-// the same way (an idempotent retry). It returns the acks.
-func (sv *Server) finish(ctx context.Context, id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, error) {
+// the same way (an idempotent retry). It returns the acks and the task's
+// queue.
+func (sv *Server) finish(ctx context.Context, id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, string, error) {
 	if _, err := sv.coord.Quorum(w); err != nil {
-		return 0, err
+		return 0, "", err
 	}
-	t, err := sv.prepareFinish(ctx, id, claimID, ev)
+	t, queue, err := sv.prepareFinish(ctx, id, claimID, ev)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	// A retry of the same call writes the stored state again, so that it
 	// reaches the quorum it may have missed.
-	return sv.coord.Write(ctx, []*crdt.Task{t}, w, []uint64{id})
+	acks, err := sv.coord.Write(ctx, []*crdt.Task{t}, w, []uint64{id})
+	return acks, queue, err
 }
 
 // prepareFinish checks that the terminal event ev may end task id under
 // claim claimID and returns the state to write: the event, or the task's
-// state when the same event already took effect (a retry).
-func (sv *Server) prepareFinish(ctx context.Context, id, claimID uint64, ev crdt.Terminal) (*crdt.Task, error) {
+// state when the same event already took effect (a retry); and the task's
+// queue.
+func (sv *Server) prepareFinish(ctx context.Context, id, claimID uint64, ev crdt.Terminal) (*crdt.Task, string, error) {
 	if err := requireClaim(id, claimID); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	ev.Claim = claimID
 	if err := ev.Validate(sv.cfg.Limits); err != nil {
-		return nil, apierr.From(err)
+		return nil, "", apierr.From(err)
 	}
 	ts, err := sv.dispatch.LoadClaimed(ctx, id, claimID)
 	if err != nil {
-		return nil, apierr.From(err)
+		return nil, "", apierr.From(err)
 	}
 	if prev, terminal := ts.Task.Terminal(); terminal {
 		sv.dispatch.EndIfTerminal(ts)
 		if prev.Kind == ev.Kind && prev.Claim == claimID {
-			return ts.Task, nil
+			return ts.Task, queueOf(ts.Task), nil
 		}
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", id, prev.Kind))
+		return nil, "", connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", id, prev.Kind))
 	}
 	if err := LiveClaim(ts, claimID); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	ev.At = sv.hlc.Now()
-	return &crdt.Task{ID: id, Terminals: []crdt.Terminal{ev}}, nil
+	return &crdt.Task{ID: id, Terminals: []crdt.Terminal{ev}}, queueOf(ts.Task), nil
 }
 
 func (s taskService) Complete(ctx context.Context, req *connect.Request[nornv1.CompleteRequest]) (*connect.Response[nornv1.CompleteResponse], error) {
@@ -70,10 +73,11 @@ func (s taskService) Complete(ctx context.Context, req *connect.Request[nornv1.C
 	if len(result) == 0 {
 		result = nil
 	}
-	acks, err := s.sv.finish(ctx, m.GetId(), m.GetClaimId(), m.GetW(), crdt.Terminal{Kind: crdt.Completed, Result: result})
+	acks, queue, err := s.sv.finish(ctx, m.GetId(), m.GetClaimId(), m.GetW(), crdt.Terminal{Kind: crdt.Completed, Result: result})
 	if err != nil {
 		return nil, err
 	}
+	s.sv.events.Completed(queue)
 	return connect.NewResponse(&nornv1.CompleteResponse{Acks: acks}), nil
 }
 
@@ -124,20 +128,22 @@ func (s taskService) CompleteBatch(ctx context.Context, req *connect.Request[nor
 	}
 	wg.Wait()
 	var tasks []*crdt.Task
-	var written []int // index in cs of each of tasks
+	var written []int   // index in cs of each of tasks
+	var queues []string // the queue of each of tasks
 	for _, i := range local {
 		c := cs[i]
 		result := c.GetResult()
 		if len(result) == 0 {
 			result = nil
 		}
-		t, err := sv.prepareFinish(ctx, c.GetId(), c.GetClaimId(), crdt.Terminal{Kind: crdt.Completed, Result: result})
+		t, queue, err := sv.prepareFinish(ctx, c.GetId(), c.GetClaimId(), crdt.Terminal{Kind: crdt.Completed, Result: result})
 		if err != nil {
 			fail(i, err)
 			continue
 		}
 		tasks = append(tasks, t)
 		written = append(written, i)
+		queues = append(queues, queue)
 	}
 	if len(tasks) > 0 {
 		// One write (one synced commit per replica) for the whole batch.
@@ -148,6 +154,7 @@ func (s taskService) CompleteBatch(ctx context.Context, req *connect.Request[nor
 		for k, i := range written {
 			if acks[k] >= w {
 				results[i] = &nornv1.CompletionResult{Acks: acks[k]}
+				sv.events.Completed(queues[k])
 			} else {
 				fail(i, sv.coord.QuorumError([]uint64{cs[i].GetId()}, acks[k], w, lastErr))
 			}
@@ -205,9 +212,10 @@ func (s taskService) Abort(ctx context.Context, req *connect.Request[nornv1.Abor
 		}
 		ev.Errors = append(ev.Errors, crdt.TaskError{Code: e.GetCode(), Description: e.GetDescription(), Args: args})
 	}
-	acks, err := s.sv.finish(ctx, m.GetId(), m.GetClaimId(), m.GetW(), ev)
+	acks, queue, err := s.sv.finish(ctx, m.GetId(), m.GetClaimId(), m.GetW(), ev)
 	if err != nil {
 		return nil, err
 	}
+	s.sv.events.Aborted(queue)
 	return connect.NewResponse(&nornv1.AbortResponse{Acks: acks}), nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/norn-dev/norn/access"
 	"github.com/norn-dev/norn/antientropy"
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/coord"
@@ -59,6 +60,29 @@ type Config struct {
 	// AdminService call needs a user whose grants allow it
 	// (AuthInterceptor, AuthorizeFramed).
 	Auth *access.Rules
+	// Events, when set, is told of what the API does to tasks (metrics).
+	Events TaskEvents
+}
+
+// TaskEvents is told of what the API did to tasks, on the node that did
+// it: a call forwarded to the task's leader is told there, a claim
+// proxied to another leader is told on the node the worker called.
+// Idempotent retries that find their effect stored already are told
+// again. The queue is the task's ("" when this node does not know it).
+// Methods run on the request's goroutine: they must be cheap and safe
+// for concurrent use.
+type TaskEvents interface {
+	// Enqueued: n tasks of queue were written (with their quorum).
+	Enqueued(queue string, n int)
+	// Claimed: a Claim of queue answered its worker with tasks (perhaps
+	// none) after waiting waited; now is the node's clock (Config.Clock),
+	// to tell the tasks' ages.
+	Claimed(queue string, tasks []*nornv1.ClaimedTask, now time.Time, waited time.Duration)
+	// Renewed, Completed, Aborted, Cancelled: one task of queue was.
+	Renewed(queue string)
+	Completed(queue string)
+	Aborted(queue string)
+	Cancelled(queue string)
 }
 
 // SecurityStatus is how a node's ports are secured (Status's security).
@@ -83,14 +107,28 @@ type Server struct {
 	clockGuard *cluster.ClockGuard
 	hlc        *crdt.HLC
 	ids        IDs
+	events     TaskEvents // Config.Events, or noEvents
 }
 
 // New returns a server over cfg's parts.
 func New(cfg Config) *Server {
+	if cfg.Events == nil {
+		cfg.Events = noEvents{}
+	}
 	return &Server{cfg: cfg, start: cfg.Start, store: cfg.Store, host: cfg.Host, peers: cfg.Peers, coord: cfg.Coord,
 		dispatch: cfg.Dispatch, ae: cfg.AE, rebalance: cfg.Rebalance, clockGuard: cfg.ClockGuard,
-		hlc: cfg.HLC, ids: cfg.IDs}
+		hlc: cfg.HLC, ids: cfg.IDs, events: cfg.Events}
 }
+
+// noEvents is the TaskEvents of a server told nothing.
+type noEvents struct{}
+
+func (noEvents) Enqueued(string, int)                                            {}
+func (noEvents) Claimed(string, []*nornv1.ClaimedTask, time.Time, time.Duration) {}
+func (noEvents) Renewed(string)                                                  {}
+func (noEvents) Completed(string)                                                {}
+func (noEvents) Aborted(string)                                                  {}
+func (noEvents) Cancelled(string)                                                {}
 
 // AdminService is the server's norn.v1.AdminService.
 func (sv *Server) AdminService() nornv1connect.AdminServiceHandler { return adminService{sv} }

@@ -50,6 +50,14 @@ func (sv *Server) specFromAPI(field string, s *nornv1.TaskSpec) (*crdt.Spec, err
 	return spec, nil
 }
 
+// queueOf is t's queue, "" when its spec is not known here.
+func queueOf(t *crdt.Task) string {
+	if t == nil || t.Spec == nil {
+		return ""
+	}
+	return t.Spec.Queue
+}
+
 // sameSpec compares the user-given fields of two specs.
 func sameSpec(a, b *crdt.Spec) bool {
 	return a.Queue == b.Queue && a.Priority == b.Priority && bytes.Equal(a.Payload, b.Payload) &&
@@ -103,6 +111,7 @@ func (s taskService) Enqueue(ctx context.Context, req *connect.Request[nornv1.En
 	if err != nil {
 		return nil, err
 	}
+	sv.events.Enqueued(spec.Queue, 1)
 	return connect.NewResponse(&nornv1.EnqueueResponse{Id: t.ID, Acks: acks}), nil
 }
 
@@ -149,6 +158,15 @@ func (s taskService) EnqueueBatch(ctx context.Context, req *connect.Request[norn
 	acks, err := sv.coord.Write(ctx, writes, m.GetW(), ids)
 	if err != nil {
 		return nil, err
+	}
+	// One call per run of tasks of one queue (a batch is mostly one).
+	for i := 0; i < len(writes); {
+		j := i + 1
+		for j < len(writes) && writes[j].Spec.Queue == writes[i].Spec.Queue {
+			j++
+		}
+		sv.events.Enqueued(writes[i].Spec.Queue, j-i)
+		i = j
 	}
 	return connect.NewResponse(&nornv1.EnqueueBatchResponse{Ids: ids, Acks: acks}), nil
 }
@@ -201,6 +219,7 @@ func (s taskService) Cancel(ctx context.Context, req *connect.Request[nornv1.Can
 	if err != nil {
 		return nil, err
 	}
+	sv.events.Cancelled(queueOf(ts.Task))
 	return connect.NewResponse(&nornv1.CancelResponse{Acks: acks}), nil
 }
 
