@@ -46,9 +46,10 @@ var allowed = map[string][]string{
 	"server":      {"dispatch", "rebalance", "coord", "antientropy", "replicas", "apierr", "cluster", "claims", "storage", "transport", "api", "crdt", "ring", "access"},
 	"rebalance":   {"replicas", "apierr", "cluster", "claims", "transport", "api", "ring"},
 	"client":      {"api", "transport", "crdt", "ring"},
-	"node":        {"server", "dispatch", "rebalance", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs", "testhooks", "access"},
+	"metrics":     {"api", "transport"},
+	"node":        {"server", "dispatch", "rebalance", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs", "testhooks", "access", "metrics"},
 	"jepsen":      {"client", "api", "transport", "crdt", "ring", "access"},
-	"cmd":         {"node", "server", "dispatch", "rebalance", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs", "testhooks", "access"},
+	"cmd":         {"node", "metrics", "server", "dispatch", "rebalance", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs", "testhooks", "access"},
 }
 
 // banned lists arrows that must never exist, whatever the table above
