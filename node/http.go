@@ -39,18 +39,20 @@ func (n *Node) Handler() http.Handler {
 		connect.WithReadMaxBytes(n.cfg.MaxRequestBytes),
 		// Gzip costs more than it saves on small messages (DESIGN §8).
 		connect.WithCompressMinBytes(4 << 10),
-		// Who may call what: the access file's grants, or any client
-		// certificate with TLS (server.AuthInterceptor).
-		connect.WithInterceptors(n.server.AuthInterceptor()),
+		// The RPC metrics first (outermost), so refused calls count;
+		// then who may call what: the access file's grants, or any
+		// client certificate with TLS (server.AuthInterceptor).
+		connect.WithInterceptors(n.metrics.rpc.Interceptor(), n.server.AuthInterceptor()),
 	}, transport.StrictJSON()...)
 	mux := http.NewServeMux()
 	mux.Handle(nornv1connect.NewTaskServiceHandler(n.server.TaskService(), opts...))
 	mux.Handle(nornv1connect.NewAdminServiceHandler(n.server.AdminService(), opts...))
 	// Replication batches many tasks in one call (up to maxReplicate).
 	mux.Handle(nornv1connect.NewPeerServiceHandler(n.server.PeerService(),
-		append([]connect.HandlerOption{connect.WithReadMaxBytes(64 << 20), connect.WithCompressMinBytes(4 << 10)}, transport.StrictJSON()...)...))
+		append([]connect.HandlerOption{connect.WithReadMaxBytes(64 << 20), connect.WithCompressMinBytes(4 << 10),
+			connect.WithInterceptors(n.metrics.rpc.Interceptor())}, transport.StrictJSON()...)...))
 	if !n.cfg.MetricsElsewhere {
-		mux.HandleFunc("GET /metrics", n.serveMetrics)
+		mux.Handle("GET /metrics", n.metrics.handler)
 	}
 	// Ready once every partition has a leader; 503 before.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -101,7 +103,7 @@ func identityFromCert(next http.Handler) http.Handler {
 // (nornd -metrics-addr).
 func (n *Node) MetricsHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /metrics", n.serveMetrics)
+	mux.Handle("GET /metrics", n.metrics.handler)
 	return mux
 }
 

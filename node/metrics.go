@@ -1,19 +1,111 @@
 package node
 
 import (
-	"bufio"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
+	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/norn-dev/norn/dispatch"
+	"github.com/norn-dev/norn/metrics"
+	"github.com/norn-dev/norn/storage"
 )
+
+// nodeMetrics is the node's registry (its own: tests run several nodes
+// in one process) and the metrics its parts report to as they work. The
+// parts' own counters are read at scrape time by nodeCollector.
+type nodeMetrics struct {
+	reg     *prometheus.Registry
+	rpc     *metrics.RPC   // every call served and made
+	tasks   *metrics.Tasks // task events by queue
+	raft    *metrics.Raft  // the partition groups' apply latency
+	handler http.Handler   // GET /metrics
+
+	// scrapeMu orders scrapes before the store's Close: Close sets closed
+	// under it, and a scrape reads the store only while closed is false.
+	scrapeMu sync.RWMutex
+	closed   bool
+
+	descs sync.Map // nodeCollector's *prometheus.Desc by name and label names
+}
+
+func newNodeMetrics(cfg Config) *nodeMetrics {
+	reg := metrics.NewRegistry()
+	return &nodeMetrics{reg: reg, rpc: metrics.NewRPC(reg), tasks: metrics.NewTasks(reg),
+		raft: metrics.NewRaft(reg, cfg.Partitions), handler: metrics.Handler(reg)}
+}
+
+// registerMetrics adds the collectors that read the node's parts, once they
+// exist.
+func (n *Node) registerMetrics() {
+	n.metrics.reg.MustRegister(nodeCollector{n})
+	fs := n.cfg.StorageFS
+	if fs == nil {
+		fs = vfs.Default
+	}
+	dbDir := filepath.Join(n.cfg.DataDir, "db")
+	n.metrics.reg.MustRegister(metrics.NewPebble(n.store.Metrics, func() (vfs.DiskUsage, error) { return fs.GetDiskUsage(dbDir) }))
+}
+
+// closeMetrics makes later scrapes leave the store alone (it is about to
+// close), after the scrapes under way.
+func (n *Node) closeMetrics() {
+	n.metrics.scrapeMu.Lock()
+	n.metrics.closed = true
+	n.metrics.scrapeMu.Unlock()
+}
+
+// nodeCollector exports the parts' counters and states, read at each
+// scrape. It is an unchecked collector (Describe sends nothing): the
+// meta group's Raft series carry no partition label where the partition
+// groups' do, which a checked collector may not.
+type nodeCollector struct{ n *Node }
+
+func (nodeCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	s := &sink{ch: ch, descs: &c.n.metrics.descs}
+	n := c.n
+	n.collectRaft(s)
+	cs := n.coord.Stats()
+	s.counter("norn_spec_conflicts_total", "Merges that met two different specs for one task id (resolved by lowest digest).", float64(cs.SpecConflicts))
+	s.counter("norn_read_repairs_total", "Replicas sent a task's merged state because a read found them behind.", float64(cs.ReadRepairs))
+	if n.dispatch != nil {
+		ds := n.dispatch.DepStats()
+		s.gauge("norn_dependencies_watched", "Dependencies of blocked tasks this node reads from their replicas in the background.", float64(ds.Watched))
+		s.gauge("norn_dependencies_cached", fmt.Sprintf("Dependencies this node knows terminal (cached for good, up to %d).", dispatch.DepCacheSize), float64(ds.Cached))
+	}
+	n.collectAntiEntropy(s)
+	n.collectClock(s)
+	n.collectLeaders(s)
+	epoch := uint64(0)
+	if r := n.host.Ring(); r != nil {
+		epoch = r.Epoch
+	}
+	s.gauge("norn_ring_epoch", "Epoch of the ring this node works with (0: no cluster yet).", float64(epoch))
+	if n.host.Members() != nil {
+		byState := map[string]int{}
+		for _, m := range n.host.Members().Members() {
+			byState[m.State.String()]++
+		}
+		for _, st := range slices.Sorted(maps.Keys(byState)) {
+			s.gauge("norn_members", "Cluster members as gossip sees them, by state.", float64(byState[st]), "state", st)
+		}
+	}
+	n.metrics.scrapeMu.RLock()
+	defer n.metrics.scrapeMu.RUnlock()
+	if !n.metrics.closed {
+		n.collectQueues(s)
+	}
+}
 
 // raftGauges are the numeric fields of hashicorp/raft's Stats() exported
 // per group. The library's own metrics (go-metrics) are process-global and
@@ -31,96 +123,63 @@ var raftGauges = []struct{ stat, name, help string }{
 // raftStates maps Stats()'s state to a number for norn_raft_state.
 var raftStates = map[string]int{"Follower": 0, "Candidate": 1, "Leader": 2, "Shutdown": 3}
 
-// serveMetrics writes the node's metrics in the Prometheus text format.
-func (n *Node) serveMetrics(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	bw := bufio.NewWriter(w)
-	n.writeMetrics(bw)
-	bw.Flush()
-}
+const raftLagHelp = "Entries this replica knows committed and has not applied yet (commit index minus applied index), " +
+	"per partition group with at most 16 partitions, else their sum under partition=\"all\"."
 
-func (n *Node) writeMetrics(w io.Writer) {
-	type series struct {
-		labels string
+// collectRaft exports each group's Stats() with group and partition
+// labels, and the commit-to-apply lag (per partition only when P is at
+// most metrics.MaxPartitionLabels).
+func (n *Node) collectRaft(s *sink) {
+	type group struct {
+		labels []string
 		stats  map[string]string
 	}
-	var groups []series
+	var groups []group
 	if n.host.Meta() != nil {
-		groups = append(groups, series{`group="meta"`, n.host.Meta().Stats()})
+		groups = append(groups, group{[]string{"group", "meta"}, n.host.Meta().Stats()})
 	}
+	lags := map[string]float64{} // partition label -> lag
 	for p, g := range n.host.Groups() {
-		if g != nil {
-			groups = append(groups, series{fmt.Sprintf(`group="partition",partition="%d"`, p), g.Stats()})
+		if g == nil {
+			continue
 		}
+		st := g.Stats()
+		groups = append(groups, group{[]string{"group", "partition", "partition", strconv.Itoa(p)}, st})
+		lags[n.metrics.raft.PartitionLabel(p)] += raftLag(st)
 	}
 	for _, gauge := range raftGauges {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n", gauge.name, gauge.help, gauge.name)
-		for _, s := range groups {
-			if v, err := strconv.ParseUint(s.stats[gauge.stat], 10, 64); err == nil {
-				fmt.Fprintf(w, "%s{%s} %d\n", gauge.name, s.labels, v)
+		for _, g := range groups {
+			if v, err := strconv.ParseUint(g.stats[gauge.stat], 10, 64); err == nil {
+				s.gauge(gauge.name, gauge.help, float64(v), g.labels...)
 			}
 		}
 	}
-	fmt.Fprintf(w, "# HELP norn_raft_state Raft role of the group on this node: 0 follower, 1 candidate, 2 leader, 3 shutdown.\n# TYPE norn_raft_state gauge\n")
-	for _, s := range groups {
-		if v, ok := raftStates[s.stats["state"]]; ok {
-			fmt.Fprintf(w, "norn_raft_state{%s} %d\n", s.labels, v)
+	for _, g := range groups {
+		if v, ok := raftStates[g.stats["state"]]; ok {
+			s.gauge("norn_raft_state", "Raft role of the group on this node: 0 follower, 1 candidate, 2 leader, 3 shutdown.", float64(v), g.labels...)
 		}
 	}
-	fmt.Fprintf(w, "# HELP norn_raft_last_contact_seconds Time since this follower last heard from its leader (0 on the leader).\n# TYPE norn_raft_last_contact_seconds gauge\n")
-	for _, s := range groups {
-		if d, ok := lastContact(s.stats["last_contact"]); ok {
-			fmt.Fprintf(w, "norn_raft_last_contact_seconds{%s} %g\n", s.labels, d.Seconds())
+	for _, g := range groups {
+		if d, ok := lastContact(g.stats["last_contact"]); ok {
+			s.gauge("norn_raft_last_contact_seconds", "Time since this follower last heard from its leader (0 on the leader).", d.Seconds(), g.labels...)
 		}
 	}
+	if len(groups) > 0 && groups[0].labels[1] == "meta" {
+		s.gauge("norn_raft_apply_lag_entries", raftLagHelp, raftLag(groups[0].stats), "group", "meta")
+	}
+	for _, p := range slices.Sorted(maps.Keys(lags)) {
+		s.gauge("norn_raft_apply_lag_entries", raftLagHelp, lags[p], "group", "partition", "partition", p)
+	}
+}
 
-	counter := func(name, help string, v uint64) {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", name, help, name, name, v)
+// raftLag is a group's commit index minus its applied index.
+func raftLag(stats map[string]string) float64 {
+	c, err1 := strconv.ParseUint(stats["commit_index"], 10, 64)
+	a, err2 := strconv.ParseUint(stats["applied_index"], 10, 64)
+	if err1 != nil || err2 != nil || a >= c {
+		return 0
 	}
-	counter("norn_spec_conflicts_total", "Merges that met two different specs for one task id (resolved by lowest digest).", n.coord.Stats().SpecConflicts)
-	counter("norn_read_repairs_total", "Replicas sent a task's merged state because a read found them behind.", n.coord.Stats().ReadRepairs)
-	gauge := func(name, help string, v int) {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %d\n", name, help, name, name, v)
-	}
-	if n.dispatch != nil {
-		ds := n.dispatch.DepStats()
-		gauge("norn_dependencies_watched", "Dependencies of blocked tasks this node reads from their replicas in the background.", ds.Watched)
-		gauge("norn_dependencies_cached", fmt.Sprintf("Dependencies this node knows terminal (cached for good, up to %d).", dispatch.DepCacheSize), ds.Cached)
-	}
-	n.writeAntiEntropyMetrics(w, counter, gauge)
-	cs := n.clockGuard.Stats()
-	cg, outs, transfers := cs.Check, cs.OutOfBound, cs.Transfers
-	inBound := 0
-	if cg.InBound {
-		inBound = 1
-	}
-	gauge("norn_clock_in_bound", "1 while this node's clock is within max_clock_offset of the cluster median (or cannot be judged: fewer than three clocks measured), 0 while it is out of bound and leads nothing.", inBound)
-	if cg.Known {
-		fmt.Fprintf(w, "# HELP norn_clock_offset_seconds This node's clock minus the median of the alive nodes' clocks.\n# TYPE norn_clock_offset_seconds gauge\nnorn_clock_offset_seconds %g\n", cg.Offset.Seconds())
-	}
-	counter("norn_clock_out_of_bound_total", "Times this node's clock went beyond max_clock_offset from the cluster median.", outs)
-	counter("norn_clock_leadership_handovers_total", "Leadership transfers this node started because its clock was out of bound.", transfers)
-	n.writeLeaderMetrics(w, counter)
-	epoch := uint64(0)
-	if r := n.host.Ring(); r != nil {
-		epoch = r.Epoch
-	}
-	fmt.Fprintf(w, "# HELP norn_ring_epoch Epoch of the ring this node works with (0: no cluster yet).\n# TYPE norn_ring_epoch gauge\nnorn_ring_epoch %d\n", epoch)
-	if n.host.Members() != nil {
-		byState := map[string]int{}
-		for _, m := range n.host.Members().Members() {
-			byState[m.State.String()]++
-		}
-		states := make([]string, 0, len(byState))
-		for s := range byState {
-			states = append(states, s)
-		}
-		sort.Strings(states)
-		fmt.Fprintf(w, "# HELP norn_members Cluster members as gossip sees them, by state.\n# TYPE norn_members gauge\n")
-		for _, s := range states {
-			fmt.Fprintf(w, "norn_members{state=%q} %d\n", s, byState[s])
-		}
-	}
+	return float64(c - a)
 }
 
 // lastContact parses Stats()'s last_contact: "never", "0" on a leader, or
@@ -136,47 +195,128 @@ func lastContact(s string) (time.Duration, bool) {
 	return d, err == nil
 }
 
-// writeAntiEntropyMetrics writes the anti-entropy counters, the trees'
+// collectAntiEntropy exports the anti-entropy counters, the trees'
 // memory and, per partition, when its replicas were last seen equal.
-func (n *Node) writeAntiEntropyMetrics(w io.Writer, counter func(string, string, uint64), gauge func(string, string, int)) {
-	s := n.ae.Counters()
-	counter("norn_antientropy_exchanges_total", "Anti-entropy rounds with a peer (one per peer, covering every shared partition).", s.Exchanges)
-	counter("norn_antientropy_failures_total", "Anti-entropy rounds that ended with an error.", s.Failures)
-	counter("norn_antientropy_partitions_differing_total", "Partitions whose tree roots differed at the start of a round.", s.Differing)
-	counter("norn_antientropy_segments_differing_total", "Tree leaves (groups of segments) found differing.", s.Leaves)
-	counter("norn_antientropy_tasks_pushed_total", "Task states sent to peers that lacked them or held older ones.", s.Pushed)
-	counter("norn_antientropy_tasks_pulled_total", "Task states received from peers and merged here.", s.Pulled)
-	counter("norn_antientropy_bytes_sent_total", "Bytes of anti-entropy requests (protobuf sizes, task states included).", s.BytesSent)
-	counter("norn_antientropy_bytes_received_total", "Bytes of anti-entropy responses.", s.BytesRecv)
+func (n *Node) collectAntiEntropy(s *sink) {
+	c := n.ae.Counters()
+	s.counter("norn_antientropy_exchanges_total", "Anti-entropy rounds with a peer (one per peer, covering every shared partition).", float64(c.Exchanges))
+	s.counter("norn_antientropy_failures_total", "Anti-entropy rounds that ended with an error.", float64(c.Failures))
+	s.counter("norn_antientropy_partitions_differing_total", "Partitions whose tree roots differed at the start of a round.", float64(c.Differing))
+	s.counter("norn_antientropy_segments_differing_total", "Tree leaves (groups of segments) found differing.", float64(c.Leaves))
+	s.counter("norn_antientropy_tasks_pushed_total", "Task states sent to peers that lacked them or held older ones.", float64(c.Pushed))
+	s.counter("norn_antientropy_tasks_pulled_total", "Task states received from peers and merged here.", float64(c.Pulled))
+	s.counter("norn_antientropy_bytes_sent_total", "Bytes of anti-entropy requests (protobuf sizes, task states included).", float64(c.BytesSent))
+	s.counter("norn_antientropy_bytes_received_total", "Bytes of anti-entropy responses.", float64(c.BytesRecv))
 	trees, bytes := n.ae.Partitions()
-	gauge("norn_antientropy_trees", "Partition replicas with a Merkle tree on this node.", trees)
-	gauge("norn_antientropy_tree_bytes", "Memory of this node's Merkle trees.", bytes)
+	s.gauge("norn_antientropy_trees", "Partition replicas with a Merkle tree on this node.", float64(trees))
+	s.gauge("norn_antientropy_tree_bytes", "Memory of this node's Merkle trees.", float64(bytes))
 	converged := n.ae.Converged()
-	parts := make([]uint16, 0, len(converged))
-	for p := range converged {
-		parts = append(parts, p)
-	}
-	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
-	fmt.Fprintf(w, "# HELP norn_antientropy_last_converged_seconds Unix time of the last round that found (or left) this partition's replica equal to a peer's.\n# TYPE norn_antientropy_last_converged_seconds gauge\n")
-	for _, p := range parts {
-		fmt.Fprintf(w, "norn_antientropy_last_converged_seconds{partition=\"%d\"} %d\n", p, converged[p].Unix())
+	for _, p := range slices.Sorted(maps.Keys(converged)) {
+		s.gauge("norn_antientropy_last_converged_timestamp_seconds",
+			"Unix time of the last round that found (or left) this partition's replica equal to a peer's.",
+			float64(converged[p].Unix()), "partition", strconv.Itoa(int(p)))
 	}
 }
 
-// writeLeaderMetrics writes every node's partition leaderships and fair
+// collectClock exports the clock guard's judgement and counters.
+func (n *Node) collectClock(s *sink) {
+	cs := n.clockGuard.Stats()
+	inBound := 0.0
+	if cs.Check.InBound {
+		inBound = 1
+	}
+	s.gauge("norn_clock_in_bound", "1 while this node's clock is within max_clock_offset of the cluster median (or cannot be judged: fewer than three clocks measured), 0 while it is out of bound and leads nothing.", inBound)
+	if cs.Check.Known {
+		s.gauge("norn_clock_offset_seconds", "This node's clock minus the median of the alive nodes' clocks.", cs.Check.Offset.Seconds())
+	}
+	s.counter("norn_clock_out_of_bound_total", "Times this node's clock went beyond max_clock_offset from the cluster median.", float64(cs.OutOfBound))
+	s.counter("norn_clock_leadership_handovers_total", "Leadership transfers this node started because its clock was out of bound.", float64(cs.Transfers))
+}
+
+// collectLeaders exports every node's partition leaderships and fair
 // share as the leader balancer last saw them, and its counters.
-func (n *Node) writeLeaderMetrics(w io.Writer, counter func(string, string, uint64)) {
+func (n *Node) collectLeaders(s *sink) {
 	loads := n.host.LeaderLoads()
-	ids := slices.Sorted(maps.Keys(loads))
-	fmt.Fprintf(w, "# HELP norn_partition_leaders Partition groups each node leads, as this node's leader balancer last saw them (its own exactly).\n# TYPE norn_partition_leaders gauge\n")
-	for _, id := range ids {
-		fmt.Fprintf(w, "norn_partition_leaders{node=%q} %d\n", id, loads[id].Leads)
+	for _, id := range slices.Sorted(maps.Keys(loads)) {
+		s.gauge("norn_partition_leaders", "Partition groups each node leads, as this node's leader balancer last saw them (its own exactly).", float64(loads[id].Leads), "node", id)
+		s.gauge("norn_partition_leader_share", "Each node's fair share of the partition leaderships (0 for a node that may not lead).", loads[id].Share, "node", id)
 	}
-	fmt.Fprintf(w, "# HELP norn_partition_leader_share Each node's fair share of the partition leaderships (0 for a node that may not lead).\n# TYPE norn_partition_leader_share gauge\n")
-	for _, id := range ids {
-		fmt.Fprintf(w, "norn_partition_leader_share{node=%q} %g\n", id, loads[id].Share)
+	st := n.host.LeaderBalanceStats()
+	s.counter("norn_leader_balance_transfers_total", "Leadership transfers this node started to balance leaderships.", float64(st.Transfers))
+	s.counter("norn_leader_balance_failures_total", "Leadership transfers this node started to balance leaderships that failed.", float64(st.Failures))
+}
+
+// queueStatuses are the status label values of norn_queue_tasks, by
+// storage class (ClassOther counts as ready, as CountTasks does).
+var queueStatuses = map[storage.Class]string{
+	storage.ClassReady: "ready", storage.ClassWaiting: "waiting", storage.ClassDelayed: "delayed",
+	storage.ClassClaimed: "claimed", storage.ClassCompleted: "completed", storage.ClassAborted: "aborted",
+	storage.ClassCancelled: "cancelled", storage.ClassOther: "ready",
+}
+
+// queueStatusOrder lists the status label values once each.
+var queueStatusOrder = []string{"ready", "waiting", "delayed", "claimed", "completed", "aborted", "cancelled"}
+
+// collectQueues exports the tasks of the partitions this node leads by
+// queue and status, from the store's counters (storage.Store.Counts: one
+// short span of keys per partition, no task is read). Every partition
+// has one leader, so the sum over the nodes is the cluster's (for a
+// moment around a leadership change a partition may count on two nodes,
+// or none). Tasks waiting for dependencies count as waiting (CountTasks
+// tells READY from DELAYED by their dependencies, one read each).
+func (n *Node) collectQueues(s *sink) {
+	depth := map[string]map[string]float64{} // queue label -> status -> tasks
+	for p, g := range n.host.Groups() {
+		if g == nil || !g.IsLeader() {
+			continue
+		}
+		entries, err := n.store.Counts(uint16(p), "")
+		if err != nil {
+			continue // the store is failing; its own errors say so
+		}
+		for _, e := range entries {
+			label := n.metrics.tasks.QueueLabel(e.Queue)
+			if depth[label] == nil {
+				depth[label] = map[string]float64{}
+			}
+			depth[label][queueStatuses[e.Class]] += float64(e.N)
+		}
 	}
-	s := n.host.LeaderBalanceStats()
-	counter("norn_leader_balance_transfers_total", "Leadership transfers this node started to balance leaderships.", s.Transfers)
-	counter("norn_leader_balance_failures_total", "Leadership transfers this node started to balance leaderships that failed.", s.Failures)
+	for _, q := range n.metrics.tasks.QueueLabels() {
+		for _, st := range queueStatusOrder {
+			s.gauge("norn_queue_tasks", "Tasks of the partitions this node leads, by queue and status (waiting: ready but with dependencies).", depth[q][st], "queue", q, "status", st)
+		}
+	}
+}
+
+// sink sends const metrics, with one Desc per name and label names made
+// once per node (nodeMetrics.descs).
+type sink struct {
+	ch    chan<- prometheus.Metric
+	descs *sync.Map
+}
+
+func (s *sink) send(t prometheus.ValueType, name, help string, v float64, kv []string) {
+	names := make([]string, 0, len(kv)/2)
+	values := make([]string, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		names = append(names, kv[i])
+		values = append(values, kv[i+1])
+	}
+	key := name + "\xff" + strings.Join(names, "\xff")
+	d, ok := s.descs.Load(key)
+	if !ok {
+		d, _ = s.descs.LoadOrStore(key, prometheus.NewDesc(name, help, names, nil))
+	}
+	s.ch <- prometheus.MustNewConstMetric(d.(*prometheus.Desc), t, v, values...)
+}
+
+// gauge sends a gauge; kv alternates label names and values.
+func (s *sink) gauge(name, help string, v float64, kv ...string) {
+	s.send(prometheus.GaugeValue, name, help, v, kv)
+}
+
+// counter sends a counter; kv alternates label names and values.
+func (s *sink) counter(name, help string, v float64, kv ...string) {
+	s.send(prometheus.CounterValue, name, help, v, kv)
 }

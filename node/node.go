@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/norn-dev/norn/antientropy"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/coord"
@@ -49,6 +51,7 @@ type Node struct {
 	clockGuard *cluster.ClockGuard
 
 	rpc     *transport.RPCServer // framed peer calls
+	metrics *nodeMetrics         // the registry of /metrics and what the parts report to
 	stop    chan struct{}
 	stopped sync.WaitGroup
 	closeMu sync.Mutex
@@ -99,6 +102,7 @@ func New(cfg Config) (*Node, error) {
 		stop:  make(chan struct{}),
 
 		waiters: waiters,
+		metrics: newNodeMetrics(cfg),
 	}
 	n.clockGuard = cluster.NewClockGuard(cluster.ClockGuardConfig{
 		NodeID: cfg.NodeID, MaxOffset: cfg.MaxClockOffset, Clock: cfg.Clock, Logger: cfg.Logger,
@@ -108,7 +112,8 @@ func New(cfg Config) (*Node, error) {
 	if cfg.TLS != nil && cfg.TestBugs.TLSAnyClient {
 		cfg.TLS.AcceptAnyClient = true
 	}
-	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, TLS: cfg.TLS})
+	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, TLS: cfg.TLS,
+		Interceptors: []connect.Interceptor{n.metrics.rpc.Interceptor()}, ObserveRPC: n.metrics.rpc.ObserveFramedClient})
 	n.ae, err = antientropy.New(antientropy.Config{
 		NodeID: cfg.NodeID,
 		Replica: antientropy.ReplicaConfig{
@@ -155,6 +160,7 @@ func New(cfg Config) (*Node, error) {
 		Trees:          n.ae,
 		Heartbeats:     heartbeats,
 		MayLead:        n.clockGuard.MayLead,
+		OnProposed:     n.metrics.raft.Proposed,
 		OnLeaderChange: n.waiters.NotifyAll,
 		OnMetaRing:     n.rebalance.Kick,
 		OnPlacement:    n.ae.Kick,
@@ -181,6 +187,8 @@ func New(cfg Config) (*Node, error) {
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Waiters: waiters,
 		ClockInBound: func() bool { return n.clockGuard.State().InBound },
 		ExpiryNoSkew: cfg.TestBugs.ExpiryNoSkew,
+		OnExpired:    n.metrics.tasks.Expired,
+		OnAborted:    n.metrics.tasks.Aborted,
 	})
 	n.dispatch.Start()
 	n.server = server.New(server.Config{
@@ -190,6 +198,7 @@ func New(cfg Config) (*Node, error) {
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
 		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard, Heartbeats: heartbeats,
 		Auth:     cfg.Auth,
+		Events:   n.metrics.tasks,
 		Security: server.SecurityStatus{TLS: cfg.TLS != nil, GossipEncrypted: cfg.GossipKey != nil, Insecure: cfg.Insecure},
 	})
 	// Replication's framed calls, on the Raft port (transport.PeerRPCGroup).
@@ -202,7 +211,8 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
-	n.rpc = transport.ServeRPC(rpcStream, n.server.HandleRPC, cfg.Logger)
+	n.rpc = transport.ServeRPC(rpcStream, n.metrics.rpc.FramedServer(n.server.HandleRPC), cfg.Logger)
+	n.registerMetrics()
 	n.ae.Start(aeHost{n.host})
 	n.rebalance.Start(n.host)
 	n.stopped.Add(2)
@@ -263,6 +273,7 @@ func (n *Node) Close() error {
 		return nil
 	}
 	n.closed = true
+	n.closeMetrics()
 	n.StopWaiting()
 	close(n.stop)
 	n.dispatch.Close()
