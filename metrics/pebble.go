@@ -45,7 +45,7 @@ var pebbleSeriesList = []pebbleSeries{
 	{"norn_pebble_block_cache_bytes", "Bytes in Pebble's block cache.", func(m *pebble.Metrics) float64 { return float64(m.BlockCache.Size) }},
 	{"norn_pebble_block_cache_hits_total", "Block cache hits.", func(m *pebble.Metrics) float64 { return float64(m.BlockCache.Hits) }},
 	{"norn_pebble_block_cache_misses_total", "Block cache misses.", func(m *pebble.Metrics) float64 { return float64(m.BlockCache.Misses) }},
-	{"norn_pebble_wal_bytes", "Physical size of the live WAL files.", func(m *pebble.Metrics) float64 { return float64(m.WAL.PhysicalSize) }},
+	{"norn_pebble_wal_bytes", "Bytes of live data in the WAL files (the memtables' not yet flushed).", func(m *pebble.Metrics) float64 { return float64(m.WAL.Size) }},
 	{"norn_pebble_wal_written_bytes_total", "Bytes written to the WAL.", func(m *pebble.Metrics) float64 { return float64(m.WAL.BytesWritten) }},
 	{"norn_pebble_disk_usage_bytes", "Disk space Pebble uses: live and obsolete tables, WAL, manifests.", func(m *pebble.Metrics) float64 { return float64(m.DiskSpaceUsage()) }},
 }
@@ -143,7 +143,10 @@ func (c *Pebble) fsyncHistogram(h *dto.Histogram) prometheus.Metric {
 	}
 	buckets := make(map[float64]uint64, len(c.fsyncBounds))
 	for _, b := range c.fsyncBounds {
-		buckets[b/float64(time.Second)] = cum[b]
+		// 4 significant digits: Pebble's exponential bounds are not
+		// round (0.0092991... s), and 1e10 ns comes out 9.99...958e9.
+		s, _ := strconv.ParseFloat(strconv.FormatFloat(b/float64(time.Second), 'g', 4, 64), 64)
+		buckets[s] = cum[b]
 	}
 	return prometheus.MustNewConstHistogram(pebbleFsync, h.GetSampleCount(), h.GetSampleSum()/float64(time.Second), buckets)
 }
