@@ -19,6 +19,12 @@
 //	cluster.ClockGuard     judges this node's clock; hands leaderships over when out of bound
 //	server.Server          the API edge: TaskService, AdminService, PeerService handlers
 //
+// and, beside them, the node's metrics: a Prometheus registry of its own
+// (metrics.NewRegistry), made first so the parts' hooks (the connect
+// interceptor, the framed-call wrappers, server.Config.Events, the
+// dispatcher's and the groups' callbacks) report to it, and read at
+// scrape time by node/metrics.go once every part exists.
+//
 // New builds them in the order their dependencies need (the store, the
 // clock guard, anti-entropy and the rebalance driver before the host,
 // whose callbacks reach them; coord, dispatch and server after it) and
