@@ -126,3 +126,29 @@ func BenchmarkTaskEvents(b *testing.B) {
 		tasks.Completed("mail")
 	}
 }
+
+// The latency histograms are native histograms with the classic buckets
+// as well (a protobuf scrape carries both).
+func TestRPCHistogramsNativeAndClassic(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := NewRPC(reg)
+	r.ObserveFramedClient(transport.MethodReplicate, time.Now().Add(-3*time.Millisecond), nil)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "norn_rpc_client_duration_seconds" {
+			continue
+		}
+		h := f.GetMetric()[0].GetHistogram()
+		if h.Schema == nil || len(h.GetPositiveSpan()) == 0 || len(h.GetPositiveDelta()) == 0 {
+			t.Errorf("no native buckets: %v", h)
+		}
+		if len(h.GetBucket()) != len(rpcBuckets) || h.GetSampleCount() != 1 {
+			t.Errorf("classic buckets %d (want %d), count %d", len(h.GetBucket()), len(rpcBuckets), h.GetSampleCount())
+		}
+		return
+	}
+	t.Fatal("no norn_rpc_client_duration_seconds")
+}
