@@ -34,7 +34,7 @@ type Config struct {
 	// 250 µs cut server CPU per task there by about 11%.
 	WALMinSyncInterval time.Duration
 	// TaskCacheRows bounds the tasks whose stored state and index state
-	// are kept in memory (see rowCache). 0: 65,536; negative: none.
+	// are kept in memory (see rowCache). 0: 262,144; negative: none.
 	TaskCacheRows int
 	// Logger receives Pebble's log output; nil discards informational
 	// messages and keeps errors on standard error.
