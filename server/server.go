@@ -6,6 +6,7 @@ import (
 
 	"github.com/norn-dev/norn/access"
 	"github.com/norn-dev/norn/antientropy"
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/coord"
@@ -59,6 +60,12 @@ type Config struct {
 	// AdminService call needs a user whose grants allow it
 	// (AuthInterceptor, AuthorizeFramed).
 	Auth *access.Rules
+	// Build is the node's build (Status's build); nil leaves it out.
+	Build *nornv1.BuildInfo
+	// DataDir is the node's data directory, which a Backup may not write
+	// into. Backup makes a checkpoint; nil refuses Backup calls.
+	DataDir string
+	Backup  Backuper
 }
 
 // SecurityStatus is how a node's ports are secured (Status's security).
