@@ -13,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/client"
@@ -120,7 +121,8 @@ func createOutput(path string, stdout io.Writer) (io.Writer, func(ok bool) error
 const importHelp = `
 Reads an export (nornctl export; the format is in docs/API.md, "Export and
 import": a migration from another queue writes the same lines) and writes
-its tasks with AdminService.ImportTasks, --batch at a time. Ids, specs and
+its tasks with AdminService.ImportTasks, --batch at a time (fewer when
+they would make a request over 2 MiB). Ids, specs and
 creation times are kept; COMPLETED, ABORTED and CANCELLED tasks stay so,
 with their result, errors and updates. Claims are not restored: a task
 that was CLAIMED (or READY, or DELAYED) comes back with its spec alone,
@@ -140,6 +142,11 @@ writing anything.
 // maxImportLine bounds one line of an import: a task's payload, result
 // and updates fit a request of the server's default -max-request-bytes.
 const maxImportLine = 4 << 20
+
+// maxImportBatchBytes bounds the tasks of one ImportTasks call (protobuf
+// size), half the server's default -max-request-bytes: a batch of large
+// tasks is sent in several calls.
+const maxImportBatchBytes = 2 << 20
 
 func runImport(e *env, cmd *command, args []string) error {
 	fs := e.flagSet(cmd)
@@ -183,6 +190,11 @@ func runImport(e *env, cmd *command, args []string) error {
 		if err := protojson.Unmarshal(b, t); err != nil {
 			return imp.fail(line, err)
 		}
+		if imp.bytes+proto.Size(t) > maxImportBatchBytes {
+			if err := imp.flush(); err != nil {
+				return err
+			}
+		}
 		imp.add(t, line)
 		if len(imp.tasks) == *batch {
 			if err := imp.flush(); err != nil {
@@ -217,12 +229,14 @@ type importer struct {
 	dryRun bool
 	tasks  []*nornv1.Task
 	lines  []int // of tasks
+	bytes  int   // proto.Size of tasks
 	done   int   // tasks written (or validated) by earlier batches
 }
 
 func (im *importer) add(t *nornv1.Task, line int) {
 	im.tasks = append(im.tasks, t)
 	im.lines = append(im.lines, line)
+	im.bytes += proto.Size(t)
 }
 
 // flush writes the batch.
@@ -235,7 +249,7 @@ func (im *importer) flush() error {
 		return im.batchFailed(err)
 	}
 	im.done += len(im.tasks)
-	im.tasks, im.lines = im.tasks[:0], im.lines[:0]
+	im.tasks, im.lines, im.bytes = im.tasks[:0], im.lines[:0], 0
 	return nil
 }
 

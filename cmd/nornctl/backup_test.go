@@ -376,3 +376,26 @@ func TestBackupRestore(t *testing.T) {
 		t.Errorf("complete after the restore: %v", err)
 	}
 }
+
+// TestImportLargeTasks imports tasks whose batch would exceed the
+// server's request limit (4 MiB): nornctl splits it.
+func TestImportLargeTasks(t *testing.T) {
+	addr := startNornd(t)
+	c := newTestClient(t, addr)
+	created := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	payload := strings.Repeat("QUJD", 900<<10/3) // 900 KiB of "ABC" in base64
+	var in strings.Builder
+	for id := 1; id <= 6; id++ {
+		fmt.Fprintf(&in, `{"id":"%d","spec":{"queue":"big","payload":"%s"},"createdAt":"%s"}`+"\n", id, payload, created)
+	}
+	r := nornctl(t, addr, in.String(), "import", "-")
+	if r.code != 0 {
+		t.Fatalf("import of 6 tasks of 900 KiB: exit %d: %s", r.code, r.stderr)
+	}
+	mustContain(t, "import", r.stdout, "imported 6 tasks")
+	for id := uint64(1); id <= 6; id++ {
+		if task := getTask(t, c, id); len(task.GetSpec().GetPayload()) != 900<<10 {
+			t.Errorf("task %d: payload of %d bytes, want %d", id, len(task.GetSpec().GetPayload()), 900<<10)
+		}
+	}
+}
