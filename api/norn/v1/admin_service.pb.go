@@ -1129,8 +1129,9 @@ type StatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The answering node's id (stable for the node's lifetime).
 	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	// The nornd build version, for example "v0.3.0" or a commit hash
-	// ("devel" when unknown).
+	// The nornd build version, for example "v0.3.0": the version set at
+	// link time (deploy/Dockerfile's VERSION), else the main module's
+	// ("(devel)" for a build from a work tree). build has the commit.
 	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	// How long the nornd process has been running.
 	Uptime *durationpb.Duration `protobuf:"bytes,3,opt,name=uptime,proto3" json:"uptime,omitempty"`
