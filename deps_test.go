@@ -32,6 +32,7 @@ var allowed = map[string][]string{
 	"ring":        {},
 	"faultfs":     {},
 	"testhooks":   {},
+	"buildinfo":   {"api"},
 	"access":      {"transport", "api", "crdt", "ring"},
 	"storage":     {"crdt", "ring", "faultfs", "testhooks"},
 	"api":         {},
@@ -49,7 +50,7 @@ var allowed = map[string][]string{
 	"metrics":     {"api", "transport"},
 	"node":        {"server", "dispatch", "rebalance", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs", "testhooks", "access", "metrics"},
 	"jepsen":      {"client", "api", "transport", "crdt", "ring", "access"},
-	"cmd":         {"node", "metrics", "server", "dispatch", "rebalance", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs", "testhooks", "access"},
+	"cmd":         {"node", "metrics", "server", "dispatch", "rebalance", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs", "testhooks", "access", "buildinfo"},
 }
 
 // banned lists arrows that must never exist, whatever the table above

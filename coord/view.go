@@ -125,6 +125,7 @@ func (c *Coordinator) View(ts *TaskState) *nornv1.Task {
 		if updated.Less(ev.At) {
 			updated = ev.At
 		}
+		v.FinishedAt = msTime(ev.At.WallMs)
 		if ev.Kind == crdt.Completed {
 			v.Progress = 1
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/norn-dev/norn/access"
 	"github.com/norn-dev/norn/antientropy"
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/ring"
 	"github.com/norn-dev/norn/transport"
@@ -140,6 +141,8 @@ type Config struct {
 	RaftLogger hclog.Logger
 	// Version is reported by Status.
 	Version string
+	// Build is the binary's build, reported by Status (nil: left out).
+	Build *nornv1.BuildInfo
 
 	// APIAddr is where other nodes and clients reach this node's API
 	// (host:port), advertised through gossip and the ring. Required for

@@ -105,7 +105,7 @@ func New(cfg Config) (*Node, error) {
 		metrics: newNodeMetrics(cfg),
 	}
 	n.clockGuard = cluster.NewClockGuard(cluster.ClockGuardConfig{
-		NodeID: cfg.NodeID, MaxOffset: cfg.MaxClockOffset, Clock: cfg.Clock, Logger: cfg.Logger,
+		NodeID: cfg.NodeID, MaxOffset: cfg.MaxClockOffset, Clock: cfg.Clock, Logger: cfg.logger("clock"),
 		Members: func() []cluster.Member { return n.host.Members().Members() },
 		Groups:  n.leaders,
 	})
@@ -127,7 +127,7 @@ func New(cfg Config) (*Node, error) {
 		},
 		Interval: cfg.AntiEntropyInterval, Timeout: cfg.AntiEntropyTimeout, Settle: cfg.AntiEntropySettle,
 		Rate: cfg.AntiEntropyRate, FillRate: cfg.MoveRate,
-		Limits: cfg.Limits, Peers: n.peers, Logger: cfg.Logger,
+		Limits: cfg.Limits, Peers: n.peers, Logger: cfg.logger("antientropy"),
 	})
 	if err != nil {
 		store.Close()
@@ -135,7 +135,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.rebalance = rebalance.New(rebalance.Config{
-		NodeID: cfg.NodeID, Peers: n.peers, Logger: cfg.Logger,
+		NodeID: cfg.NodeID, Peers: n.peers, Logger: cfg.logger("rebalance"),
 		MaxMovesPerNode: cfg.MaxMovesPerNode, MoveTargetTimeout: cfg.MoveTargetTimeout,
 		AutoRebalance: cfg.AutoRebalance, AutoDeadAfter: cfg.AutoDeadAfter,
 		Fills: n.ae,
@@ -154,7 +154,7 @@ func New(cfg Config) (*Node, error) {
 		APIAddr: cfg.APIAddr, RaftAddr: cfg.RaftAddr, GossipAddr: cfg.GossipAddr, GossipLAN: cfg.GossipLAN,
 		Join: cfg.Join, BootstrapExpect: cfg.BootstrapExpect, Replication: cfg.Replication,
 		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Clock: cfg.Clock, TLS: cfg.TLS, GossipKey: cfg.GossipKey,
-		Logger: cfg.Logger, RaftLogger: cfg.RaftLogger,
+		Logger: cfg.logger("replicas"), RaftLogger: cfg.RaftLogger,
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck,
 		LeaderBalance:  leaderBalanceTuning(cfg),
 		Trees:          n.ae,
@@ -173,7 +173,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.coord = coord.New(coord.Config{
 		NodeID: cfg.NodeID, Partitions: cfg.Partitions,
-		WriteTimeout: cfg.WriteTimeout, Limits: cfg.Limits, Clock: cfg.Clock, Logger: cfg.Logger,
+		WriteTimeout: cfg.WriteTimeout, Limits: cfg.Limits, Clock: cfg.Clock, Logger: cfg.logger("coord"),
 		Store: store, Host: n.host, Peers: n.peers,
 		OnEnded:             func(e []coord.Ended) { n.dispatch.Ended(e) },
 		DepsDone:            func(ids []uint64) bool { return n.dispatch.DepsDone(ids) },
@@ -183,7 +183,7 @@ func New(cfg Config) (*Node, error) {
 		NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Partitions: cfg.Partitions,
 		MonitorInterval: cfg.MonitorInterval, ClaimRecheck: cfg.ClaimRecheck,
 		LeaseGrace: cfg.LeaseGrace, SkewBuffer: cfg.SkewBuffer, Retention: cfg.Retention,
-		WriteTimeout: cfg.WriteTimeout, Clock: cfg.Clock, HLC: n.hlc, Logger: cfg.Logger,
+		WriteTimeout: cfg.WriteTimeout, Clock: cfg.Clock, HLC: n.hlc, Logger: cfg.logger("dispatch"),
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Waiters: waiters,
 		ClockInBound: func() bool { return n.clockGuard.State().InBound },
 		ExpiryNoSkew: cfg.TestBugs.ExpiryNoSkew,
@@ -193,13 +193,14 @@ func New(cfg Config) (*Node, error) {
 	n.dispatch.Start()
 	n.server = server.New(server.Config{
 		Limits: cfg.Limits, DefaultLease: cfg.DefaultLease, MaxLease: cfg.MaxLease, MaxWait: cfg.MaxWait,
-		Clock: cfg.Clock, HLC: n.hlc, IDs: ids, Logger: cfg.Logger,
+		Clock: cfg.Clock, HLC: n.hlc, IDs: ids, Logger: cfg.logger("server"),
 		NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Version: cfg.Version, Start: cfg.Clock.Now(),
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
 		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard, Heartbeats: heartbeats,
 		Auth:     cfg.Auth,
 		Events:   n.metrics.tasks,
 		Security: server.SecurityStatus{TLS: cfg.TLS != nil, GossipEncrypted: cfg.GossipKey != nil, Insecure: cfg.Insecure},
+		Build:    cfg.Build, DataDir: cfg.DataDir, Backup: n.Backup,
 	})
 	// Replication's framed calls, on the Raft port (transport.PeerRPCGroup).
 	rpcStream, err := n.host.RegisterStream(transport.PeerRPCGroup)
@@ -211,7 +212,7 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
-	n.rpc = transport.ServeRPC(rpcStream, n.metrics.rpc.FramedServer(n.server.HandleRPC), cfg.Logger)
+	n.rpc = transport.ServeRPC(rpcStream, n.metrics.rpc.FramedServer(n.server.HandleRPC), cfg.logger("transport"))
 	n.registerMetrics()
 	n.ae.Start(aeHost{n.host})
 	n.rebalance.Start(n.host)

@@ -30,6 +30,7 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 	resp := &nornv1.StatusResponse{
 		NodeId:  sv.cfg.NodeID,
 		Version: sv.cfg.Version,
+		Build:   sv.cfg.Build,
 		Uptime:  durationpb.New(sv.cfg.Clock.Now().Sub(sv.start)),
 		Nodes:   sv.NodeStatuses(),
 		Healthy: true,

@@ -62,6 +62,12 @@ type Config struct {
 	Auth *access.Rules
 	// Events, when set, is told of what the API does to tasks (metrics).
 	Events TaskEvents
+	// Build is the node's build (Status's build); nil leaves it out.
+	Build *nornv1.BuildInfo
+	// DataDir is the node's data directory, which a Backup may not write
+	// into. Backup makes a checkpoint; nil refuses Backup calls.
+	DataDir string
+	Backup  Backuper
 }
 
 // TaskEvents is told of what the API did to tasks, on the node that did

@@ -20,6 +20,9 @@ func (e *env) flagSet(cmd *command) *flag.FlagSet {
 	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	e.g.register(fs)
+	if e.onFlagSet != nil {
+		e.onFlagSet(fs)
+	}
 	return fs
 }
 

@@ -20,6 +20,10 @@
 //	nornctl decommission n2 --yes                     # move everything off n2, then remove it
 //	nornctl remove n3 --dead                          # replace a node gone for good
 //	nornctl bench                                     # enqueue, then claim+complete, 50,000 tasks
+//	nornctl export tasks.jsonl                        # every task, one JSON line each
+//	nornctl --addr new:7400 import tasks.jsonl        # into another cluster: ids kept, no claims
+//	nornctl backup /var/backups/norn/today            # a checkpoint on every node's own disk
+//	source <(nornctl completion bash)                 # also zsh and fish
 //
 // The node is --addr, else the environment variable NORN_ADDR, else
 // 127.0.0.1:7400. Output is a human-readable table unless -o json, which
@@ -46,5 +50,7 @@
 // per task and status command), placement.go (the placement commands, the
 // prompt and the watch), args.go (parsing of flag values and positional
 // arguments), output.go (tables and JSON), bench.go (the load generator),
-// health.go (the health check of containers and scripts).
+// health.go (the health check of containers and scripts), backup.go
+// (export, import, backup), version.go, completion.go (the shell scripts,
+// made from the commands table).
 package main

@@ -73,6 +73,9 @@ type env struct {
 	g      globals
 	c      *client.Client
 	poll   time.Duration // between the Status calls of a watch; tests set 0
+	// onFlagSet, when set, is given every FlagSet flagSet makes
+	// (completion reads the commands' flags so).
+	onFlagSet func(*flag.FlagSet)
 }
 
 // client returns the client of the node at --addr, made on first use.
@@ -80,6 +83,17 @@ func (e *env) client(opts ...client.Option) (*client.Client, error) {
 	if e.c != nil {
 		return e.c, nil
 	}
+	c, err := e.newClient(e.g.addr, opts...)
+	if err != nil {
+		return nil, err
+	}
+	e.c = c
+	return c, nil
+}
+
+// newClient returns a new client of the nodes at addrs with the global
+// flags' TLS, token and timeout; the caller closes it.
+func (e *env) newClient(addrs string, opts ...client.Option) (*client.Client, error) {
 	base := []client.Option{client.WithTimeout(e.g.timeout)}
 	if e.g.ca != "" {
 		conf, err := client.LoadTLSConfig(e.g.ca, e.g.cert, e.g.key)
@@ -93,12 +107,7 @@ func (e *env) client(opts ...client.Option) (*client.Client, error) {
 	if e.g.token != "" {
 		base = append(base, client.WithToken(e.g.token))
 	}
-	c, err := client.New(e.g.addr, append(base, opts...)...)
-	if err != nil {
-		return nil, err
-	}
-	e.c = c
-	return c, nil
+	return client.New(addrs, append(base, opts...)...)
 }
 
 // json reports whether -o json was given.
@@ -114,7 +123,8 @@ type command struct {
 }
 
 // commands lists the subcommands in the order `nornctl help` shows them.
-// Their help texts are in commands.go and bench.go.
+// Their help texts are in commands.go and bench.go. completion.go adds
+// itself at the end (its run reads this table).
 var commands = []*command{
 	{name: "enqueue", args: "<queue> [payload]", summary: "store a new task and print its id", help: enqueueHelp, run: runEnqueue},
 	{name: "get", args: "<id>", summary: "show a task with its claims, updates and errors", run: runGet},
@@ -137,7 +147,11 @@ var commands = []*command{
 	{name: "token", args: "create <user> | revoke <id> | list", summary: "make, revoke or list the bearer tokens of an access file", help: tokenHelp, run: runToken},
 	{name: "grant", args: "<user> <role> [--queues q1,q2] | --remove ...", summary: "give a user a role on queues in an access file (or take it back)", help: grantHelp, run: runGrant},
 	{name: "cert", args: "create-ca | create-node <id> | create-client <user> | create-gossip-key", summary: "make the cluster's CA, node and client certificates", help: certHelp, run: runCert},
+	{name: "export", args: "<file|->", summary: "write every task (or a queue's) as JSON lines, one task's state per line", help: exportHelp, run: runExport},
+	{name: "import", args: "<file|->", summary: "load an export into the cluster: ids kept, terminal tasks kept terminal, no claims", help: importHelp, run: runImport},
+	{name: "backup", args: "<dir>", summary: "make a checkpoint of every node's data in <dir> on the node's own machine", help: backupHelp, run: runBackup},
 	{name: "bench", summary: "generate load: enqueue, then claim+complete, and report rates and latencies", help: benchHelp, run: runBench},
+	{name: "version", summary: "print nornctl's version, commit and Go version", run: runVersion},
 }
 
 func lookup(name string) *command {

@@ -6,13 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/cmd/internal/testnet"
 )
 
 // The binaries built for these tests: a real nornd, and nornctl itself,
@@ -48,44 +49,82 @@ func TestMain(m *testing.M) {
 // (by its pid) when the test ends. It returns the node's address.
 func startNornd(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cmd := exec.Command(norndBin, "-data-dir", t.TempDir(), "-listen", addr, "-partitions", "8",
-		"-raft-timeout", "100ms", "-log-level", "warn")
+	addr := freeAddrs(t, 1)[0]
+	startNorndArgs(t, "-data-dir", t.TempDir(), "-listen", addr)
+	return addr
+}
+
+// norndProcess is a nornd a test started, stopped by its pid.
+type norndProcess struct {
+	cmd    *exec.Cmd
+	addr   string // -listen
+	exited chan struct{}
+}
+
+// stop sends SIGTERM (a clean shutdown) and waits until the process exits.
+func (p *norndProcess) stop() {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.exited
+}
+
+// startNorndArgs starts a nornd with args (after -partitions 8, a short
+// Raft timeout and warnings only) and waits until it is ready; it is
+// killed (by its pid) when the test ends.
+func startNorndArgs(t *testing.T, args ...string) *norndProcess {
+	t.Helper()
+	p := launchNornd(t, args...)
+	p.waitReady(t)
+	return p
+}
+
+// launchNornd starts a nornd as startNorndArgs does, without waiting.
+func launchNornd(t *testing.T, args ...string) *norndProcess {
+	t.Helper()
+	cmd := exec.Command(norndBin, append([]string{"-partitions", "8", "-raft-timeout", "100ms", "-log-level", "warn"}, args...)...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
+	p := &norndProcess{cmd: cmd, exited: make(chan struct{})}
+	for i, a := range args[:len(args)-1] {
+		if a == "-listen" {
+			p.addr = args[i+1]
+		}
+	}
+	go func() { cmd.Wait(); close(p.exited) }()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		<-exited
+		<-p.exited
 	})
-	deadline := time.Now().Add(20 * time.Second)
+	return p
+}
+
+// waitReady waits until the node answers /healthz with 200.
+func (p *norndProcess) waitReady(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := http.Get("http://" + addr + "/healthz")
+		resp, err := http.Get("http://" + p.addr + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return addr
+				return
 			}
 		}
 		select {
-		case <-exited:
-			t.Fatalf("nornd exited before it was ready")
+		case <-p.exited:
+			t.Fatalf("nornd %s exited before it was ready", strings.Join(p.cmd.Args, " "))
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("nornd did not become ready: %v", err)
+			t.Fatalf("nornd %s did not become ready: %v", strings.Join(p.cmd.Args, " "), err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// freeAddrs returns n distinct free addresses of 127.0.0.1.
+func freeAddrs(t *testing.T, n int) []string { return testnet.FreeAddrs(t, n) }
 
 // result is one nornctl run.
 type result struct {

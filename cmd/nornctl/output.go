@@ -153,7 +153,7 @@ func writeClaimed(w io.Writer, tasks []*nornv1.ClaimedTask) {
 // partition, and a rebalance's progress while it has moves not done.
 func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 	fmt.Fprintf(w, "NODE:\t%s\n", st.GetNodeId())
-	fmt.Fprintf(w, "VERSION:\t%s\n", st.GetVersion())
+	fmt.Fprintf(w, "VERSION:\t%s\n", formatBuild(st.GetVersion(), st.GetBuild()))
 	fmt.Fprintf(w, "UPTIME:\t%s\n", st.GetUptime().AsDuration().Round(time.Second))
 	fmt.Fprintf(w, "SECURITY:\t%s\n", securityLine(st.GetSecurity()))
 	fmt.Fprintf(w, "RING EPOCH:\t%d\n", st.GetRingEpoch())

@@ -21,11 +21,15 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/norn-dev/norn/access"
+	"github.com/norn-dev/norn/buildinfo"
 	"github.com/norn-dev/norn/node"
 	"github.com/norn-dev/norn/transport"
 )
 
-var version = "dev"
+// version, when set at link time (-ldflags "-X main.version=v1.2.3", as
+// deploy/Dockerfile does), overrides the main module's version that Go's
+// build information records (buildinfo.Read).
+var version string
 
 func main() {
 	if err := run(os.Args[1:]); errors.Is(err, flag.ErrHelp) {
@@ -46,98 +50,52 @@ type usageError struct{ error }
 func (e usageError) Unwrap() error { return e.error }
 
 func run(args []string) error {
-	fs := flag.NewFlagSet("nornd", flag.ContinueOnError)
 	var cfg node.Config
-	config := fs.String("config", "", "JSON file of options (keys are flag names); flags given on the command line win")
-	listen := fs.String("listen", "127.0.0.1:7400", "address of the API (gRPC, Connect and JSON over HTTP/2 cleartext and HTTP/1.1)")
-	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	raftLogLevel := fs.String("raft-log-level", "error", "log level of the Raft library: trace, debug, info, warn or error")
-	fs.StringVar(&cfg.DataDir, "data-dir", "./data", "directory of the node's data (created if missing)")
-	fs.StringVar(&cfg.NodeID, "node-id", "n1", "this node's id")
-	machine := fs.Uint("machine-id", 1, "sonyflake machine id base, unique per node (1-8191)")
-	machineFromID := fs.Bool("machine-id-from-node-id", false, "take the machine id from -node-id: 1 + the number it ends with (norn-0: 1, norn-4: 5), for a Kubernetes StatefulSet whose node ids are its pod names")
-	fs.IntVar(&cfg.Partitions, "partitions", 64, "number of partitions P (power of two; fixed when the data dir is created)")
-	fs.DurationVar(&cfg.SkewBuffer, "skew-buffer", 2*time.Second, "extra time before an expired lease is taken back; must exceed -max-clock-offset")
-	fs.DurationVar(&cfg.MaxClockOffset, "max-clock-offset", 500*time.Millisecond, "how far this node's clock may be from the cluster median while it leads partitions; beyond it the node hands its leaderships over until back in bound")
-	fs.DurationVar(&cfg.LeaseGrace, "lease-grace", 10*time.Second, "least lease left to every live claim when a node becomes a partition's leader")
-	fs.DurationVar(&cfg.DefaultLease, "default-lease", 30*time.Second, "lease of a claim or renew that names none")
-	fs.DurationVar(&cfg.MaxLease, "max-lease", time.Hour, "longest lease a claim or renew may ask for")
-	fs.DurationVar(&cfg.MaxWait, "max-wait", time.Minute, "longest long poll of a claim")
-	fs.DurationVar(&cfg.Retention, "retention", 7*24*time.Hour, "how long a completed, aborted or cancelled task is kept")
-	fs.IntVar(&cfg.Limits.MaxPayloadBytes, "max-payload-bytes", 1<<20, "largest payload, result or update data")
-	fs.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", 4<<20, "largest request body")
-	fs.DurationVar(&cfg.MonitorInterval, "monitor-interval", 250*time.Millisecond, "how often the leader looks for expired claims and due delayed tasks")
-	fs.DurationVar(&cfg.RaftTimeout, "raft-timeout", time.Second, "Raft heartbeat and election timeout of every partition group")
-	fs.DurationVar(&cfg.RaftHeartbeatLinger, "raft-heartbeat-linger", transport.DefaultHeartbeatLinger, "how long a partition group's Raft heartbeat waits to travel with the others to the same node (negative: each on its own)")
-	advertise := fs.String("advertise", "", "API address other nodes and clients use to reach this node (default: the -listen address)")
-	fs.StringVar(&cfg.RaftAddr, "raft-addr", "127.0.0.1:0", "address of the Raft listener (all partition groups and the meta group); fixed ports are needed for restarts")
-	fs.StringVar(&cfg.GossipAddr, "gossip-addr", "127.0.0.1:0", "address of gossip (memberlist, TCP and UDP)")
-	join := fs.String("join", "", "comma-separated gossip addresses of nodes to join")
-	fs.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", 0, "create a new cluster once this many nodes are there (default 1 without -join: a cluster of this node alone)")
-	fs.IntVar(&cfg.Replication, "replication", 3, "replicas of each partition N, for a new cluster (capped at -bootstrap-expect)")
-	fs.DurationVar(&cfg.WriteTimeout, "write-timeout", 5*time.Second, "how long a write waits for its quorum")
-	fs.DurationVar(&cfg.WALMinSyncInterval, "wal-min-sync-interval", node.DefaultWALMinSyncInterval, "least time between two fsyncs of the write-ahead log: synced writes that come sooner wait and share the next one (negative: sync at once)")
-	fs.DurationVar(&cfg.AntiEntropyInterval, "antientropy-interval", 10*time.Second, "how often replicas compare their Merkle trees with each peer (a fifth of it after differences)")
-	fs.IntVar(&cfg.AntiEntropyRate, "antientropy-rate", 16<<20, "bytes per second anti-entropy may send and ask for")
-	fs.IntVar(&cfg.MaxMovesPerNode, "max-moves-per-node", 2, "replica moves under way at once per node during a rebalance (the meta leader's setting counts)")
-	fs.IntVar(&cfg.MoveRate, "move-rate", 16<<20, "bytes per second the fills of replicas moving to this node may send and ask for, over all of them")
-	fs.DurationVar(&cfg.MoveTargetTimeout, "move-target-timeout", 2*time.Minute, "how long a move's target may be down before a move not yet promoted is rolled back (the meta leader's setting counts)")
-	fs.BoolVar(&cfg.AutoRebalance, "auto-rebalance", false, "let the meta leader rebalance by itself when a joined member holds nothing or a member has been dead for -auto-dead-after (the meta leader's setting counts)")
-	fs.DurationVar(&cfg.AutoDeadAfter, "auto-dead-after", 10*time.Minute, "with -auto-rebalance: how long a member must be dead before it is replaced")
-	leaderBalance := fs.Bool("leader-balance", true, "hand partition leaderships over until every node leads within -leader-balance-tolerance of its fair share (false: only report the counts)")
-	fs.DurationVar(&cfg.LeaderBalanceInterval, "leader-balance-interval", time.Second, "how often the node compares leader counts with fair shares and gossips its own")
-	fs.Float64Var(&cfg.LeaderBalanceRate, "leader-balance-rate", 2, "leadership transfers per second this node may start to balance leaderships (on average; one at a time)")
-	fs.Float64Var(&cfg.LeaderBalanceTolerance, "leader-balance-tolerance", 0.2, "how far from its fair share of leaderships a node may be, as a fraction of it, before leaderships move (above 0, below 1)")
-	fs.IntVar(&cfg.TreeLeafBits, "tree-leaf-bits", 14, "Merkle tree size: 2^bits leaves per partition replica, 4 to 16 (the same on every node)")
-	fs.BoolVar(&cfg.GossipLAN, "gossip-lan", false, "use LAN gossip timings (nodes on several machines) instead of loopback ones")
-	tlsCA := fs.String("tls-ca", "", "PEM bundle of the cluster's CA certificates (old and new ones during a rotation); with -tls-cert and -tls-key the API and Raft ports serve TLS 1.3 only and peers are called over TLS (docs/SECURITY.md)")
-	tlsCert := fs.String("tls-cert", "", "PEM certificate of this node (nornctl cert create-node: its URI SAN names -node-id); reloaded when the files change or on SIGHUP")
-	tlsKey := fs.String("tls-key", "", "PEM private key of -tls-cert")
-	gossipKey := fs.String("gossip-key", "", "file of the cluster's gossip key (nornctl cert create-gossip-key: base64 of 32 bytes): gossip encrypted and authenticated with it; the same on every node")
-	authFile := fs.String("auth-file", "", "access file: users' grants (roles on queues) and hashed tokens (nornctl grant, nornctl token create); every TaskService and AdminService call then needs a user allowed to make it; reloaded when it changes or on SIGHUP (docs/SECURITY.md)")
-	insecure := fs.Bool("insecure", false, "allow serving cleartext on an address that is not loopback (logged as a warning at start)")
-	metricsAddr := fs.String("metrics-addr", "", "if set, serve GET /metrics (Prometheus) on this address, in cleartext, and not on the API port")
-	pprofAddr := fs.String("pprof-addr", "", "if set, serve net/http/pprof on this address (keep it on loopback)")
-	showVersion := fs.Bool("version", false, "print the version and exit")
-	hooks := addTestHookFlags(fs) // none in a release build (testhooks_off.go)
+	fs := flag.NewFlagSet("nornd", flag.ContinueOnError)
+	o := defineFlags(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return usageError{err}
 	}
-	if *showVersion {
-		fmt.Println(version)
+	info := buildinfo.Read(version)
+	if *o.showVersion {
+		fmt.Println("nornd", info)
 		return nil
 	}
-	if *config != "" {
-		if err := applyConfigFile(fs, *config); err != nil {
+	// Precedence: the command line, then NORN_* variables, then -config.
+	if err := applyEnv(fs, os.Environ()); err != nil {
+		return usageError{err}
+	}
+	if *o.config != "" {
+		if err := applyConfigFile(fs, *o.config); err != nil {
 			return usageError{err}
 		}
 	}
-	if *machineFromID {
+	if *o.machineFromID {
 		m, err := machineIDFromNodeID(cfg.NodeID)
 		if err != nil {
 			return usageError{err}
 		}
-		*machine = m
+		*o.machine = m
 	}
-	if *machine == 0 || *machine > 1<<16-1 {
-		return usageError{fmt.Errorf("-machine-id: %d out of range", *machine)}
+	if *o.machine == 0 || *o.machine > 1<<16-1 {
+		return usageError{fmt.Errorf("-machine-id: %d out of range", *o.machine)}
 	}
-	tlsFiles := transport.TLSFiles{CA: *tlsCA, Cert: *tlsCert, Key: *tlsKey}
-	if err := checkSecure(tlsFiles, *gossipKey != "", *insecure, *listen, cfg.RaftAddr, cfg.GossipAddr); err != nil {
+	tlsFiles := transport.TLSFiles{CA: *o.tlsCA, Cert: *o.tlsCert, Key: *o.tlsKey}
+	if err := checkSecure(tlsFiles, *o.gossipKey != "", *o.insecure, *o.listen, cfg.RaftAddr, cfg.GossipAddr); err != nil {
 		return usageError{err}
 	}
-	if *gossipKey != "" {
-		key, err := transport.ReadGossipKey(*gossipKey)
+	if *o.gossipKey != "" {
+		key, err := transport.ReadGossipKey(*o.gossipKey)
 		if err != nil {
 			return usageError{fmt.Errorf("-gossip-key: %w", err)}
 		}
 		cfg.GossipKey = key
 	}
-	cfg.MachineID = uint16(*machine)
-	cfg.NoLeaderBalance = !*leaderBalance
+	cfg.MachineID = uint16(*o.machine)
+	cfg.NoLeaderBalance = !*o.leaderBalance
 	if cfg.LeaderBalanceInterval <= 0 || cfg.LeaderBalanceRate <= 0 {
 		return usageError{errors.New("-leader-balance-interval and -leader-balance-rate must be positive (-leader-balance=false turns balancing off)")}
 	}
@@ -147,25 +105,25 @@ func run(args []string) error {
 	lim := cfg.Limits.MaxPayloadBytes
 	cfg.Limits = node.DefaultLimits()
 	cfg.Limits.MaxPayloadBytes = lim
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return usageError{fmt.Errorf("-log-level: %w", err)}
+	logger, err := newLogger(os.Stderr, *o.logFormat, *o.logLevel)
+	if err != nil {
+		return usageError{err}
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg.Logger = logger
-	rl := hclog.LevelFromString(*raftLogLevel)
+	rl := hclog.LevelFromString(*o.raftLogLevel)
 	if rl == hclog.NoLevel {
-		return usageError{fmt.Errorf("-raft-log-level: unknown level %q", *raftLogLevel)}
+		return usageError{fmt.Errorf("-raft-log-level: unknown level %q", *o.raftLogLevel)}
 	}
-	cfg.RaftLogger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: rl, Output: os.Stderr})
-	cfg.Version = version
-	for _, a := range strings.Split(*join, ",") {
+	cfg.RaftLogger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: rl, Output: os.Stderr, JSONFormat: *o.logFormat == "json"})
+	cfg.Version = info.Version
+	cfg.Build = info.Proto()
+	for _, a := range strings.Split(*o.join, ",") {
 		if a = strings.TrimSpace(a); a != "" {
 			cfg.Join = append(cfg.Join, a)
 		}
 	}
 
-	if err := hooks.configure(&cfg, logger); err != nil {
+	if err := o.hooks.configure(&cfg, logger); err != nil {
 		return usageError{err}
 	}
 	if tlsFiles.CA != "" {
@@ -175,26 +133,26 @@ func run(args []string) error {
 		}
 		cfg.TLS = certs
 	}
-	if *authFile != "" {
-		auth, err := access.LoadRules(*authFile)
+	if *o.authFile != "" {
+		auth, err := access.LoadRules(*o.authFile)
 		if err != nil {
 			return usageError{fmt.Errorf("-auth-file: %w", err)}
 		}
 		cfg.Auth = auth
 	}
-	cfg.Insecure = *insecure
-	cfg.MetricsElsewhere = *metricsAddr != ""
-	if *insecure {
+	cfg.Insecure = *o.insecure
+	cfg.MetricsElsewhere = *o.metricsAddr != ""
+	if *o.insecure {
 		logger.Warn("started with -insecure: cleartext is allowed on addresses that are not loopback; anyone who reaches a cleartext port can read and write every task",
 			"tls", cfg.TLS != nil, "gossip_encrypted", cfg.GossipKey != nil)
 	}
 
 	// Listen first: the node advertises the address it really got.
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := net.Listen("tcp", *o.listen)
 	if err != nil {
 		return err
 	}
-	cfg.APIAddr = *advertise
+	cfg.APIAddr = *o.advertise
 	if cfg.APIAddr == "" {
 		cfg.APIAddr = ln.Addr().String()
 	}
@@ -203,10 +161,10 @@ func run(args []string) error {
 		ln.Close()
 		return err
 	}
-	handler := hooks.wrap(n.Handler(), logger)
+	handler := o.hooks.wrap(n.Handler(), logger)
 	srv := node.NewHTTPServer(handler)
-	if *metricsAddr != "" {
-		mln, err := net.Listen("tcp", *metricsAddr)
+	if *o.metricsAddr != "" {
+		mln, err := net.Listen("tcp", *o.metricsAddr)
 		if err != nil {
 			ln.Close()
 			n.Close()
@@ -216,10 +174,10 @@ func run(args []string) error {
 		go msrv.Serve(mln) //nolint:errcheck // stops with the process
 		defer msrv.Close()
 	}
-	if *pprofAddr != "" {
+	if *o.pprofAddr != "" {
 		go func() {
 			// http.DefaultServeMux carries net/http/pprof's handlers.
-			if err := http.ListenAndServe(*pprofAddr, nil); err != nil {
+			if err := http.ListenAndServe(*o.pprofAddr, nil); err != nil {
 				logger.Error("pprof server stopped", "err", err)
 			}
 		}()
@@ -236,7 +194,7 @@ func run(args []string) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(httpLn) }()
 	logger.Info("nornd serving", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "node_id", cfg.NodeID,
-		"raft", n.RaftAddr(), "gossip", n.GossipAddr(), "partitions", cfg.Partitions, "version", version)
+		"raft", n.RaftAddr(), "gossip", n.GossipAddr(), "partitions", cfg.Partitions, "version", info.String())
 	go func() {
 		if err := n.WaitReady(60 * time.Second); err != nil {
 			logger.Warn("not ready yet", "err", err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/cmd/internal/testnet"
 	"github.com/norn-dev/norn/testhooks"
 )
 
@@ -57,21 +57,8 @@ func freeAddr(t *testing.T) string {
 	return freeAddrs(t, 1)[0]
 }
 
-// freeAddrs returns n distinct free addresses: each stays bound until all
-// are picked (one at a time, a port just released can come back).
-func freeAddrs(t *testing.T, n int) []string {
-	t.Helper()
-	var out []string
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		out = append(out, ln.Addr().String())
-	}
-	return out
-}
+// freeAddrs returns n distinct free addresses of 127.0.0.1.
+func freeAddrs(t *testing.T, n int) []string { return testnet.FreeAddrs(t, n) }
 
 func startNornd(t *testing.T, dataDir, addr string, extra ...string) *process {
 	t.Helper()

@@ -24,6 +24,269 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ImportTasksRequest is the request of AdminService.ImportTasks. Every
+// task is validated before any is written: one bad task fails the call
+// (INVALID_ARGUMENT or RESOURCE_EXHAUSTED naming `tasks[i].field`) and
+// writes none of them.
+//
+// Each task is read as follows (the format of docs/API.md, "Export and
+// import"): `id` (required, not 0) and `spec` (required, validated as
+// Enqueue's) and `created_at` (required) are written as they are; the
+// spec's dependencies need not exist. `status` COMPLETED (with `result`),
+// ABORTED (with `errors`, at least one) or CANCELLED makes the task
+// terminal at `finished_at` (else `updated_at`; one of them is required),
+// and its `updates` are kept as its history. Any other status (READY,
+// DELAYED, CLAIMED, or unset) imports the spec alone: the task is
+// claimable again (or DELAYED by its not_before or dependencies), and
+// its claims, updates and progress are left out, because claim ids are
+// Raft indexes of the cluster that issued them. `claims`,
+// `current_claim`, `progress` and `updated_at` of a task that is not
+// terminal are ignored. A task whose id exists in this cluster with a
+// different spec or creation time is ALREADY_EXISTS.
+type ImportTasksRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tasks, 1 to 1,000, each id at most once.
+	Tasks []*Task `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	// Write quorum, as Enqueue's `w` (0: a majority).
+	W uint32 `protobuf:"varint,2,opt,name=w,proto3" json:"w,omitempty"`
+	// Validate every task and look its id up, but write nothing.
+	ValidateOnly  bool `protobuf:"varint,3,opt,name=validate_only,json=validateOnly,proto3" json:"validate_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportTasksRequest) Reset() {
+	*x = ImportTasksRequest{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportTasksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportTasksRequest) ProtoMessage() {}
+
+func (x *ImportTasksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportTasksRequest.ProtoReflect.Descriptor instead.
+func (*ImportTasksRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ImportTasksRequest) GetTasks() []*Task {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
+}
+
+func (x *ImportTasksRequest) GetW() uint32 {
+	if x != nil {
+		return x.W
+	}
+	return 0
+}
+
+func (x *ImportTasksRequest) GetValidateOnly() bool {
+	if x != nil {
+		return x.ValidateOnly
+	}
+	return false
+}
+
+// ImportTasksResponse is the response of AdminService.ImportTasks.
+type ImportTasksResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many tasks were written (or, with validate_only, would be).
+	Imported uint32 `protobuf:"varint,1,opt,name=imported,proto3" json:"imported,omitempty"`
+	// The least number of replicas that stored a task of the call (0 with
+	// validate_only).
+	Acks          uint32 `protobuf:"varint,2,opt,name=acks,proto3" json:"acks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportTasksResponse) Reset() {
+	*x = ImportTasksResponse{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportTasksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportTasksResponse) ProtoMessage() {}
+
+func (x *ImportTasksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportTasksResponse.ProtoReflect.Descriptor instead.
+func (*ImportTasksResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ImportTasksResponse) GetImported() uint32 {
+	if x != nil {
+		return x.Imported
+	}
+	return 0
+}
+
+func (x *ImportTasksResponse) GetAcks() uint32 {
+	if x != nil {
+		return x.Acks
+	}
+	return 0
+}
+
+// BackupRequest is the request of AdminService.Backup.
+type BackupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// An absolute directory on the answering node's machine (not the
+	// caller's). The node creates `<dir>/<node id>`, which must not exist,
+	// and writes the checkpoint there; `dir` is created if missing. It
+	// must not be inside the node's data directory.
+	Dir           string `protobuf:"bytes,1,opt,name=dir,proto3" json:"dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupRequest) Reset() {
+	*x = BackupRequest{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupRequest) ProtoMessage() {}
+
+func (x *BackupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
+func (*BackupRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *BackupRequest) GetDir() string {
+	if x != nil {
+		return x.Dir
+	}
+	return ""
+}
+
+// BackupResponse is the response of AdminService.Backup.
+type BackupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The answering node's id.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The checkpoint's directory on the node's machine: `<dir>/<node id>`,
+	// laid out as a data directory (see docs/OPERATIONS.md).
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// The size of the checkpoint's files in bytes (Pebble's are hard
+	// links to the store's files when both are on one filesystem, so the
+	// space newly used may be smaller). A JSON string.
+	SizeBytes uint64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// How long the checkpoint took.
+	Took          *durationpb.Duration `protobuf:"bytes,4,opt,name=took,proto3" json:"took,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupResponse) Reset() {
+	*x = BackupResponse{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupResponse) ProtoMessage() {}
+
+func (x *BackupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupResponse.ProtoReflect.Descriptor instead.
+func (*BackupResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *BackupResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *BackupResponse) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *BackupResponse) GetSizeBytes() uint64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *BackupResponse) GetTook() *durationpb.Duration {
+	if x != nil {
+		return x.Took
+	}
+	return nil
+}
+
 // JoinRequest is the request of AdminService.Join.
 type JoinRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -35,7 +298,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[0]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -47,7 +310,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[0]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -60,7 +323,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{0}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *JoinRequest) GetNode() string {
@@ -85,7 +348,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[1]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -97,7 +360,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[1]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -110,7 +373,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{1}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *JoinResponse) GetNodeId() string {
@@ -151,7 +414,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[2]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -163,7 +426,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[2]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -176,7 +439,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{2}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RebalanceRequest) GetApply() bool {
@@ -206,7 +469,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -218,7 +481,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -231,7 +494,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{3}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DrainRequest) GetNode() string {
@@ -261,7 +524,7 @@ type DecommissionRequest struct {
 
 func (x *DecommissionRequest) Reset() {
 	*x = DecommissionRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -273,7 +536,7 @@ func (x *DecommissionRequest) String() string {
 func (*DecommissionRequest) ProtoMessage() {}
 
 func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -286,7 +549,7 @@ func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionRequest.ProtoReflect.Descriptor instead.
 func (*DecommissionRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{4}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DecommissionRequest) GetNode() string {
@@ -319,7 +582,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[5]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -331,7 +594,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[5]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -344,7 +607,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{5}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RemoveRequest) GetNode() string {
@@ -379,7 +642,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[6]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -391,7 +654,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[6]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -404,7 +667,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{6}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RebalanceResponse) GetPlan() *Plan {
@@ -425,7 +688,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[7]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -437,7 +700,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[7]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -450,7 +713,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{7}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DrainResponse) GetPlan() *Plan {
@@ -471,7 +734,7 @@ type DecommissionResponse struct {
 
 func (x *DecommissionResponse) Reset() {
 	*x = DecommissionResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[8]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +746,7 @@ func (x *DecommissionResponse) String() string {
 func (*DecommissionResponse) ProtoMessage() {}
 
 func (x *DecommissionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[8]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +759,7 @@ func (x *DecommissionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionResponse.ProtoReflect.Descriptor instead.
 func (*DecommissionResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{8}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DecommissionResponse) GetPlan() *Plan {
@@ -517,7 +780,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[9]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -529,7 +792,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[9]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -542,7 +805,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{9}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RemoveResponse) GetPlan() *Plan {
@@ -571,7 +834,7 @@ type Plan struct {
 
 func (x *Plan) Reset() {
 	*x = Plan{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[10]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -583,7 +846,7 @@ func (x *Plan) String() string {
 func (*Plan) ProtoMessage() {}
 
 func (x *Plan) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[10]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -596,7 +859,7 @@ func (x *Plan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plan.ProtoReflect.Descriptor instead.
 func (*Plan) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{10}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Plan) GetMoves() []*MoveStatus {
@@ -645,7 +908,7 @@ type NodeLoad struct {
 
 func (x *NodeLoad) Reset() {
 	*x = NodeLoad{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[11]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -657,7 +920,7 @@ func (x *NodeLoad) String() string {
 func (*NodeLoad) ProtoMessage() {}
 
 func (x *NodeLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[11]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -670,7 +933,7 @@ func (x *NodeLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeLoad.ProtoReflect.Descriptor instead.
 func (*NodeLoad) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{11}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NodeLoad) GetNodeId() string {
@@ -731,7 +994,7 @@ type MoveStatus struct {
 
 func (x *MoveStatus) Reset() {
 	*x = MoveStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[12]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +1006,7 @@ func (x *MoveStatus) String() string {
 func (*MoveStatus) ProtoMessage() {}
 
 func (x *MoveStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[12]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +1019,7 @@ func (x *MoveStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveStatus.ProtoReflect.Descriptor instead.
 func (*MoveStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{12}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *MoveStatus) GetPartition() uint32 {
@@ -819,7 +1082,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[13]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -831,7 +1094,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[13]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -844,7 +1107,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{13}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StatusRequest) GetSkipCounts() bool {
@@ -866,8 +1129,9 @@ type StatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The answering node's id (stable for the node's lifetime).
 	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	// The nornd build version, for example "v0.3.0" or a commit hash
-	// ("devel" when unknown).
+	// The nornd build version, for example "v0.3.0": the version set at
+	// link time (deploy/Dockerfile's VERSION), else the main module's
+	// ("(devel)" for a build from a work tree). build has the commit.
 	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	// How long the nornd process has been running.
 	Uptime *durationpb.Duration `protobuf:"bytes,3,opt,name=uptime,proto3" json:"uptime,omitempty"`
@@ -890,14 +1154,16 @@ type StatusResponse struct {
 	// the next plan is applied.
 	Moves []*MoveStatus `protobuf:"bytes,9,rep,name=moves,proto3" json:"moves,omitempty"`
 	// How the answering node's ports are secured (docs/SECURITY.md).
-	Security      *SecurityStatus `protobuf:"bytes,10,opt,name=security,proto3" json:"security,omitempty"`
+	Security *SecurityStatus `protobuf:"bytes,10,opt,name=security,proto3" json:"security,omitempty"`
+	// The build of the answering nornd: version, VCS commit and time.
+	Build         *BuildInfo `protobuf:"bytes,11,opt,name=build,proto3" json:"build,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[14]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +1175,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[14]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1188,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{14}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -995,6 +1261,98 @@ func (x *StatusResponse) GetSecurity() *SecurityStatus {
 	return nil
 }
 
+func (x *StatusResponse) GetBuild() *BuildInfo {
+	if x != nil {
+		return x.Build
+	}
+	return nil
+}
+
+// BuildInfo is how a binary was built, from Go's build information
+// (runtime/debug.ReadBuildInfo) and the version set at link time.
+type BuildInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The version: the one given at link time (-X main.version), else the
+	// main module's version ("(devel)" for a build from a work tree).
+	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// The VCS commit the binary was built from (vcs.revision); empty when
+	// the build did not record it.
+	Commit string `protobuf:"bytes,2,opt,name=commit,proto3" json:"commit,omitempty"`
+	// The commit's time (vcs.time), RFC 3339; empty when not recorded.
+	CommitTime string `protobuf:"bytes,3,opt,name=commit_time,json=commitTime,proto3" json:"commit_time,omitempty"`
+	// Whether the work tree had uncommitted changes (vcs.modified).
+	Modified bool `protobuf:"varint,4,opt,name=modified,proto3" json:"modified,omitempty"`
+	// The Go version the binary was built with.
+	GoVersion     string `protobuf:"bytes,5,opt,name=go_version,json=goVersion,proto3" json:"go_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildInfo) Reset() {
+	*x = BuildInfo{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildInfo) ProtoMessage() {}
+
+func (x *BuildInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildInfo.ProtoReflect.Descriptor instead.
+func (*BuildInfo) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *BuildInfo) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *BuildInfo) GetCommit() string {
+	if x != nil {
+		return x.Commit
+	}
+	return ""
+}
+
+func (x *BuildInfo) GetCommitTime() string {
+	if x != nil {
+		return x.CommitTime
+	}
+	return ""
+}
+
+func (x *BuildInfo) GetModified() bool {
+	if x != nil {
+		return x.Modified
+	}
+	return false
+}
+
+func (x *BuildInfo) GetGoVersion() string {
+	if x != nil {
+		return x.GoVersion
+	}
+	return ""
+}
+
 // SecurityStatus is how a node's ports are secured.
 type SecurityStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1013,7 +1371,7 @@ type SecurityStatus struct {
 
 func (x *SecurityStatus) Reset() {
 	*x = SecurityStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1383,7 @@ func (x *SecurityStatus) String() string {
 func (*SecurityStatus) ProtoMessage() {}
 
 func (x *SecurityStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1396,7 @@ func (x *SecurityStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityStatus.ProtoReflect.Descriptor instead.
 func (*SecurityStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{15}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SecurityStatus) GetTls() bool {
@@ -1107,7 +1465,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1477,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1490,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{16}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PartitionStatus) GetId() uint32 {
@@ -1227,7 +1585,7 @@ type ReplicaRoot struct {
 
 func (x *ReplicaRoot) Reset() {
 	*x = ReplicaRoot{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1597,7 @@ func (x *ReplicaRoot) String() string {
 func (*ReplicaRoot) ProtoMessage() {}
 
 func (x *ReplicaRoot) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1610,7 @@ func (x *ReplicaRoot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaRoot.ProtoReflect.Descriptor instead.
 func (*ReplicaRoot) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{17}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReplicaRoot) GetNodeId() string {
@@ -1323,7 +1681,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[18]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1693,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[18]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1706,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{18}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -1418,7 +1776,22 @@ var File_norn_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1bnorn/v1/admin_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\"!\n" +
+	"\x1bnorn/v1/admin_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x12norn/v1/task.proto\"l\n" +
+	"\x12ImportTasksRequest\x12#\n" +
+	"\x05tasks\x18\x01 \x03(\v2\r.norn.v1.TaskR\x05tasks\x12\f\n" +
+	"\x01w\x18\x02 \x01(\rR\x01w\x12#\n" +
+	"\rvalidate_only\x18\x03 \x01(\bR\fvalidateOnly\"E\n" +
+	"\x13ImportTasksResponse\x12\x1a\n" +
+	"\bimported\x18\x01 \x01(\rR\bimported\x12\x12\n" +
+	"\x04acks\x18\x02 \x01(\rR\x04acks\"!\n" +
+	"\rBackupRequest\x12\x10\n" +
+	"\x03dir\x18\x01 \x01(\tR\x03dir\"\x8b\x01\n" +
+	"\x0eBackupResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x12-\n" +
+	"\x04took\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04took\"!\n" +
 	"\vJoinRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\"e\n" +
 	"\fJoinResponse\x12\x17\n" +
@@ -1470,7 +1843,7 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\rStatusRequest\x12\x1f\n" +
 	"\vskip_counts\x18\x01 \x01(\bR\n" +
 	"skipCounts\x12#\n" +
-	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\x90\x03\n" +
+	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\xba\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x121\n" +
@@ -1485,7 +1858,16 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\bproblems\x18\b \x03(\tR\bproblems\x12)\n" +
 	"\x05moves\x18\t \x03(\v2\x13.norn.v1.MoveStatusR\x05moves\x123\n" +
 	"\bsecurity\x18\n" +
-	" \x01(\v2\x17.norn.v1.SecurityStatusR\bsecurity\"i\n" +
+	" \x01(\v2\x17.norn.v1.SecurityStatusR\bsecurity\x12(\n" +
+	"\x05build\x18\v \x01(\v2\x12.norn.v1.BuildInfoR\x05build\"\x99\x01\n" +
+	"\tBuildInfo\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
+	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1f\n" +
+	"\vcommit_time\x18\x03 \x01(\tR\n" +
+	"commitTime\x12\x1a\n" +
+	"\bmodified\x18\x04 \x01(\bR\bmodified\x12\x1d\n" +
+	"\n" +
+	"go_version\x18\x05 \x01(\tR\tgoVersion\"i\n" +
 	"\x0eSecurityStatus\x12\x10\n" +
 	"\x03tls\x18\x01 \x01(\bR\x03tls\x12)\n" +
 	"\x10gossip_encrypted\x18\x02 \x01(\bR\x0fgossipEncrypted\x12\x1a\n" +
@@ -1523,14 +1905,16 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\x04role\x18\x06 \x01(\tR\x04role\x12\x1a\n" +
 	"\breplicas\x18\a \x01(\rR\breplicas\x12\x18\n" +
 	"\aleaders\x18\b \x01(\rR\aleaders\x12!\n" +
-	"\fleader_share\x18\t \x01(\x01R\vleaderShare2\x82\x03\n" +
+	"\fleader_share\x18\t \x01(\x01R\vleaderShare2\x87\x04\n" +
 	"\fAdminService\x129\n" +
 	"\x06Status\x12\x16.norn.v1.StatusRequest\x1a\x17.norn.v1.StatusResponse\x123\n" +
 	"\x04Join\x12\x14.norn.v1.JoinRequest\x1a\x15.norn.v1.JoinResponse\x12B\n" +
 	"\tRebalance\x12\x19.norn.v1.RebalanceRequest\x1a\x1a.norn.v1.RebalanceResponse\x126\n" +
 	"\x05Drain\x12\x15.norn.v1.DrainRequest\x1a\x16.norn.v1.DrainResponse\x12K\n" +
 	"\fDecommission\x12\x1c.norn.v1.DecommissionRequest\x1a\x1d.norn.v1.DecommissionResponse\x129\n" +
-	"\x06Remove\x12\x16.norn.v1.RemoveRequest\x1a\x17.norn.v1.RemoveResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"\x06Remove\x12\x16.norn.v1.RemoveRequest\x1a\x17.norn.v1.RemoveResponse\x12H\n" +
+	"\vImportTasks\x12\x1b.norn.v1.ImportTasksRequest\x1a\x1c.norn.v1.ImportTasksResponse\x129\n" +
+	"\x06Backup\x12\x16.norn.v1.BackupRequest\x1a\x17.norn.v1.BackupResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_admin_service_proto_rawDescOnce sync.Once
@@ -1544,63 +1928,76 @@ func file_norn_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_admin_service_proto_rawDescData
 }
 
-var file_norn_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_norn_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_norn_v1_admin_service_proto_goTypes = []any{
-	(*JoinRequest)(nil),          // 0: norn.v1.JoinRequest
-	(*JoinResponse)(nil),         // 1: norn.v1.JoinResponse
-	(*RebalanceRequest)(nil),     // 2: norn.v1.RebalanceRequest
-	(*DrainRequest)(nil),         // 3: norn.v1.DrainRequest
-	(*DecommissionRequest)(nil),  // 4: norn.v1.DecommissionRequest
-	(*RemoveRequest)(nil),        // 5: norn.v1.RemoveRequest
-	(*RebalanceResponse)(nil),    // 6: norn.v1.RebalanceResponse
-	(*DrainResponse)(nil),        // 7: norn.v1.DrainResponse
-	(*DecommissionResponse)(nil), // 8: norn.v1.DecommissionResponse
-	(*RemoveResponse)(nil),       // 9: norn.v1.RemoveResponse
-	(*Plan)(nil),                 // 10: norn.v1.Plan
-	(*NodeLoad)(nil),             // 11: norn.v1.NodeLoad
-	(*MoveStatus)(nil),           // 12: norn.v1.MoveStatus
-	(*StatusRequest)(nil),        // 13: norn.v1.StatusRequest
-	(*StatusResponse)(nil),       // 14: norn.v1.StatusResponse
-	(*SecurityStatus)(nil),       // 15: norn.v1.SecurityStatus
-	(*PartitionStatus)(nil),      // 16: norn.v1.PartitionStatus
-	(*ReplicaRoot)(nil),          // 17: norn.v1.ReplicaRoot
-	(*NodeStatus)(nil),           // 18: norn.v1.NodeStatus
-	nil,                          // 19: norn.v1.PartitionStatus.CountsEntry
-	(*durationpb.Duration)(nil),  // 20: google.protobuf.Duration
+	(*ImportTasksRequest)(nil),   // 0: norn.v1.ImportTasksRequest
+	(*ImportTasksResponse)(nil),  // 1: norn.v1.ImportTasksResponse
+	(*BackupRequest)(nil),        // 2: norn.v1.BackupRequest
+	(*BackupResponse)(nil),       // 3: norn.v1.BackupResponse
+	(*JoinRequest)(nil),          // 4: norn.v1.JoinRequest
+	(*JoinResponse)(nil),         // 5: norn.v1.JoinResponse
+	(*RebalanceRequest)(nil),     // 6: norn.v1.RebalanceRequest
+	(*DrainRequest)(nil),         // 7: norn.v1.DrainRequest
+	(*DecommissionRequest)(nil),  // 8: norn.v1.DecommissionRequest
+	(*RemoveRequest)(nil),        // 9: norn.v1.RemoveRequest
+	(*RebalanceResponse)(nil),    // 10: norn.v1.RebalanceResponse
+	(*DrainResponse)(nil),        // 11: norn.v1.DrainResponse
+	(*DecommissionResponse)(nil), // 12: norn.v1.DecommissionResponse
+	(*RemoveResponse)(nil),       // 13: norn.v1.RemoveResponse
+	(*Plan)(nil),                 // 14: norn.v1.Plan
+	(*NodeLoad)(nil),             // 15: norn.v1.NodeLoad
+	(*MoveStatus)(nil),           // 16: norn.v1.MoveStatus
+	(*StatusRequest)(nil),        // 17: norn.v1.StatusRequest
+	(*StatusResponse)(nil),       // 18: norn.v1.StatusResponse
+	(*BuildInfo)(nil),            // 19: norn.v1.BuildInfo
+	(*SecurityStatus)(nil),       // 20: norn.v1.SecurityStatus
+	(*PartitionStatus)(nil),      // 21: norn.v1.PartitionStatus
+	(*ReplicaRoot)(nil),          // 22: norn.v1.ReplicaRoot
+	(*NodeStatus)(nil),           // 23: norn.v1.NodeStatus
+	nil,                          // 24: norn.v1.PartitionStatus.CountsEntry
+	(*Task)(nil),                 // 25: norn.v1.Task
+	(*durationpb.Duration)(nil),  // 26: google.protobuf.Duration
 }
 var file_norn_v1_admin_service_proto_depIdxs = []int32{
-	10, // 0: norn.v1.RebalanceResponse.plan:type_name -> norn.v1.Plan
-	10, // 1: norn.v1.DrainResponse.plan:type_name -> norn.v1.Plan
-	10, // 2: norn.v1.DecommissionResponse.plan:type_name -> norn.v1.Plan
-	10, // 3: norn.v1.RemoveResponse.plan:type_name -> norn.v1.Plan
-	12, // 4: norn.v1.Plan.moves:type_name -> norn.v1.MoveStatus
-	11, // 5: norn.v1.Plan.loads:type_name -> norn.v1.NodeLoad
-	20, // 6: norn.v1.StatusResponse.uptime:type_name -> google.protobuf.Duration
-	16, // 7: norn.v1.StatusResponse.partitions:type_name -> norn.v1.PartitionStatus
-	18, // 8: norn.v1.StatusResponse.nodes:type_name -> norn.v1.NodeStatus
-	12, // 9: norn.v1.StatusResponse.moves:type_name -> norn.v1.MoveStatus
-	15, // 10: norn.v1.StatusResponse.security:type_name -> norn.v1.SecurityStatus
-	19, // 11: norn.v1.PartitionStatus.counts:type_name -> norn.v1.PartitionStatus.CountsEntry
-	17, // 12: norn.v1.PartitionStatus.replica_roots:type_name -> norn.v1.ReplicaRoot
-	20, // 13: norn.v1.NodeStatus.clock_offset:type_name -> google.protobuf.Duration
-	20, // 14: norn.v1.NodeStatus.median_offset:type_name -> google.protobuf.Duration
-	13, // 15: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
-	0,  // 16: norn.v1.AdminService.Join:input_type -> norn.v1.JoinRequest
-	2,  // 17: norn.v1.AdminService.Rebalance:input_type -> norn.v1.RebalanceRequest
-	3,  // 18: norn.v1.AdminService.Drain:input_type -> norn.v1.DrainRequest
-	4,  // 19: norn.v1.AdminService.Decommission:input_type -> norn.v1.DecommissionRequest
-	5,  // 20: norn.v1.AdminService.Remove:input_type -> norn.v1.RemoveRequest
-	14, // 21: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
-	1,  // 22: norn.v1.AdminService.Join:output_type -> norn.v1.JoinResponse
-	6,  // 23: norn.v1.AdminService.Rebalance:output_type -> norn.v1.RebalanceResponse
-	7,  // 24: norn.v1.AdminService.Drain:output_type -> norn.v1.DrainResponse
-	8,  // 25: norn.v1.AdminService.Decommission:output_type -> norn.v1.DecommissionResponse
-	9,  // 26: norn.v1.AdminService.Remove:output_type -> norn.v1.RemoveResponse
-	21, // [21:27] is the sub-list for method output_type
-	15, // [15:21] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	25, // 0: norn.v1.ImportTasksRequest.tasks:type_name -> norn.v1.Task
+	26, // 1: norn.v1.BackupResponse.took:type_name -> google.protobuf.Duration
+	14, // 2: norn.v1.RebalanceResponse.plan:type_name -> norn.v1.Plan
+	14, // 3: norn.v1.DrainResponse.plan:type_name -> norn.v1.Plan
+	14, // 4: norn.v1.DecommissionResponse.plan:type_name -> norn.v1.Plan
+	14, // 5: norn.v1.RemoveResponse.plan:type_name -> norn.v1.Plan
+	16, // 6: norn.v1.Plan.moves:type_name -> norn.v1.MoveStatus
+	15, // 7: norn.v1.Plan.loads:type_name -> norn.v1.NodeLoad
+	26, // 8: norn.v1.StatusResponse.uptime:type_name -> google.protobuf.Duration
+	21, // 9: norn.v1.StatusResponse.partitions:type_name -> norn.v1.PartitionStatus
+	23, // 10: norn.v1.StatusResponse.nodes:type_name -> norn.v1.NodeStatus
+	16, // 11: norn.v1.StatusResponse.moves:type_name -> norn.v1.MoveStatus
+	20, // 12: norn.v1.StatusResponse.security:type_name -> norn.v1.SecurityStatus
+	19, // 13: norn.v1.StatusResponse.build:type_name -> norn.v1.BuildInfo
+	24, // 14: norn.v1.PartitionStatus.counts:type_name -> norn.v1.PartitionStatus.CountsEntry
+	22, // 15: norn.v1.PartitionStatus.replica_roots:type_name -> norn.v1.ReplicaRoot
+	26, // 16: norn.v1.NodeStatus.clock_offset:type_name -> google.protobuf.Duration
+	26, // 17: norn.v1.NodeStatus.median_offset:type_name -> google.protobuf.Duration
+	17, // 18: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
+	4,  // 19: norn.v1.AdminService.Join:input_type -> norn.v1.JoinRequest
+	6,  // 20: norn.v1.AdminService.Rebalance:input_type -> norn.v1.RebalanceRequest
+	7,  // 21: norn.v1.AdminService.Drain:input_type -> norn.v1.DrainRequest
+	8,  // 22: norn.v1.AdminService.Decommission:input_type -> norn.v1.DecommissionRequest
+	9,  // 23: norn.v1.AdminService.Remove:input_type -> norn.v1.RemoveRequest
+	0,  // 24: norn.v1.AdminService.ImportTasks:input_type -> norn.v1.ImportTasksRequest
+	2,  // 25: norn.v1.AdminService.Backup:input_type -> norn.v1.BackupRequest
+	18, // 26: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
+	5,  // 27: norn.v1.AdminService.Join:output_type -> norn.v1.JoinResponse
+	10, // 28: norn.v1.AdminService.Rebalance:output_type -> norn.v1.RebalanceResponse
+	11, // 29: norn.v1.AdminService.Drain:output_type -> norn.v1.DrainResponse
+	12, // 30: norn.v1.AdminService.Decommission:output_type -> norn.v1.DecommissionResponse
+	13, // 31: norn.v1.AdminService.Remove:output_type -> norn.v1.RemoveResponse
+	1,  // 32: norn.v1.AdminService.ImportTasks:output_type -> norn.v1.ImportTasksResponse
+	3,  // 33: norn.v1.AdminService.Backup:output_type -> norn.v1.BackupResponse
+	26, // [26:34] is the sub-list for method output_type
+	18, // [18:26] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_admin_service_proto_init() }
@@ -1608,13 +2005,14 @@ func file_norn_v1_admin_service_proto_init() {
 	if File_norn_v1_admin_service_proto != nil {
 		return
 	}
+	file_norn_v1_task_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_admin_service_proto_rawDesc), len(file_norn_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

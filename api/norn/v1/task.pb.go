@@ -322,7 +322,13 @@ type Task struct {
 	Errors []*TaskError `protobuf:"bytes,10,rep,name=errors,proto3" json:"errors,omitempty"`
 	// What the worker returned with Complete, opaque to Norn. Empty unless
 	// the status is COMPLETED. At most the payload limit (default 1 MiB).
-	Result        []byte `protobuf:"bytes,11,opt,name=result,proto3" json:"result,omitempty"`
+	Result []byte `protobuf:"bytes,11,opt,name=result,proto3" json:"result,omitempty"`
+	// When the task became terminal: the time of the terminal event that
+	// decided its status (the coordinating node's hybrid logical clock,
+	// physical part). Unset unless the status is COMPLETED, ABORTED or
+	// CANCELLED, and for a task ABORTED by max_claims until its ABORTED
+	// event is written. Retention counts from it.
+	FinishedAt    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -430,6 +436,13 @@ func (x *Task) GetErrors() []*TaskError {
 func (x *Task) GetResult() []byte {
 	if x != nil {
 		return x.Result
+	}
+	return nil
+}
+
+func (x *Task) GetFinishedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FinishedAt
 	}
 	return nil
 }
@@ -799,7 +812,7 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"depends_on\x18\x05 \x03(\x04R\tdependsOn\x12\x1d\n" +
 	"\n" +
-	"max_claims\x18\x06 \x01(\rR\tmaxClaims\"\xd4\x03\n" +
+	"max_claims\x18\x06 \x01(\rR\tmaxClaims\"\x91\x04\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12%\n" +
 	"\x04spec\x18\x02 \x01(\v2\x11.norn.v1.TaskSpecR\x04spec\x12+\n" +
@@ -814,7 +827,9 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"\aupdates\x18\t \x03(\v2\x13.norn.v1.TaskUpdateR\aupdates\x12*\n" +
 	"\x06errors\x18\n" +
 	" \x03(\v2\x12.norn.v1.TaskErrorR\x06errors\x12\x16\n" +
-	"\x06result\x18\v \x01(\fR\x06result\"\x9f\x02\n" +
+	"\x06result\x18\v \x01(\fR\x06result\x12;\n" +
+	"\vfinished_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"finishedAt\"\x9f\x02\n" +
 	"\tClaimInfo\x12\x19\n" +
 	"\bclaim_id\x18\x01 \x01(\x04R\aclaimId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\rR\x03seq\x12\x16\n" +
@@ -893,18 +908,19 @@ var file_norn_v1_task_proto_depIdxs = []int32{
 	4,  // 6: norn.v1.Task.claims:type_name -> norn.v1.ClaimInfo
 	5,  // 7: norn.v1.Task.updates:type_name -> norn.v1.TaskUpdate
 	6,  // 8: norn.v1.Task.errors:type_name -> norn.v1.TaskError
-	8,  // 9: norn.v1.ClaimInfo.start:type_name -> google.protobuf.Timestamp
-	8,  // 10: norn.v1.ClaimInfo.expiry:type_name -> google.protobuf.Timestamp
-	1,  // 11: norn.v1.ClaimInfo.end_reason:type_name -> norn.v1.ClaimEnd
-	8,  // 12: norn.v1.ClaimInfo.ended_at:type_name -> google.protobuf.Timestamp
-	8,  // 13: norn.v1.TaskUpdate.at:type_name -> google.protobuf.Timestamp
-	3,  // 14: norn.v1.ClaimedTask.task:type_name -> norn.v1.Task
-	8,  // 15: norn.v1.ClaimedTask.expiry:type_name -> google.protobuf.Timestamp
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	8,  // 9: norn.v1.Task.finished_at:type_name -> google.protobuf.Timestamp
+	8,  // 10: norn.v1.ClaimInfo.start:type_name -> google.protobuf.Timestamp
+	8,  // 11: norn.v1.ClaimInfo.expiry:type_name -> google.protobuf.Timestamp
+	1,  // 12: norn.v1.ClaimInfo.end_reason:type_name -> norn.v1.ClaimEnd
+	8,  // 13: norn.v1.ClaimInfo.ended_at:type_name -> google.protobuf.Timestamp
+	8,  // 14: norn.v1.TaskUpdate.at:type_name -> google.protobuf.Timestamp
+	3,  // 15: norn.v1.ClaimedTask.task:type_name -> norn.v1.Task
+	8,  // 16: norn.v1.ClaimedTask.expiry:type_name -> google.protobuf.Timestamp
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_task_proto_init() }

@@ -48,6 +48,11 @@ const (
 	AdminServiceDecommissionProcedure = "/norn.v1.AdminService/Decommission"
 	// AdminServiceRemoveProcedure is the fully-qualified name of the AdminService's Remove RPC.
 	AdminServiceRemoveProcedure = "/norn.v1.AdminService/Remove"
+	// AdminServiceImportTasksProcedure is the fully-qualified name of the AdminService's ImportTasks
+	// RPC.
+	AdminServiceImportTasksProcedure = "/norn.v1.AdminService/ImportTasks"
+	// AdminServiceBackupProcedure is the fully-qualified name of the AdminService's Backup RPC.
+	AdminServiceBackupProcedure = "/norn.v1.AdminService/Backup"
 )
 
 // AdminServiceClient is a client for the norn.v1.AdminService service.
@@ -75,6 +80,17 @@ type AdminServiceClient interface {
 	// again from the surviving ones, then it is removed from the cluster.
 	// Only with dead = true, and only while gossip sees the node dead.
 	Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error)
+	// ImportTasks writes whole task states, as `nornctl export` writes
+	// them, into the cluster: ids kept, terminal tasks kept terminal, no
+	// claims (see ImportTasksRequest). Re-importing the same tasks changes
+	// nothing. Any node accepts it and writes to the tasks' replicas.
+	ImportTasks(context.Context, *connect.Request[v1.ImportTasksRequest]) (*connect.Response[v1.ImportTasksResponse], error)
+	// Backup makes a consistent checkpoint of the answering node's data
+	// directory (its Pebble store, Raft snapshots and ring) in a new
+	// directory on the node's own disk. It covers that node only: `nornctl
+	// backup` calls it on every node. See docs/OPERATIONS.md, "Backup and
+	// restore".
+	Backup(context.Context, *connect.Request[v1.BackupRequest]) (*connect.Response[v1.BackupResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the norn.v1.AdminService service. By default, it
@@ -124,6 +140,18 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("Remove")),
 			connect.WithClientOptions(opts...),
 		),
+		importTasks: connect.NewClient[v1.ImportTasksRequest, v1.ImportTasksResponse](
+			httpClient,
+			baseURL+AdminServiceImportTasksProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ImportTasks")),
+			connect.WithClientOptions(opts...),
+		),
+		backup: connect.NewClient[v1.BackupRequest, v1.BackupResponse](
+			httpClient,
+			baseURL+AdminServiceBackupProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Backup")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -135,6 +163,8 @@ type adminServiceClient struct {
 	drain        *connect.Client[v1.DrainRequest, v1.DrainResponse]
 	decommission *connect.Client[v1.DecommissionRequest, v1.DecommissionResponse]
 	remove       *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
+	importTasks  *connect.Client[v1.ImportTasksRequest, v1.ImportTasksResponse]
+	backup       *connect.Client[v1.BackupRequest, v1.BackupResponse]
 }
 
 // Status calls norn.v1.AdminService.Status.
@@ -167,6 +197,16 @@ func (c *adminServiceClient) Remove(ctx context.Context, req *connect.Request[v1
 	return c.remove.CallUnary(ctx, req)
 }
 
+// ImportTasks calls norn.v1.AdminService.ImportTasks.
+func (c *adminServiceClient) ImportTasks(ctx context.Context, req *connect.Request[v1.ImportTasksRequest]) (*connect.Response[v1.ImportTasksResponse], error) {
+	return c.importTasks.CallUnary(ctx, req)
+}
+
+// Backup calls norn.v1.AdminService.Backup.
+func (c *adminServiceClient) Backup(ctx context.Context, req *connect.Request[v1.BackupRequest]) (*connect.Response[v1.BackupResponse], error) {
+	return c.backup.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the norn.v1.AdminService service.
 type AdminServiceHandler interface {
 	// Status reports the answering node's view: itself, the partitions it
@@ -192,6 +232,17 @@ type AdminServiceHandler interface {
 	// again from the surviving ones, then it is removed from the cluster.
 	// Only with dead = true, and only while gossip sees the node dead.
 	Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error)
+	// ImportTasks writes whole task states, as `nornctl export` writes
+	// them, into the cluster: ids kept, terminal tasks kept terminal, no
+	// claims (see ImportTasksRequest). Re-importing the same tasks changes
+	// nothing. Any node accepts it and writes to the tasks' replicas.
+	ImportTasks(context.Context, *connect.Request[v1.ImportTasksRequest]) (*connect.Response[v1.ImportTasksResponse], error)
+	// Backup makes a consistent checkpoint of the answering node's data
+	// directory (its Pebble store, Raft snapshots and ring) in a new
+	// directory on the node's own disk. It covers that node only: `nornctl
+	// backup` calls it on every node. See docs/OPERATIONS.md, "Backup and
+	// restore".
+	Backup(context.Context, *connect.Request[v1.BackupRequest]) (*connect.Response[v1.BackupResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -237,6 +288,18 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("Remove")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceImportTasksHandler := connect.NewUnaryHandler(
+		AdminServiceImportTasksProcedure,
+		svc.ImportTasks,
+		connect.WithSchema(adminServiceMethods.ByName("ImportTasks")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceBackupHandler := connect.NewUnaryHandler(
+		AdminServiceBackupProcedure,
+		svc.Backup,
+		connect.WithSchema(adminServiceMethods.ByName("Backup")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/norn.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceStatusProcedure:
@@ -251,6 +314,10 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceDecommissionHandler.ServeHTTP(w, r)
 		case AdminServiceRemoveProcedure:
 			adminServiceRemoveHandler.ServeHTTP(w, r)
+		case AdminServiceImportTasksProcedure:
+			adminServiceImportTasksHandler.ServeHTTP(w, r)
+		case AdminServiceBackupProcedure:
+			adminServiceBackupHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -282,4 +349,12 @@ func (UnimplementedAdminServiceHandler) Decommission(context.Context, *connect.R
 
 func (UnimplementedAdminServiceHandler) Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.Remove is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ImportTasks(context.Context, *connect.Request[v1.ImportTasksRequest]) (*connect.Response[v1.ImportTasksResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.ImportTasks is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Backup(context.Context, *connect.Request[v1.BackupRequest]) (*connect.Response[v1.BackupResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.Backup is not implemented"))
 }
