@@ -116,12 +116,23 @@ func (u *Update) Validate(lim Limits) error {
 	return nil
 }
 
-// Validate checks a terminal event against lim.
+// Validate checks a terminal event a client asks for against lim: a
+// completion or abort names the claim it ends.
 func (t *Terminal) Validate(lim Limits) error {
+	if t.Kind != Cancelled && t.Claim == 0 && t.Kind.valid() {
+		return invalid("claimId", "required")
+	}
+	return t.validate(lim)
+}
+
+// validate checks a terminal event as any node may have made it: the
+// node's own aborts (max_claims reached, a dependency failed) end no
+// claim and carry claim 0.
+func (t *Terminal) validate(lim Limits) error {
 	if !t.Kind.valid() {
 		return invalid("kind", "unknown terminal kind %d", t.Kind)
 	}
-	if t.Kind != Cancelled && t.Claim == 0 {
+	if t.Kind == Completed && t.Claim == 0 {
 		return invalid("claimId", "required")
 	}
 	if len(t.Result) > lim.MaxPayloadBytes {
@@ -155,7 +166,8 @@ func (t *Terminal) Validate(lim Limits) error {
 
 // Validate checks every part of a task state received from a peer (its
 // spec, updates and terminal events) field by field, as the API edge
-// checks a client's.
+// checks a client's; but an abort without a claim is a node's own (see
+// Terminal.validate), which a client cannot ask for.
 func (t *Task) Validate(lim Limits) error {
 	if t.Spec != nil {
 		if err := t.Spec.Validate(lim); err != nil {
@@ -168,7 +180,7 @@ func (t *Task) Validate(lim Limits) error {
 		}
 	}
 	for i := range t.Terminals {
-		if err := t.Terminals[i].Validate(lim); err != nil {
+		if err := t.Terminals[i].validate(lim); err != nil {
 			return err
 		}
 	}

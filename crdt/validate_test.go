@@ -37,6 +37,11 @@ func TestValidate(t *testing.T) {
 		{"result", (&Terminal{Kind: Completed, Claim: 1, Result: make([]byte, 9)}).Validate(lim), "result", ErrTooLarge},
 		{"errors count", (&Terminal{Kind: Aborted, Claim: 1, Errors: make([]TaskError, 2)}).Validate(lim), "errors", ErrTooLarge},
 		{"error code", (&Terminal{Kind: Aborted, Claim: 1, Errors: []TaskError{{}}}).Validate(lim), "errors[0].code", ErrInvalid},
+		{"abort claim", (&Terminal{Kind: Aborted, Errors: []TaskError{{Code: "c"}}}).Validate(lim), "claimId", ErrInvalid},
+		// A node's own abort (max_claims reached, a dependency failed)
+		// carries no claim; peers must take it.
+		{"peer's node abort", (&Task{ID: 1, Terminals: []Terminal{{Kind: Aborted, Errors: []TaskError{{Code: "c"}}}}}).Validate(lim), "", nil},
+		{"peer's complete claim", (&Task{ID: 1, Terminals: []Terminal{{Kind: Completed}}}).Validate(lim), "claimId", ErrInvalid},
 		{"error arg", (&Terminal{Kind: Aborted, Claim: 1, Errors: []TaskError{{Code: "c", Args: []string{"12345"}}}}).Validate(lim), "errors[0].args[0]", ErrTooLarge},
 	}
 	for _, tt := range tests {
