@@ -389,6 +389,33 @@ func TestClusterReadRepair(t *testing.T) {
 	}
 }
 
+// A node's own abort (max_claims reached, a dependency failed) carries no
+// claim; every replica takes it. Replicas once refused it ("claimId:
+// required"), so it never left the aborting node and anti-entropy failed
+// on its partition every round.
+func TestClusterNodeAbortReplicates(t *testing.T) {
+	ms := testCluster(t, 3)
+	ctx := context.Background()
+	resp, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "q"}, W: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.Id
+	ev := crdt.Terminal{At: ms[0].node.hlc.Now(), Kind: crdt.Aborted, Errors: []crdt.TaskError{{Code: "max_claims_exceeded"}}}
+	if _, err := ms[0].node.coord.Write(ctx, []*crdt.Task{{ID: id, Terminals: []crdt.Terminal{ev}}}, 3, []uint64{id}); err != nil {
+		t.Fatalf("a node's abort did not reach every replica: %v", err)
+	}
+	for _, m := range ms {
+		task, err := m.node.store.TaskState(m.node.partition(id), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := task.Terminal(); !ok || got.Kind != crdt.Aborted {
+			t.Fatalf("%s holds %+v, want the abort", m.cfg.NodeID, task.Terminals)
+		}
+	}
+}
+
 // When a partition's leader stops, the others elect a new one and claims
 // and writes go on.
 func TestClusterLeaderFailover(t *testing.T) {
