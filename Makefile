@@ -17,7 +17,7 @@ BIN         := bin
 # binaries never carry them (cmd/nornd's TestReleaseHasNoTestHooks).
 TEST_TAGS   := testhooks
 
-.PHONY: all build test test-core test-rest test-stress lint kubeconform fmt proto proto-check bench bench-move bench-peers bench-scale bench-idle fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
+.PHONY: all build test test-core test-rest test-stress lint kubeconform promtool fmt proto proto-check bench bench-move bench-peers bench-scale bench-idle fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
 
 all: build
 
@@ -46,7 +46,8 @@ test-stress:
 # bench/ is a module of its own (make bench-peers), outside ./...: lint
 # vets it too, so that a client change that breaks its driver shows here.
 # deploy/tools is one too (kubeconform and the schema maker of the
-# Kubernetes manifests' check, which lint runs).
+# Kubernetes manifests' check, and the Grafana dashboard's checker, which
+# lint runs).
 lint: proto-check
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
@@ -60,11 +61,19 @@ lint: proto-check
 	cd bench && $(GO) vet ./...
 	cd deploy/tools && $(GO) vet ./...
 	GO=$(GO) bash scripts/kubeconform.sh
+	GO=$(GO) bash scripts/promtool.sh
 
 # The Kubernetes manifests (deploy/k8s) against the schemas of Kubernetes
 # K8S_VERSION (default in the script), offline (scripts/kubeconform.sh; docs/DEPLOY.md).
 kubeconform:
 	GO=$(GO) bash scripts/kubeconform.sh
+
+# The alerting rules (promtool check rules and test rules) and the Grafana
+# dashboard (deploy/tools/dashcheck, its queries parsed by promtool), with
+# promtool pinned in the script (scripts/promtool.sh; docs/OPERATIONS.md,
+# "Dashboards and alerts").
+promtool:
+	GO=$(GO) bash scripts/promtool.sh
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -91,6 +91,13 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		epoch = r.Epoch
 	}
 	s.gauge("norn_ring_epoch", "Epoch of the ring this node works with (0: no cluster yet).", float64(epoch))
+	if l, formed := n.leaderless(); formed {
+		const help = "Partitions this node replicates that have no leader it knows of, by replica: cohort (the node is in the partition's cohort; " +
+			"a group not open yet counts too), move_target (a replica a move is filling here: no leader reaches it before it joins the group, " +
+			"so it counts for its whole fill). GET /healthz answers 503 while either is above 0. Absent before the cluster forms."
+		s.gauge("norn_partitions_without_leader", help, float64(l.cohort), "replica", "cohort")
+		s.gauge("norn_partitions_without_leader", help, float64(l.moveTarget), "replica", "move_target")
+	}
 	if n.host.Members() != nil {
 		byState := map[string]int{}
 		for _, m := range n.host.Members().Members() {

@@ -341,3 +341,64 @@ func TestMetricsClaimEvents(t *testing.T) {
 		t.Errorf("norn_queue_tasks{queue=jobs,status=aborted} = %v, want 1", v)
 	}
 }
+
+// TestMetricsPartitionsWithoutLeader: norn_partitions_without_leader is 0
+// on a formed cluster, and counts the node's partitions once they lose
+// their leaders (two of three nodes stopped), while /healthz answers 503.
+func TestMetricsPartitionsWithoutLeader(t *testing.T) {
+	ms := testCluster(t, 3)
+	url := "http://" + ms[0].cfg.APIAddr
+	cohort := map[string]string{"replica": "cohort"}
+	target := map[string]string{"replica": "move_target"}
+	fams := scrape(t, url+"/metrics")
+	for _, l := range []map[string]string{cohort, target} {
+		if v, ok := sample(fams, "norn_partitions_without_leader", l); !ok || v != 0 {
+			t.Fatalf("norn_partitions_without_leader%v = %v (present %v) on a ready cluster, want 0", l, v, ok)
+		}
+	}
+	ms[1].stop()
+	ms[2].stop()
+	// Every partition has a replica on each of the 3 nodes (N=3).
+	waitFor(t, 30*time.Second, "node 1's 8 partitions without a leader", func() bool {
+		v, _ := sample(scrape(t, url+"/metrics"), "norn_partitions_without_leader", cohort)
+		return v == 8
+	})
+	resp, err := http.Get(url + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("/healthz with every partition leaderless: %d, want 503", resp.StatusCode)
+	}
+}
+
+// TestMetricsPartitionsFilling: while a move fills its replica on a
+// joined node, that replica has no leader it knows of (it is no voter
+// yet) and counts as move_target, which keeps the node unready, and not
+// as cohort, which the alert on partitions without a leader reads.
+func TestMetricsPartitionsFilling(t *testing.T) {
+	ms := testClusterWith(t, 3, func(i int, cfg *Config) {
+		rebalanceTune(i, cfg)
+		cfg.MaxMovesPerNode = 1
+	})
+	enqueueN(t, ms, 500)
+	n4 := startJoiner(t, ms, 4)
+	admin := adminClient(ms[0])
+	ctx := context.Background()
+	if _, err := admin.Join(ctx, connect.NewRequest(&nornv1.JoinRequest{Node: "n4"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Apply: true})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "a replica filling on n4 counted as move_target", func() bool {
+		l, _ := n4.node.leaderless()
+		return l.moveTarget > 0
+	})
+	waitMovesDone(t, metaLeader(t, []*member{ms[0], ms[1], ms[2], n4}), 2*time.Minute)
+	waitFor(t, 10*time.Second, "no replica of n4 without a leader after the moves", func() bool {
+		l, _ := n4.node.leaderless()
+		return l == leaderlessCounts{} && n4.node.Ready()
+	})
+}

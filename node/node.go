@@ -226,22 +226,52 @@ func New(cfg Config) (*Node, error) {
 }
 
 // Ready reports whether the cluster is formed and every partition this
-// node replicates has a leader.
+// node replicates has a leader (GET /healthz), the replicas moves are
+// filling here included.
 func (n *Node) Ready() bool {
+	l, formed := n.leaderless()
+	return formed && l.cohort == 0 && l.moveTarget == 0
+}
+
+// leaderlessCounts counts the partitions a node replicates that have no
+// leader it knows of (the metric norn_partitions_without_leader).
+type leaderlessCounts struct {
+	// cohort: partitions whose cohort the node is in, a group not open
+	// yet included.
+	cohort int
+	// moveTarget: replicas a move is filling here. No leader reaches a
+	// replica before it joins the group as a non-voter, so each counts
+	// for its whole fill.
+	moveTarget int
+}
+
+// leaderless counts the partitions without a leader this node knows of,
+// and reports whether the cluster is formed (before, there is nothing to
+// count).
+func (n *Node) leaderless() (c leaderlessCounts, formed bool) {
 	gs, r := n.host.Groups(), n.host.Ring()
 	if gs == nil || r == nil {
-		return false
+		return c, false
 	}
 	for p, g := range gs {
+		inCohort := r.Hosts(p, n.cfg.NodeID)
+		switch {
 		// A partition of this node's cohorts whose group is not open yet
 		// is not served yet: the groups of a new ring open one after the
 		// other (a move's target opens its group before it joins the
 		// cohort).
-		if (g == nil && r.Hosts(p, n.cfg.NodeID)) || (g != nil && g.Leader() == "") {
-			return false
+		case g == nil:
+			if inCohort {
+				c.cohort++
+			}
+		case g.Leader() != "":
+		case inCohort:
+			c.cohort++
+		default:
+			c.moveTarget++
 		}
 	}
-	return true
+	return c, true
 }
 
 // WaitReady blocks until Ready or timeout passes.
