@@ -385,13 +385,7 @@ func TestMetricsPartitionsFilling(t *testing.T) {
 	enqueueN(t, ms, 500)
 	n4 := startJoiner(t, ms, 4)
 	admin := adminClient(ms[0])
-	ctx := context.Background()
-	if _, err := admin.Join(ctx, connect.NewRequest(&nornv1.JoinRequest{Node: "n4"})); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Apply: true})); err != nil {
-		t.Fatal(err)
-	}
+	joinAndRebalance(t, admin, "n4")
 	waitFor(t, time.Minute, "a replica filling on n4 counted as move_target", func() bool {
 		l, _ := n4.node.leaderless()
 		return l.moveTarget > 0

@@ -46,6 +46,21 @@ func startJoiner(t *testing.T, ms []*member, i int) *member {
 	return m
 }
 
+// joinAndRebalance makes node a member through admin and applies a
+// rebalance; it returns the plan.
+func joinAndRebalance(t *testing.T, admin nornv1connect.AdminServiceClient, node string) *nornv1.RebalanceResponse {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := admin.Join(ctx, connect.NewRequest(&nornv1.JoinRequest{Node: node})); err != nil {
+		t.Fatal(err)
+	}
+	plan, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Apply: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return plan.Msg
+}
+
 func adminClient(m *member) nornv1connect.AdminServiceClient {
 	return nornv1connect.NewAdminServiceClient(h2cClient(), "http://"+m.cfg.APIAddr, connect.WithGRPC())
 }

@@ -134,13 +134,7 @@ func TestRebalanceResumesAfterRestarts(t *testing.T) {
 	})
 	n4 := startJoiner(t, ms, 4)
 	admin := adminClient(ms[0])
-	ctx := context.Background()
-	if _, err := admin.Join(ctx, connect.NewRequest(&nornv1.JoinRequest{Node: "n4"})); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Apply: true})); err != nil {
-		t.Fatal(err)
-	}
+	joinAndRebalance(t, admin, "n4")
 	all := append(slices.Clone(ms), n4)
 	underway := func() bool {
 		r := metaLeader(t, all).node.host.Meta().Ring()
@@ -183,15 +177,9 @@ func TestRebalanceRollsBackWhenTargetDown(t *testing.T) {
 	n4 := startJoiner(t, ms, 4)
 	admin := adminClient(ms[0])
 	ctx := context.Background()
-	if _, err := admin.Join(ctx, connect.NewRequest(&nornv1.JoinRequest{Node: "n4"})); err != nil {
-		t.Fatal(err)
-	}
-	plan, err := admin.Rebalance(ctx, connect.NewRequest(&nornv1.RebalanceRequest{Apply: true}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(plan.Msg.GetPlan().GetMoves()) < 2 {
-		t.Fatalf("the plan moves %d replicas; the test needs queued ones", len(plan.Msg.GetPlan().GetMoves()))
+	plan := joinAndRebalance(t, admin, "n4")
+	if len(plan.GetPlan().GetMoves()) < 2 {
+		t.Fatalf("the plan moves %d replicas; the test needs queued ones", len(plan.GetPlan().GetMoves()))
 	}
 	waitFor(t, 20*time.Second, "a move to n4 filling or catching up", func() bool {
 		for _, m := range metaLeader(t, ms).node.host.Meta().Ring().MovesUnderway() {
