@@ -167,11 +167,21 @@ type Formation struct {
 
 // DecideFormation is the pure rule every waiting node applies; all of them
 // reach the same answer from the same member list, and only the lowest id
-// acts on it. A member that already belongs to a cluster does not count.
+// acts on it. While gossip shows an up member of a cluster, nobody forms
+// one: new nodes that reach a running cluster (a StatefulSet grown by
+// three or more, all started with -bootstrap-expect) wait to be joined
+// instead of forming a second cluster beside it, and meanwhile pull its
+// ring (replicas.Host.reconcile).
 func DecideFormation(members []Member, expect int, self string) Formation {
 	var free []Member
 	for _, m := range members {
-		if m.State.Up() && m.ClusterID == "" && m.APIAddr != "" && m.RaftAddr != "" {
+		if !m.State.Up() {
+			continue
+		}
+		if m.ClusterID != "" {
+			return Formation{}
+		}
+		if m.APIAddr != "" && m.RaftAddr != "" {
 			free = append(free, m)
 		}
 	}

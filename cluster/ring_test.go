@@ -223,12 +223,17 @@ func TestDecideFormation(t *testing.T) {
 		{"expect 1", []Member{member("n2"), member("n1")}, 1, []string{"n1"}},
 		{"expect 0", []Member{member("n1")}, 0, nil},
 		{"expect negative", []Member{member("n1")}, -1, nil},
-		{"a member of a cluster does not count", []Member{
+		// New nodes that see a running cluster wait to be joined rather
+		// than form a second one beside it.
+		{"an up member of a cluster stops a formation", []Member{
 			with("n1", func(m *Member) { m.ClusterID = "c1" }), member("n2"), member("n3"), member("n4"),
-		}, 3, []string{"n2", "n3", "n4"}},
-		{"not enough without the member of a cluster", []Member{
-			member("n1"), with("n2", func(m *Member) { m.ClusterID = "c1" }), member("n3"),
 		}, 3, nil},
+		{"a suspect member of a cluster stops it too", []Member{
+			member("n1"), member("n2"), member("n3"), with("n4", func(m *Member) { m.ClusterID = "c1"; m.State = StateSuspect }),
+		}, 3, nil},
+		{"a dead member of a cluster does not", []Member{
+			member("n1"), member("n2"), member("n3"), with("n4", func(m *Member) { m.ClusterID = "c1"; m.State = StateDead }),
+		}, 3, []string{"n1", "n2", "n3"}},
 		{"dead and left members do not count", []Member{
 			with("n1", func(m *Member) { m.State = StateDead }), member("n2"),
 			with("n3", func(m *Member) { m.State = StateLeft }), member("n4"), member("n5"),
@@ -277,7 +282,7 @@ func TestDecideFormation(t *testing.T) {
 // free id bootstraps.
 func TestDecideFormationSameEverywhere(t *testing.T) {
 	members := []Member{member("n4"), member("n2"), member("n6"), member("n3"), member("n5"), member("n1")}
-	members[5].ClusterID = "c1"        // n1 is in a cluster already
+	members[5].RaftAddr = ""           // n1 has no Raft address yet
 	members[3].State = StateDead       // n3 died
 	members[0].State = StateSuspect    // n4 is suspected by this node
 	want := []string{"n2", "n4", "n5"} // n6 waits in vain
