@@ -15,6 +15,7 @@ import (
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/cmd/internal/testnet"
 	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/transport"
 )
 
 // TestClusterNodeBackAtNewAddress is a Kubernetes rolling upgrade's first
@@ -29,7 +30,27 @@ import (
 // nodes, n3 never became healthy: the others kept dialing its old
 // addresses.
 func TestClusterNodeBackAtNewAddress(t *testing.T) {
-	ns := startCluster(t)
+	nodeBackAtNewAddress(t, startCluster(t))
+}
+
+// TestTLSNodeBackAtNewAddress is TestClusterNodeBackAtNewAddress with
+// TLS on the API and Raft ports: the meta leader records n3's new
+// addresses only once the certificate at its new Raft address names n3,
+// and the others admit n3's Raft connections from its new address.
+func TestTLSNodeBackAtNewAddress(t *testing.T) {
+	dir := t.TempDir()
+	makeCerts(t, dir)
+	// The test's client checks host names: n3's certificate names its new
+	// IP too (clients of a pod reach it by a DNS name its certificate has).
+	if err := transport.CreateNodeCert(dir, "n3", []string{"127.0.0.1", "127.0.0.2", "localhost"}); err != nil {
+		t.Fatal(err)
+	}
+	nodeBackAtNewAddress(t, startTLSCluster(t, dir))
+}
+
+// nodeBackAtNewAddress moves ns[2] (n3) to 127.0.0.2 and checks that it
+// is taken back (see TestClusterNodeBackAtNewAddress).
+func nodeBackAtNewAddress(t *testing.T, ns []*clusterNode) {
 	ctx := context.Background()
 	before := enqueueN(t, ns[0].tasks, "q", 10, 2)
 
@@ -41,8 +62,13 @@ func TestClusterNodeBackAtNewAddress(t *testing.T) {
 	addrs := testnet.FreeAddrsOn(t, "127.0.0.2", 3)
 	old := n3.raftA
 	n3.api, n3.raftA, n3.gossipA = addrs[0], addrs[1], addrs[2]
-	n3.tasks = client(n3.api)
-	n3.admin = nornv1connect.NewAdminServiceClient(http.DefaultClient, "http://"+n3.api)
+	if n3.hc == nil {
+		n3.tasks = client(n3.api)
+		n3.admin = nornv1connect.NewAdminServiceClient(http.DefaultClient, "http://"+n3.api)
+	} else {
+		n3.tasks = nornv1connect.NewTaskServiceClient(n3.hc, "https://"+n3.api, connect.WithGRPC())
+		n3.admin = nornv1connect.NewAdminServiceClient(n3.hc, "https://"+n3.api)
+	}
 	n3.start(t, 2)
 	t.Logf("n3 back at api %s, raft %s (was %s), gossip %s", n3.api, n3.raftA, old, n3.gossipA)
 
