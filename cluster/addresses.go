@@ -11,7 +11,7 @@ import (
 // addresses (a Kubernetes pod rescheduled with a new IP) gossips its new
 // ones; the meta leader then records them in the ring (AddressUpdates,
 // WithAddresses), and every partition group's leader updates the group's
-// configuration from the ring. docs/rfcs/2026-12-01-node-addresses.md has
+// configuration from the ring. docs/rfcs/2026-11-26-node-addresses.md has
 // the design and what is checked before an id's addresses move.
 
 // AddressUpdate is a ring node whose gossip shows other addresses than

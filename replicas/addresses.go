@@ -10,7 +10,7 @@ import (
 	"github.com/norn-dev/norn/transport"
 )
 
-// A node's addresses follow it (docs/rfcs/2026-12-01-node-addresses.md):
+// A node's addresses follow it (docs/rfcs/2026-11-26-node-addresses.md):
 // a node that comes back with its id and data dir at other addresses
 // gossips the new ones; then
 //
