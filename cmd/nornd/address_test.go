@@ -13,8 +13,8 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
-	"github.com/norn-dev/norn/cmd/internal/testnet"
 	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/cmd/internal/testnet"
 	"github.com/norn-dev/norn/transport"
 )
 
