@@ -385,6 +385,32 @@ func (g *Group) AddVoter(id, addr string, timeout time.Duration) error {
 	return g.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, timeout).Error()
 }
 
+// ErrNotInGroup is UpdateAddress's answer for a server that is not in
+// the group's configuration.
+var ErrNotInGroup = errors.New("claims: no such server in the group")
+
+// UpdateAddress changes the Raft address of id, already in the
+// configuration, to addr (leader only) and nothing else: hashicorp/raft's
+// AddVoter of a voter (AddNonvoter of a non-voter) already in the
+// configuration rewrites its address and keeps its suffrage, and the
+// leader's replication to it goes to the new address from then on.
+func (g *Group) UpdateAddress(id, addr string, timeout time.Duration) error {
+	fut := g.raft.GetConfiguration()
+	if err := fut.Error(); err != nil {
+		return err
+	}
+	for _, s := range fut.Configuration().Servers {
+		if string(s.ID) != id {
+			continue
+		}
+		if s.Suffrage == raft.Voter {
+			return g.raft.AddVoter(s.ID, raft.ServerAddress(addr), 0, timeout).Error()
+		}
+		return g.raft.AddNonvoter(s.ID, raft.ServerAddress(addr), 0, timeout).Error()
+	}
+	return fmt.Errorf("%w: %s", ErrNotInGroup, id)
+}
+
 // RemoveServer removes id from the configuration (leader only); a no-op
 // for a server not in it.
 func (g *Group) RemoveServer(id string, timeout time.Duration) error {

@@ -142,6 +142,13 @@ type MembershipConfig struct {
 	// every 200 ms, a dead node noticed within seconds); false picks its
 	// local (loopback) timings, a little faster.
 	LAN bool
+	// DeadNodeReclaim is how long a member must have been dead before
+	// its id may come back from another gossip address (memberlist's
+	// DeadNodeReclaimTime); a member that left (Leave: a node stopped
+	// cleanly) may come back from another address at once. Until then
+	// memberlist refuses the id at the new address, so one id is never
+	// two live members. Default DefaultDeadNodeReclaim.
+	DeadNodeReclaim time.Duration
 
 	tune func(*memberlist.Config) // tests: faster failure detection
 }
@@ -179,6 +186,12 @@ type peer struct {
 	suspect bool // memberlist suspects it (meaningful while alive)
 	offsets offsetWindow
 }
+
+// DefaultDeadNodeReclaim is MembershipConfig.DeadNodeReclaim's default:
+// longer than memberlist takes to declare a node dead that is only slow
+// (suspicion on a LAN takes seconds), far shorter than a rescheduled pod
+// takes to come back.
+const DefaultDeadNodeReclaim = 10 * time.Second
 
 // maxMetaBytes is memberlist's metadata limit.
 const maxMetaBytes = memberlist.MetaMaxSize
@@ -220,6 +233,10 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 		mc = memberlist.DefaultLANConfig()
 	}
 	mc.Name = cfg.Meta.ID
+	mc.DeadNodeReclaimTime = cfg.DeadNodeReclaim
+	if mc.DeadNodeReclaimTime <= 0 {
+		mc.DeadNodeReclaimTime = DefaultDeadNodeReclaim
+	}
 	mc.BindAddr, mc.BindPort = host, port
 	if cfg.SecretKey != nil {
 		mc.SecretKey = cfg.SecretKey

@@ -206,6 +206,38 @@ func (m *Meta) AddVoter(node RingNode, timeout time.Duration) error {
 	return m.raft.AddVoter(raft.ServerID(node.ID), raft.ServerAddress(node.RaftAddr), 0, timeout).Error()
 }
 
+// Servers returns the group's latest configuration as this replica knows
+// it: each server's id and Raft address (empty on a node outside the
+// group).
+func (m *Meta) Servers() ([]raft.Server, error) {
+	fut := m.raft.GetConfiguration()
+	if err := fut.Error(); err != nil {
+		return nil, err
+	}
+	return fut.Configuration().Servers, nil
+}
+
+// UpdateAddress changes the Raft address of server id, already in the
+// group, to addr (leader only), keeping its vote: hashicorp/raft's
+// AddVoter of a voter (AddNonvoter of a non-voter) already in the
+// configuration rewrites its address and nothing else.
+func (m *Meta) UpdateAddress(id, addr string, timeout time.Duration) error {
+	servers, err := m.Servers()
+	if err != nil {
+		return err
+	}
+	for _, s := range servers {
+		if string(s.ID) != id {
+			continue
+		}
+		if s.Suffrage == raft.Voter {
+			return m.raft.AddVoter(s.ID, raft.ServerAddress(addr), 0, timeout).Error()
+		}
+		return m.raft.AddNonvoter(s.ID, raft.ServerAddress(addr), 0, timeout).Error()
+	}
+	return fmt.Errorf("cluster: %s is not in the meta group", id)
+}
+
 // RemoveServer removes node id from the group (leader only). A leader
 // that removes itself steps down once the change commits.
 func (m *Meta) RemoveServer(id string, timeout time.Duration) error {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,7 +82,7 @@ func startMember(t *testing.T, cfg Config) *member {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.APIAddr == "" {
+	if cfg.APIAddr == "" || strings.HasSuffix(cfg.APIAddr, ":0") {
 		cfg.APIAddr = ln.Addr().String()
 	}
 	n, err := New(cfg)

@@ -109,11 +109,14 @@ type Host struct {
 	ring          atomic.Pointer[cluster.Ring]       // nil until the cluster is formed
 	parts         atomic.Pointer[partitions]         // set with the first ring
 	adoptMu       sync.Mutex
-	dropPending   map[int]bool // partitions whose data a failed drop left (adoptMu)
-	announced     uint64       // ring epoch gossiped (reconcile loop only)
-	seedsLogged   bool         // a failed join was logged (reconcile loop only)
-	rejoinAt      time.Time    // the last rejoinDown attempt (reconcile loop only)
-	rejoining     atomic.Bool  // a rejoinDown join is running
+	dropPending   map[int]bool      // partitions whose data a failed drop left (adoptMu)
+	announced     uint64            // ring epoch gossiped (reconcile loop only)
+	seedsLogged   bool              // a failed join was logged (reconcile loop only)
+	rejoinAt      time.Time         // the last rejoinDown attempt (reconcile loop only)
+	rejoining     atomic.Bool       // a rejoinDown join is running
+	recording     atomic.Bool       // a recordAddresses pass is running (addresses.go)
+	fixing        atomic.Bool       // a fixGroupAddresses pass is running
+	refusals      map[string]string // node -> reason its addresses were last refused (recordAddresses only)
 	reconcileKick chan struct{}
 	leaders       *LeaderBalancer // spreads this node's leaderships (BalanceLeaders)
 

@@ -182,6 +182,9 @@ func (h *Host) reconcileOnce() {
 			h.announced = cur.Epoch
 		}
 	}
+	if cur != nil {
+		h.followAddresses(members)
+	}
 	if alive == 0 {
 		if err := h.joinSeeds(); err != nil {
 			h.cfg.Logger.Error("a seed refused this node", "err", err)

@@ -306,6 +306,27 @@ func DialGroup(address string, id uint32, timeout time.Duration) (net.Conn, erro
 	return dialGroup(address, id, timeout, nil, nil)
 }
 
+// ProbeNode checks that the node at the TLS Raft port at address is
+// node: it completes a TLS handshake there, from local (nil: any
+// address), only if the certificate presented names node (a node
+// certificate of certs' CA), and closes the connection before naming any
+// group. The peer's mux checks this node's certificate the same way, so
+// local must be this node's Raft IP.
+func ProbeNode(address, node string, local net.Addr, certs *Certs, timeout time.Duration) error {
+	d := net.Dialer{Timeout: timeout, LocalAddr: local}
+	c, err := d.Dial("tcp", address)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	tc := tls.Client(c, certs.ClientConfig([]string{RaftALPN}, node))
+	c.SetDeadline(time.Now().Add(timeout)) //nolint:errcheck // a failed handshake reports it
+	if err := tc.Handshake(); err != nil {
+		return fmt.Errorf("transport: raft TLS to %s: %w", address, err)
+	}
+	return nil
+}
+
 // dialGroup connects to the RaftMux at address for group id, over TLS
 // with certs when they are set.
 func dialGroup(address string, id uint32, timeout time.Duration, local net.Addr, certs *Certs) (net.Conn, error) {

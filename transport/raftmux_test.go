@@ -320,3 +320,46 @@ func FuzzMuxHandshake(f *testing.F) {
 		}
 	})
 }
+
+// ProbeNode completes a handshake only with the node it names, over TLS;
+// a cleartext port or another node's certificate fails it.
+func TestProbeNode(t *testing.T) {
+	dir := t.TempDir()
+	if err := CreateCA(dir, "probe"); err != nil {
+		t.Fatal(err)
+	}
+	load := func(id string) *Certs {
+		if err := CreateNodeCert(dir, id, []string{"127.0.0.1"}); err != nil {
+			t.Fatal(err)
+		}
+		cert, key := NodeCertFiles(dir, id)
+		c, err := LoadCerts(TLSFiles{CA: filepath.Join(dir, CACertFile), Cert: cert, Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	n1, n2 := load("n1"), load("n2")
+	m := newMux(t, MuxConfig{TLS: n1})
+	plain := newMux(t, MuxConfig{})
+	addr := m.Addr().String()
+	if err := ProbeNode(addr, "n1", nil, n2, time.Second); err != nil {
+		t.Fatalf("probe of n1 at its address: %v", err)
+	}
+	if err := ProbeNode(addr, "n3", nil, n2, time.Second); err == nil {
+		t.Fatal("n1's port passed a probe for n3")
+	}
+	if err := ProbeNode(plain.Addr().String(), "n1", nil, n2, time.Second); err == nil {
+		t.Fatal("a cleartext port passed a probe for n1")
+	}
+	// A port where nothing listens.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := ln.Addr().String()
+	ln.Close()
+	if err := ProbeNode(free, "n1", nil, n2, time.Second); err == nil {
+		t.Fatal("a closed port passed a probe")
+	}
+}
