@@ -99,6 +99,9 @@ func run(args []string) error {
 	if cfg.LeaderBalanceInterval <= 0 || cfg.LeaderBalanceRate <= 0 {
 		return usageError{errors.New("-leader-balance-interval and -leader-balance-rate must be positive (-leader-balance=false turns balancing off)")}
 	}
+	if *o.handOver < 0 {
+		return usageError{fmt.Errorf("-handover-timeout %s: want 0 (hand nothing over) or more", *o.handOver)}
+	}
 	if cfg.LeaderBalanceTolerance <= 0 || cfg.LeaderBalanceTolerance >= 1 {
 		return usageError{fmt.Errorf("-leader-balance-tolerance %g: want above 0 and below 1", cfg.LeaderBalanceTolerance)}
 	}
@@ -220,14 +223,7 @@ wait:
 		select {
 		case s := <-sig:
 			if s == syscall.SIGHUP {
-				reloadCerts(cfg.TLS, logger)
-				if cfg.Auth != nil {
-					if err := cfg.Auth.Reload(); err != nil {
-						logger.Error("SIGHUP: reloading the access file failed; the old rules stay in use", "err", err)
-					} else {
-						logger.Info("SIGHUP: access file reloaded")
-					}
-				}
+				reload(cfg, logger)
 				continue
 			}
 			logger.Info("shutting down", "signal", s.String())
@@ -238,10 +234,40 @@ wait:
 			return fmt.Errorf("serve: %w", err)
 		}
 	}
+	// A second SIGTERM or SIGINT stops at once: no more waiting for the
+	// hand-over or for requests in flight.
+	hurry, stopNow := context.WithCancelCause(context.Background())
+	defer stopNow(nil)
+	go func() {
+		for {
+			select {
+			case s := <-sig:
+				if s == syscall.SIGHUP {
+					reload(cfg, logger)
+					continue
+				}
+				logger.Warn("second signal: stopping at once", "signal", s.String())
+				stopNow(fmt.Errorf("second signal (%s)", s))
+				return
+			case <-stopWatch:
+				return
+			}
+		}
+	}()
+	// Hand the leaderships over while still serving: claims of the
+	// partitions that moved go to their new leaders meanwhile.
+	if *o.handOver > 0 {
+		ctx, cancel := context.WithTimeoutCause(hurry, *o.handOver, fmt.Errorf("-handover-timeout %s passed", *o.handOver))
+		n.HandOver(ctx) // logs what it did
+		cancel()
+	}
 	n.StopWaiting() // long polls return so Shutdown can finish
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(hurry, 30*time.Second)
 	defer cancel()
 	shutdownErr := srv.Shutdown(ctx)
+	if shutdownErr != nil && hurry.Err() != nil {
+		shutdownErr = fmt.Errorf("requests in flight cut short: %w", context.Cause(hurry))
+	}
 	framed.Close() // waits for its calls under way
 	closeErr := n.Close()
 	if err := errors.Join(shutdownErr, closeErr); err != nil {
@@ -249,6 +275,18 @@ wait:
 	}
 	logger.Info("stopped cleanly")
 	return nil
+}
+
+// reload reads the TLS certificates and the access file again (SIGHUP).
+func reload(cfg node.Config, logger *slog.Logger) {
+	reloadCerts(cfg.TLS, logger)
+	if cfg.Auth != nil {
+		if err := cfg.Auth.Reload(); err != nil {
+			logger.Error("SIGHUP: reloading the access file failed; the old rules stay in use", "err", err)
+		} else {
+			logger.Info("SIGHUP: access file reloaded")
+		}
+	}
 }
 
 // machineIDFromNodeID is 1 + the decimal number id ends with: a
