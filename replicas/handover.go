@@ -155,7 +155,7 @@ func (b *LeaderBalancer) planHandOver(failed map[string]bool) handOverPlan {
 	switch {
 	case len(plan.transfers) == len(led):
 	case !others:
-		plan.reason = "this node is the only voter of the partitions it leads"
+		plan.reason = reasonOnlyVoter
 	case !untried && len(failed) > 0:
 		plan.reason = "the transfers to every voter that may lead failed"
 	default:
@@ -221,6 +221,10 @@ func (b *LeaderBalancer) runHandOver(ctx context.Context, plan handOverPlan, par
 	return progress
 }
 
+// reasonOnlyVoter is HandOverResult.Reason when no partition this node
+// leads has another voter (a cluster of one).
+const reasonOnlyVoter = "this node is the only voter of the partitions it leads"
+
 // errNotLeading marks a planned transfer whose group this node no longer
 // led when its turn came.
 var errNotLeading = errors.New("replicas: no longer the leader")
@@ -249,6 +253,8 @@ func (h *Host) HandOver(ctx context.Context) HandOverResult {
 	switch {
 	case res.Led == 0 && len(res.Left) == 0:
 		h.cfg.Logger.Info("stopping: no partition leadership to hand over", "meta_handed_over", res.Meta, "took", took)
+	case res.HandedOver == 0 && res.Reason == reasonOnlyVoter:
+		h.cfg.Logger.Info("stopping: no leadership to hand over: "+res.Reason, "led", res.Led, "took", took)
 	case len(res.Left) == 0:
 		h.cfg.Logger.Info("stopping: handed every partition leadership over", "led", res.Led, "transfers", res.HandedOver,
 			"failed", res.Failed, "meta_handed_over", res.Meta, "took", took)

@@ -235,10 +235,13 @@ wait:
 		}
 	}
 	// A second SIGTERM or SIGINT stops at once: no more waiting for the
-	// hand-over or for requests in flight.
+	// hand-over or for requests in flight (the groups and Pebble still
+	// close). A third exits without closing anything (nothing acked is
+	// lost: it was fsynced).
 	hurry, stopNow := context.WithCancelCause(context.Background())
 	defer stopNow(nil)
 	go func() {
+		stops := 1
 		for {
 			select {
 			case s := <-sig:
@@ -246,9 +249,13 @@ wait:
 					reload(cfg, logger)
 					continue
 				}
-				logger.Warn("second signal: stopping at once", "signal", s.String())
-				stopNow(fmt.Errorf("second signal (%s)", s))
-				return
+				if stops++; stops == 2 {
+					logger.Warn("second signal: stopping at once (a third exits without closing)", "signal", s.String())
+					stopNow(fmt.Errorf("second signal (%s)", s))
+					continue
+				}
+				logger.Error("third signal: exiting without closing", "signal", s.String())
+				os.Exit(1)
 			case <-stopWatch:
 				return
 			}
