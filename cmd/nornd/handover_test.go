@@ -3,6 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -72,5 +76,43 @@ func TestClusterSIGTERMHandsLeadershipsOver(t *testing.T) {
 	}
 	if waitErr != nil {
 		t.Fatalf("%s exited with %v after SIGTERM", gone.id, waitErr)
+	}
+}
+
+// TestWatchSignals: SIGHUP reloads whenever it comes; the first SIGTERM
+// or SIGINT starts the shutdown, the second cuts its waits short (the
+// hand-over's and the requests' contexts end with it as the cause).
+func TestWatchSignals(t *testing.T) {
+	sig := make(chan os.Signal)
+	done := make(chan struct{})
+	defer close(done)
+	stopping := make(chan os.Signal, 1)
+	hurry, stopNow := context.WithCancelCause(context.Background())
+	defer stopNow(nil)
+	reloads := make(chan struct{}, 3)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	go watchSignals(sig, done, stopping, stopNow, func() { reloads <- struct{}{} }, logger)
+
+	sig <- syscall.SIGHUP
+	<-reloads
+	sig <- syscall.SIGTERM
+	if s := <-stopping; s != syscall.SIGTERM {
+		t.Fatalf("stopping on %v", s)
+	}
+	if hurry.Err() != nil {
+		t.Fatal("one signal cut the waits short")
+	}
+	sig <- syscall.SIGHUP // still reloads while stopping
+	<-reloads
+	if hurry.Err() != nil {
+		t.Fatal("SIGHUP cut the waits short")
+	}
+	sig <- syscall.SIGINT
+	<-hurry.Done()
+	if cause := context.Cause(hurry); cause == nil || !strings.Contains(cause.Error(), "second signal") {
+		t.Fatalf("cause %v", cause)
+	}
+	if len(stopping) != 0 {
+		t.Fatal("the second signal went to stopping")
 	}
 }

@@ -218,49 +218,22 @@ func run(args []string) error {
 			logger.Error("reloading the access file failed; the old rules stay in use", "err", err)
 		})
 	}
-wait:
-	for {
-		select {
-		case s := <-sig:
-			if s == syscall.SIGHUP {
-				reload(cfg, logger)
-				continue
-			}
-			logger.Info("shutting down", "signal", s.String())
-			break wait
-		case err := <-served:
-			framed.Close()
-			n.Close()
-			return fmt.Errorf("serve: %w", err)
-		}
-	}
-	// A second SIGTERM or SIGINT stops at once: no more waiting for the
-	// hand-over or for requests in flight (the groups and Pebble still
-	// close). A third exits without closing anything (nothing acked is
-	// lost: it was fsynced).
+	// The first SIGTERM or SIGINT starts the shutdown; a second stops at
+	// once: no more waiting for the hand-over or for requests in flight
+	// (the groups and Pebble still close). A third exits without closing
+	// anything (nothing acked is lost: it was fsynced).
+	stopping := make(chan os.Signal, 1)
 	hurry, stopNow := context.WithCancelCause(context.Background())
 	defer stopNow(nil)
-	go func() {
-		stops := 1
-		for {
-			select {
-			case s := <-sig:
-				if s == syscall.SIGHUP {
-					reload(cfg, logger)
-					continue
-				}
-				if stops++; stops == 2 {
-					logger.Warn("second signal: stopping at once (a third exits without closing)", "signal", s.String())
-					stopNow(fmt.Errorf("second signal (%s)", s))
-					continue
-				}
-				logger.Error("third signal: exiting without closing", "signal", s.String())
-				os.Exit(1)
-			case <-stopWatch:
-				return
-			}
-		}
-	}()
+	go watchSignals(sig, stopWatch, stopping, stopNow, func() { reload(cfg, logger) }, logger)
+	select {
+	case s := <-stopping:
+		logger.Info("shutting down", "signal", s.String())
+	case err := <-served:
+		framed.Close()
+		n.Close()
+		return fmt.Errorf("serve: %w", err)
+	}
 	// Hand the leaderships over while still serving: claims of the
 	// partitions that moved go to their new leaders meanwhile.
 	if *o.handOver > 0 {
@@ -282,6 +255,35 @@ wait:
 	}
 	logger.Info("stopped cleanly")
 	return nil
+}
+
+// watchSignals handles nornd's signals until done is closed: SIGHUP
+// calls reload; the first SIGTERM or SIGINT goes to stopping, the second
+// calls hurry, the third exits the process at once.
+func watchSignals(sig <-chan os.Signal, done <-chan struct{}, stopping chan<- os.Signal, hurry context.CancelCauseFunc,
+	reload func(), logger *slog.Logger) {
+	stops := 0
+	for {
+		select {
+		case s := <-sig:
+			if s == syscall.SIGHUP {
+				reload()
+				continue
+			}
+			switch stops++; stops {
+			case 1:
+				stopping <- s // buffered for one
+			case 2:
+				logger.Warn("second signal: stopping at once (a third exits without closing)", "signal", s.String())
+				hurry(fmt.Errorf("second signal (%s)", s))
+			default:
+				logger.Error("third signal: exiting without closing", "signal", s.String())
+				os.Exit(1)
+			}
+		case <-done:
+			return
+		}
+	}
 }
 
 // reload reads the TLS certificates and the access file again (SIGHUP).
