@@ -45,7 +45,9 @@ type LeaderMeta struct {
 	// Count is how many partition groups the node leads.
 	Count int `json:"n"`
 	// NoLead is set while the node may not lead (its clock guard
-	// refuses): no one hands it a leadership.
+	// refuses), and from when it starts handing its leaderships over to
+	// stop (replicas.LeaderBalancer.HandOver): no one hands it a
+	// leadership.
 	NoLead bool `json:"no,omitempty"`
 	// Seq grows by one with every change the node gossips (from 1 at
 	// every start), so a reader tells a newer word from one it has seen.

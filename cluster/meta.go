@@ -244,6 +244,11 @@ func (m *Meta) RemoveServer(id string, timeout time.Duration) error {
 	return m.raft.RemoveServer(raft.ServerID(id), 0, timeout).Error()
 }
 
+// TransferLeadership hands the group's leadership to another voter,
+// the most up to date as Raft chooses, and waits until that one leads or
+// the transfer failed (a node about to stop calls it).
+func (m *Meta) TransferLeadership() error { return m.raft.LeadershipTransfer().Error() }
+
 // Stats returns hashicorp/raft's statistics of the meta group.
 func (m *Meta) Stats() map[string]string { return m.raft.Stats() }
 

@@ -32,7 +32,9 @@
 // merge made terminal (coord.Config.OnEnded), and anti-entropy asks
 // dispatch for the retention horizon. Close stops them in the reverse
 // order: waiting claims first, then the background loops, then the
-// partition groups, then the store.
+// partition groups, then the store. A node about to stop calls HandOver
+// first, while it still serves (nornd does on SIGTERM): its partition
+// leaderships move to the others, so no partition waits for an election.
 //
 // Config holds every setting of a node (cmd/nornd maps its flags onto
 // it); each part takes the fields it needs in its own Config. TestBugs

@@ -289,6 +289,21 @@ func (n *Node) WaitReady(timeout time.Duration) error {
 	return nil
 }
 
+// HandOver prepares the node to stop (nornd calls it on SIGTERM, before
+// it stops serving): from now on the node leads nothing, and tells the
+// others through gossip not to hand it any leadership (as while its
+// clock is out of bound); it hands every partition leadership it holds to
+// another voter that may lead, picked so that the nodes that stay are
+// balanced, at most replicas.HandOverParallel transfers at once, and the
+// meta group's too. It returns when it leads no partition, when no voter
+// may take what is left (a cluster of one: nothing to do), or when ctx
+// ends; the result says which, and it is logged. The node keeps serving
+// meanwhile: claims of a partition whose leadership moved go to its new
+// leader. It cannot be undone: Close the node after it.
+func (n *Node) HandOver(ctx context.Context) replicas.HandOverResult {
+	return n.host.HandOver(ctx)
+}
+
 // StopWaiting makes long-polling claims return now (empty) and new ones
 // not wait, so that a server shutting down can drain its requests.
 func (n *Node) StopWaiting() {

@@ -27,5 +27,8 @@
 // which gossips this node's leader count and, while some node leads too
 // far from its fair share, hands leaderships over one at a time
 // (LeaderBalancer; the rule is the pure DecideLeaderTransfer, leaders.go).
-// LeaderLoads is its last view, for Status and /metrics.
+// LeaderLoads is its last view, for Status and /metrics. Before the node
+// stops, HandOver (handover.go) tells the others it may not lead and
+// hands every leadership it holds over, to targets that keep them
+// balanced (the pure PlanLeaderHandOver).
 package replicas

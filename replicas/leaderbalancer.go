@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -81,6 +82,7 @@ type LeaderLoad struct {
 type LeaderBalanceStats struct {
 	Transfers uint64 // leadership transfers started to balance leaderships
 	Failures  uint64 // of those, the ones that failed
+	Passes    uint64 // passes that found the cluster formed (a ring)
 }
 
 // LeaderBalancer spreads this node's partition leaderships over the
@@ -95,18 +97,24 @@ type LeaderBalanceStats struct {
 //     of; eligible nodes are ring members gossip shows alive (not
 //     suspect) that gossiped a count, do not refuse to lead, and have
 //     been so for TargetSettle;
-//  3. unless this node's clock guard refuses, hands leaderships over one
+//  3. unless this node's clock guard refuses or it is leaving (HandOver),
+//     hands leaderships over one
 //     at a time, each chosen on the view updated by the last, while the
 //     rate limit allows, to voters of the group that no transfer of this
 //     node failed to reach in the last leaderFailBackoff.
 //
-// A Pass is not safe to run concurrently with itself; Loads and Stats
-// are safe at any time.
+// Passes run one at a time (a Pass waits for the one under way, and for
+// HandOver's planning); Loads and Stats are safe at any time.
 type LeaderBalancer struct {
 	cfg   LeaderBalancerConfig
 	limit *rate.Limiter
 
-	// Pass only.
+	// leaving is set by HandOver, for good: the node stops leading.
+	leaving atomic.Bool
+
+	// passMu is held by Pass and by HandOver's planning; it guards the
+	// fields up to mu.
+	passMu        sync.Mutex
 	published     cluster.LeaderMeta   // the last word gossiped
 	pending       []pendingTransfer    // transfers the takers have not gossiped since
 	seqs          map[string]uint64    // each up node's gossiped sequence, as of the view
@@ -172,11 +180,16 @@ func (b *LeaderBalancer) Stats() LeaderBalanceStats {
 // Pass gossips this node's leader count, updates its view and hands
 // leaderships over as the rule says (see LeaderBalancer).
 func (b *LeaderBalancer) Pass() {
+	b.passMu.Lock()
+	defer b.passMu.Unlock()
 	r := b.cfg.Ring()
 	if r == nil {
 		return
 	}
-	mayLead := b.cfg.MayLead == nil || b.cfg.MayLead() == nil
+	b.mu.Lock()
+	b.stats.Passes++
+	b.mu.Unlock()
+	mayLead := b.mayLead()
 	groups := b.cfg.Groups()
 	seen, led := b.countLocal(groups)
 	b.publish(len(led), mayLead)
@@ -200,7 +213,7 @@ func (b *LeaderBalancer) Pass() {
 			}
 		}
 	}
-	for {
+	for !b.leaving.Load() { // HandOver takes over
 		tr, ok := DecideLeaderTransfer(v)
 		if !ok {
 			return
@@ -237,6 +250,12 @@ func (b *LeaderBalancer) Pass() {
 		v.Leads[b.cfg.NodeID]--
 		v.Leads[tr.To]++
 	}
+}
+
+// mayLead reports whether this node may lead: it is not leaving and its
+// clock guard does not refuse.
+func (b *LeaderBalancer) mayLead() bool {
+	return !b.leaving.Load() && (b.cfg.MayLead == nil || b.cfg.MayLead() == nil)
 }
 
 // countLocal counts, in the groups on this node, how many each node leads

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,13 +21,31 @@ type fakeGroup struct {
 	servers []claims.Server
 }
 
-func (g *fakeGroup) IsLeader() bool        { return g.c.leader[g.p] == g.c.self }
-func (g *fakeGroup) Leader() raft.ServerID { return raft.ServerID(g.c.leader[g.p]) }
+func (g *fakeGroup) IsLeader() bool {
+	g.c.mu.Lock()
+	defer g.c.mu.Unlock()
+	return g.c.leader[g.p] == g.c.self
+}
+
+func (g *fakeGroup) Leader() raft.ServerID {
+	g.c.mu.Lock()
+	defer g.c.mu.Unlock()
+	return raft.ServerID(g.c.leader[g.p])
+}
+
 func (g *fakeGroup) Servers() ([]claims.Server, error) {
+	g.c.mu.Lock()
+	defer g.c.mu.Unlock()
 	g.c.serversCalls++
 	return g.servers, nil
 }
+
 func (g *fakeGroup) TransferLeadershipTo(id, addr string) error {
+	if g.c.block != nil {
+		<-g.c.block
+	}
+	g.c.mu.Lock()
+	defer g.c.mu.Unlock()
 	if addr != "raft-"+id {
 		g.c.t.Errorf("transfer of partition %d to %s at %q", g.p, id, addr)
 	}
@@ -41,8 +60,11 @@ func (g *fakeGroup) TransferLeadershipTo(id, addr string) error {
 // fakeCluster is what a LeaderBalancer on node self sees: a ring of
 // nodes n1..n3 where every partition's cohort is all of them, gossip
 // (alive members and their LeaderMeta), the groups (their leaders), a
-// clock guard and a monotonic clock, all set by the test.
+// clock guard and a monotonic clock, all set by the test. Its groups
+// may be called concurrently (HandOver); the test reads and sets its
+// fields while no call runs.
 type fakeCluster struct {
+	mu           sync.Mutex // held by the groups' methods
 	t            *testing.T
 	self         string
 	ring         *cluster.Ring
@@ -58,6 +80,8 @@ type fakeCluster struct {
 	// hideLeader: after a transfer, self does not see the new leader
 	// yet (its first heartbeat has not arrived).
 	hideLeader bool
+	// block, when set, holds every transfer until it is closed.
+	block chan struct{}
 }
 
 func (c *fakeCluster) seenLeader(id string) string {

@@ -111,19 +111,6 @@ func DecideLeaderTransfer(v LeaderView) (LeaderTransfer, bool) {
 		return LeaderTransfer{}, false
 	}
 	excess := func(id string) float64 { return float64(v.Leads[id]) - shares[id] }
-	// less orders takers: smaller excess, then smaller count, then id.
-	less := func(a, b string) bool {
-		ea, eb := excess(a), excess(b)
-		switch {
-		case ea < eb-eps:
-			return true
-		case eb < ea-eps:
-			return false
-		case v.Leads[a] != v.Leads[b]:
-			return v.Leads[a] < v.Leads[b]
-		}
-		return strings.Compare(a, b) < 0
-	}
 	parts := make([]int, 0, len(v.Led))
 	for p := range v.Led {
 		if !v.Moving[p] {
@@ -140,7 +127,7 @@ func DecideLeaderTransfer(v LeaderView) (LeaderTransfer, bool) {
 			if _, hi := LeaderBand(shares[id], v.Tolerance); v.Leads[id]+1 > hi {
 				continue
 			}
-			if best.Partition < 0 || less(id, best.To) {
+			if best.Partition < 0 || lessTaker(v.Leads, shares, id, best.To) {
 				best = LeaderTransfer{Partition: p, To: id}
 			}
 		}
@@ -149,6 +136,82 @@ func DecideLeaderTransfer(v LeaderView) (LeaderTransfer, bool) {
 		return LeaderTransfer{}, false
 	}
 	return best, true
+}
+
+// lessTaker orders the nodes a leadership may go to: smaller excess
+// (count in leads minus share in shares), then smaller count, then id.
+func lessTaker(leads map[string]int, shares map[string]float64, a, b string) bool {
+	ea, eb := float64(leads[a])-shares[a], float64(leads[b])-shares[b]
+	switch {
+	case ea < eb-eps:
+		return true
+	case eb < ea-eps:
+		return false
+	case leads[a] != leads[b]:
+		return leads[a] < leads[b]
+	}
+	return strings.Compare(a, b) < 0
+}
+
+// PlanLeaderHandOver returns where each leadership v.Self holds should go
+// when it stops leading for good (it shuts down): for every partition of
+// v.Led, one of its voters there that is eligible, chosen as
+// DecideLeaderTransfer chooses a taker (the smallest excess over its fair
+// share, then the smaller count, then the smaller id) on counts that
+// grow with every choice, and on shares that give v.Self none. So the
+// nodes that stay end as balanced as they were, as far as the groups'
+// voters allow. Partitions whose voters have the fewest eligible ones go
+// first (they have the least choice), then by number. A partition
+// without an eligible voter is left out. v.Eligible, v.Moving and
+// v.Self's own eligibility are not read beyond that: a partition with a
+// move under way is handed over too (the node is going away). v.Leads
+// is copied, not modified.
+func PlanLeaderHandOver(v LeaderView) []LeaderTransfer {
+	eligible := map[string]bool{}
+	for id, ok := range v.Eligible {
+		if ok && id != v.Self {
+			eligible[id] = true
+		}
+	}
+	shares := FairLeaderShares(v.Cohorts, eligible)
+	leads := map[string]int{}
+	for id, n := range v.Leads {
+		leads[id] = n
+	}
+	type cand struct {
+		p   int
+		ids []string
+	}
+	var cands []cand
+	for p, ids := range v.Led {
+		var ok []string
+		for _, id := range ids {
+			if eligible[id] && !slices.Contains(ok, id) {
+				ok = append(ok, id)
+			}
+		}
+		if len(ok) > 0 {
+			cands = append(cands, cand{p, ok})
+		}
+	}
+	slices.SortFunc(cands, func(a, b cand) int {
+		if len(a.ids) != len(b.ids) {
+			return len(a.ids) - len(b.ids)
+		}
+		return a.p - b.p
+	})
+	out := make([]LeaderTransfer, 0, len(cands))
+	for _, c := range cands {
+		best := c.ids[0]
+		for _, id := range c.ids[1:] {
+			if lessTaker(leads, shares, id, best) {
+				best = id
+			}
+		}
+		leads[best]++
+		out = append(out, LeaderTransfer{Partition: c.p, To: best})
+	}
+	return out
 }
 
 // mayGive reports whether v.Self may hand a leadership over at all: it

@@ -30,6 +30,7 @@ type options struct {
 	metricsAddr   *string
 	pprofAddr     *string
 	showVersion   *bool
+	handOver      *time.Duration
 	hooks         *testHooks // none in a release build (testhooks_off.go)
 }
 
@@ -90,6 +91,7 @@ func defineFlags(fs *flag.FlagSet, cfg *node.Config) *options {
 	o.metricsAddr = fs.String("metrics-addr", "", "if set, serve GET /metrics (Prometheus) on this address, in cleartext, and not on the API port")
 	o.pprofAddr = fs.String("pprof-addr", "", "if set, serve net/http/pprof on this address (keep it on loopback)")
 	o.showVersion = fs.Bool("version", false, "print the version and exit")
+	o.handOver = fs.Duration("handover-timeout", 10*time.Second, "on SIGTERM or SIGINT, how long the node may take to hand its partition leaderships over to the other nodes before it stops serving (0: hand nothing over; a second signal stops waiting)")
 	o.hooks = addTestHookFlags(fs)
 	return o
 }

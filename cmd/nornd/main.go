@@ -99,6 +99,9 @@ func run(args []string) error {
 	if cfg.LeaderBalanceInterval <= 0 || cfg.LeaderBalanceRate <= 0 {
 		return usageError{errors.New("-leader-balance-interval and -leader-balance-rate must be positive (-leader-balance=false turns balancing off)")}
 	}
+	if *o.handOver < 0 {
+		return usageError{fmt.Errorf("-handover-timeout %s: want 0 (hand nothing over) or more", *o.handOver)}
+	}
 	if cfg.LeaderBalanceTolerance <= 0 || cfg.LeaderBalanceTolerance >= 1 {
 		return usageError{fmt.Errorf("-leader-balance-tolerance %g: want above 0 and below 1", cfg.LeaderBalanceTolerance)}
 	}
@@ -215,33 +218,36 @@ func run(args []string) error {
 			logger.Error("reloading the access file failed; the old rules stay in use", "err", err)
 		})
 	}
-wait:
-	for {
-		select {
-		case s := <-sig:
-			if s == syscall.SIGHUP {
-				reloadCerts(cfg.TLS, logger)
-				if cfg.Auth != nil {
-					if err := cfg.Auth.Reload(); err != nil {
-						logger.Error("SIGHUP: reloading the access file failed; the old rules stay in use", "err", err)
-					} else {
-						logger.Info("SIGHUP: access file reloaded")
-					}
-				}
-				continue
-			}
-			logger.Info("shutting down", "signal", s.String())
-			break wait
-		case err := <-served:
-			framed.Close()
-			n.Close()
-			return fmt.Errorf("serve: %w", err)
-		}
+	// The first SIGTERM or SIGINT starts the shutdown; a second stops at
+	// once: no more waiting for the hand-over or for requests in flight
+	// (the groups and Pebble still close). A third exits without closing
+	// anything (nothing acked is lost: it was fsynced).
+	stopping := make(chan os.Signal, 1)
+	hurry, stopNow := context.WithCancelCause(context.Background())
+	defer stopNow(nil)
+	go watchSignals(sig, stopWatch, stopping, stopNow, func() { reload(cfg, logger) }, logger)
+	select {
+	case s := <-stopping:
+		logger.Info("shutting down", "signal", s.String())
+	case err := <-served:
+		framed.Close()
+		n.Close()
+		return fmt.Errorf("serve: %w", err)
+	}
+	// Hand the leaderships over while still serving: claims of the
+	// partitions that moved go to their new leaders meanwhile.
+	if *o.handOver > 0 {
+		ctx, cancel := context.WithTimeoutCause(hurry, *o.handOver, fmt.Errorf("-handover-timeout %s passed", *o.handOver))
+		n.HandOver(ctx) // logs what it did
+		cancel()
 	}
 	n.StopWaiting() // long polls return so Shutdown can finish
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(hurry, 30*time.Second)
 	defer cancel()
 	shutdownErr := srv.Shutdown(ctx)
+	if shutdownErr != nil && hurry.Err() != nil {
+		shutdownErr = fmt.Errorf("requests in flight cut short: %w", context.Cause(hurry))
+	}
 	framed.Close() // waits for its calls under way
 	closeErr := n.Close()
 	if err := errors.Join(shutdownErr, closeErr); err != nil {
@@ -249,6 +255,47 @@ wait:
 	}
 	logger.Info("stopped cleanly")
 	return nil
+}
+
+// watchSignals handles nornd's signals until done is closed: SIGHUP
+// calls reload; the first SIGTERM or SIGINT goes to stopping, the second
+// calls hurry, the third exits the process at once.
+func watchSignals(sig <-chan os.Signal, done <-chan struct{}, stopping chan<- os.Signal, hurry context.CancelCauseFunc,
+	reload func(), logger *slog.Logger) {
+	stops := 0
+	for {
+		select {
+		case s := <-sig:
+			if s == syscall.SIGHUP {
+				reload()
+				continue
+			}
+			switch stops++; stops {
+			case 1:
+				stopping <- s // buffered for one
+			case 2:
+				logger.Warn("second signal: stopping at once (a third exits without closing)", "signal", s.String())
+				hurry(fmt.Errorf("second signal (%s)", s))
+			default:
+				logger.Error("third signal: exiting without closing", "signal", s.String())
+				os.Exit(1)
+			}
+		case <-done:
+			return
+		}
+	}
+}
+
+// reload reads the TLS certificates and the access file again (SIGHUP).
+func reload(cfg node.Config, logger *slog.Logger) {
+	reloadCerts(cfg.TLS, logger)
+	if cfg.Auth != nil {
+		if err := cfg.Auth.Reload(); err != nil {
+			logger.Error("SIGHUP: reloading the access file failed; the old rules stay in use", "err", err)
+		} else {
+			logger.Info("SIGHUP: access file reloaded")
+		}
+	}
 }
 
 // machineIDFromNodeID is 1 + the decimal number id ends with: a
