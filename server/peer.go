@@ -24,11 +24,32 @@ type peerService struct{ sv *Server }
 var _ nornv1connect.PeerServiceHandler = peerService{}
 
 // checkPeer refuses a call that does not come from a node of this
-// node's cluster: unknown node id, an address that is not that node's, or
-// another cluster id. Before the cluster is formed, gossip members are
-// accepted (GetRing).
+// node's cluster: unknown node id, another cluster id, or (over
+// cleartext) an address that is not that node's. Before the cluster is
+// formed, gossip members are accepted (GetRing). A PeerService call over
+// HTTP is verified when the node serves TLS: identityFromCert then sets
+// its node header from the client certificate.
 func (sv *Server) checkPeer(peerAddr string, h http.Header) error {
-	id := h.Get(transport.HeaderNode)
+	return sv.checkCaller(peerAddr, h, sv.cfg.Security.TLS)
+}
+
+// checkCaller is checkPeer for a caller whose node id in h is verified
+// (taken from its TLS certificate) or not.
+func (sv *Server) checkCaller(peerAddr string, h http.Header, verified bool) error {
+	var members []cluster.Member
+	if m := sv.host.Members(); m != nil {
+		members = m.Members()
+	}
+	return peerAllowed(sv.host.Ring(), members, peerAddr, h.Get(transport.HeaderNode), h.Get(transport.HeaderCluster), verified)
+}
+
+// peerAllowed is checkCaller's rule. A verified caller is the node its
+// certificate names: it needs only to be a node of r (or, before r, a
+// gossip member) of this cluster. An unverified one must also call from
+// the host of one of that node's addresses (API, Raft or gossip): on
+// Kubernetes the API address is a DNS name and the Raft and gossip
+// addresses are the pod's IP, and no check here resolves names.
+func peerAllowed(r *cluster.Ring, members []cluster.Member, peerAddr, id, clusterID string, verified bool) error {
 	deny := func(format string, args ...any) error {
 		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("peer call refused: "+format, args...))
 	}
@@ -37,18 +58,30 @@ func (sv *Server) checkPeer(peerAddr string, h http.Header) error {
 	if err != nil || ip == nil {
 		return deny("unknown caller address %q", peerAddr)
 	}
-	sameHost := func(hostport string) bool { return transport.SameHost(hostport, ip) }
-	r := sv.host.Ring()
-	if r != nil {
-		if c := h.Get(transport.HeaderCluster); c != "" && c != r.ClusterID {
-			return deny("the caller is in cluster %s, this node in %s", c, r.ClusterID)
+	if id == "" {
+		return deny("the caller at %s names no node", peerAddr)
+	}
+	at := func(addrs ...string) bool {
+		if verified {
+			return true
 		}
-		if nd, ok := r.Node(id); ok && sameHost(nd.APIAddr) {
+		for _, a := range addrs {
+			if transport.SameHost(a, ip) {
+				return true
+			}
+		}
+		return false
+	}
+	if r != nil {
+		if clusterID != "" && clusterID != r.ClusterID {
+			return deny("the caller is in cluster %s, this node in %s", clusterID, r.ClusterID)
+		}
+		if nd, ok := r.Node(id); ok && at(nd.APIAddr, nd.RaftAddr, nd.GossipAddr) {
 			return nil
 		}
 	}
-	for _, m := range sv.host.Members().Members() {
-		if m.ID == id && sameHost(m.APIAddr) && (r == nil || m.ClusterID == "" || m.ClusterID == r.ClusterID) {
+	for _, m := range members {
+		if m.ID == id && at(m.APIAddr, m.RaftAddr, m.GossipAddr) && (r == nil || m.ClusterID == "" || m.ClusterID == r.ClusterID) {
 			return nil
 		}
 	}
@@ -210,7 +243,7 @@ func (sv *Server) HandleRPC(ctx context.Context, m transport.RPCMethod, meta tra
 	if meta.Cluster != "" {
 		h.Set(transport.HeaderCluster, meta.Cluster)
 	}
-	if err := sv.checkPeer(meta.Remote, h); err != nil {
+	if err := sv.checkCaller(meta.Remote, h, meta.Cert != nil); err != nil {
 		return nil, err
 	}
 	switch m {

@@ -150,6 +150,53 @@ func TestTLSCluster(t *testing.T) {
 	}
 }
 
+// TestTLSClusterAdvertisesNames: nodes that advertise their API address
+// by DNS name (localhost here; on Kubernetes the pod's name in the
+// headless Service, deploy/k8s) and their Raft and gossip addresses by
+// IP form a cluster and replicate to each other over TLS: a peer's
+// certificate names it, so no check needs the name to resolve to the
+// caller's IP (before, every peer call was refused and the cluster never
+// became healthy).
+func TestTLSClusterAdvertisesNames(t *testing.T) {
+	dir := t.TempDir()
+	makeCerts(t, dir)
+	ns := make([]*clusterNode, 3)
+	addrs := freeAddrs(t, 3*len(ns))
+	hc := tlsHTTPClient(t, dir, "alice")
+	for i := range ns {
+		id := fmt.Sprintf("n%d", i+1)
+		cert, key := transport.NodeCertFiles(dir, id)
+		_, port, _ := net.SplitHostPort(addrs[3*i])
+		ns[i] = &clusterNode{id: id, dir: t.TempDir(),
+			api: addrs[3*i], raftA: addrs[3*i+1], gossipA: addrs[3*i+2], hc: hc, scheme: "https",
+			flags: []string{"-tls-ca", filepath.Join(dir, transport.CACertFile), "-tls-cert", cert, "-tls-key", key,
+				"-advertise", net.JoinHostPort("localhost", port)}}
+		ns[i].tasks = nornv1connect.NewTaskServiceClient(hc, "https://"+ns[i].api, connect.WithGRPC())
+		ns[i].admin = nornv1connect.NewAdminServiceClient(hc, "https://"+ns[i].api)
+	}
+	joinAndStart(t, ns)
+	ctx := context.Background()
+	st, err := ns[0].admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range st.Msg.GetNodes() {
+		if host, _, _ := net.SplitHostPort(nd.GetApiAddress()); host != "localhost" {
+			t.Fatalf("node %s advertises %q, want a localhost address", nd.GetId(), nd.GetApiAddress())
+		}
+	}
+	// W=3: every replica must take the write from n1 over TLS.
+	got, err := ns[0].tasks.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "names", Payload: []byte("x")}, W: 3}))
+	if err != nil {
+		t.Fatalf("enqueue with W=3: %v", err)
+	}
+	for _, n := range ns[1:] {
+		if _, err := n.tasks.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: got.Msg.GetId()})); err != nil {
+			t.Fatalf("%s: get %d: %v", n.id, got.Msg.GetId(), err)
+		}
+	}
+}
+
 // TestTLSRaftPort: the Raft port of a TLS node takes node certificates of
 // its CA only: a node certificate of another CA, a client's certificate of
 // the right CA and no certificate are all refused at the handshake; the
