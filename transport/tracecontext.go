@@ -1,6 +1,9 @@
 package transport
 
 import (
+	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -47,4 +50,15 @@ func ParseTraceContext(b []byte) (trace.SpanContext, bool) {
 		Remote:     true,
 	})
 	return sc, sc.IsValid()
+}
+
+// EndSpan ends span, marking it failed when err is not nil (status Error
+// with err's message, and its connect code as rpc.connect_rpc.error_code):
+// how the parts end the spans they start.
+func EndSpan(span trace.Span, err error) {
+	if err != nil {
+		span.SetAttributes(attribute.String("rpc.connect_rpc.error_code", connect.CodeOf(err).String()))
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }
