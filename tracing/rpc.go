@@ -7,7 +7,6 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/otelconnect"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -23,9 +22,17 @@ const ScopeName = "github.com/norn-dev/norn/tracing"
 // W3C traceparent and tracestate.
 var Propagator propagation.TextMapPropagator = propagation.TraceContext{}
 
-// RPCSystemFramed is the rpc.system attribute of a framed call's span
-// (connect calls have otelconnect's: grpc or connect_rpc).
+// RPCSystemFramed is the rpc.system.name attribute of a framed call's
+// span (connect calls have otelconnect's: grpc or connect_rpc).
 const RPCSystemFramed = "norn_framed"
+
+// The attributes of a framed call's span, as otelconnect names them for
+// connect calls (OpenTelemetry's RPC semantic conventions).
+const (
+	attrRPCSystem = attribute.Key("rpc.system.name")
+	attrRPCMethod = attribute.Key("rpc.method")
+	attrRPCStatus = attribute.Key("rpc.response.status_code")
+)
 
 // Interceptor returns the connect interceptor that traces calls with tp:
 // a server span per call served (the caller's trace context, when it
@@ -62,15 +69,11 @@ func FramedServer(tp trace.TracerProvider, h transport.RPCHandler) transport.RPC
 		if proc == "" {
 			continue
 		}
-		service, method, _ := strings.Cut(strings.TrimPrefix(proc, "/"), "/")
+		name := strings.TrimPrefix(proc, "/")
 		spans[m] = &framedSpan{
-			name: strings.TrimPrefix(proc, "/"),
-			attrs: []attribute.KeyValue{
-				attribute.String("rpc.system", RPCSystemFramed),
-				attribute.String("rpc.service", service),
-				attribute.String("rpc.method", method),
-			},
-			peer: service == nornv1connect.PeerServiceName,
+			name:  name,
+			attrs: []attribute.KeyValue{attrRPCSystem.String(RPCSystemFramed), attrRPCMethod.String(name)},
+			peer:  strings.HasPrefix(name, nornv1connect.PeerServiceName+"/"),
 		}
 	}
 	return func(ctx context.Context, m transport.RPCMethod, meta transport.RPCMeta, body []byte) ([]byte, error) {
@@ -79,13 +82,13 @@ func FramedServer(tp trace.TracerProvider, h transport.RPCHandler) transport.RPC
 			return h(ctx, m, meta, body)
 		}
 		ctx, span := tr.Start(ctx, s.name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(s.attrs...))
-		defer span.End()
 		out, err := h(ctx, m, meta, body)
+		status := "OK"
 		if err != nil {
-			code := connect.CodeOf(err)
-			span.SetAttributes(attribute.String("rpc.connect_rpc.error_code", code.String()))
-			span.SetStatus(codes.Error, code.String())
+			status = transport.ErrorType(err)
 		}
+		span.SetAttributes(attrRPCStatus.String(status))
+		transport.EndSpan(span, err)
 		return out, err
 	}
 }

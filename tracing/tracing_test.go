@@ -200,8 +200,14 @@ func TestFramedServer(t *testing.T) {
 	for _, a := range spans[0].Attributes() {
 		attrs[string(a.Key)] = a.Value.Emit()
 	}
-	if attrs["rpc.system"] != RPCSystemFramed || attrs["rpc.service"] != "norn.v1.TaskService" || attrs["rpc.method"] != "Enqueue" {
+	if attrs["rpc.system.name"] != RPCSystemFramed || attrs["rpc.method"] != "norn.v1.TaskService/Enqueue" || attrs["rpc.response.status_code"] != "OK" {
 		t.Errorf("attributes %v", attrs)
+	}
+	for _, a := range spans[2].Attributes() {
+		attrs[string(a.Key)] = a.Value.Emit()
+	}
+	if attrs["rpc.response.status_code"] != "FAILED_PRECONDITION" || attrs["error.type"] != "FAILED_PRECONDITION" {
+		t.Errorf("failed call's attributes %v", attrs)
 	}
 }
 

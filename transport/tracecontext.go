@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"strings"
+
 	"connectrpc.com/connect"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -52,13 +54,18 @@ func ParseTraceContext(b []byte) (trace.SpanContext, bool) {
 	return sc, sc.IsValid()
 }
 
-// EndSpan ends span, marking it failed when err is not nil (status Error
-// with err's message, and its connect code as rpc.connect_rpc.error_code):
-// how the parts end the spans they start.
+// EndSpan ends span, marking it failed when err is not nil: status Error
+// with err's message, and error.type its connect code as gRPC names it
+// (UNAVAILABLE), as otelconnect marks a failed call. How the parts end the
+// spans they start.
 func EndSpan(span trace.Span, err error) {
 	if err != nil {
-		span.SetAttributes(attribute.String("rpc.connect_rpc.error_code", connect.CodeOf(err).String()))
+		span.SetAttributes(attribute.String("error.type", ErrorType(err)))
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
 }
+
+// ErrorType is err's connect code as gRPC names it ("UNAVAILABLE"), the
+// error.type and rpc.response.status_code of a failed call's span.
+func ErrorType(err error) string { return strings.ToUpper(connect.CodeOf(err).String()) }
