@@ -170,6 +170,7 @@ func New(cfg Config) (*Node, error) {
 		Heartbeats:     heartbeats,
 		MayLead:        n.clockGuard.MayLead,
 		OnProposed:     n.metrics.raft.Proposed,
+		Tracer:         n.tracing.tracer("claims"),
 		OnLeaderChange: n.waiters.NotifyAll,
 		OnMetaRing:     n.rebalance.Kick,
 		OnPlacement:    n.ae.Kick,

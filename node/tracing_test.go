@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -14,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/client"
 	"github.com/norn-dev/norn/coord"
 )
@@ -197,4 +199,90 @@ func spanNames(spans map[trace.SpanID]sdktrace.ReadOnlySpan) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// TestTracingClaimAcrossNodes: a claim sent to a node that does not lead
+// the task's partition is proxied over connect to the leader, which
+// proposes it: the proposal's span (norn.claims.propose, on the leader)
+// is in the worker's trace below the proxied call, and every replica's
+// apply of the entry (norn.claims.apply, on all three nodes) is its
+// child: the trace context crossed the connect peer hop and travelled in
+// the Raft entry.
+func TestTracingClaimAcrossNodes(t *testing.T) {
+	ms, sr := tracedCluster(t)
+	producer := sdktrace.NewTracerProvider()
+	defer producer.Shutdown(context.Background())
+	resp, err := ms[0].api.Enqueue(context.Background(), connect.NewRequest(&nornv1.EnqueueRequest{
+		Task: &nornv1.TaskSpec{Queue: "traced-claim"}, W: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.Id
+	leader, others := partitionRoles(t, ms, ms[0].node.partition(id))
+	c, err := client.New(others[0].cfg.APIAddr, client.WithDiscovery(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, root := producer.Tracer("app").Start(context.Background(), "app.claim")
+	got, err := c.Claim(ctx, client.ClaimRequest{Queue: "traced-claim", Worker: "w1", Lease: time.Minute})
+	root.End()
+	if err != nil || len(got) != 1 || got[0].GetTask().GetId() != id {
+		t.Fatalf("claim: %v, %v", got, err)
+	}
+
+	var spans map[trace.SpanID]sdktrace.ReadOnlySpan
+	var propose sdktrace.ReadOnlySpan
+	applied := map[string]sdktrace.ReadOnlySpan{}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		spans = inTrace(sr, root.SpanContext().TraceID())
+		clear(applied)
+		propose = nil
+		for _, s := range spans {
+			switch s.Name() {
+			case claims.SpanPropose:
+				propose = s
+			case claims.SpanApply:
+				applied[spanNode(s)] = s
+			}
+		}
+		if propose != nil && len(applied) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the claim's trace holds %s", spanNames(spans))
+		}
+	}
+	if spanNode(propose) != leader.cfg.NodeID || spanAttr(propose, claims.AttrOp).AsString() != "claim" ||
+		spanAttr(propose, claims.AttrTasks).AsInt64() != 1 {
+		t.Fatalf("%s on %s with %v, want on the leader %s", claims.SpanPropose, spanNode(propose), propose.Attributes(), leader.cfg.NodeID)
+	}
+	// Up the parents from the proposal: the leader's server span of the
+	// proxied Claim, the asking node's client span, its server span, the
+	// worker's span.
+	var path []string
+	for s := propose; ; {
+		p, ok := spans[s.Parent().SpanID()]
+		if !ok {
+			if s.Parent().SpanID() != root.SpanContext().SpanID() {
+				t.Fatalf("the path up from the proposal %q ends at %v, not the worker's span", path, s.Parent().SpanID())
+			}
+			break
+		}
+		path = append(path, fmt.Sprintf("%s@%s/%s", p.Name(), spanNode(p), p.SpanKind()))
+		s = p
+	}
+	want := []string{
+		"norn.v1.TaskService/Claim@" + leader.cfg.NodeID + "/server",
+		"norn.v1.TaskService/Claim@" + others[0].cfg.NodeID + "/client",
+		"norn.v1.TaskService/Claim@" + others[0].cfg.NodeID + "/server",
+	}
+	if !slices.Equal(path, want) {
+		t.Fatalf("the proposal's ancestors %q, want %q", path, want)
+	}
+	for node, s := range applied {
+		if s.Parent().SpanID() != propose.SpanContext().SpanID() || spanAttr(s, claims.AttrRaftIndex).AsInt64() == 0 {
+			t.Fatalf("%s on %s: parent %v, attributes %v", claims.SpanApply, node, s.Parent().SpanID(), s.Attributes())
+		}
+	}
 }
