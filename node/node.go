@@ -137,6 +137,7 @@ func New(cfg Config) (*Node, error) {
 		Interval: cfg.AntiEntropyInterval, Timeout: cfg.AntiEntropyTimeout, Settle: cfg.AntiEntropySettle,
 		Rate: cfg.AntiEntropyRate, FillRate: cfg.MoveRate,
 		Limits: cfg.Limits, Peers: n.peers, Logger: cfg.logger("antientropy"),
+		Tracer: n.tracing.tracer("antientropy"),
 	})
 	if err != nil {
 		store.Close()

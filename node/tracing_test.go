@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/norn-dev/norn/antientropy"
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/client"
@@ -283,6 +284,33 @@ func TestTracingClaimAcrossNodes(t *testing.T) {
 	for node, s := range applied {
 		if s.Parent().SpanID() != propose.SpanContext().SpanID() || spanAttr(s, claims.AttrRaftIndex).AsInt64() == 0 {
 			t.Fatalf("%s on %s: parent %v, attributes %v", claims.SpanApply, node, s.Parent().SpanID(), s.Attributes())
+		}
+	}
+}
+
+// TestTracingAntiEntropyRound: a round is a root span on the node that
+// runs it, and the peer's answers to its PeerService calls are in the
+// same trace (the connect peer hop).
+func TestTracingAntiEntropyRound(t *testing.T) {
+	ms, sr := tracedCluster(t)
+	ms[0].node.ae.Kick()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		for _, s := range sr.Ended() {
+			if s.Name() != antientropy.SpanRound || spanNode(s) != "n1" {
+				continue
+			}
+			peer := spanAttr(s, antientropy.AttrPeer).AsString()
+			if s.Parent().IsValid() || peer == "" || spanAttr(s, antientropy.AttrPartitions).AsInt64() != 8 {
+				t.Fatalf("round span: parent %v, attributes %v", s.Parent(), s.Attributes())
+			}
+			for _, c := range inTrace(sr, s.SpanContext().TraceID()) {
+				if c.Name() == "norn.v1.PeerService/TreeRoots" && spanNode(c) == peer && c.SpanKind() == trace.SpanKindServer {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no round of n1 with its peer's answer in its trace; spans: %d", len(sr.Ended()))
 		}
 	}
 }
