@@ -129,7 +129,7 @@ type Group struct {
 	logs raft.LogStore
 
 	onProposed func(time.Duration) // GroupConfig.OnProposed
-	tracer     trace.Tracer          // GroupConfig.Tracer
+	tracer     trace.Tracer        // GroupConfig.Tracer
 
 	mayLead  func() error   // GroupConfig.MayLead
 	observer *raft.Observer // nil without OnLeaderChange

@@ -6,8 +6,8 @@ import (
 	"connectrpc.com/connect"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/norn-dev/norn/transport"
 	"github.com/norn-dev/norn/tracing"
+	"github.com/norn-dev/norn/transport"
 )
 
 // nodeTracing is what the node hands its parts for tracing: with
