@@ -198,13 +198,13 @@ func TestFramedServer(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, a := range spans[0].Attributes() {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	if attrs["rpc.system.name"] != RPCSystemFramed || attrs["rpc.method"] != "norn.v1.TaskService/Enqueue" || attrs["rpc.response.status_code"] != "OK" {
 		t.Errorf("attributes %v", attrs)
 	}
 	for _, a := range spans[2].Attributes() {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	if attrs["rpc.response.status_code"] != "FAILED_PRECONDITION" || attrs["error.type"] != "FAILED_PRECONDITION" {
 		t.Errorf("failed call's attributes %v", attrs)
