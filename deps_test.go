@@ -48,9 +48,10 @@ var allowed = map[string][]string{
 	"rebalance":   {"replicas", "apierr", "cluster", "claims", "transport", "api", "ring"},
 	"client":      {"api", "transport", "crdt", "ring"},
 	"metrics":     {"api", "transport"},
-	"node":        {"server", "dispatch", "rebalance", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs", "testhooks", "access", "metrics"},
+	"tracing":     {"api", "transport"},
+	"node":        {"server", "dispatch", "rebalance", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs", "testhooks", "access", "metrics", "tracing"},
 	"jepsen":      {"client", "api", "transport", "crdt", "ring", "access"},
-	"cmd":         {"node", "metrics", "server", "dispatch", "rebalance", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs", "testhooks", "access", "buildinfo"},
+	"cmd":         {"node", "metrics", "server", "dispatch", "rebalance", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs", "testhooks", "access", "buildinfo", "tracing"},
 }
 
 // banned lists arrows that must never exist, whatever the table above

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
 	"github.com/norn-dev/norn/cluster"
@@ -55,7 +57,27 @@ type Config struct {
 	// Peers reaches the other nodes' PeerService.
 	Peers  *transport.Peers
 	Logger *slog.Logger
+	// Tracer, when set, traces every round and fill (SpanRound); its
+	// PeerService calls are the span's children when Peers traces them.
+	// Nil: no spans.
+	Tracer trace.Tracer
 }
+
+// SpanRound is one anti-entropy exchange with one peer, a round or a
+// move's fill (docs/OPERATIONS.md, Tracing): a root span, as rounds are
+// no request's. Attributes norn.peer, norn.partitions, norn.fill, and at
+// the end norn.differing, norn.pushed, norn.pulled.
+const SpanRound = "norn.antientropy.round"
+
+// The attributes of SpanRound.
+const (
+	AttrPeer       = attribute.Key("norn.peer")
+	AttrPartitions = attribute.Key("norn.partitions")
+	AttrFill       = attribute.Key("norn.fill")
+	AttrDiffering  = attribute.Key("norn.differing")
+	AttrPushed     = attribute.Key("norn.pushed")
+	AttrPulled     = attribute.Key("norn.pulled")
+)
 
 // Scheduler is this node's anti-entropy: its Replica (a Merkle tree per
 // partition replicated here), the rounds with every peer that shares
@@ -253,12 +275,23 @@ const fillRetry = 200 * time.Millisecond
 // exchange runs one anti-entropy exchange of parts with peerID, within
 // timeout. It reports whether a partition differed or the peer was not
 // ready, and the exchange's error.
-func (s *Scheduler) exchange(r *cluster.Ring, peerID string, parts []uint16, limiter *rate.Limiter, timeout time.Duration) (bool, error) {
+func (s *Scheduler) exchange(r *cluster.Ring, peerID string, parts []uint16, limiter *rate.Limiter, timeout time.Duration) (differed bool, err error) {
+	var st Stats
 	nd, ok := r.Node(peerID)
 	if !ok {
 		return false, fmt.Errorf("node %s is not in the ring", peerID)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx := context.Background()
+	if s.cfg.Tracer != nil {
+		var span trace.Span
+		ctx, span = s.cfg.Tracer.Start(ctx, SpanRound, trace.WithAttributes(AttrPeer.String(peerID),
+			AttrPartitions.Int(len(parts)), AttrFill.Bool(limiter == s.fillLimiter)))
+		defer func() {
+			span.SetAttributes(AttrDiffering.Int(st.Differing), AttrPushed.Int(st.Pushed), AttrPulled.Int(st.Pulled))
+			transport.EndSpan(span, err)
+		}()
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	go func() {
 		select {
@@ -274,7 +307,7 @@ func (s *Scheduler) exchange(r *cluster.Ring, peerID string, parts []uint16, lim
 		},
 	}
 	round := s.stats.rounds.Add(1)
-	st, err := s.replica.Exchange(ctx, &rpcPeer{peers: s.cfg.Peers, p: s.cfg.Peers.Get(nd.APIAddr), limits: s.cfg.Limits}, parts, opt)
+	st, err = s.replica.Exchange(ctx, &rpcPeer{peers: s.cfg.Peers, p: s.cfg.Peers.Get(nd.APIAddr), limits: s.cfg.Limits}, parts, opt)
 	s.stats.record(st, err, time.Now())
 	if err == nil {
 		s.stats.completed(round, peerID, parts)
@@ -285,13 +318,13 @@ func (s *Scheduler) exchange(r *cluster.Ring, peerID string, parts []uint16, lim
 		connect.CodeOf(err) == connect.CodeFailedPrecondition && strings.Contains(err.Error(), ErrNotReplicated.Error()):
 		// The peer is starting, or has not adopted the ring yet (a
 		// partition moves): a round soon will do.
-		s.cfg.Logger.Info("anti-entropy peer not ready", "peer", peerID, "err", err)
+		s.cfg.Logger.InfoContext(ctx, "anti-entropy peer not ready", "peer", peerID, "err", err)
 		return true, err
 	default:
-		s.cfg.Logger.Warn("anti-entropy exchange failed", "peer", peerID, "err", err)
+		s.cfg.Logger.WarnContext(ctx, "anti-entropy exchange failed", "peer", peerID, "err", err)
 	}
 	if st.Pushed+st.Pulled > 0 {
-		s.cfg.Logger.Info("anti-entropy repaired replicas", "peer", peerID, "partitions", st.Differing,
+		s.cfg.Logger.InfoContext(ctx, "anti-entropy repaired replicas", "peer", peerID, "partitions", st.Differing,
 			"pushed", st.Pushed, "pulled", st.Pulled)
 	}
 	return st.Differing > 0, err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ErrNotLeader is returned by Propose on a replica that does not lead the
@@ -73,6 +74,10 @@ type GroupConfig struct {
 	// effect waited for its entry to commit and apply here (metrics). It
 	// runs on the proposer's goroutine and must be cheap.
 	OnProposed func(time.Duration)
+	// Tracer, when set, traces the proposals made under a traced request
+	// (ProposeContext) and their applies on every replica (SpanPropose,
+	// SpanApply); nil: no spans.
+	Tracer trace.Tracer
 	// Bugs are seeded bugs for the Jepsen harness, test-only (see Bugs).
 	// Every replica of a group must run with the same.
 	Bugs Bugs
@@ -124,6 +129,7 @@ type Group struct {
 	logs raft.LogStore
 
 	onProposed func(time.Duration) // GroupConfig.OnProposed
+	tracer     trace.Tracer        // GroupConfig.Tracer
 
 	mayLead  func() error   // GroupConfig.MayLead
 	observer *raft.Observer // nil without OnLeaderChange
@@ -168,12 +174,12 @@ func StartGroup(cfg GroupConfig) (*Group, error) {
 			}
 		}
 	}
-	f := &fsm{p: cfg.Partition, kv: cfg.KV, logger: cfg.Logger, bugs: cfg.Bugs}
+	f := &fsm{p: cfg.Partition, kv: cfg.KV, logger: cfg.Logger, bugs: cfg.Bugs, tracer: cfg.Tracer}
 	r, err := raft.NewRaft(rc, f, cfg.Log, cfg.Stable, cfg.Snapshots, cfg.Transport)
 	if err != nil {
 		return nil, fmt.Errorf("claims: start partition %d: %w", cfg.Partition, err)
 	}
-	g := &Group{p: cfg.Partition, raft: r, fsm: f, logs: cfg.Log, mayLead: cfg.MayLead, onProposed: cfg.OnProposed, stop: make(chan struct{})}
+	g := &Group{p: cfg.Partition, raft: r, fsm: f, logs: cfg.Log, mayLead: cfg.MayLead, onProposed: cfg.OnProposed, tracer: cfg.Tracer, stop: make(chan struct{})}
 	if cfg.OnLeaderChange != nil {
 		g.watchLeader(cfg.OnLeaderChange)
 	}
@@ -223,6 +229,11 @@ func (g *Group) watchLeader(fn func()) {
 // commands are safe to repeat, or the next leader's monitor does them
 // again.)
 func (g *Group) Propose(cmd *Command, timeout time.Duration) ([]Outcome, error) {
+	return g.propose(nil, cmd, timeout)
+}
+
+// propose is Propose with the entry's Extensions (nil: none).
+func (g *Group) propose(ext []byte, cmd *Command, timeout time.Duration) ([]Outcome, error) {
 	if g.mayLead != nil {
 		if err := g.mayLead(); err != nil {
 			return nil, fmt.Errorf("%w (partition %d): %w", ErrNotLeader, g.p, err)
@@ -231,7 +242,12 @@ func (g *Group) Propose(cmd *Command, timeout time.Duration) ([]Outcome, error) 
 	deadline := time.Now().Add(timeout)
 	term := g.raft.CurrentTerm()
 	data := cmd.Encode()
-	fut := g.raft.Apply(data, timeout)
+	var fut raft.ApplyFuture
+	if ext == nil {
+		fut = g.raft.Apply(data, timeout)
+	} else {
+		fut = g.raft.ApplyLog(raft.Log{Data: data, Extensions: ext}, timeout)
+	}
 	err := fut.Error()
 	if errors.Is(err, raft.ErrLeadershipLost) && cmd.Op == OpClaim {
 		fate := g.fate(fut.Index(), term, data, time.Until(deadline))

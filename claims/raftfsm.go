@@ -10,8 +10,10 @@ import (
 	"sync"
 
 	"github.com/hashicorp/raft"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
 )
 
 // KV is what the Raft FSM needs of the node's store (storage.Store
@@ -50,6 +52,7 @@ type fsm struct {
 	kv     KV
 	logger *slog.Logger
 	bugs   Bugs // GroupConfig.Bugs
+	tracer trace.Tracer
 
 	// applied caches the stored applied index (valid when appliedKnown):
 	// only this FSM writes it, from Raft's single FSM goroutine.
@@ -188,6 +191,12 @@ func (f *fsm) applyBatch(logs []*raft.Log) []any {
 	var u storage.ClaimFSMUpdate
 	var order []uint64
 	var results []*Result
+	var traced []tracedApply // the traced entries' apply spans, ended after the commit
+	defer func() {
+		for _, t := range traced {
+			transport.EndSpan(t.span, t.res.Err)
+		}
+	}()
 	for i, l := range logs {
 		if l.Index <= applied {
 			continue
@@ -204,6 +213,9 @@ func (f *fsm) applyBatch(logs []*raft.Log) []any {
 			res.Err = fmt.Errorf("claims: entry %d of partition %d: %w", l.Index, f.p, err)
 			f.logger.Error("corrupt claim entry", "partition", f.p, "index", l.Index, "err", err)
 			continue
+		}
+		if span := f.startApply(l, cmd); span != nil {
+			traced = append(traced, tracedApply{span, res})
 		}
 		outcomes, changes, err := ApplyWithBugs(l.Index, cmd, get, f.bugs)
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -205,21 +206,34 @@ func (b *coalescer[I, R]) ctxError(err error) error {
 }
 
 // batchContext returns the context of a batch's RPC: no caller's
-// cancellation applies to it (each caller stops waiting on its own), and
-// its deadline is the latest of the callers' deadlines, or the client's
-// timeout when a caller has none.
+// cancellation applies to it (each caller stops waiting on its own), its
+// deadline is the latest of the callers' deadlines, or the client's
+// timeout when a caller has none, and it carries a caller's trace context.
 func batchContext[I, R any](c *Client, calls []*pending[I, R]) (context.Context, context.CancelFunc) {
 	var latest time.Time
+	noDeadline := false
+	var sc trace.SpanContext // the first valid, a sampled one over one that is not
 	for _, p := range calls {
+		if s := trace.SpanContextFromContext(p.ctx); s.IsValid() && (!sc.IsValid() || s.IsSampled() && !sc.IsSampled()) {
+			sc = s
+		}
 		d, ok := p.ctx.Deadline()
 		if !ok {
-			return c.withTimeout(context.Background(), 0)
+			noDeadline = true
 		}
 		if d.After(latest) {
 			latest = d
 		}
 	}
-	return context.WithDeadline(context.Background(), latest)
+	ctx := context.Background()
+	if sc.IsValid() {
+		// A batch has one parent; each caller's own span times its wait.
+		ctx = trace.ContextWithSpanContext(ctx, sc)
+	}
+	if noDeadline {
+		return c.withTimeout(ctx, 0)
+	}
+	return context.WithDeadline(ctx, latest)
 }
 
 // batchedError renames a whole batch's error for its callers.

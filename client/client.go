@@ -279,7 +279,11 @@ func New(addrs string, opts ...Option) (*Client, error) {
 	// No gzip: compressing claims and lists cost more CPU on both sides
 	// than it saved on a LAN (docs/BENCHMARKS.md, session 12);
 	// WithConnectOptions can add it back.
-	copts := append([]connect.ClientOption{connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil)}, o.connectOpts...)
+	// The caller's trace context travels with every call (outermost, so
+	// that an otelconnect interceptor given in WithConnectOptions sends
+	// its client span's instead).
+	copts := append([]connect.ClientOption{connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil),
+		connect.WithInterceptors(traceContext{})}, o.connectOpts...)
 	if o.token != "" {
 		copts = append(copts, BearerToken(o.token))
 	}

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/storage"
@@ -32,6 +34,11 @@ type Config struct {
 	Store *storage.Store
 	Host  *replicas.Host
 	Peers *transport.Peers
+
+	// Tracer, when set, traces the quorum writes (SpanWrite) and each
+	// replica's share of them (SpanReplicaWrite); nil: tracing is off,
+	// and the write path starts no span.
+	Tracer trace.Tracer
 
 	// OnEnded runs after a merge into this node's replicas made tasks
 	// terminal (the claim side ends their claims and wakes waiting

@@ -9,6 +9,7 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/claims"
@@ -283,7 +284,7 @@ func (c *Coordinator) repairPeers(merged *crdt.Task, answers []replicaAnswer) (l
 			continue
 		}
 		if nd, ok := rg.Node(a.from); ok {
-			c.sender(nd.APIAddr, nd.RaftAddr).send([]*crdt.Task{merged}, func(err error) {
+			c.sender(nd.APIAddr, nd.RaftAddr).send(trace.SpanContext{}, []*crdt.Task{merged}, func(err error) {
 				if err != nil {
 					c.cfg.Logger.Warn("read repair failed", "id", merged.ID, "node", a.from, "err", err)
 				}

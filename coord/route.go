@@ -68,7 +68,7 @@ func Forward[Req, Resp any](c *Coordinator, ctx context.Context, req *connect.Re
 	}
 	resp, err := call(c.peers.Get(target).Tasks, ctx, transport.Forwarded(req.Msg, transport.Hops(req)))
 	if err != nil && Unreachable(err) && c.host.Group(p) != nil {
-		c.cfg.Logger.Debug("forward failed; handling here", "id", id, "to", target, "err", err)
+		c.cfg.Logger.DebugContext(ctx, "forward failed; handling here", "id", id, "to", target, "err", err)
 		return nil, false, nil
 	}
 	if err != nil {

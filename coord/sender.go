@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -27,6 +28,11 @@ type replicaSender struct {
 	queue    []*crdt.Task
 	waiters  []func(error)
 	inflight int
+	// parent is the trace context the next call carries: the first valid
+	// one queued since the last call (a sampled one over one that is not).
+	// A call carries the writes of many requests and one parent; the
+	// others' replica spans still time their wait and ack.
+	parent trace.SpanContext
 }
 
 // Replication batching limits: calls in flight per peer, and the size of
@@ -55,11 +61,15 @@ func (c *Coordinator) sender(addr, raftAddr string) *replicaSender {
 }
 
 // send queues tasks for the peer; done is called once with the outcome of
-// the call that carried them.
-func (s *replicaSender) send(tasks []*crdt.Task, done func(error)) {
+// the call that carried them. sc is the trace context of the write (may
+// be invalid).
+func (s *replicaSender) send(sc trace.SpanContext, tasks []*crdt.Task, done func(error)) {
 	s.mu.Lock()
 	s.queue = append(s.queue, tasks...)
 	s.waiters = append(s.waiters, done)
+	if sc.IsValid() && (!s.parent.IsValid() || sc.IsSampled() && !s.parent.IsSampled()) {
+		s.parent = sc
+	}
 	start := s.inflight < senderInflight
 	if start {
 		s.inflight++
@@ -79,17 +89,17 @@ func (s *replicaSender) loop() {
 			s.mu.Unlock()
 			return
 		}
-		tasks, waiters := s.queue, s.waiters
-		s.queue, s.waiters = nil, nil
+		tasks, waiters, parent := s.queue, s.waiters, s.parent
+		s.queue, s.waiters, s.parent = nil, nil, trace.SpanContext{}
 		s.mu.Unlock()
-		s.call(tasks, waiters)
+		s.call(parent, tasks, waiters)
 	}
 }
 
 // call sends everything taken from the queue, in calls of at most
 // senderMaxTasks tasks and about senderMaxBytes, and tells every waiter
 // the outcome (an error of any call fails them all: conservative).
-func (s *replicaSender) call(tasks []*crdt.Task, waiters []func(error)) {
+func (s *replicaSender) call(parent trace.SpanContext, tasks []*crdt.Task, waiters []func(error)) {
 	for len(tasks) > 0 {
 		var states [][]byte
 		size := 0
@@ -102,7 +112,11 @@ func (s *replicaSender) call(tasks []*crdt.Task, waiters []func(error)) {
 			size += len(b)
 		}
 		chunk := tasks[:len(states)]
-		ctx, cancel := context.WithTimeout(context.Background(), replicateTimeout)
+		ctx := context.Background()
+		if parent.IsValid() {
+			ctx = trace.ContextWithSpanContext(ctx, parent)
+		}
+		ctx, cancel := context.WithTimeout(ctx, replicateTimeout)
 		err := s.replicate(ctx, &nornv1.ReplicateRequest{Tasks: states})
 		cancel()
 		if err != nil {

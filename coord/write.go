@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/apierr"
@@ -17,6 +19,34 @@ import (
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/ring"
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
+)
+
+// The spans of a quorum write (docs/OPERATIONS.md, Tracing), made when
+// Config.Tracer is set.
+const (
+	// SpanWrite is one quorum write: attributes norn.tasks, norn.w,
+	// norn.partition (when every task is of one partition), and at the
+	// end norn.acks (the least over the tasks).
+	SpanWrite = "norn.coord.write"
+	// SpanReplicaWrite is one replica's share of a write, from the
+	// coordinator's side: sent, then synced and acked (or failed).
+	// Attributes norn.replica (its node id), norn.tasks, norn.local
+	// (this node's own replica). A remote replica's server span
+	// (norn.v1.PeerService/Replicate) is its child, or, when a call
+	// carried the writes of several requests, the child of the first
+	// traced one's.
+	SpanReplicaWrite = "norn.replica.write"
+)
+
+// The attributes of the write spans.
+const (
+	AttrTasks     = attribute.Key("norn.tasks")
+	AttrW         = attribute.Key("norn.w")
+	AttrAcks      = attribute.Key("norn.acks")
+	AttrPartition = attribute.Key("norn.partition")
+	AttrReplica   = attribute.Key("norn.replica")
+	AttrLocal     = attribute.Key("norn.local")
 )
 
 // Quorum resolves a request's write quorum: 0 is the majority of N.
@@ -87,6 +117,26 @@ func (c *Coordinator) WriteEach(ctx context.Context, tasks []*crdt.Task, w uint3
 	if err != nil {
 		return nil, 0, nil, err
 	}
+	if c.cfg.Tracer != nil {
+		var span trace.Span
+		ctx, span = c.cfg.Tracer.Start(ctx, SpanWrite, trace.WithAttributes(AttrTasks.Int(len(tasks)), AttrW.Int64(int64(w))))
+		if span.IsRecording() {
+			if p, ok := onePartition(tasks, r.Partitions); ok {
+				span.SetAttributes(AttrPartition.Int(p))
+			}
+		}
+		defer func() {
+			spanErr := err
+			if len(acks) > 0 {
+				least := slices.Min(acks)
+				span.SetAttributes(AttrAcks.Int64(int64(least)))
+				if err == nil && least < w {
+					spanErr = c.QuorumError(nil, least, w, lastErr)
+				}
+			}
+			transport.EndSpan(span, spanErr)
+		}()
+	}
 	for attempt := 0; ; attempt++ {
 		var stale string
 		acks, stale, lastErr = c.writeOnce(ctx, r, tasks, w)
@@ -109,6 +159,21 @@ func (c *Coordinator) WriteEach(ctx context.Context, tasks []*crdt.Task, w uint3
 		}
 		r = next
 	}
+}
+
+// onePartition returns the partition of tasks when they all have the same
+// one.
+func onePartition(tasks []*crdt.Task, partitions int) (int, bool) {
+	if len(tasks) == 0 {
+		return 0, false
+	}
+	p := ring.Partition(tasks[0].ID, partitions)
+	for _, t := range tasks[1:] {
+		if ring.Partition(t.ID, partitions) != p {
+			return 0, false
+		}
+	}
+	return int(p), true
 }
 
 // staleRingRefusal is in the message of a replica's refusal of a write
@@ -136,21 +201,32 @@ func (c *Coordinator) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*c
 		}
 	}
 	tr.pending = len(byDest)
+	traced := c.cfg.Tracer != nil && trace.SpanFromContext(ctx).IsRecording()
 	for dest, idx := range byDest {
 		sub := make([]*crdt.Task, len(idx))
 		for j, i := range idx {
 			sub[j] = tasks[i]
 		}
+		// The replica's span, when traced, and the trace context its
+		// call carries (a caller's, when this node does not trace).
+		var span trace.Span
+		sc := trace.SpanContextFromContext(ctx)
+		if traced {
+			_, span = c.cfg.Tracer.Start(ctx, SpanReplicaWrite, trace.WithAttributes(
+				AttrReplica.String(dest), AttrTasks.Int(len(sub)), AttrLocal.Bool(dest == c.cfg.NodeID)))
+			sc = span.SpanContext()
+		}
 		if dest == c.cfg.NodeID {
-			go func() { tr.answer(dest, idx, c.MergeLocal(sub)) }()
+			go func() { tr.answerTraced(span, dest, idx, c.MergeLocal(sub)) }()
 			continue
 		}
+		answer := func(err error) { tr.answerTraced(span, dest, idx, err) }
 		nd, ok := r.Node(dest)
 		if !ok {
-			tr.answer(dest, idx, fmt.Errorf("node %s is not in the ring", dest))
+			answer(fmt.Errorf("node %s is not in the ring", dest))
 			continue
 		}
-		c.sender(nd.APIAddr, nd.RaftAddr).send(sub, func(err error) { tr.answer(dest, idx, err) })
+		c.sender(nd.APIAddr, nd.RaftAddr).send(sc, sub, answer)
 	}
 	timer := time.NewTimer(c.cfg.WriteTimeout)
 	defer timer.Stop()
@@ -216,6 +292,14 @@ func (t *ackTracker) count(dest string, i int) (reached bool) {
 		mt.nextAcks++
 	}
 	return !before && min(t.acks[i], mt.nextAcks) >= t.w
+}
+
+// answerTraced is answer that first ends dest's span (nil: untraced).
+func (t *ackTracker) answerTraced(span trace.Span, dest string, idx []int, err error) {
+	if span != nil {
+		transport.EndSpan(span, err)
+	}
+	t.answer(dest, idx, err)
 }
 
 func (t *ackTracker) answer(dest string, idx []int, err error) {

@@ -87,7 +87,7 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 	}()
 	for {
 		woken := d.waiters.wait(m.GetQueue()) // before trying: no lost wake-up
-		got, err := d.tryClaim(m.GetQueue(), m.GetWorker(), req.Lease, limit, claimProposeTimeout(ctx))
+		got, err := d.tryClaim(ctx, m.GetQueue(), m.GetWorker(), req.Lease, limit, claimProposeTimeout(ctx))
 		var answered map[string]bool // the nodes that answered a proxied claim
 		var strandedElsewhere, unreachable error
 		if err == nil && len(got) < limit && !proxied && len(r.Nodes) > 1 {
@@ -227,10 +227,10 @@ const claimRounds = 3
 // tryClaim claims up to limit ready tasks of queue: the best heads (priority,
 // then age) across the partitions this node leads, one Raft entry per
 // partition, proposed concurrently, each within timeout.
-func (d *Dispatcher) tryClaim(queue, worker string, lease time.Duration, limit int, timeout time.Duration) ([]*nornv1.ClaimedTask, error) {
+func (d *Dispatcher) tryClaim(ctx context.Context, queue, worker string, lease time.Duration, limit int, timeout time.Duration) ([]*nornv1.ClaimedTask, error) {
 	var out []*nornv1.ClaimedTask
 	for round := 0; round < claimRounds && len(out) < limit; round++ {
-		got, contended, err := d.claimRound(queue, worker, lease, limit-len(out), timeout)
+		got, contended, err := d.claimRound(ctx, queue, worker, lease, limit-len(out), timeout)
 		if err != nil && len(out) == 0 && len(got) == 0 {
 			return nil, err
 		}
@@ -250,7 +250,9 @@ func (d *Dispatcher) tryClaim(queue, worker string, lease time.Duration, limit i
 // this node was proposing them, or were refused by the FSM, so another
 // round may find more. A partition whose leadership this node lost while
 // proposing gives nothing, as one it does not lead.
-func (d *Dispatcher) claimRound(queue, worker string, lease time.Duration, limit int, timeout time.Duration) (out []*nornv1.ClaimedTask, contended bool, err error) {
+// ctx is the request's, for its trace only: the proposals are bounded by
+// timeout.
+func (d *Dispatcher) claimRound(ctx context.Context, queue, worker string, lease time.Duration, limit int, timeout time.Duration) (out []*nornv1.ClaimedTask, contended bool, err error) {
 	var leading []uint16
 	for p, g := range d.host.Groups() {
 		if g != nil && g.IsLeader() {
@@ -296,9 +298,9 @@ func (d *Dispatcher) claimRound(queue, worker string, lease time.Duration, limit
 	for p, cands := range byPart {
 		cmd := &claims.Command{Op: claims.OpClaim, NowMs: now, Worker: worker, LeaseMs: lease.Milliseconds(), Candidates: cands}
 		go func() {
-			outs, err := d.host.Group(p).Propose(cmd, timeout)
+			outs, err := d.host.Group(p).ProposeContext(ctx, cmd, timeout)
 			if errors.Is(err, claims.ErrOutcomeUnknown) {
-				d.cfg.Logger.Warn("a claim's leader was deposed and its fate is unknown: its tasks may stay claimed until the lease ends",
+				d.cfg.Logger.WarnContext(ctx, "a claim's leader was deposed and its fate is unknown: its tasks may stay claimed until the lease ends",
 					"partition", p, "tasks", len(cands), "err", err)
 			}
 			results <- result{outs, err}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -14,8 +16,19 @@ import (
 
 // BenchmarkEnqueue measures single-task Enqueue RPCs over HTTP/2 against
 // one node on a real disk (64 partitions), with 256 callers in flight.
-func BenchmarkEnqueue(b *testing.B) {
-	h := newBenchHarness(b)
+func BenchmarkEnqueue(b *testing.B) { benchEnqueue(b, newBenchHarness(b)) }
+
+// BenchmarkEnqueueTraced is BenchmarkEnqueue with tracing on, every
+// request sampled, the spans batched to an exporter that drops them: the
+// cost of tracing without the export's network (docs/OPERATIONS.md,
+// Tracing).
+func BenchmarkEnqueueTraced(b *testing.B) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	b.Cleanup(func() { tp.Shutdown(context.Background()) })
+	benchEnqueue(b, newHarnessWith(b, b.TempDir(), nil, func(cfg *Config) { cfg.TracerProvider = tp }))
+}
+
+func benchEnqueue(b *testing.B, h *harness) {
 	payload := make([]byte, 64)
 	b.SetParallelism(128) // x GOMAXPROCS(2) = 256 callers
 	b.ResetTimer()

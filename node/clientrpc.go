@@ -31,7 +31,7 @@ const clientFrameOverhead = 1 << 10
 func (n *Node) ClientRPCHandler() transport.RPCHandler {
 	ts := n.server.TaskService()
 	limit := n.cfg.MaxRequestBytes
-	return n.metrics.rpc.FramedServer(func(ctx context.Context, m transport.RPCMethod, meta transport.RPCMeta, body []byte) ([]byte, error) {
+	return n.metrics.rpc.FramedServer(n.tracing.framed(func(ctx context.Context, m transport.RPCMethod, meta transport.RPCMeta, body []byte) ([]byte, error) {
 		if d := transport.ClientCallTimeout(meta); d > 0 {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, d)
@@ -60,7 +60,7 @@ func (n *Node) ClientRPCHandler() transport.RPCHandler {
 			return unaryFramed(ctx, body, new(nornv1.RenewRequest), nornv1connect.TaskServiceRenewProcedure, auth, ts.Renew)
 		}
 		return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("framed method %d", m))
-	})
+	}))
 }
 
 func unaryFramed[Req any, Resp any, PReq interface {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/go-hclog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/norn-dev/norn/access"
 	"github.com/norn-dev/norn/antientropy"
@@ -143,6 +144,11 @@ type Config struct {
 	Version string
 	// Build is the binary's build, reported by Status (nil: left out).
 	Build *nornv1.BuildInfo
+	// TracerProvider, when set, traces the node's calls and its quorum
+	// writes, claims and anti-entropy rounds (package tracing; nornd sets
+	// it from the OTEL_* environment). Nil, the default: tracing is off
+	// and costs nothing.
+	TracerProvider trace.TracerProvider
 
 	// APIAddr is where other nodes and clients reach this node's API
 	// (host:port), advertised through gossip and the ring. Required for

@@ -42,7 +42,9 @@ func (n *Node) Handler() http.Handler {
 		// The RPC metrics first (outermost), so refused calls count;
 		// then who may call what: the access file's grants, or any
 		// client certificate with TLS (server.AuthInterceptor).
-		connect.WithInterceptors(n.metrics.rpc.Interceptor(), n.server.AuthInterceptor()),
+		// Tracing (when on) between the two, so that a refusal has its
+		// span.
+		connect.WithInterceptors(n.apiInterceptors(n.server.AuthInterceptor())...),
 	}, transport.StrictJSON()...)
 	mux := http.NewServeMux()
 	mux.Handle(nornv1connect.NewTaskServiceHandler(n.server.TaskService(), opts...))
@@ -50,7 +52,7 @@ func (n *Node) Handler() http.Handler {
 	// Replication batches many tasks in one call (up to maxReplicate).
 	mux.Handle(nornv1connect.NewPeerServiceHandler(n.server.PeerService(),
 		append([]connect.HandlerOption{connect.WithReadMaxBytes(64 << 20), connect.WithCompressMinBytes(4 << 10),
-			connect.WithInterceptors(n.metrics.rpc.Interceptor())}, transport.StrictJSON()...)...))
+			connect.WithInterceptors(n.apiInterceptors()...)}, transport.StrictJSON()...)...))
 	if !n.cfg.MetricsElsewhere {
 		mux.Handle("GET /metrics", n.metrics.handler)
 	}
@@ -73,6 +75,13 @@ func (n *Node) Handler() http.Handler {
 		return identityFromCert(mux)
 	}
 	return mux
+}
+
+// apiInterceptors are the interceptors of the API's handlers: the RPC
+// metrics, tracing when on, then inner.
+func (n *Node) apiInterceptors(inner ...connect.Interceptor) []connect.Interceptor {
+	out := append([]connect.Interceptor{n.metrics.rpc.Interceptor()}, n.tracing.interceptors...)
+	return append(out, inner...)
 }
 
 // identityFromCert passes the identity of a call's verified client

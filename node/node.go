@@ -52,6 +52,7 @@ type Node struct {
 
 	rpc     *transport.RPCServer // framed peer calls
 	metrics *nodeMetrics         // the registry of /metrics and what the parts report to
+	tracing *nodeTracing         // the parts' tracers and the calls' wrappers; empty when off
 	stop    chan struct{}
 	stopped sync.WaitGroup
 	closeMu sync.Mutex
@@ -94,6 +95,12 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
+	tr, err := newNodeTracing(cfg.TracerProvider)
+	if err != nil {
+		store.Close()
+		lock.release()
+		return nil, err
+	}
 	n := &Node{
 		cfg:   cfg,
 		lock:  lock,
@@ -103,6 +110,7 @@ func New(cfg Config) (*Node, error) {
 
 		waiters: waiters,
 		metrics: newNodeMetrics(cfg),
+		tracing: tr,
 	}
 	n.clockGuard = cluster.NewClockGuard(cluster.ClockGuardConfig{
 		NodeID: cfg.NodeID, MaxOffset: cfg.MaxClockOffset, Clock: cfg.Clock, Logger: cfg.logger("clock"),
@@ -113,7 +121,8 @@ func New(cfg Config) (*Node, error) {
 		cfg.TLS.AcceptAnyClient = true
 	}
 	n.peers = transport.NewPeers(transport.PeersConfig{NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, TLS: cfg.TLS,
-		Interceptors: []connect.Interceptor{n.metrics.rpc.Interceptor()}, ObserveRPC: n.metrics.rpc.ObserveFramedClient})
+		Interceptors: append([]connect.Interceptor{n.metrics.rpc.Interceptor()}, n.tracing.interceptors...),
+		ObserveRPC:   n.metrics.rpc.ObserveFramedClient})
 	n.ae, err = antientropy.New(antientropy.Config{
 		NodeID: cfg.NodeID,
 		Replica: antientropy.ReplicaConfig{
@@ -128,6 +137,7 @@ func New(cfg Config) (*Node, error) {
 		Interval: cfg.AntiEntropyInterval, Timeout: cfg.AntiEntropyTimeout, Settle: cfg.AntiEntropySettle,
 		Rate: cfg.AntiEntropyRate, FillRate: cfg.MoveRate,
 		Limits: cfg.Limits, Peers: n.peers, Logger: cfg.logger("antientropy"),
+		Tracer: n.tracing.tracer("antientropy"),
 	})
 	if err != nil {
 		store.Close()
@@ -161,6 +171,7 @@ func New(cfg Config) (*Node, error) {
 		Heartbeats:     heartbeats,
 		MayLead:        n.clockGuard.MayLead,
 		OnProposed:     n.metrics.raft.Proposed,
+		Tracer:         n.tracing.tracer("claims"),
 		OnLeaderChange: n.waiters.NotifyAll,
 		OnMetaRing:     n.rebalance.Kick,
 		OnPlacement:    n.ae.Kick,
@@ -174,7 +185,7 @@ func New(cfg Config) (*Node, error) {
 	n.coord = coord.New(coord.Config{
 		NodeID: cfg.NodeID, Partitions: cfg.Partitions,
 		WriteTimeout: cfg.WriteTimeout, Limits: cfg.Limits, Clock: cfg.Clock, Logger: cfg.logger("coord"),
-		Store: store, Host: n.host, Peers: n.peers,
+		Store: store, Host: n.host, Peers: n.peers, Tracer: n.tracing.tracer("coord"),
 		OnEnded:             func(e []coord.Ended) { n.dispatch.Ended(e) },
 		DepsDone:            func(ids []uint64) bool { return n.dispatch.DepsDone(ids) },
 		DropReplicatedWrite: cfg.TestBugs.DropReplicatedWrite,
@@ -212,7 +223,7 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
-	n.rpc = transport.ServeRPC(rpcStream, n.metrics.rpc.FramedServer(n.server.HandleRPC), cfg.logger("transport"))
+	n.rpc = transport.ServeRPC(rpcStream, n.metrics.rpc.FramedServer(n.tracing.framed(n.server.HandleRPC)), cfg.logger("transport"))
 	n.registerMetrics()
 	n.ae.Start(aeHost{n.host})
 	n.rebalance.Start(n.host)

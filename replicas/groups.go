@@ -153,6 +153,7 @@ func (h *Host) openGroup(r *cluster.Ring, p int, bootstrap bool) error {
 		OnLeaderChange: h.cfg.OnLeaderChange,
 		MayLead:        h.cfg.MayLead,
 		OnProposed:     onProposed,
+		Tracer:         h.cfg.Tracer,
 		Bugs:           claims.Bugs{ClaimNoCheck: h.cfg.ClaimNoCheck},
 	})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
@@ -78,6 +79,9 @@ type Config struct {
 	// OnProposed, when set, is each partition group's
 	// claims.GroupConfig.OnProposed, told the partition too (metrics).
 	OnProposed func(p uint16, took time.Duration)
+	// Tracer is each partition group's claims.GroupConfig.Tracer (nil:
+	// tracing is off).
+	Tracer trace.Tracer
 	// OnLeaderChange runs when a partition group's leader changes (here or
 	// elsewhere): waiting claims look again.
 	OnLeaderChange func()

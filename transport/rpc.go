@@ -15,8 +15,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 )
 
 // PeerRPCGroup is the mux id, on the Raft port, of the framed node-to-node
@@ -60,6 +63,12 @@ const (
 	MethodEnqueue       RPCMethod = 21
 )
 
+// rpcTraced, set in a request frame's method byte, says a trace context
+// follows the cluster id (see encodeRequest). Methods are below 128, so
+// that the flag is free; MethodCancel (255) never carries it and is told
+// apart first.
+const rpcTraced RPCMethod = 0x80
+
 // MethodCancel asks the server to cancel the context of a call under way
 // on the same connection; its body is the call's id (8 bytes). It has no
 // answer. Clients of the framed client calls send it when a call's
@@ -94,6 +103,11 @@ type RPCMeta struct {
 	// (nil over cleartext, or when the caller presented none): handlers
 	// trust it over Node.
 	Cert *Identity
+	// Trace is the caller's trace context (W3C traceparent), invalid when
+	// the call carried none. RPCClient.Call takes it from its context (a
+	// field set here is ignored); the server puts it in the handler's
+	// context as the remote parent (trace.SpanContextFromContext).
+	Trace trace.SpanContext
 }
 
 // RPCHandler answers one call: a body, or an error (a *connect.Error keeps
@@ -241,6 +255,9 @@ func (s *RPCServer) serveConn(c net.Conn) {
 			continue
 		}
 		ctx, cancel := context.WithCancel(connCtx)
+		if callMeta.Trace.IsValid() {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, callMeta.Trace)
+		}
 		mu.Lock()
 		cancels[id] = cancel
 		mu.Unlock()
@@ -353,12 +370,26 @@ func readFrame(r *bufio.Reader, most uint32) ([]byte, error) {
 }
 
 // A request frame: length, id, method, epoch, node and cluster ids (a byte
-// of length each), then the body.
+// of length each), then the body. A traced frame (meta.Trace valid; method
+// byte with rpcTraced set) has, after the cluster id, a byte of length and
+// the binary trace context (AppendTraceContext); a reader takes what it
+// knows of it and skips the rest.
+//
+// Compatibility: a node of an older version answers a traced frame
+// UNIMPLEMENTED (an unknown method) without running it; the caller then
+// sends the call again untraced and sends untraced frames on that
+// connection from then on (rpcConn.untraced). An untraced frame is what
+// every version reads.
 func encodeRequest(id uint64, m RPCMethod, meta RPCMeta, body []byte) ([]byte, error) {
 	if len(meta.Node) > 255 || len(meta.Cluster) > 255 {
 		return nil, errors.New("transport: node or cluster id longer than 255 bytes")
 	}
+	traced := meta.Trace.IsValid() && m != MethodCancel
 	n := 8 + 1 + 8 + 1 + len(meta.Node) + 1 + len(meta.Cluster) + len(body)
+	if traced {
+		n += 1 + TraceContextLen
+		m |= rpcTraced
+	}
 	if n > maxRPCFrame {
 		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("peer call of %d bytes exceeds %d", n, maxRPCFrame))
 	}
@@ -371,6 +402,10 @@ func encodeRequest(id uint64, m RPCMethod, meta RPCMeta, body []byte) ([]byte, e
 	f = append(f, meta.Node...)
 	f = append(f, byte(len(meta.Cluster)))
 	f = append(f, meta.Cluster...)
+	if traced {
+		f = append(f, TraceContextLen)
+		f = AppendTraceContext(f, meta.Trace)
+	}
 	return append(f, body...), nil
 }
 
@@ -394,6 +429,16 @@ func parseRequest(f []byte, conn RPCMeta) (id uint64, m RPCMethod, meta RPCMeta,
 	meta.Cluster, ok2 = str()
 	if !ok1 || !ok2 {
 		return 0, 0, meta, nil, bad
+	}
+	if m != MethodCancel && m&rpcTraced != 0 {
+		m &^= rpcTraced
+		if len(f) < 1 || len(f) < 1+int(f[0]) {
+			return 0, 0, meta, nil, bad
+		}
+		// A trace context this node cannot read is no reason to refuse
+		// the call: it runs untraced.
+		meta.Trace, _ = ParseTraceContext(f[1 : 1+int(f[0])])
+		f = f[1+int(f[0]):]
 	}
 	meta.Remote, meta.Cert = conn.Remote, conn.Cert
 	return id, m, meta, f, nil
@@ -643,6 +688,9 @@ type rpcConn struct {
 	w           *frameWriter
 	nextID      atomic.Uint64
 	sendCancels bool // send MethodCancel when a call's context ends first
+	// untraced: the peer answered a traced frame UNIMPLEMENTED (an older
+	// version): frames on this connection go untraced.
+	untraced atomic.Bool
 
 	mu      sync.Mutex
 	pending map[uint64]chan rpcResult
@@ -701,7 +749,25 @@ func (rc *rpcConn) fail(err error) {
 	}
 }
 
+// call makes one call, traced when ctx holds a valid span context and the
+// peer reads traced frames: one that answers a traced frame UNIMPLEMENTED
+// gets the call again untraced (it did not run it), and untraced frames
+// from then on.
 func (rc *rpcConn) call(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte) ([]byte, error) {
+	meta.Trace = trace.SpanContext{}
+	if !rc.untraced.Load() {
+		meta.Trace = trace.SpanContextFromContext(ctx)
+	}
+	out, err := rc.callOnce(ctx, m, meta, body)
+	if meta.Trace.IsValid() && connect.CodeOf(err) == connect.CodeUnimplemented {
+		rc.untraced.Store(true)
+		meta.Trace = trace.SpanContext{}
+		return rc.callOnce(ctx, m, meta, body)
+	}
+	return out, err
+}
+
+func (rc *rpcConn) callOnce(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte) ([]byte, error) {
 	id := rc.nextID.Add(1)
 	f, err := encodeRequest(id, m, meta, body)
 	if err != nil {
@@ -741,4 +807,27 @@ func (rc *rpcConn) call(ctx context.Context, m RPCMethod, meta RPCMeta, body []b
 		}
 		return nil, connect.NewError(code, fmt.Errorf("peer call to %s: %w", rc.c.RemoteAddr(), ctx.Err()))
 	}
+}
+
+// Procedure returns the connect procedure whose request and response
+// framed method m carries ("/norn.v1.TaskService/Enqueue"), or "" for the
+// Raft methods and methods it does not know.
+func (m RPCMethod) Procedure() string {
+	switch m {
+	case MethodReplicate:
+		return nornv1connect.PeerServiceReplicateProcedure
+	case MethodEnqueue:
+		return nornv1connect.TaskServiceEnqueueProcedure
+	case MethodEnqueueBatch:
+		return nornv1connect.TaskServiceEnqueueBatchProcedure
+	case MethodClaim:
+		return nornv1connect.TaskServiceClaimProcedure
+	case MethodComplete:
+		return nornv1connect.TaskServiceCompleteProcedure
+	case MethodCompleteBatch:
+		return nornv1connect.TaskServiceCompleteBatchProcedure
+	case MethodRenew:
+		return nornv1connect.TaskServiceRenewProcedure
+	}
+	return ""
 }

@@ -176,11 +176,24 @@ func FuzzRPCFrames(f *testing.F) {
 	f.Add(encodeResponse(9, []byte("ok"), nil)[4:])
 	f.Add(encodeResponse(9, nil, connect.NewError(connect.CodeUnavailable, errors.New("down")))[4:])
 	f.Add([]byte{})
+	traced, _ := encodeRequest(8, MethodEnqueue, RPCMeta{Node: "n1", Trace: testSpan}, []byte("body"))
+	f.Add(traced[4:])
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		if id, m, meta, body, err := parseRequest(frame, RPCMeta{Remote: "r"}); err == nil {
-			again, err := encodeRequest(id, m, RPCMeta{Node: meta.Node, Cluster: meta.Cluster, Epoch: meta.Epoch}, body)
-			if err != nil || !bytes.Equal(again[4:], frame) {
-				t.Fatalf("request %x decoded to (%d, %d, %+v, %x), encoded back to %x, %v", frame, id, m, meta, body, again, err)
+			again, err := encodeRequest(id, m, RPCMeta{Node: meta.Node, Cluster: meta.Cluster, Epoch: meta.Epoch, Trace: meta.Trace}, body)
+			if err != nil {
+				t.Fatalf("request %x decoded to (%d, %d, %+v, %x), encodes with %v", frame, id, m, meta, body, err)
+			}
+			// A traced frame's trace context is rewritten in its one
+			// form (or dropped when unreadable): the call must decode
+			// to the same again.
+			if (frame[8] == byte(MethodCancel) || frame[8]&byte(rpcTraced) == 0) && !bytes.Equal(again[4:], frame) {
+				t.Fatalf("request %x decoded to (%d, %d, %+v, %x), encoded back to %x", frame, id, m, meta, body, again)
+			}
+			id2, m2, meta2, body2, err := parseRequest(again[4:], RPCMeta{Remote: "r"})
+			if err != nil || id2 != id || m2 != m || meta2.Node != meta.Node || meta2.Cluster != meta.Cluster ||
+				meta2.Epoch != meta.Epoch || !meta2.Trace.Equal(meta.Trace) || !bytes.Equal(body2, body) {
+				t.Fatalf("request %x decoded to (%d, %d, %+v, %x), again to (%d, %d, %+v, %x), %v", frame, id, m, meta, body, id2, m2, meta2, body2, err)
 			}
 		}
 		if id, res, err := parseResponse(frame); err == nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/norn-dev/norn/node"
 	"github.com/norn-dev/norn/testhooks"
@@ -208,5 +211,45 @@ func TestVersion(t *testing.T) {
 	out, err := exec.Command(bin, "-version").CombinedOutput()
 	if err != nil || !strings.HasPrefix(string(out), "nornd v9.8.7-test ") {
 		t.Errorf("nornd built with -X main.version=v9.8.7-test: -version printed %q (%v)", out, err)
+	}
+}
+
+// TestLogTraceIDs: nornd's log lines written under a traced request's
+// context carry its trace_id and span_id, in both formats, and the
+// levels per component still apply.
+func TestLogTraceIDs(t *testing.T) {
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
+		SpanID:  trace.SpanID{0, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7}, TraceFlags: trace.FlagsSampled})
+	ctx := trace.ContextWithSpanContext(context.Background(), sc)
+	var buf bytes.Buffer
+	logger, err := newLogger(&buf, "json", "info,coord=warn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger.With(node.LogComponentKey, "server").InfoContext(ctx, "traced")
+	logger.With(node.LogComponentKey, "coord").InfoContext(ctx, "below coord's level")
+	logger.With(node.LogComponentKey, "server").InfoContext(context.Background(), "untraced")
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("logged %q", lines)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec["trace_id"] != "4bf92f3577b34da6a3ce929d0e0e4736" || rec["span_id"] != "00f067aa0ba902b7" || rec["component"] != "server" {
+		t.Errorf("traced line %v", rec)
+	}
+	if strings.Contains(lines[1], "trace_id") {
+		t.Errorf("untraced line %s", lines[1])
+	}
+	buf.Reset()
+	if logger, err = newLogger(&buf, "text", "info"); err != nil {
+		t.Fatal(err)
+	}
+	logger.InfoContext(ctx, "hello")
+	if s := buf.String(); !strings.Contains(s, "msg=hello trace_id=4bf92f3577b34da6a3ce929d0e0e4736 span_id=00f067aa0ba902b7") {
+		t.Errorf("text log line %q", s)
 	}
 }

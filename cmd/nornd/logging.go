@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/norn-dev/norn/node"
+	"github.com/norn-dev/norn/tracing"
 )
 
 // newLogger returns nornd's logger: format "text" or "json", at the
@@ -29,6 +30,9 @@ func newLogger(w io.Writer, format, spec string) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("-log-format %q: want text or json", format)
 	}
+	// A line logged while a traced request is handled carries its
+	// trace_id and span_id.
+	h = tracing.LogHandler(h)
 	return slog.New(&componentHandler{inner: h, levels: levels, level: levels.def}), nil
 }
 

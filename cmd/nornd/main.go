@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,6 +24,7 @@ import (
 	"github.com/norn-dev/norn/access"
 	"github.com/norn-dev/norn/buildinfo"
 	"github.com/norn-dev/norn/node"
+	"github.com/norn-dev/norn/tracing"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -120,6 +122,24 @@ func run(args []string) error {
 	cfg.RaftLogger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: rl, Output: os.Stderr, JSONFormat: *o.logFormat == "json"})
 	cfg.Version = info.Version
 	cfg.Build = info.Proto()
+	// Tracing: off unless the standard OTEL_* variables ask for it
+	// (docs/OPERATIONS.md, Tracing).
+	tp, err := tracing.FromEnv(os.Getenv, tracing.Resource{Instance: cfg.NodeID, Version: info.Version}, os.Stdout)
+	if err != nil {
+		return usageError{err}
+	}
+	if tp != nil {
+		cfg.TracerProvider = tp
+		logger.Info("tracing on", "exporter", cmp.Or(os.Getenv(tracing.EnvTracesExporter), "otlp"))
+		defer func() {
+			// Send the spans still queued, within a bound.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(ctx); err != nil {
+				logger.Warn("tracing: spans not sent at shutdown", "err", err)
+			}
+		}()
+	}
 	for _, a := range strings.Split(*o.join, ",") {
 		if a = strings.TrimSpace(a); a != "" {
 			cfg.Join = append(cfg.Join, a)
