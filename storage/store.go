@@ -119,8 +119,12 @@ func Open(cfg Config) (*Store, error) {
 	}
 	cache := pebble.NewCache(cfg.CacheBytes)
 	defer cache.Unref()
+	fs := cfg.FS
+	if fs == nil {
+		fs = vfs.Default
+	}
 	opts := &pebble.Options{
-		FS:     cfg.FS,
+		FS:     prewrittenWALs{fs},
 		Cache:  cache,
 		Logger: cfg.Logger,
 		// 16 MiB memtables (Pebble's default is 4 MiB): small memtables
