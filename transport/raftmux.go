@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -107,6 +108,7 @@ func (m *RaftMux) Register(id uint32) (*GroupStream, error) {
 		return nil, fmt.Errorf("%w: %d", ErrGroupExists, id)
 	}
 	g := &GroupStream{m: m, id: id, conns: make(chan net.Conn), done: make(chan struct{})}
+	g.dialCtx, g.stopDials = context.WithCancel(context.Background())
 	m.groups[id] = g
 	return g, nil
 }
@@ -249,6 +251,12 @@ type GroupStream struct {
 	conns chan net.Conn
 	done  chan struct{}
 	once  sync.Once
+	// dialCtx ends when the stream closes: a Dial under way to a peer
+	// that does not answer (a stopped container's address drops packets)
+	// returns then, not at its timeout, so the group's Shutdown, which
+	// waits for Raft's goroutines, is not held up by it.
+	dialCtx   context.Context
+	stopDials context.CancelFunc
 }
 
 var _ raft.StreamLayer = (*GroupStream)(nil)
@@ -274,6 +282,7 @@ func (g *GroupStream) Close() error {
 		}
 		g.m.mu.Unlock()
 		close(g.done)
+		g.stopDials()
 	})
 	return nil
 }
@@ -292,7 +301,7 @@ func (g *GroupStream) Dial(address raft.ServerAddress, timeout time.Duration) (n
 	if ta, ok := g.m.Addr().(*net.TCPAddr); ok && ta.IP != nil && !ta.IP.IsUnspecified() {
 		local = &net.TCPAddr{IP: ta.IP}
 	}
-	return dialGroup(string(address), g.id, timeout, local, g.m.cfg.TLS)
+	return dialGroup(g.dialCtx, string(address), g.id, timeout, local, g.m.cfg.TLS)
 }
 
 // RaftMuxHeader is the header that opens a stream of group id on a
@@ -303,7 +312,7 @@ func RaftMuxHeader(id uint32) []byte {
 
 // DialGroup connects to the cleartext RaftMux at address for group id.
 func DialGroup(address string, id uint32, timeout time.Duration) (net.Conn, error) {
-	return dialGroup(address, id, timeout, nil, nil)
+	return dialGroup(context.Background(), address, id, timeout, nil, nil)
 }
 
 // ProbeNode checks that the node at the TLS Raft port at address is
@@ -328,10 +337,10 @@ func ProbeNode(address, node string, local net.Addr, certs *Certs, timeout time.
 }
 
 // dialGroup connects to the RaftMux at address for group id, over TLS
-// with certs when they are set.
-func dialGroup(address string, id uint32, timeout time.Duration, local net.Addr, certs *Certs) (net.Conn, error) {
+// with certs when they are set. It gives up when ctx ends.
+func dialGroup(ctx context.Context, address string, id uint32, timeout time.Duration, local net.Addr, certs *Certs) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout, LocalAddr: local}
-	c, err := d.Dial("tcp", address)
+	c, err := d.DialContext(ctx, "tcp", address)
 	if err != nil {
 		return nil, err
 	}
@@ -340,7 +349,7 @@ func dialGroup(address string, id uint32, timeout time.Duration, local net.Addr,
 		if timeout > 0 {
 			c.SetDeadline(time.Now().Add(timeout)) //nolint:errcheck // a failed handshake reports it
 		}
-		if err := tc.Handshake(); err != nil {
+		if err := tc.HandshakeContext(ctx); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("transport: raft TLS to %s: %w", address, err)
 		}

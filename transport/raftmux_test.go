@@ -363,3 +363,66 @@ func TestProbeNode(t *testing.T) {
 		t.Fatal("a closed port passed a probe")
 	}
 }
+
+// TestGroupStreamCloseEndsDials: a Dial under way to a peer that does not
+// answer returns when the group's stream closes, not at its timeout. A
+// group's Shutdown waits for Raft's goroutines, and before this a whole
+// cluster stopped at once (every peer gone) took a dial timeout per
+// group to stop. The peer here takes the TCP connection and never
+// answers the TLS handshake.
+func TestGroupStreamCloseEndsDials(t *testing.T) {
+	dir := t.TempDir()
+	if err := CreateCA(dir, "dial"); err != nil {
+		t.Fatal(err)
+	}
+	if err := CreateNodeCert(dir, "n1", []string{"127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	cert, key := NodeCertFiles(dir, "n1")
+	certs, err := LoadCerts(TLSFiles{CA: filepath.Join(dir, CACertFile), Cert: cert, Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMux(t, MuxConfig{TLS: certs})
+	g, err := m.Register(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := silent.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	dialed := make(chan error, 1)
+	go func() {
+		c, err := g.Dial(raft.ServerAddress(silent.Addr().String()), time.Minute)
+		if c != nil {
+			c.Close()
+		}
+		dialed <- err
+	}()
+	// The TCP connection is up and the handshake waits for the peer.
+	var peer net.Conn
+	select {
+	case peer = <-accepted:
+		defer peer.Close()
+	case err := <-dialed:
+		t.Fatalf("the dial ended before the peer took it: %v", err)
+	}
+	g.Close()
+	select {
+	case err := <-dialed:
+		if err == nil {
+			t.Fatal("the dial succeeded with a peer that never answered")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dial was still waiting 10 s after its stream closed (its timeout is a minute)")
+	}
+}

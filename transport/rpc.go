@@ -553,7 +553,7 @@ type RPCClient struct {
 // MuxConfig.TLS).
 func NewRPCClient(addr string, local net.Addr, certs *Certs) *RPCClient {
 	return &RPCClient{addr: addr, local: local, dial: func(addr string, timeout time.Duration, local net.Addr) (net.Conn, error) {
-		return dialGroup(addr, PeerRPCGroup, timeout, local, certs)
+		return dialGroup(context.Background(), addr, PeerRPCGroup, timeout, local, certs)
 	}}
 }
 
