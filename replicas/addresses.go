@@ -2,7 +2,6 @@ package replicas
 
 import (
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/norn-dev/norn/claims"
@@ -115,7 +114,7 @@ func (h *Host) checkMoved(u cluster.AddressUpdate) error {
 	if h.cfg.TLS == nil || u.Node.ID == h.cfg.NodeID {
 		return nil
 	}
-	local := h.raftLocalAddr()
+	local := h.mux.DialFrom()
 	if err := transport.ProbeNode(u.Node.RaftAddr, u.Node.ID, local, h.cfg.TLS, probeTimeout); err != nil {
 		return fmt.Errorf("its new Raft address %s does not present its certificate: %w", u.Node.RaftAddr, err)
 	}
@@ -123,15 +122,6 @@ func (h *Host) checkMoved(u cluster.AddressUpdate) error {
 		if err := transport.ProbeNode(u.Old.RaftAddr, u.Node.ID, local, h.cfg.TLS, probeTimeout); err == nil {
 			return fmt.Errorf("it answers at its old Raft address %s too", u.Old.RaftAddr)
 		}
-	}
-	return nil
-}
-
-// raftLocalAddr is the address this node's Raft connections leave from
-// (its Raft IP when it listens on a specific one), as GroupStream.Dial.
-func (h *Host) raftLocalAddr() net.Addr {
-	if ta, ok := h.mux.Addr().(*net.TCPAddr); ok && ta.IP != nil && !ta.IP.IsUnspecified() {
-		return &net.TCPAddr{IP: ta.IP}
 	}
 	return nil
 }

@@ -297,11 +297,17 @@ func (g *GroupStream) Addr() net.Addr { return g.m.Addr() }
 // addresses (nodes on loopback aliases 127.0.0.x) the kernel would pick
 // another source.
 func (g *GroupStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	var local net.Addr
-	if ta, ok := g.m.Addr().(*net.TCPAddr); ok && ta.IP != nil && !ta.IP.IsUnspecified() {
-		local = &net.TCPAddr{IP: ta.IP}
+	return dialGroup(g.dialCtx, string(address), g.id, timeout, g.m.DialFrom(), g.m.cfg.TLS)
+}
+
+// DialFrom is the address connections to other muxes leave from: the
+// mux's IP when it listens on a specific one, nil (the kernel's choice)
+// otherwise.
+func (m *RaftMux) DialFrom() net.Addr {
+	if ta, ok := m.Addr().(*net.TCPAddr); ok && ta.IP != nil && !ta.IP.IsUnspecified() {
+		return &net.TCPAddr{IP: ta.IP}
 	}
-	return dialGroup(g.dialCtx, string(address), g.id, timeout, local, g.m.cfg.TLS)
+	return nil
 }
 
 // RaftMuxHeader is the header that opens a stream of group id on a
