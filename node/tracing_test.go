@@ -300,7 +300,9 @@ func TestTracingAntiEntropyRound(t *testing.T) {
 				continue
 			}
 			peer := spanAttr(s, antientropy.AttrPeer).AsString()
-			if s.Parent().IsValid() || peer == "" || spanAttr(s, antientropy.AttrPartitions).AsInt64() != 8 {
+			// Any round of n1 will do (a round may cover fewer than the
+			// 8 partitions: seen under load in make test-stress).
+			if s.Parent().IsValid() || peer == "" || spanAttr(s, antientropy.AttrPartitions).AsInt64() < 1 {
 				t.Fatalf("round span: parent %v, attributes %v", s.Parent(), s.Attributes())
 			}
 			for _, c := range inTrace(sr, s.SpanContext().TraceID()) {
