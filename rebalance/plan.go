@@ -1,11 +1,13 @@
 package rebalance
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
 	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/cluster"
@@ -72,17 +74,31 @@ func (d *Driver) Join(name string) (*nornv1.JoinResponse, error) {
 		return true, nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, joinError(err)
 	}
 	if err := d.fitMetaGroup(); err != nil {
-		return nil, err
+		return nil, joinError(err)
 	}
 	voters, err := d.host.Meta().Voters()
 	if err != nil {
-		return nil, err
+		return nil, joinError(err)
 	}
 	d.cfg.Logger.Info("node joined the cluster", "node", joined.ID, "epoch", next.Epoch)
 	return &nornv1.JoinResponse{NodeId: joined.ID, RingEpoch: next.Epoch, MetaVoter: slices.Contains(voters, joined.ID)}, nil
+}
+
+// joinError marks a Join that failed because this node stopped leading
+// the meta group (an election under load, or the voter Join added taking
+// over) as a noLeaderError, so that ToMetaLeader runs it again on the new
+// leader: Join is idempotent (a member joins again with no change, and
+// fitMetaGroup adds whatever voters are still missing), so running it
+// twice is safe, unlike the plans, whose outcome a caller must look up.
+func joinError(err error) error {
+	if errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrNotLeader) ||
+		errors.Is(err, raft.ErrLeadershipTransferInProgress) {
+		return noLeaderError(fmt.Errorf("the meta leader lost its leadership while a node joined: %w", err))
+	}
+	return err
 }
 
 // Plan computes the placement over the ring's members after giving the

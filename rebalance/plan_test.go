@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/cluster"
@@ -28,6 +29,30 @@ func TestPlacementError(t *testing.T) {
 	} {
 		if got := connect.CodeOf(placementError(tc.err)); got != tc.want {
 			t.Errorf("%v: %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+// A Join cut short by the meta leader losing its leadership is marked as
+// a call that may run again (ToMetaLeader then runs it on the new leader:
+// Join is idempotent); its other failures are not.
+func TestJoinErrorRetries(t *testing.T) {
+	for _, tc := range []struct {
+		err   error
+		retry bool
+	}{
+		{raft.ErrLeadershipLost, true},
+		{fmt.Errorf("add n4 to the meta group: %w", raft.ErrNotLeader), true},
+		{raft.ErrLeadershipTransferInProgress, true},
+		{connect.NewError(connect.CodeFailedPrecondition, errors.New("node n4 is leaving")), false},
+		{cluster.ErrStaleEpoch, false},
+	} {
+		err := joinError(tc.err)
+		if isNoLeader(err) != tc.retry {
+			t.Errorf("%v: retry %v, want %v", tc.err, isNoLeader(err), tc.retry)
+		}
+		if !errors.Is(err, tc.err) {
+			t.Errorf("%v: the cause is lost in %v", tc.err, err)
 		}
 	}
 }
