@@ -23,6 +23,7 @@ func nornMain(c *Common, fs *flag.FlagSet, args []string) error {
 	pipeline := fs.Int("pipeline", 1, "claim: Complete calls in flight per worker (1: one after another, like the NATS driver's DoubleAck)")
 	framed := fs.Bool("framed", true, "framed calls for the hot methods (client.WithFramedCalls); false: connect for every call")
 	linger := fs.Duration("linger", time.Millisecond, "client coalescing linger for Enqueue (and Complete when pipeline > 1); 0: off")
+	maxBatch := fs.Int("max-batch", 500, "the most enqueues one coalesced batch holds (with -linger > 0)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -30,7 +31,7 @@ func nornMain(c *Common, fs *flag.FlagSet, args []string) error {
 	defer cancel()
 	opts := []client.Option{client.WithDefaultQuorum(uint32(*w)), client.WithFramedCalls(*framed)}
 	if *linger > 0 {
-		opts = append(opts, client.WithEnqueueBatching(*linger, 500))
+		opts = append(opts, client.WithEnqueueBatching(*linger, *maxBatch))
 		if *pipeline > 1 {
 			opts = append(opts, client.WithCompleteBatching(*linger, 1000))
 		}
