@@ -257,6 +257,25 @@ func TestMuxAllow(t *testing.T) {
 	expectAccepted(t, g, m.Addr().String(), 3)
 }
 
+// n1Certs makes a CA and node n1's certificate for 127.0.0.1 in a
+// temporary directory and loads them.
+func n1Certs(tb testing.TB) *Certs {
+	tb.Helper()
+	dir := tb.TempDir()
+	if err := CreateCA(dir, "test"); err != nil {
+		tb.Fatal(err)
+	}
+	if err := CreateNodeCert(dir, "n1", []string{"127.0.0.1"}); err != nil {
+		tb.Fatal(err)
+	}
+	cert, key := NodeCertFiles(dir, "n1")
+	certs, err := LoadCerts(TLSFiles{CA: filepath.Join(dir, CACertFile), Cert: cert, Key: key})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return certs
+}
+
 // FuzzMuxHandshake feeds arbitrary first bytes to a mux's handshake, in
 // cleartext and under TLS (the bytes then stand for the ClientHello): no
 // input may panic, and a connection is handed to a group only when its
@@ -266,18 +285,7 @@ func FuzzMuxHandshake(f *testing.F) {
 	f.Add(binary.BigEndian.AppendUint32(append([]byte(nil), muxMagic...), 7))
 	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
 	f.Add([]byte{0x16, 0x03, 0x01, 0x00, 0x05, 0x01, 0x00, 0x00, 0x01, 0x00})
-	dir := f.TempDir()
-	if err := CreateCA(dir, "fuzz"); err != nil {
-		f.Fatal(err)
-	}
-	if err := CreateNodeCert(dir, "n1", []string{"127.0.0.1"}); err != nil {
-		f.Fatal(err)
-	}
-	cert, key := NodeCertFiles(dir, "n1")
-	certs, err := LoadCerts(TLSFiles{CA: filepath.Join(dir, CACertFile), Cert: cert, Key: key})
-	if err != nil {
-		f.Fatal(err)
-	}
+	certs := n1Certs(f)
 	var muxes []*RaftMux
 	for _, c := range []*Certs{nil, certs} {
 		m, err := ListenRaftMux("127.0.0.1:0", MuxConfig{TLS: c, HandshakeTimeout: 50 * time.Millisecond})
@@ -371,19 +379,7 @@ func TestProbeNode(t *testing.T) {
 // group to stop. The peer here takes the TCP connection and never
 // answers the TLS handshake.
 func TestGroupStreamCloseEndsDials(t *testing.T) {
-	dir := t.TempDir()
-	if err := CreateCA(dir, "dial"); err != nil {
-		t.Fatal(err)
-	}
-	if err := CreateNodeCert(dir, "n1", []string{"127.0.0.1"}); err != nil {
-		t.Fatal(err)
-	}
-	cert, key := NodeCertFiles(dir, "n1")
-	certs, err := LoadCerts(TLSFiles{CA: filepath.Join(dir, CACertFile), Cert: cert, Key: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := newMux(t, MuxConfig{TLS: certs})
+	m := newMux(t, MuxConfig{TLS: n1Certs(t)})
 	g, err := m.Register(1)
 	if err != nil {
 		t.Fatal(err)
