@@ -76,7 +76,7 @@ func (s *replicaSender) send(sc trace.SpanContext, tasks []*crdt.Task, done func
 	}
 	s.mu.Unlock()
 	if start {
-		go s.loop()
+		transport.Go(s.loop)
 	}
 }
 

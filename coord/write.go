@@ -217,7 +217,7 @@ func (c *Coordinator) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*c
 			sc = span.SpanContext()
 		}
 		if dest == c.cfg.NodeID {
-			go func() { tr.answerTraced(span, dest, idx, c.MergeLocal(sub)) }()
+			transport.Go(func() { tr.answerTraced(span, dest, idx, c.MergeLocal(sub)) })
 			continue
 		}
 		answer := func(err error) { tr.answerTraced(span, dest, idx, err) }

@@ -30,17 +30,21 @@ var _ nornv1connect.PeerServiceHandler = peerService{}
 // HTTP is verified when the node serves TLS: identityFromCert then sets
 // its node header from the client certificate.
 func (sv *Server) checkPeer(peerAddr string, h http.Header) error {
-	return sv.checkCaller(peerAddr, h, sv.cfg.Security.TLS)
+	return sv.checkCaller(peerAddr, h.Get(transport.HeaderNode), h.Get(transport.HeaderCluster), sv.cfg.Security.TLS)
 }
 
-// checkCaller is checkPeer for a caller whose node id in h is verified
-// (taken from its TLS certificate) or not.
-func (sv *Server) checkCaller(peerAddr string, h http.Header, verified bool) error {
-	var members []cluster.Member
-	if m := sv.host.Members(); m != nil {
-		members = m.Members()
+// checkCaller is checkPeer for a caller that names node id of cluster
+// clusterID, verified (taken from its TLS certificate) or not. It runs on
+// every peer call, so gossip's member list (a sorted copy) is asked for
+// only when the ring does not already vouch for the caller.
+func (sv *Server) checkCaller(peerAddr, id, clusterID string, verified bool) error {
+	members := func() []cluster.Member {
+		if m := sv.host.Members(); m != nil {
+			return m.Members()
+		}
+		return nil
 	}
-	return peerAllowed(sv.host.Ring(), members, peerAddr, h.Get(transport.HeaderNode), h.Get(transport.HeaderCluster), verified)
+	return peerAllowed(sv.host.Ring(), members, peerAddr, id, clusterID, verified)
 }
 
 // peerAllowed is checkCaller's rule. A verified caller is the node its
@@ -49,7 +53,7 @@ func (sv *Server) checkCaller(peerAddr string, h http.Header, verified bool) err
 // the host of one of that node's addresses (API, Raft or gossip): on
 // Kubernetes the API address is a DNS name and the Raft and gossip
 // addresses are the pod's IP, and no check here resolves names.
-func peerAllowed(r *cluster.Ring, members []cluster.Member, peerAddr, id, clusterID string, verified bool) error {
+func peerAllowed(r *cluster.Ring, members func() []cluster.Member, peerAddr, id, clusterID string, verified bool) error {
 	deny := func(format string, args ...any) error {
 		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("peer call refused: "+format, args...))
 	}
@@ -80,7 +84,7 @@ func peerAllowed(r *cluster.Ring, members []cluster.Member, peerAddr, id, cluste
 			return nil
 		}
 	}
-	for _, m := range members {
+	for _, m := range members() {
 		if m.ID == id && at(m.APIAddr, m.RaftAddr, m.GossipAddr) && (r == nil || m.ClusterID == "" || m.ClusterID == r.ClusterID) {
 			return nil
 		}
@@ -233,17 +237,12 @@ func (s peerService) SegmentEntries(_ context.Context, req *connect.Request[norn
 // port) as the PeerService methods of the same name do, with the same
 // check of the caller.
 func (sv *Server) HandleRPC(ctx context.Context, m transport.RPCMethod, meta transport.RPCMeta, body []byte) ([]byte, error) {
-	h := http.Header{}
 	if meta.Cert != nil {
 		// Over TLS the caller is the node its certificate names (the
 		// Raft port takes node certificates only).
 		meta.Node = meta.Cert.Node
 	}
-	h.Set(transport.HeaderNode, meta.Node)
-	if meta.Cluster != "" {
-		h.Set(transport.HeaderCluster, meta.Cluster)
-	}
-	if err := sv.checkCaller(meta.Remote, h, meta.Cert != nil); err != nil {
+	if err := sv.checkCaller(meta.Remote, meta.Node, meta.Cluster, meta.Cert != nil); err != nil {
 		return nil, err
 	}
 	switch m {

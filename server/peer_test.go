@@ -46,7 +46,7 @@ func TestPeerAllowed(t *testing.T) {
 		{"before the ring, a gossip member from another host", nil, "10.0.0.5:50000", "n4", "", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := peerAllowed(tc.ring, members, tc.addr, tc.id, tc.clusterID, tc.verified)
+			err := peerAllowed(tc.ring, func() []cluster.Member { return members }, tc.addr, tc.id, tc.clusterID, tc.verified)
 			if tc.ok != (err == nil) {
 				t.Fatalf("admitted: %v (%v), want %v", err == nil, err, tc.ok)
 			}
@@ -54,5 +54,19 @@ func TestPeerAllowed(t *testing.T) {
 				t.Fatalf("code %v, want PERMISSION_DENIED", connect.CodeOf(err))
 			}
 		})
+	}
+}
+
+// The ring vouches for its nodes without gossip's member list, which is
+// a sorted copy made on each call: a peer call does not pay for it.
+func TestPeerAllowedAsksMembersOnlyBeyondTheRing(t *testing.T) {
+	r := &cluster.Ring{ClusterID: "c1", Nodes: []cluster.RingNode{{ID: "n1", APIAddr: "10.0.0.1:7400"}}}
+	asked := 0
+	members := func() []cluster.Member { asked++; return nil }
+	if err := peerAllowed(r, members, "10.0.0.1:50000", "n1", "c1", false); err != nil || asked != 0 {
+		t.Fatalf("a ring node: err %v, members asked %d times, want nil and 0", err, asked)
+	}
+	if err := peerAllowed(r, members, "10.0.0.9:50000", "n9", "c1", false); err == nil || asked != 1 {
+		t.Fatalf("an unknown node: err %v, members asked %d times, want an error and 1", err, asked)
 	}
 }

@@ -261,7 +261,9 @@ func (s *RPCServer) serveConn(c net.Conn) {
 		mu.Lock()
 		cancels[id] = cancel
 		mu.Unlock()
-		calls.Go(func() {
+		calls.Add(1)
+		Go(func() {
+			defer calls.Done()
 			out, err := s.h(ctx, m, callMeta, body)
 			mu.Lock()
 			delete(cancels, id)
