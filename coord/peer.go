@@ -76,7 +76,7 @@ func (c *Coordinator) Replicate(epoch uint64, states [][]byte) error {
 	if testhooks.Built && c.cfg.DropReplicatedWrite && c.replicatesIn.Add(1)%DropReplicateEvery == 0 {
 		return nil // the seeded bug: acknowledged, not stored
 	}
-	return c.MergeLocal(tasks)
+	return c.mergeEncoded(tasks, states) // canonical: they decoded
 }
 
 // MaxRead bounds the ids of one Read call.

@@ -273,7 +273,8 @@ func (c *Coordinator) repair(merged *crdt.Task, answers []replicaAnswer) {
 // that is behind too, for the caller to repair (repairLocal).
 func (c *Coordinator) repairPeers(merged *crdt.Task, answers []replicaAnswer) (localBehind bool) {
 	rg := c.host.Ring()
-	want := crdt.Digest(merged.Encode())
+	enc := merged.Encode()
+	want := crdt.Digest(enc)
 	for _, a := range answers {
 		if a.state != nil && crdt.Digest(a.state.Encode()) == want {
 			continue
@@ -284,7 +285,7 @@ func (c *Coordinator) repairPeers(merged *crdt.Task, answers []replicaAnswer) (l
 			continue
 		}
 		if nd, ok := rg.Node(a.from); ok {
-			c.sender(nd.APIAddr, nd.RaftAddr).send(trace.SpanContext{}, []*crdt.Task{merged}, func(err error) {
+			c.sender(nd.APIAddr, nd.RaftAddr).send(trace.SpanContext{}, [][]byte{enc}, func(err error) {
 				if err != nil {
 					c.cfg.Logger.Warn("read repair failed", "id", merged.ID, "node", a.from, "err", err)
 				}

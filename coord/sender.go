@@ -12,7 +12,6 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 
-	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -25,7 +24,7 @@ type replicaSender struct {
 	raftAddr atomic.Pointer[string] // the peer's Raft port, for framed calls
 
 	mu       sync.Mutex
-	queue    []*crdt.Task
+	queue    [][]byte // encoded task states
 	waiters  []func(error)
 	inflight int
 	// parent is the trace context the next call carries: the first valid
@@ -60,12 +59,12 @@ func (c *Coordinator) sender(addr, raftAddr string) *replicaSender {
 	return s
 }
 
-// send queues tasks for the peer; done is called once with the outcome of
-// the call that carried them. sc is the trace context of the write (may
-// be invalid).
-func (s *replicaSender) send(sc trace.SpanContext, tasks []*crdt.Task, done func(error)) {
+// send queues task states (canonical encodings, crdt.Task.Encode) for
+// the peer; done is called once with the outcome of the call that carried
+// them. sc is the trace context of the write (may be invalid).
+func (s *replicaSender) send(sc trace.SpanContext, states [][]byte, done func(error)) {
 	s.mu.Lock()
-	s.queue = append(s.queue, tasks...)
+	s.queue = append(s.queue, states...)
 	s.waiters = append(s.waiters, done)
 	if sc.IsValid() && (!s.parent.IsValid() || sc.IsSampled() && !s.parent.IsSampled()) {
 		s.parent = sc
@@ -99,19 +98,17 @@ func (s *replicaSender) loop() {
 // call sends everything taken from the queue, in calls of at most
 // senderMaxTasks tasks and about senderMaxBytes, and tells every waiter
 // the outcome (an error of any call fails them all: conservative).
-func (s *replicaSender) call(parent trace.SpanContext, tasks []*crdt.Task, waiters []func(error)) {
+func (s *replicaSender) call(parent trace.SpanContext, tasks [][]byte, waiters []func(error)) {
 	for len(tasks) > 0 {
-		var states [][]byte
-		size := 0
-		for _, t := range tasks {
-			if len(states) == senderMaxTasks || (size > senderMaxBytes && len(states) > 0) {
+		n, size := 0, 0
+		for _, b := range tasks {
+			if n == senderMaxTasks || (size > senderMaxBytes && n > 0) {
 				break
 			}
-			b := t.Encode()
-			states = append(states, b)
+			n++
 			size += len(b)
 		}
-		chunk := tasks[:len(states)]
+		states := tasks[:n]
 		ctx := context.Background()
 		if parent.IsValid() {
 			ctx = trace.ContextWithSpanContext(ctx, parent)
@@ -125,7 +122,7 @@ func (s *replicaSender) call(parent trace.SpanContext, tasks []*crdt.Task, waite
 			}
 			return
 		}
-		tasks = tasks[len(chunk):]
+		tasks = tasks[n:]
 	}
 	for _, w := range waiters {
 		w(nil)

@@ -201,11 +201,17 @@ func (c *Coordinator) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*c
 		}
 	}
 	tr.pending = len(byDest)
+	// Each state is encoded once, for every replica: the peers get the
+	// bytes and store them as they are (a new task), and so does this node.
+	encs := make([][]byte, len(tasks))
+	for i, t := range tasks {
+		encs[i] = t.Encode()
+	}
 	traced := c.cfg.Tracer != nil && trace.SpanFromContext(ctx).IsRecording()
 	for dest, idx := range byDest {
-		sub := make([]*crdt.Task, len(idx))
+		subEnc := make([][]byte, len(idx))
 		for j, i := range idx {
-			sub[j] = tasks[i]
+			subEnc[j] = encs[i]
 		}
 		// The replica's span, when traced, and the trace context its
 		// call carries (a caller's, when this node does not trace).
@@ -213,11 +219,15 @@ func (c *Coordinator) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*c
 		sc := trace.SpanContextFromContext(ctx)
 		if traced {
 			_, span = c.cfg.Tracer.Start(ctx, SpanReplicaWrite, trace.WithAttributes(
-				AttrReplica.String(dest), AttrTasks.Int(len(sub)), AttrLocal.Bool(dest == c.cfg.NodeID)))
+				AttrReplica.String(dest), AttrTasks.Int(len(idx)), AttrLocal.Bool(dest == c.cfg.NodeID)))
 			sc = span.SpanContext()
 		}
 		if dest == c.cfg.NodeID {
-			transport.Go(func() { tr.answerTraced(span, dest, idx, c.MergeLocal(sub)) })
+			sub := make([]*crdt.Task, len(idx))
+			for j, i := range idx {
+				sub[j] = tasks[i]
+			}
+			transport.Go(func() { tr.answerTraced(span, dest, idx, c.mergeEncoded(sub, subEnc)) })
 			continue
 		}
 		answer := func(err error) { tr.answerTraced(span, dest, idx, err) }
@@ -226,7 +236,7 @@ func (c *Coordinator) writeOnce(ctx context.Context, r *cluster.Ring, tasks []*c
 			answer(fmt.Errorf("node %s is not in the ring", dest))
 			continue
 		}
-		c.sender(nd.APIAddr, nd.RaftAddr).send(sc, sub, answer)
+		c.sender(nd.APIAddr, nd.RaftAddr).send(sc, subEnc, answer)
 	}
 	timer := time.NewTimer(c.cfg.WriteTimeout)
 	defer timer.Stop()
@@ -338,10 +348,17 @@ func (t *ackTracker) result() ([]uint32, error) {
 
 // MergeLocal writes task states to this node's replicas (one synced
 // commit) and tells OnEnded of the tasks that arrived terminal.
-func (c *Coordinator) MergeLocal(tasks []*crdt.Task) error {
+func (c *Coordinator) MergeLocal(tasks []*crdt.Task) error { return c.mergeEncoded(tasks, nil) }
+
+// mergeEncoded is MergeLocal with the tasks' canonical encodings (encs[i]
+// of tasks[i]; encs nil: none), which a new task is stored as.
+func (c *Coordinator) mergeEncoded(tasks []*crdt.Task, encs [][]byte) error {
 	items := make([]storage.MergeItem, len(tasks))
 	for i, t := range tasks {
 		items[i] = storage.MergeItem{Partition: c.host.Partition(t.ID), Task: t}
+		if encs != nil {
+			items[i].Encoding = encs[i]
+		}
 	}
 	res, err := c.store.MergeTasks(items)
 	if err != nil {

@@ -3,6 +3,7 @@ package storage
 import (
 	"bytes"
 	"cmp"
+	"encoding/binary"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -106,7 +107,7 @@ func (b *sortedBatch) build(db *pebble.DB) (*pebble.Batch, error) {
 			return nil, err
 		}
 	}
-	slices.SortFunc(b.ops, func(x, y batchOp) int { return cmp.Or(bytes.Compare(x.key, y.key), cmp.Compare(x.seq, y.seq)) })
+	b.sortOps()
 	for _, op := range b.ops {
 		var err error
 		if op.absent {
@@ -126,4 +127,56 @@ func (b *sortedBatch) build(db *pebble.DB) (*pebble.Batch, error) {
 		}
 	}
 	return pb, nil
+}
+
+// sortOps puts ops in key order, writes of one key in the order they were
+// made. It sorts a permutation of small entries whose first 16 key bytes
+// decide most comparisons as two integers (every key of a partition
+// shares its first bytes, so bytes.Compare on the keys themselves walked
+// them each time, and the sort moved 64-byte ops): the sort was 4% of a
+// node's CPU during the enqueue benchmark.
+func (b *sortedBatch) sortOps() {
+	if len(b.ops) < 2 {
+		return
+	}
+	perm := make([]opOrder, len(b.ops))
+	for i := range b.ops {
+		hi, lo := keyPrefix(b.ops[i].key)
+		perm[i] = opOrder{hi: hi, lo: lo, i: int32(i)}
+	}
+	ops := b.ops
+	slices.SortFunc(perm, func(x, y opOrder) int {
+		if c := cmp.Compare(x.hi, y.hi); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(x.lo, y.lo); c != 0 {
+			return c
+		}
+		if c := bytes.Compare(ops[x.i].key, ops[y.i].key); c != 0 {
+			return c
+		}
+		return cmp.Compare(ops[x.i].seq, ops[y.i].seq)
+	})
+	sorted := make([]batchOp, len(ops))
+	for j, o := range perm {
+		sorted[j] = ops[o.i]
+	}
+	b.ops = sorted
+}
+
+// opOrder is one op of a sortedBatch being sorted: its key's first 16
+// bytes (zero-padded) and its index.
+type opOrder struct {
+	hi, lo uint64
+	i      int32
+}
+
+// keyPrefix returns the first 16 bytes of k as two big-endian integers,
+// zero-padded: comparing them orders keys as bytes.Compare does, up to
+// keys that agree on those bytes (a key and its zero-padded extension
+// too, which the full comparison then tells apart).
+func keyPrefix(k []byte) (hi, lo uint64) {
+	var b [16]byte
+	copy(b[:], k)
+	return binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
 }

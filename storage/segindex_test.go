@@ -3,7 +3,6 @@ package storage
 import (
 	"math/rand/v2"
 	"slices"
-	"sort"
 	"testing"
 )
 
@@ -75,25 +74,6 @@ func TestSegIndexMatchesAMap(t *testing.T) {
 
 // len returns the number of stored tasks (for the test).
 func (x *segIndex) len() int {
-	n := len(x.base)
-	for id, d := range x.delta {
-		_, inBase := x.find(id)
-		switch {
-		case d.deleted && inBase:
-			n--
-		case !d.deleted && !inBase:
-			n++
-		}
-	}
-	return n
-}
-
-// find returns the array position of id and whether it is there.
-func (x *segIndex) find(id uint64) (int, bool) {
-	key := segItem{seg: Segment(id), id: id}
-	i := sort.Search(len(x.base), func(i int) bool {
-		b := x.base[i]
-		return compareSegItems(segItem{seg: Segment(b.id), id: b.id}, key) >= 0
-	})
-	return i, i < len(x.base) && x.base[i].id == id
+	x.merge()
+	return len(x.base)
 }

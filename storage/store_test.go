@@ -322,3 +322,55 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 		}
 	}
 }
+
+// TestMergeWithEncodingsStoresWhatMergeWithoutStores merges the same
+// writes into two stores, once with each task's encoding given
+// (MergeItem.Encoding, as replicated writes are) and once without, and
+// checks that both store the same states: the encoding is taken as is
+// only for a task new to the replica and not joined with another write
+// of the same batch.
+func TestMergeWithEncodingsStoresWhatMergeWithoutStores(t *testing.T) {
+	plain, _ := memStore(t)
+	given, _ := memStore(t)
+	stored := newTask(7, "q", 0)
+	mustMerge(t, plain, 0, stored)
+	mustMerge(t, given, 0, stored)
+	update := func(id, seq uint64) *crdt.Task {
+		return &crdt.Task{ID: id, Updates: []crdt.Update{{Claim: 1, Seq: seq, Progress: 0.5}}}
+	}
+	batch := []*crdt.Task{
+		newTask(5, "q", 1), // new
+		update(5, 1),       // joins the one above
+		newTask(6, "r", 2), // new, alone
+		update(7, 1),       // joins the stored state
+		cancelOf(8, t0),    // new, terminal, no spec
+		{ID: 9, Spec: &crdt.Spec{Queue: "q", NotBeforeMs: t0 + 60_000, CreatedAt: crdt.Timestamp{WallMs: t0}}}, // new, delayed
+	}
+	items := make([]MergeItem, len(batch))
+	for i, x := range batch {
+		items[i] = MergeItem{Partition: 0, Task: x, Encoding: x.Encode()}
+	}
+	want := mustMerge(t, plain, 0, batch...)
+	got, err := given.MergeTasks(items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("results with encodings %+v, without %+v", got, want)
+	}
+	for _, id := range []uint64{5, 6, 7, 8, 9} {
+		a, err := plain.GetTask(0, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := given.GetTask(0, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a.Task.Encode(), b.Task.Encode()) || a.Digest != b.Digest || a.Index != b.Index {
+			t.Errorf("task %d: stored with encodings %+v (digest %x, index %v), without %+v (digest %x, index %v)",
+				id, b.Task, b.Digest, b.Index, a.Task, a.Digest, a.Index)
+		}
+	}
+	checkIndexes(t, given, 0)
+}

@@ -15,6 +15,11 @@ import (
 type MergeItem struct {
 	Partition uint16
 	Task      *crdt.Task
+	// Encoding, when not nil, is Task's canonical encoding (the bytes
+	// crdt.Decode made Task from, or Task.Encode's): a task new to this
+	// replica is stored as these bytes rather than encoded again. A
+	// replicated write is encoded once, by its coordinator.
+	Encoding []byte
 }
 
 // MergeResult reports what a merge did to one task.
@@ -120,22 +125,28 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		id uint64
 	}
 	// Join duplicates first so that each task is read and written once.
-	merged := make(map[key]*crdt.Task, len(items))
-	conflicts := make(map[key]bool)
+	// By index of order: the task, and its encoding if given (not
+	// joined with a duplicate).
+	at := make(map[key]int, len(items))
 	order := make([]key, 0, len(items))
+	merged := make([]*crdt.Task, 0, len(items))
+	encs := make([][]byte, 0, len(items))
+	conflicts := make(map[key]bool)
 	for _, it := range items {
 		k := key{it.Partition, it.Task.ID}
-		prev, ok := merged[k]
+		i, ok := at[k]
 		if !ok {
-			merged[k] = it.Task
+			at[k] = len(order)
 			order = append(order, k)
+			merged = append(merged, it.Task)
+			encs = append(encs, it.Encoding)
 			continue
 		}
-		j, conflict, err := crdt.Join(prev, it.Task)
+		j, conflict, err := crdt.Join(merged[i], it.Task)
 		if err != nil {
 			return nil, nil, nil, nil, nil, err
 		}
-		merged[k] = j
+		merged[i], encs[i] = j, nil
 		conflicts[k] = conflicts[k] || conflict
 	}
 
@@ -153,7 +164,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		}
 	}
 	for i, k := range order {
-		in := merged[k]
+		in := merged[i]
 		res := MergeResult{ID: k.id, SpecConflict: conflicts[k]}
 		var old *StoredTask
 		var err error
@@ -177,10 +188,13 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 			}
 			out = j
 			res.SpecConflict = res.SpecConflict || conflict
-		} else {
+		} else if encs[i] == nil {
 			out = cloneNormalized(in)
+		} // else in is canonical: its encoding is given
+		enc := encs[i]
+		if out != in || enc == nil {
+			enc = out.Encode()
 		}
-		enc := out.Encode()
 		res.NewDigest = crdt.Digest(enc)
 		byKey[k] = res
 		if !res.Changed() {
