@@ -151,10 +151,11 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 	}
 
 	now := s.clock.Now().UnixMilli()
-	var sb sortedBatch
-	var changes []indexChange
-	var digests []digestChange
-	byKey := make(map[key]MergeResult, len(order))
+	// A new task writes its task key and notes its meta key absent.
+	sb := sortedBatch{ops: make([]batchOp, 0, 2*len(order))}
+	changes := make([]indexChange, 0, len(order))
+	digests := make([]digestChange, 0, len(order))
+	byOrder := make([]MergeResult, len(order))
 	// Which tasks are new here, decided for all before any horizon rises.
 	unseen := make([]bool, len(order))
 	for i, k := range order {
@@ -196,7 +197,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 			enc = out.Encode()
 		}
 		res.NewDigest = crdt.Digest(enc)
-		byKey[k] = res
+		byOrder[i] = res
 		if !res.Changed() {
 			continue
 		}
@@ -240,7 +241,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 	}
 	results := make([]MergeResult, len(items))
 	for i, it := range items {
-		results[i] = byKey[key{it.Partition, it.Task.ID}]
+		results[i] = byOrder[at[key{it.Partition, it.Task.ID}]]
 	}
 	if sb.Empty() {
 		return results, nil, nil, changes, digests, nil
