@@ -3,6 +3,7 @@ package antientropy
 import (
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
@@ -39,6 +40,14 @@ type Tree struct {
 
 	mu     sync.Mutex
 	levels [][]uint64 // levels[0] is the root level (one node), the last the leaves
+	// dirty marks the nodes of the level above the leaves (bit i: node i)
+	// whose value, and so their ancestors', lags their leaves: a change
+	// XORs its leaf only, and settle brings the branches up to date
+	// before they are read. Every change XORed one node per level before;
+	// on the enqueue benchmark that was 4% of a node's CPU, the levels'
+	// cache misses, for branches read a few times a minute.
+	dirty    []uint64
+	anyDirty bool
 }
 
 // NewTree returns an empty tree with 2^leafBits leaves.
@@ -61,6 +70,7 @@ func NewTree(leafBits int) (*Tree, error) {
 	for _, s := range shifts {
 		t.levels = append(t.levels, make([]uint64, 1<<(t.leafBits-s)))
 	}
+	t.dirty = make([]uint64, (len(t.levels[len(t.levels)-2])+63)/64)
 	return t, nil
 }
 
@@ -111,17 +121,50 @@ func (t *Tree) DigestChanged(seg uint16, id uint64, old uint64, had bool, new ui
 		return
 	}
 	leaf := t.Leaf(seg)
+	parent := leaf >> t.shift[len(t.shift)-2]
 	t.mu.Lock()
-	for l, s := range t.shift {
-		t.levels[l][leaf>>s] ^= delta
-	}
+	t.levels[len(t.levels)-1][leaf] ^= delta
+	t.dirty[parent/64] |= 1 << (parent % 64)
+	t.anyDirty = true
 	t.mu.Unlock()
+}
+
+// settle recomputes the branches that lag their leaves (see Tree.dirty):
+// each marked node of the level above the leaves, then every level above
+// it in full (a sixteenth of the nodes, and less, per level up). The
+// caller holds t.mu.
+func (t *Tree) settle() {
+	if !t.anyDirty {
+		return
+	}
+	xorChildren := func(l int, i uint32) {
+		lo, hi := t.Children(l, i)
+		var x uint64
+		for _, c := range t.levels[l+1][lo:hi] {
+			x ^= c
+		}
+		t.levels[l][i] = x
+	}
+	above := len(t.levels) - 2
+	for w, word := range t.dirty {
+		for ; word != 0; word &= word - 1 {
+			xorChildren(above, uint32(w*64+bits.TrailingZeros64(word)))
+		}
+		t.dirty[w] = 0
+	}
+	for l := above - 1; l >= 0; l-- {
+		for i := range t.levels[l] {
+			xorChildren(l, uint32(i))
+		}
+	}
+	t.anyDirty = false
 }
 
 // Root returns the root hash: 0 for an empty tree.
 func (t *Tree) Root() uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.settle()
 	return t.levels[0][0]
 }
 
@@ -133,6 +176,7 @@ func (t *Tree) Nodes(l int, idx []uint32) ([]uint64, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.settle()
 	lv := t.levels[l]
 	out := make([]uint64, len(idx))
 	for i, x := range idx {
