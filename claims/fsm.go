@@ -20,9 +20,10 @@ const (
 	OpRenew Op = 2
 	// OpYield ends the live claim Token of ID: the task is claimable again.
 	OpYield Op = 3
-	// OpEnd records that each of Ends became terminal (completed, aborted
-	// or cancelled) and ends its live claim, whichever it is. The leader
-	// coalesces the ends of concurrent completions into one entry.
+	// OpEnd records that each of Ends became terminal (cancelled, or
+	// aborted by the node: no worker decided it) and ends its live claim.
+	// An End with a Token ends only that claim: when another claim is live
+	// the End is refused (ErrClaimSuperseded) and changes nothing.
 	OpEnd Op = 4
 	// OpExpire ends the live claim Token of ID if NowMs > expiry + SkewMs.
 	OpExpire Op = 5
@@ -32,6 +33,14 @@ const (
 	// OpForget deletes the records of IDs (tasks past retention), ending
 	// any live claim.
 	OpForget Op = 7
+	// OpAct applies what workers did under their claims (complete, abort,
+	// yield, update), each fenced by its claim's token: an Act takes
+	// effect only when its Token is the task's live claim when the entry
+	// is applied. Then a completion or abort ends the claim and makes the
+	// task terminal, a yield ends the claim, an update leaves it live, and
+	// every replica merges the Act's State into the task (Change.Merge):
+	// the claim's end and the task's terminal state are one decision.
+	OpAct Op = 8
 )
 
 func (o Op) String() string {
@@ -50,6 +59,8 @@ func (o Op) String() string {
 		return "extend"
 	case OpForget:
 		return "forget"
+	case OpAct:
+		return "act"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -75,6 +86,22 @@ type Command struct {
 	MinExpiryMs int64       // OpExtend
 	IDs         []uint64    // OpExtend, OpForget
 	Ends        []End       // OpEnd
+	Acts        []Act       // OpAct
+}
+
+// Act is one thing a worker did under its claim, in an OpAct.
+type Act struct {
+	ID    uint64
+	Token uint64 // the claim it was done under
+	// End is how the act ends the claim: EndCompleted or EndAborted (the
+	// task is terminal), EndYielded (claimable again), or EndNone (an
+	// update: the claim stays live).
+	End EndReason
+	// State is the task's CRDT delta the act writes (its terminal event,
+	// its progress update), in crdt's encoding, merged into the task on
+	// every replica when the act takes effect; nil for none. The FSM does
+	// not read it.
+	State []byte
 }
 
 // End is one task's terminal event in an OpEnd.
@@ -109,19 +136,24 @@ type Outcome struct {
 	Err   error // nil when the command took effect
 	Claim Claim // the claim granted, renewed or ended (zero when Err != nil)
 	Dead  bool  // OpExpire: the task reached max_claims and is now aborted
+	// Repeated (OpAct): the same act took effect before, under the same
+	// claim (a retry); nothing changed and nothing is merged again.
+	Repeated bool
 	// Record is the task's record after the command (nil when Err != nil,
 	// or when the command forgot it). Read-only: it is the stored state.
 	Record *Record
 }
 
 // Change is a record the command wrote (nil: deleted), and what it did to
-// the claimed index: Claimed with the new ExpiryMs, Released, or neither.
+// the claimed index: Claimed with the new ExpiryMs, Released, or neither;
+// and the CRDT states of the task to merge (OpAct), in order.
 type Change struct {
 	ID       uint64
 	Record   *Record
 	Claimed  bool
 	ExpiryMs int64
 	Released bool
+	Merges   [][]byte
 }
 
 // Getter returns the FSM's record of id, or nil when it has none.
@@ -142,6 +174,10 @@ type Bugs struct {
 	// ClaimNoCheck grants a claim of a task that already has a live claim
 	// (the "already claimed" check is skipped): two workers hold it.
 	ClaimNoCheck bool
+	// ActNoFence takes an OpAct under any claim of the task, live or not,
+	// as today's code before the fence did: it ends whichever claim is
+	// live, so a superseded worker completes a task another one holds.
+	ActNoFence bool
 }
 
 // ApplyWithBugs is Apply with the seeded bugs bugs.
@@ -166,7 +202,7 @@ func ApplyWithBugs(index uint64, cmd *Command, get Getter, bugs Bugs) ([]Outcome
 		err = a.withLive(cmd.ID, cmd.Token, a.expire)
 	case OpEnd:
 		for _, e := range cmd.Ends {
-			if err = a.end(e.ID, e.Reason); err != nil {
+			if err = a.end(e); err != nil {
 				break
 			}
 		}
@@ -179,6 +215,12 @@ func ApplyWithBugs(index uint64, cmd *Command, get Getter, bugs Bugs) ([]Outcome
 	case OpForget:
 		for _, id := range cmd.IDs {
 			if err = a.forget(id); err != nil {
+				break
+			}
+		}
+	case OpAct:
+		for _, act := range cmd.Acts {
+			if err = a.act(act); err != nil {
 				break
 			}
 		}
@@ -217,6 +259,18 @@ func validate(cmd *Command) error {
 		if cmd.SkewMs < 0 {
 			return fmt.Errorf("%w: negative skew", ErrBadCommand)
 		}
+	case OpAct:
+		if len(cmd.Acts) == 0 {
+			return fmt.Errorf("%w: act without acts", ErrBadCommand)
+		}
+		for _, act := range cmd.Acts {
+			switch {
+			case act.Token == 0:
+				return fmt.Errorf("%w: act on task %d without a claim", ErrBadCommand, act.ID)
+			case act.End != EndNone && act.End != EndCompleted && act.End != EndAborted && act.End != EndYielded:
+				return fmt.Errorf("%w: act end %v of task %d", ErrBadCommand, act.End, act.ID)
+			}
+		}
 	case OpYield, OpExtend, OpForget:
 	default:
 		return fmt.Errorf("%w: unknown op %d", ErrBadCommand, cmd.Op)
@@ -234,6 +288,7 @@ type applier struct {
 	recs     map[uint64]*Record // copies being modified
 	order    []uint64
 	moves    map[uint64]*Change
+	merges   map[uint64][][]byte
 	outcomes []Outcome
 }
 
@@ -274,7 +329,7 @@ func (a *applier) move(id uint64, claimed bool, expiryMs int64) {
 func (a *applier) changes() []Change {
 	out := make([]Change, 0, len(a.order))
 	for _, id := range a.order {
-		c := Change{ID: id, Record: a.recs[id]}
+		c := Change{ID: id, Record: a.recs[id], Merges: a.merges[id]}
 		if m, ok := a.moves[id]; ok {
 			c.Claimed, c.ExpiryMs, c.Released = m.Claimed, m.ExpiryMs, m.Released
 		} else if !a.changed(id) {
@@ -373,22 +428,90 @@ func (a *applier) endClaim(id uint64, c *Claim, why EndReason) {
 	a.outcomes = append(a.outcomes, Outcome{ID: id, Claim: *c})
 }
 
-func (a *applier) end(id uint64, why EndReason) error {
-	r, err := a.record(id)
+func (a *applier) end(e End) error {
+	r, err := a.record(e.ID)
 	if err != nil {
 		return err
 	}
 	if r.Terminal != EndNone {
-		a.fail(id, ErrTaskTerminal) // already recorded: idempotent
+		a.fail(e.ID, ErrTaskTerminal) // already recorded: idempotent
 		return nil
 	}
-	r.Terminal = why
-	if c, live := r.Live(); live {
-		a.endClaim(id, c, why)
+	c, live := r.Live()
+	if live && e.Token != 0 && c.Token != e.Token {
+		// A terminal event made under a claim that is not the live one
+		// (written by a node from before the fence): it must not end the
+		// claim another worker holds now.
+		a.fail(e.ID, ErrClaimSuperseded)
+		return nil
+	}
+	r.Terminal = e.Reason
+	if live {
+		a.endClaim(e.ID, c, e.Reason)
 	} else {
-		a.outcomes = append(a.outcomes, Outcome{ID: id})
+		a.outcomes = append(a.outcomes, Outcome{ID: e.ID})
 	}
 	return nil
+}
+
+// act applies one Act: fenced by its token (see OpAct).
+func (a *applier) act(act Act) error {
+	r, err := a.record(act.ID)
+	if err != nil {
+		return err
+	}
+	c, live := r.Live()
+	fenced := live && c.Token == act.Token
+	if testhooks.Built && a.bugs.ActNoFence && !r.Done() {
+		// The seeded bug: an act under any claim is taken and ends
+		// whichever claim is live, as the CRDT write before the fence did.
+		fenced = true
+	}
+	switch {
+	case fenced:
+	case a.repeated(r, act):
+		a.outcomes = append(a.outcomes, Outcome{ID: act.ID, Repeated: true})
+		return nil
+	case r.Done():
+		a.fail(act.ID, ErrTaskTerminal)
+		return nil
+	default:
+		a.fail(act.ID, ErrClaimSuperseded)
+		return nil
+	}
+	if act.State != nil {
+		if a.merges == nil {
+			a.merges = map[uint64][][]byte{}
+		}
+		a.merges[act.ID] = append(a.merges[act.ID], act.State)
+	}
+	if act.End.terminal() {
+		r.Terminal = act.End
+	}
+	switch {
+	case !live:
+		a.outcomes = append(a.outcomes, Outcome{ID: act.ID}) // the seeded bug only
+	case act.End == EndNone:
+		a.outcomes = append(a.outcomes, Outcome{ID: act.ID, Claim: *c})
+	default:
+		a.endClaim(act.ID, c, act.End)
+	}
+	return nil
+}
+
+// repeated reports whether act already took effect: its claim ended the
+// way act ends it (a retried complete, abort or yield whose first answer
+// was lost).
+func (a *applier) repeated(r *Record, act Act) bool {
+	if act.End == EndNone {
+		return false
+	}
+	for i := len(r.History) - 1; i >= 0; i-- {
+		if c := r.History[i]; c.Token == act.Token {
+			return c.End == act.End
+		}
+	}
+	return false
 }
 
 func (a *applier) forget(id uint64) error {
@@ -462,8 +585,23 @@ func (cmd *Command) Encode() []byte {
 		b = appendIDs(b, cmd.IDs)
 	case OpForget:
 		b = appendIDs(b, cmd.IDs)
+	case OpAct:
+		b = binary.AppendUvarint(b, uint64(len(cmd.Acts)))
+		for _, act := range cmd.Acts {
+			b = binary.AppendUvarint(b, act.ID)
+			b = binary.AppendUvarint(b, act.Token)
+			b = append(b, byte(act.End))
+			b = appendBytes(b, act.State)
+		}
 	}
 	return b
+}
+
+// appendBytes appends v with its length; nil and empty encode alike and
+// decode as nil.
+func appendBytes(b, v []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(v)))
+	return append(b, v...)
 }
 
 // DecodeCommand parses a command. It never panics; malformed input gives an
@@ -501,6 +639,13 @@ func DecodeCommand(b []byte) (*Command, error) {
 		cmd.IDs = d.ids()
 	case OpForget:
 		cmd.IDs = d.ids()
+	case OpAct:
+		if n := d.count(4); n > 0 {
+			cmd.Acts = make([]Act, n)
+			for i := range cmd.Acts {
+				cmd.Acts[i] = Act{ID: d.uvarint(), Token: d.uvarint(), End: EndReason(d.byte()), State: d.bytes()}
+			}
+		}
 	default:
 		d.fail("unknown op %d", cmd.Op)
 	}

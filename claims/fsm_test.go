@@ -272,7 +272,7 @@ func TestRandomHistoriesKeepInvariants(t *testing.T) {
 				tok = rec.History[len(rec.History)-1].Token
 			}
 			var cmd Command
-			switch r.IntN(6) {
+			switch r.IntN(7) {
 			case 0, 1:
 				cmd = claimCmd(now, 1+r.Int64N(100), id, r.Uint64N(5)+1)
 				cmd.Candidates[0].MaxClaims = r.Uint32N(3)
@@ -287,6 +287,9 @@ func TestRandomHistoriesKeepInvariants(t *testing.T) {
 				if r.IntN(3) != 0 { // terminal events are rarer
 					cmd = Command{Op: OpYield, NowMs: now, ID: id, Token: tok}
 				}
+			case 6:
+				end := []EndReason{EndNone, EndYielded, EndCompleted, EndAborted}[r.IntN(4)]
+				cmd = actCmd(now, id, max(tok, 1), end, "s")
 			}
 			var before *Record
 			if cmd.Op == OpClaim {
@@ -335,6 +338,7 @@ func FuzzDecodeCommand(f *testing.F) {
 		{Op: OpExtend, MinExpiryMs: 9, IDs: []uint64{1, 2, 3}},
 		{Op: OpForget, IDs: []uint64{4, 5}},
 		{Op: OpEnd, Ends: []End{{ID: 1, Token: 2, Reason: EndCompleted}, {ID: 3, Reason: EndCancelled}}},
+		{Op: OpAct, Acts: []Act{{ID: 1, Token: 2, End: EndCompleted, State: []byte{1, 2}}, {ID: 3, Token: 4}}},
 	} {
 		f.Add(c.Encode())
 	}
@@ -391,6 +395,119 @@ func TestSeededBugClaimNoCheck(t *testing.T) {
 			t.Fatalf("second claim with claim-no-check: %v, want granted", outs[0].Err)
 		case bug && (outs[0].Claim.Seq != 2 || len(m.rec(t, 1).History) != 2):
 			t.Fatalf("second claim with claim-no-check: %+v, history %+v", outs[0].Claim, m.rec(t, 1).History)
+		}
+	}
+}
+
+// actCmd is an OpAct of one task under claim tok.
+func actCmd(now int64, id, tok uint64, end EndReason, state string) Command {
+	act := Act{ID: id, Token: tok, End: end}
+	if state != "" {
+		act.State = []byte(state)
+	}
+	return Command{Op: OpAct, NowMs: now, Acts: []Act{act}}
+}
+
+// TestActIsFenced: what a worker does under a claim (update, complete,
+// abort, yield) takes effect only under the task's live claim: a worker
+// whose claim expired and was granted to another cannot complete the
+// task, update it or yield it, and its act changes nothing. The live
+// claim's act ends the claim and makes the task terminal in the same
+// entry, and hands every replica the state to merge. A retried act is
+// answered as done (Repeated) without merging again.
+func TestActIsFenced(t *testing.T) {
+	m := newMemFSM()
+	a := m.apply(t, claimCmd(1000, 100, 1))[0].Claim.Token
+	if o := m.apply(t, Command{Op: OpExpire, NowMs: 1200, ID: 1, Token: a, SkewMs: 50}); o[0].Err != nil {
+		t.Fatal(o[0].Err)
+	}
+	b := m.apply(t, claimCmd(1210, 100, 1))[0].Claim.Token
+	before := m.recs[1]
+	for _, end := range []EndReason{EndCompleted, EndAborted, EndYielded, EndNone} {
+		cmd := actCmd(1220, 1, a, end, "stale")
+		outs, changes, err := Apply(99, &cmd, m.get)
+		if err != nil || !errors.Is(outs[0].Err, ErrClaimSuperseded) || len(changes) != 0 {
+			t.Fatalf("act %v under the superseded claim: %+v, changes %+v, %v", end, outs, changes, err)
+		}
+	}
+	if !bytes.Equal(m.recs[1], before) {
+		t.Fatal("a superseded act changed the record")
+	}
+	// An update under the live claim merges its state and keeps the claim.
+	cmd := actCmd(1230, 1, b, EndNone, "progress")
+	outs, changes, err := Apply(100, &cmd, m.get)
+	if err != nil || outs[0].Err != nil || outs[0].Claim.Token != b || outs[0].Claim.End != EndNone ||
+		len(changes) != 1 || len(changes[0].Merges) != 1 || string(changes[0].Merges[0]) != "progress" || changes[0].Released {
+		t.Fatalf("update under the live claim: %+v, %+v, %v", outs, changes, err)
+	}
+	// The completion ends the claim and the task in one entry.
+	cmd = actCmd(1240, 1, b, EndCompleted, "result")
+	outs, changes, err = Apply(101, &cmd, m.get)
+	if err != nil || outs[0].Err != nil || outs[0].Claim.End != EndCompleted || len(changes) != 1 ||
+		!changes[0].Released || changes[0].Record.Terminal != EndCompleted || string(changes[0].Merges[0]) != "result" {
+		t.Fatalf("completion under the live claim: %+v, %+v, %v", outs, changes, err)
+	}
+	m.apply(t, cmd)
+	// A retry is done already; another act is refused; nothing is claimed.
+	if o := m.apply(t, actCmd(1250, 1, b, EndCompleted, "result")); o[0].Err != nil || !o[0].Repeated {
+		t.Fatalf("retried completion: %+v", o)
+	}
+	if o := m.apply(t, actCmd(1250, 1, b, EndAborted, "")); !errors.Is(o[0].Err, ErrTaskTerminal) {
+		t.Fatalf("abort after the completion: %+v", o)
+	}
+	if o := m.apply(t, actCmd(1250, 1, a, EndCompleted, "")); !errors.Is(o[0].Err, ErrTaskTerminal) {
+		t.Fatalf("stale completion after the completion: %+v", o)
+	}
+	if o := m.apply(t, claimCmd(5000, 100, 1)); !errors.Is(o[0].Err, ErrTaskTerminal) {
+		t.Fatalf("claim after the completion: %+v", o)
+	}
+	// A yield ends the claim; its retry is done already.
+	c := m.apply(t, claimCmd(2000, 100, 2))[0].Claim.Token
+	if o := m.apply(t, actCmd(2010, 2, c, EndYielded, "")); o[0].Err != nil || o[0].Claim.End != EndYielded {
+		t.Fatalf("yield: %+v", o)
+	}
+	if o := m.apply(t, actCmd(2020, 2, c, EndYielded, "")); o[0].Err != nil || !o[0].Repeated {
+		t.Fatalf("retried yield: %+v", o)
+	}
+	if o := m.apply(t, actCmd(2020, 2, c, EndNone, "late")); !errors.Is(o[0].Err, ErrClaimSuperseded) {
+		t.Fatalf("update after the yield: %+v", o)
+	}
+}
+
+// TestEndChecksItsToken: an OpEnd whose terminal event was made under a
+// claim that is not the live one refuses to end the live claim.
+func TestEndChecksItsToken(t *testing.T) {
+	m := newMemFSM()
+	a := m.apply(t, claimCmd(1000, 100, 1))[0].Claim.Token
+	m.apply(t, Command{Op: OpExpire, NowMs: 1200, ID: 1, Token: a, SkewMs: 50})
+	b := m.apply(t, claimCmd(1210, 100, 1))[0].Claim.Token
+	if o := m.apply(t, Command{Op: OpEnd, NowMs: 1220, Ends: []End{{ID: 1, Token: a, Reason: EndCompleted}}}); !errors.Is(o[0].Err, ErrClaimSuperseded) {
+		t.Fatalf("end under the superseded claim: %+v", o)
+	}
+	if c, live := m.rec(t, 1).Live(); !live || c.Token != b {
+		t.Fatalf("the live claim %d did not survive: %+v", b, m.rec(t, 1))
+	}
+	// A cancel (no claim) ends whichever claim is live.
+	if o := m.apply(t, endCmd(1230, 1, EndCancelled)); o[0].Err != nil || o[0].Claim.Token != b {
+		t.Fatalf("cancel: %+v", o)
+	}
+}
+
+// TestSeededBugActNoFence: with the seeded bug ActNoFence a superseded
+// claim's completion is taken and ends the live claim of another worker.
+func TestSeededBugActNoFence(t *testing.T) {
+	for _, bug := range testhooks.BugCases() {
+		m := newMemFSM()
+		m.bugs.ActNoFence = bug
+		a := m.apply(t, claimCmd(1000, 100, 1))[0].Claim.Token
+		m.apply(t, Command{Op: OpExpire, NowMs: 1200, ID: 1, Token: a, SkewMs: 50})
+		m.apply(t, claimCmd(1210, 100, 1))
+		o := m.apply(t, actCmd(1220, 1, a, EndCompleted, "stale"))
+		switch {
+		case !bug && !errors.Is(o[0].Err, ErrClaimSuperseded):
+			t.Fatalf("stale completion without the bug: %+v", o)
+		case bug && (o[0].Err != nil || m.rec(t, 1).Terminal != EndCompleted):
+			t.Fatalf("stale completion with act-no-fence: %+v, record %+v", o, m.rec(t, 1))
 		}
 	}
 }

@@ -78,6 +78,17 @@ type GroupConfig struct {
 	// (ProposeContext) and their applies on every replica (SpanPropose,
 	// SpanApply); nil: no spans.
 	Tracer trace.Tracer
+	// OnEnded, when set, is told of the tasks an applied batch made
+	// terminal on this replica (an act's completion or abort, an end),
+	// after the batch is stored. It runs on the FSM's goroutine and must
+	// be cheap.
+	OnEnded func(ids []uint64)
+	// OnFatal, when set, is told that this replica's FSM stopped for good:
+	// an entry it could not decode or apply, a store it could not read or
+	// write. Every later entry fails; the node must stop, and a restart
+	// replays from the last entry stored. It runs on the FSM's goroutine
+	// and must not wait for the group.
+	OnFatal func(error)
 	// Bugs are seeded bugs for the Jepsen harness, test-only (see Bugs).
 	// Every replica of a group must run with the same.
 	Bugs Bugs
@@ -174,7 +185,8 @@ func StartGroup(cfg GroupConfig) (*Group, error) {
 			}
 		}
 	}
-	f := &fsm{p: cfg.Partition, kv: cfg.KV, logger: cfg.Logger, bugs: cfg.Bugs, tracer: cfg.Tracer}
+	f := &fsm{p: cfg.Partition, kv: cfg.KV, logger: cfg.Logger, bugs: cfg.Bugs, tracer: cfg.Tracer,
+		onEnded: cfg.OnEnded, onFatal: cfg.OnFatal}
 	r, err := raft.NewRaft(rc, f, cfg.Log, cfg.Stable, cfg.Snapshots, cfg.Transport)
 	if err != nil {
 		return nil, fmt.Errorf("claims: start partition %d: %w", cfg.Partition, err)

@@ -262,20 +262,69 @@ func TestFSMSkipsReplayedEntries(t *testing.T) {
 	if after, _ := st.ClaimFSMRecord(3, 7); string(after) != string(before) {
 		t.Fatal("replay changed the record")
 	}
-	// A corrupt entry fails alone; the batch's other entries apply.
-	claim8 := claimCmd(6000, 100, 8)
-	res = f.ApplyBatch([]*raft.Log{
-		{Index: 4, Type: raft.LogCommand, Data: []byte{1, 99}},
-		{Index: 5, Type: raft.LogCommand, Data: claim8.Encode()},
+	if a, _ := st.ClaimFSMApplied(3); a != 3 {
+		t.Fatalf("applied = %d, want 3", a)
+	}
+}
+
+// TestFSMStopsOnAnEntryItCannotApply: an entry the FSM cannot decode (or
+// apply, or store) stops the replica's FSM for good rather than let it go
+// on without what the entry did: the entries before it in the batch are
+// stored, it and every later entry fail, the stored applied index stays
+// before it, OnFatal is told once; a restarted FSM (a fresh one on the
+// same store, as after a node restart) resumes from the stored index.
+func TestFSMStopsOnAnEntryItCannotApply(t *testing.T) {
+	st, err := storage.Open(storage.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var fatal []error
+	f := &fsm{p: 3, kv: st, logger: slog.New(slog.NewTextHandler(io.Discard, nil)), onFatal: func(err error) { fatal = append(fatal, err) }}
+	claim7, claim8 := claimCmd(1000, 100, 7), claimCmd(6000, 100, 8)
+	res := f.ApplyBatch([]*raft.Log{
+		{Index: 1, Type: raft.LogCommand, Data: claim7.Encode()},
+		{Index: 2, Type: raft.LogCommand, Data: []byte{1, 99}},
+		{Index: 3, Type: raft.LogCommand, Data: claim8.Encode()},
 	})
-	if r := res[0].(*Result); !errors.Is(r.Err, ErrCorrupt) {
-		t.Fatalf("corrupt entry: %+v", r)
+	if r := res[0].(*Result); r.Err != nil || r.Outcomes[0].Err != nil {
+		t.Fatalf("entry before the corrupt one: %+v", r)
 	}
-	if r := res[1].(*Result); r.Err != nil || r.Outcomes[0].Err != nil {
-		t.Fatalf("entry after a corrupt one: %+v", r)
+	for i := 1; i < 3; i++ {
+		if r := res[i].(*Result); !errors.Is(r.Err, ErrCorrupt) {
+			t.Fatalf("entry %d (the corrupt one or after it): %+v, want ErrCorrupt", i+1, r)
+		}
 	}
-	if a, _ := st.ClaimFSMApplied(3); a != 5 {
-		t.Fatalf("applied = %d, want 5", a)
+	if len(fatal) != 1 || !errors.Is(fatal[0], ErrCorrupt) {
+		t.Fatalf("OnFatal calls: %v", fatal)
+	}
+	if a, _ := st.ClaimFSMApplied(3); a != 1 {
+		t.Fatalf("applied = %d, want 1 (the entry before the corrupt one)", a)
+	}
+	if _, err := st.ClaimFSMRecord(3, 8); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("the entry after the corrupt one was stored: %v", err)
+	}
+	// A stopped FSM applies nothing more, even a good entry.
+	res = f.ApplyBatch([]*raft.Log{{Index: 4, Type: raft.LogCommand, Data: claim8.Encode()}})
+	if r := res[0].(*Result); r.Err == nil {
+		t.Fatalf("a stopped FSM applied entry 4: %+v", r)
+	}
+	if a, _ := st.ClaimFSMApplied(3); a != 1 {
+		t.Fatalf("applied = %d after the stop, want 1", a)
+	}
+	// After a restart the log (repaired, say) replays from index 2.
+	f = &fsm{p: 3, kv: st, logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	expire := Command{Op: OpExpire, NowMs: 5000, ID: 7, Token: 1}
+	res = f.ApplyBatch([]*raft.Log{
+		{Index: 1, Type: raft.LogCommand, Data: claim7.Encode()},
+		{Index: 2, Type: raft.LogCommand, Data: expire.Encode()},
+		{Index: 3, Type: raft.LogCommand, Data: claim8.Encode()},
+	})
+	if res[0] != nil || res[1].(*Result).Err != nil || res[2].(*Result).Err != nil {
+		t.Fatalf("replay after the restart: %+v %+v %+v", res[0], res[1], res[2])
+	}
+	if a, _ := st.ClaimFSMApplied(3); a != 3 {
+		t.Fatalf("applied = %d after the replay, want 3", a)
 	}
 }
 

@@ -59,6 +59,12 @@ type fsm struct {
 	applied      uint64
 	appliedKnown bool
 
+	// onEnded and onFatal are GroupConfig.OnEnded and OnFatal. failed is
+	// the error that stopped this FSM (see stop): it applies nothing more.
+	onEnded func(ids []uint64)
+	onFatal func(error)
+	failed  error
+
 	// watches are the entries whose fate a Propose waits for, by index
 	// (see watch); passed is the highest index this FSM has applied,
 	// skipped or restored since it started.
@@ -164,14 +170,15 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 
 func (f *fsm) applyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
+	if f.failed != nil {
+		for i := range out {
+			out[i] = &Result{Err: f.failed}
+		}
+		return out
+	}
 	applied, err := f.appliedIndex()
 	if err != nil {
-		// The store is unreadable: nothing can be applied safely. Raft has
-		// no way to stop here; fail every entry loudly.
-		f.logger.Error("claim FSM cannot read its applied index", "partition", f.p, "err", err)
-		for i := range out {
-			out[i] = &Result{Err: err}
-		}
+		f.stop(0, fmt.Errorf("claims: partition %d cannot read its applied index: %w", f.p, err), out)
 		return out
 	}
 	overlay := map[uint64]*Record{}
@@ -191,37 +198,39 @@ func (f *fsm) applyBatch(logs []*raft.Log) []any {
 	var u storage.ClaimFSMUpdate
 	var order []uint64
 	var results []*Result
+	var ended []uint64       // tasks this batch made terminal
 	var traced []tracedApply // the traced entries' apply spans, ended after the commit
 	defer func() {
 		for _, t := range traced {
 			transport.EndSpan(t.span, t.res.Err)
 		}
 	}()
+	var failed error // the entry that could not be applied: nothing from it on is
 	for i, l := range logs {
 		if l.Index <= applied {
 			continue
 		}
-		u.AppliedIndex = l.Index
 		if l.Type != raft.LogCommand {
+			u.AppliedIndex = l.Index
 			continue
 		}
 		res := &Result{}
 		out[i] = res
-		results = append(results, res)
 		cmd, err := DecodeCommand(l.Data)
 		if err != nil {
-			res.Err = fmt.Errorf("claims: entry %d of partition %d: %w", l.Index, f.p, err)
-			f.logger.Error("corrupt claim entry", "partition", f.p, "index", l.Index, "err", err)
-			continue
+			failed = fmt.Errorf("claims: corrupt entry %d of partition %d: %w", l.Index, f.p, err)
+			break
 		}
 		if span := f.startApply(l, cmd); span != nil {
 			traced = append(traced, tracedApply{span, res})
 		}
 		outcomes, changes, err := ApplyWithBugs(l.Index, cmd, get, f.bugs)
 		if err != nil {
-			res.Err = err
-			continue
+			failed = fmt.Errorf("claims: entry %d of partition %d: %w", l.Index, f.p, err)
+			break
 		}
+		u.AppliedIndex = l.Index
+		results = append(results, res)
 		res.Outcomes = outcomes
 		for _, c := range changes {
 			if _, seen := overlay[c.ID]; !seen {
@@ -234,30 +243,70 @@ func (f *fsm) applyBatch(logs []*raft.Log) []any {
 			case c.Released:
 				u.Moves = append(u.Moves, storage.IndexMove{ID: c.ID})
 			}
+			for _, m := range c.Merges {
+				u.Merges = append(u.Merges, storage.FSMMerge{ID: c.ID, State: m})
+			}
+		}
+		if cmd.Op == OpAct || cmd.Op == OpEnd {
+			for _, o := range outcomes {
+				if o.Err == nil && !o.Repeated && o.Record != nil && o.Record.Terminal != EndNone {
+					ended = append(ended, o.ID)
+				}
+			}
 		}
 	}
-	if u.AppliedIndex == 0 {
-		return out // everything was a replay
-	}
-	for _, id := range order {
-		rec := storage.FSMRecord{ID: id} // nil Value deletes (OpForget)
-		if r := overlay[id]; r != nil {
-			rec.Value = r.Encode()
+	if u.AppliedIndex != 0 {
+		for _, id := range order {
+			rec := storage.FSMRecord{ID: id} // nil Value deletes (OpForget)
+			if r := overlay[id]; r != nil {
+				rec.Value = r.Encode()
+			}
+			u.Records = append(u.Records, rec)
 		}
-		u.Records = append(u.Records, rec)
-	}
-	// Not synced: the entries are durable in the Raft log, and the applied
-	// index in the same atomic batch tells a replay where to resume.
-	if err := f.kv.ApplyClaimFSM(f.p, u, false); err != nil {
-		f.appliedKnown = false // read it again
-		f.logger.Error("claim FSM commit failed", "partition", f.p, "index", u.AppliedIndex, "err", err)
-		for _, r := range results {
-			r.Outcomes, r.Err = nil, err
+		// Not synced: the entries are durable in the Raft log, and the
+		// applied index in the same atomic batch tells a replay where to
+		// resume.
+		if err := f.kv.ApplyClaimFSM(f.p, u, false); err != nil {
+			f.appliedKnown = false
+			for _, r := range results {
+				r.Outcomes = nil
+			}
+			f.stop(0, fmt.Errorf("claims: partition %d cannot store entries up to %d: %w", f.p, u.AppliedIndex, err), out)
+			return out
 		}
+		f.applied = u.AppliedIndex
+	}
+	if failed != nil {
+		// What came before the entry is stored: a restart replays from it.
+		f.stop(f.applied, failed, out)
 		return out
 	}
-	f.applied = u.AppliedIndex
+	if len(ended) > 0 && f.onEnded != nil {
+		f.onEnded(ended)
+	}
 	return out
+}
+
+// stop stops the FSM for good after err: an entry it could not read or
+// apply, or a store it could not read or write. Going on would leave this
+// replica without what the entry did (a claim it missed, an end) while
+// Raft believes it applied: so every entry from here on fails with err
+// (out's unset ones now), the stored applied index stays where the store
+// last took it (stored, 0 when unknown), and OnFatal tells the node, which
+// stops; a restart replays the log from the stored applied index.
+func (f *fsm) stop(stored uint64, err error, out []any) {
+	f.failed = fmt.Errorf("%w (this replica stopped applying; restart the node to replay from the last stored index)", err)
+	for i := range out {
+		if r, ok := out[i].(*Result); ok && r.Outcomes != nil {
+			continue // applied and stored
+		}
+		out[i] = &Result{Err: f.failed}
+	}
+	f.logger.Error("claim FSM stopped: the node must stop; a restart replays from the last stored index",
+		"partition", f.p, "stored_applied_index", stored, "err", err)
+	if f.onFatal != nil {
+		f.onFatal(f.failed)
+	}
 }
 
 // appliedIndex returns the stored applied index, read once and then

@@ -247,6 +247,18 @@ func (d *decoder) count(minBytesEach int) int {
 	return int(n)
 }
 
+// bytes reads a length-prefixed byte string; empty gives nil. The result
+// is a copy: it does not alias the decoded buffer.
+func (d *decoder) bytes() []byte {
+	n := d.count(1)
+	if d.err != nil || n == 0 {
+		return nil
+	}
+	v := append([]byte(nil), d.buf[d.off:d.off+n]...)
+	d.off += n
+	return v
+}
+
 func (d *decoder) string() string {
 	n := d.count(1)
 	if d.err != nil {

@@ -347,9 +347,11 @@ func (w *Worker) runTask(runCtx, base context.Context, ct *nornv1.ClaimedTask, s
 
 	renewCtx, stopRenew := context.WithCancel(base)
 	renewed := make(chan struct{})
+	var lease leaseDeadline
+	lease.set(sent.Add(w.cfg.Lease))
 	go func() {
 		defer close(renewed)
-		w.renew(renewCtx, t, sent.Add(w.cfg.Lease), cancelHandler)
+		w.renew(renewCtx, t, sent, &lease, cancelHandler)
 	}()
 
 	result, err := w.callHandler(hctx, t)
@@ -361,6 +363,13 @@ func (w *Worker) runTask(runCtx, base context.Context, ct *nornv1.ClaimedTask, s
 	case claimGone.Load():
 		oc = outcomeNone
 		w.log.Info("norn: claim ended while the handler ran", "task", t.ID, "claim", t.ClaimID, "cause", context.Cause(hctx))
+	case errors.Is(context.Cause(hctx), ErrLeaseExpired) || !time.Now().Before(lease.get()):
+		// The worker knows its lease ran out: another worker may hold the
+		// task now, so it never completes or aborts it, whatever the
+		// handler returned; it gives the task back (a yield the server
+		// refuses if the claim has ended), and the task runs again.
+		oc = outcomeYield
+		w.log.Warn("norn: the lease ran out before the handler returned; yielding, not completing", "task", t.ID, "claim", t.ClaimID, "handler_err", err)
 	case err == nil:
 		oc = outcomeComplete
 	case hctx.Err() != nil || errors.Is(err, ErrYield):
@@ -384,13 +393,22 @@ func (w *Worker) callHandler(ctx context.Context, t *Task) (result []byte, err e
 	return w.cfg.Handler(ctx, t)
 }
 
-// renew renews t's lease about every Lease/3 until ctx is done. When the
-// server says the claim has ended, it cancels the handler through t.gone;
-// when the lease runs out (by the worker's clock, counted from deadline)
-// before a renew succeeds, it cancels the handler with ErrLeaseExpired.
-func (w *Worker) renew(ctx context.Context, t *Task, deadline time.Time, cancelHandler context.CancelCauseFunc) {
+// leaseDeadline is when a claim's lease runs out by the worker's clock, at
+// the latest: counted from before the request that got or renewed it.
+type leaseDeadline struct{ unixNano atomic.Int64 }
+
+func (l *leaseDeadline) set(t time.Time) { l.unixNano.Store(t.UnixNano()) }
+func (l *leaseDeadline) get() time.Time  { return time.Unix(0, l.unixNano.Load()) }
+
+// renew renews t's lease about every Lease/3 until ctx is done, the first
+// time Lease/3 after sent (the claim request's start: at once after a long
+// poll that took longer). When the server says the claim has ended, it
+// cancels the handler through t.gone; when the lease runs out (by the
+// worker's clock, counted from lease) before a renew succeeds, it cancels
+// the handler with ErrLeaseExpired. It keeps lease current.
+func (w *Worker) renew(ctx context.Context, t *Task, sent time.Time, lease *leaseDeadline, cancelHandler context.CancelCauseFunc) {
 	interval := w.cfg.Lease / 3
-	timer := time.NewTimer(interval)
+	timer := time.NewTimer(max(time.Until(sent.Add(interval)), 0))
 	defer timer.Stop()
 	for {
 		select {
@@ -399,12 +417,13 @@ func (w *Worker) renew(ctx context.Context, t *Task, deadline time.Time, cancelH
 		case <-timer.C:
 		}
 		sent := time.Now()
+		deadline := lease.get()
 		rctx, cancel := context.WithDeadline(ctx, deadline)
 		_, err := w.c.Renew(rctx, t.ID, t.ClaimID, w.cfg.Lease)
 		cancel()
 		switch {
 		case err == nil:
-			deadline = sent.Add(w.cfg.Lease)
+			lease.set(sent.Add(w.cfg.Lease))
 			timer.Reset(interval)
 		case ctx.Err() != nil:
 			return

@@ -416,3 +416,82 @@ func TestWorkerConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkerNeverCompletesAfterLosingItsLease: a handler that ignores its
+// context and returns a result after the lease ran out (no renew got
+// through) does not get its task completed: another worker may hold it
+// by then. The worker gives the task back instead.
+func TestWorkerNeverCompletesAfterLosingItsLease(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr)
+	enqueue(t, c, spec("x"))
+	f.setInject(func(m string, _ proto.Message) error {
+		if m == "Renew" {
+			return errUnavailable
+		}
+		return nil
+	})
+	returned := make(chan struct{})
+	var once sync.Once
+	startWorker(t, c, client.WorkerConfig{
+		Lease: 300 * time.Millisecond,
+		Handler: func(ctx context.Context, _ *client.Task) ([]byte, error) {
+			<-ctx.Done()
+			time.Sleep(50 * time.Millisecond) // a handler slow to notice
+			once.Do(func() { close(returned) })
+			return []byte("done anyway"), nil
+		},
+	})
+	select {
+	case <-returned:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler's context was not cancelled")
+	}
+	waitFor(t, "a yield", func() bool { return f.count("Yield") > 0 })
+	if n := f.count("Complete") + f.count("CompleteBatch"); n != 0 {
+		t.Fatalf("%d completions of a task whose lease ran out", n)
+	}
+}
+
+// TestWorkerRenewsAtOnceAfterALongPoll: a claim granted at the end of a
+// long poll that took most of the lease is renewed at once, not a third
+// of a lease after the handler started (the worker counts the lease from
+// the claim request's start, so it would otherwise believe it lost).
+func TestWorkerRenewsAtOnceAfterALongPoll(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr)
+	var delayed atomic.Bool
+	f.setInject(func(m string, _ proto.Message) error {
+		if m == "Claim" && !delayed.Load() {
+			delayed.Store(true)
+			time.Sleep(700 * time.Millisecond) // most of the 900 ms lease
+			enqueue(t, c, spec("x"))
+		}
+		return nil
+	})
+	causes := make(chan error, 1)
+	var once sync.Once
+	startWorker(t, c, client.WorkerConfig{
+		Lease: 900 * time.Millisecond,
+		Wait:  2 * time.Second,
+		Handler: func(ctx context.Context, _ *client.Task) ([]byte, error) {
+			select {
+			case <-ctx.Done():
+				once.Do(func() { causes <- context.Cause(ctx) })
+				return nil, ctx.Err()
+			case <-time.After(1200 * time.Millisecond):
+				once.Do(func() { causes <- nil })
+				return []byte("ok"), nil
+			}
+		},
+	})
+	select {
+	case cause := <-causes:
+		if cause != nil {
+			t.Fatalf("the handler was cancelled: %v", cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not finish")
+	}
+	waitFor(t, "the completion", func() bool { return f.count("Complete")+f.count("CompleteBatch") > 0 })
+}

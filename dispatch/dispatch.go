@@ -188,6 +188,24 @@ func (d *Dispatcher) EndIfTerminal(ts *coord.TaskState) bool {
 	return true
 }
 
+// EndNow ends the claim FSM's record of task id, which ev (a cancel, an
+// abort by this node) made terminal, through the partition's group before
+// it returns when this node leads the partition: a cancel the leader
+// acknowledges is then known to the group, which grants the task to no
+// one again whichever replica leads next. Elsewhere, or when the proposal
+// fails, the end is queued for the leader (endClaim).
+func (d *Dispatcher) EndNow(id uint64, ev crdt.Terminal) {
+	p := d.host.Partition(id)
+	if g := d.host.Group(p); g != nil && g.IsLeader() {
+		cmd := &claims.Command{Op: claims.OpEnd, NowMs: d.cfg.Clock.Now().UnixMilli(),
+			Ends: []claims.End{{ID: id, Token: ev.Claim, Reason: coord.EndReason(ev.Kind)}}}
+		if _, err := g.Propose(cmd, replicas.ProposeTimeout); err == nil {
+			return
+		}
+	}
+	d.endClaim(id, ev)
+}
+
 // endClaim queues the claim FSM's end of a task that just became terminal
 // (ev is its deciding terminal event). The ender proposes it in the
 // background: the outcome is decided and durable already, and every path

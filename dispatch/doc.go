@@ -28,12 +28,19 @@
 // terminal tasks past Retention (ExpireBefore, which anti-entropy uses
 // too).
 //
+// What a worker does under its claim (act.go: complete, abort, yield,
+// update) is decided by the partition's group: Acts proposes one OpAct
+// entry per partition, each act fenced by its claim's token at apply,
+// and the claim's end, the task's terminal state and the worker's result
+// are one decision, merged into the task on every replica. Only the
+// partition's leader proposes; a node that cannot reach it refuses.
+//
 // The ender (ender.go) coalesces the claim ends of tasks that became
-// terminal (through Ended, which coord calls for tasks a merge made
-// terminal, and EndIfTerminal, for a task found terminal whose claim
-// record does not say so yet) into one OpEnd entry per partition a few milliseconds later:
-// the outcome is decided by the task's CRDT terminal event before, so
-// nothing waits for an end.
+// terminal without a worker's act (cancels learned through Ended, which
+// coord calls for tasks a merge made terminal; EndIfTerminal, for a task
+// found terminal whose claim record does not say so yet) into one OpEnd
+// entry per partition a few milliseconds later. A cancel the leader
+// answers itself ends the claim before it is acknowledged (EndNow).
 //
 // Dependencies (deps.go): a task whose dependencies are not all completed
 // is DELAYED; a dependency is looked up in a cache of terminal outcomes,
@@ -41,7 +48,7 @@
 // replicas in the background by the dependency checker, which wakes the
 // waiting claims when it finds one terminal.
 //
-// LoadClaimed is how a call under a claim (renew, update, complete,
-// abort, yield) reads a task: a refusal rests on the partition leader's
-// applied claim state, never on a replica that is behind.
+// LoadClaimed is how a renew reads a task: a refusal rests on the
+// partition leader's applied claim state, never on a replica that is
+// behind.
 package dispatch

@@ -9,7 +9,8 @@ import (
 	"github.com/norn-dev/norn/replicas"
 )
 
-// ender coalesces the claim FSM ends of completed and aborted tasks: ends
+// ender coalesces the claim FSM ends of cancelled tasks and of tasks this
+// node aborted: ends
 // queued while a round of proposals is in flight go out together in the
 // next round, one OpEnd entry per partition. The outcome of a task is
 // decided (and durable) by its CRDT terminal event before it is queued here;
@@ -36,15 +37,14 @@ func (e *ender) add(p uint16, end claims.End) {
 	}
 }
 
-// endLinger is how long the ender collects ends before a round: with many
-// partitions, ends that arrive one by one would otherwise each cost a Raft
-// entry. Nothing waits for an end (see ender), so the delay costs nothing
-// but the time a completed task's claim record stays (counts and views
-// follow the terminal event, not the record). At 200 ms ends were about
-// half of the partition groups' Raft entries under claim+complete (3,909
-// entries for 30,000 tasks, P=64); 1 s cut the server CPU per task by
-// 5-10% (docs/BENCHMARKS.md, session 12).
-const endLinger = time.Second
+// endLinger is how long the ender collects ends before a round. Workers'
+// completions and aborts end their claims in the same Raft entry that
+// decides them (OpAct); what comes here is rarer (cancels learned from
+// replicas, the node's own aborts, tasks found terminal on a path that
+// acts on a claim), so the window is short: until the end is in, the
+// group could grant a task a replica other than its next leader knows
+// is cancelled.
+const endLinger = 10 * time.Millisecond
 
 // run proposes queued ends until stop is closed, then proposes what is left.
 func (e *ender) run(stop <-chan struct{}) {

@@ -137,8 +137,15 @@ func (d *Dispatcher) expireClaims(p uint16) {
 		if !live {
 			continue
 		}
-		if ts != nil && d.EndIfTerminal(ts) {
-			continue
+		if ts != nil {
+			// A task terminal without a worker's act (cancelled) or by
+			// this claim's own: its claim ends as the task did. A terminal
+			// event under another claim (written before the fence) cannot
+			// end this one (OpEnd refuses it): the claim expires.
+			if ev, terminal := ts.Task.Terminal(); terminal && (ev.Claim == 0 || ev.Claim == c.Token) {
+				d.EndIfTerminal(ts)
+				continue
+			}
 		}
 		cmd := &claims.Command{Op: claims.OpExpire, NowMs: now, ID: e.ID, Token: c.Token, SkewMs: skew}
 		o, err := d.Propose(e.ID, cmd)

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
-	"github.com/norn-dev/norn/server"
 )
 
 // TestLiveClaimOnLeaderWithoutTheTask: the partition's leader has lost the
@@ -84,8 +83,7 @@ func TestClaimCheckAuthority(t *testing.T) {
 	if _, err := leader.node.dispatch.LoadClaimed(ctx, id, bogus); err != nil {
 		t.Fatalf("leader's load under a dead claim: %v (the caller refuses it with server.LiveClaim)", err)
 	}
-	ts, _ := leader.node.dispatch.LoadClaimed(ctx, id, bogus)
-	if err := server.LiveClaim(ts, bogus); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+	if _, err := leader.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: bogus})); connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("leader's check of a dead claim: %v, want FAILED_PRECONDITION", err)
 	}
 	for _, m := range others {

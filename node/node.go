@@ -55,6 +55,7 @@ type Node struct {
 	tracing *nodeTracing         // the parts' tracers and the calls' wrappers; empty when off
 	stop    chan struct{}
 	stopped sync.WaitGroup
+	failed  chan error // a partition's claim FSM stopped for good (Failed)
 	closeMu sync.Mutex
 	closed  bool
 }
@@ -102,11 +103,12 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		cfg:   cfg,
-		lock:  lock,
-		store: store,
-		hlc:   crdt.NewHLC(cfg.Clock, uint32(cfg.MachineID)),
-		stop:  make(chan struct{}),
+		cfg:    cfg,
+		lock:   lock,
+		store:  store,
+		hlc:    crdt.NewHLC(cfg.Clock, uint32(cfg.MachineID)),
+		stop:   make(chan struct{}),
+		failed: make(chan error, 1),
 
 		waiters: waiters,
 		metrics: newNodeMetrics(cfg),
@@ -165,7 +167,11 @@ func New(cfg Config) (*Node, error) {
 		Join: cfg.Join, BootstrapExpect: cfg.BootstrapExpect, Replication: cfg.Replication,
 		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Clock: cfg.Clock, TLS: cfg.TLS, GossipKey: cfg.GossipKey,
 		Logger: cfg.logger("replicas"), RaftLogger: cfg.RaftLogger,
-		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck,
+		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck, ActNoFence: cfg.TestBugs.ActNoFence,
+		// A task a partition's claim FSM made terminal may unblock its
+		// dependants, in any queue.
+		OnEnded:        func(uint16, []uint64) { n.waiters.NotifyAll() },
+		OnFatal:        n.fail,
 		LeaderBalance:  leaderBalanceTuning(cfg),
 		Trees:          n.ae,
 		Heartbeats:     heartbeats,
@@ -209,6 +215,7 @@ func New(cfg Config) (*Node, error) {
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
 		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard, Heartbeats: heartbeats,
 		Auth:     cfg.Auth,
+		ActLocal: cfg.TestBugs.ActLocal,
 		Events:   n.metrics.tasks,
 		Security: server.SecurityStatus{TLS: cfg.TLS != nil, GossipEncrypted: cfg.GossipKey != nil, Insecure: cfg.Insecure},
 		Build:    cfg.Build, DataDir: cfg.DataDir, Backup: n.Backup,
@@ -341,6 +348,22 @@ func (n *Node) Close() error {
 	errs := n.host.Close()
 	n.peers.Close()
 	return errors.Join(errs, n.store.Close(), n.lock.release())
+}
+
+// Failed delivers the error that made the node unable to go on: a
+// partition's claim FSM could not apply an entry and stopped (see
+// claims.GroupConfig.OnFatal). The node must then stop (nornd exits with
+// the error); a restart replays the partition's log from the last entry
+// it stored.
+func (n *Node) Failed() <-chan error { return n.failed }
+
+// fail reports err on Failed (the first one; later ones are logged by
+// their FSMs).
+func (n *Node) fail(err error) {
+	select {
+	case n.failed <- err:
+	default:
+	}
 }
 
 // RaftAddr is the address of this node's Raft listener.

@@ -43,6 +43,16 @@ func startJoiner(t *testing.T, ms []*member, i int) *member {
 	cfg.RaftLogger = hclog.NewNullLogger()
 	m := startMember(t, cfg)
 	waitFor(t, 20*time.Second, m.cfg.NodeID+" has the ring", func() bool { return m.node.host.Ring() != nil })
+	// Every member sees it in gossip: whichever leads the meta group
+	// takes a Join of it (under load gossip may lag the ring's pull).
+	waitFor(t, 20*time.Second, "every member to see "+m.cfg.NodeID+" in gossip", func() bool {
+		for _, o := range ms {
+			if o.node != nil && !o.node.host.Alive()[m.cfg.NodeID] {
+				return false
+			}
+		}
+		return true
+	})
 	return m
 }
 

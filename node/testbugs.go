@@ -28,6 +28,17 @@ type TestBugs struct {
 	// moves (storage.Config.CountDrift), so claimed and ended tasks are
 	// counted wrong.
 	CountDrift bool
+	// ActNoFence ("act-no-fence"): the claim FSM takes a worker's
+	// complete, abort, yield or update under any claim of the task, not
+	// only the live one (claims.Bugs.ActNoFence): a superseded worker
+	// completes a task another worker holds.
+	ActNoFence bool
+	// ActLocal ("act-local"): a node that does not lead a task's
+	// partition decides a complete, abort, yield or update under a claim
+	// from its own copy of the claim state and writes it at the call's w
+	// (server.Config.ActLocal), as before the fence: a replica cut off
+	// from its leader takes a superseded worker's complete.
+	ActLocal bool
 	// TLSAnyClient ("tls-any-client"): the node's TLS listeners (API and
 	// Raft ports) take a client certificate of any CA and believe the
 	// identity it names (transport.Certs.AcceptAnyClient).
@@ -42,6 +53,8 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"drop-replicated-write": func(b *TestBugs) *bool { return &b.DropReplicatedWrite },
 	"count-drift":           func(b *TestBugs) *bool { return &b.CountDrift },
 	"tls-any-client":        func(b *TestBugs) *bool { return &b.TLSAnyClient },
+	"act-no-fence":          func(b *TestBugs) *bool { return &b.ActNoFence },
+	"act-local":             func(b *TestBugs) *bool { return &b.ActLocal },
 }
 
 // TestBugNames returns the names ParseTestBugs accepts, sorted.

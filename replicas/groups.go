@@ -135,6 +135,10 @@ func (h *Host) openGroup(r *cluster.Ring, p int, bootstrap bool) error {
 	if h.cfg.OnProposed != nil {
 		onProposed = func(d time.Duration) { h.cfg.OnProposed(uint16(p), d) }
 	}
+	var onEnded func([]uint64)
+	if h.cfg.OnEnded != nil {
+		onEnded = func(ids []uint64) { h.cfg.OnEnded(uint16(p), ids) }
+	}
 	g, err := claims.StartGroup(claims.GroupConfig{
 		Partition: uint16(p), LocalID: raft.ServerID(h.cfg.NodeID),
 		KV: h.cfg.Store, Log: rs, Stable: rs, Snapshots: snaps, Transport: trans,
@@ -154,7 +158,9 @@ func (h *Host) openGroup(r *cluster.Ring, p int, bootstrap bool) error {
 		MayLead:        h.cfg.MayLead,
 		OnProposed:     onProposed,
 		Tracer:         h.cfg.Tracer,
-		Bugs:           claims.Bugs{ClaimNoCheck: h.cfg.ClaimNoCheck},
+		OnEnded:        onEnded,
+		OnFatal:        h.cfg.OnFatal,
+		Bugs:           claims.Bugs{ClaimNoCheck: h.cfg.ClaimNoCheck, ActNoFence: h.cfg.ActNoFence},
 	})
 	if err != nil {
 		stream.Close()

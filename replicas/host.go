@@ -66,8 +66,13 @@ type Config struct {
 	Store *storage.Store
 	// Peers reaches other nodes' APIs (to pull a newer ring).
 	Peers *transport.Peers
-	// ClaimNoCheck is the seeded bug claims.Bugs.ClaimNoCheck.
-	ClaimNoCheck bool
+	// ClaimNoCheck and ActNoFence are the seeded bugs claims.Bugs.ClaimNoCheck
+	// and ActNoFence.
+	ClaimNoCheck, ActNoFence bool
+	// OnEnded and OnFatal are every partition group's
+	// claims.GroupConfig.OnEnded (with the partition) and OnFatal.
+	OnEnded func(p uint16, ids []uint64)
+	OnFatal func(error)
 
 	// Trees learns of replicas opened and dropped.
 	Trees Trees

@@ -122,17 +122,6 @@ func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.Rene
 	return connect.NewResponse(&nornv1.RenewResponse{Expiry: timestamppb.New(time.UnixMilli(o.Claim.ExpiryMs))}), nil
 }
 
-// LiveClaim checks that claimID is the task's live claim.
-func LiveClaim(ts *coord.TaskState, claimID uint64) error {
-	if ts.Claims != nil {
-		if c, ok := ts.Claims.Live(); ok && c.Token == claimID {
-			return nil
-		}
-	}
-	return connect.NewError(connect.CodeFailedPrecondition,
-		fmt.Errorf("claimId: %d is not the live claim of task %d: %w", claimID, ts.Task.ID, claims.ErrClaimSuperseded))
-}
-
 func (s taskService) Update(ctx context.Context, req *connect.Request[nornv1.UpdateRequest]) (*connect.Response[nornv1.UpdateResponse], error) {
 	sv, m := s.sv, req.Msg
 	if _, err := sv.coord.Quorum(m.GetW()); err != nil {
@@ -154,22 +143,16 @@ func (s taskService) Update(ctx context.Context, req *connect.Request[nornv1.Upd
 	if err := u.Validate(sv.cfg.Limits); err != nil {
 		return nil, apierr.From(err)
 	}
-	ts, err := sv.dispatch.LoadClaimed(ctx, m.GetId(), m.GetClaimId())
-	if err != nil {
-		return nil, apierr.From(err)
-	}
-	if _, terminal := ts.Task.Terminal(); terminal {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
-	}
-	if err := LiveClaim(ts, m.GetClaimId()); err != nil {
-		return nil, err
-	}
 	u.At = sv.hlc.Now()
-	acks, err := sv.coord.Write(ctx, []*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{u}}}, m.GetW(), []uint64{m.GetId()})
+	res, err := sv.decide(ctx, []dispatch.Act{{ID: m.GetId(), ClaimID: m.GetClaimId(), End: claims.EndNone,
+		State: &crdt.Task{ID: m.GetId(), Updates: []crdt.Update{u}}}}, m.GetW())
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&nornv1.UpdateResponse{Acks: acks}), nil
+	if res[0].err != nil {
+		return nil, res[0].err
+	}
+	return connect.NewResponse(&nornv1.UpdateResponse{Acks: res[0].acks}), nil
 }
 
 func (s taskService) Yield(ctx context.Context, req *connect.Request[nornv1.YieldRequest]) (*connect.Response[nornv1.YieldResponse], error) {
@@ -183,31 +166,26 @@ func (s taskService) Yield(ctx context.Context, req *connect.Request[nornv1.Yiel
 	if p := m.GetProgress(); math.IsNaN(p) || p < 0 || p > 1 {
 		return nil, apierr.Invalid("progress", "must be in [0, 1], got %v", p)
 	}
-	ts, err := sv.dispatch.LoadClaimed(ctx, m.GetId(), m.GetClaimId())
-	if err != nil {
-		return nil, apierr.From(err)
-	}
-	if sv.dispatch.EndIfTerminal(ts) {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
-	}
-	if err := LiveClaim(ts, m.GetClaimId()); err != nil {
-		return nil, err
-	}
+	act := dispatch.Act{ID: m.GetId(), ClaimID: m.GetClaimId(), End: claims.EndYielded}
 	if p := m.GetProgress(); p > 0 {
+		// The progress is an update under the claim, written with the
+		// yield: after the claim's updates this replica holds.
 		seq := uint64(1)
-		for _, u := range ts.Task.Updates {
-			if u.Claim == m.GetClaimId() {
-				seq = max(seq, u.Seq+1)
+		if ts, err := sv.coord.Load(m.GetId()); err == nil {
+			for _, u := range ts.Task.Updates {
+				if u.Claim == m.GetClaimId() {
+					seq = max(seq, u.Seq+1)
+				}
 			}
 		}
-		up := crdt.Update{Claim: m.GetClaimId(), Seq: seq, At: sv.hlc.Now(), Progress: p}
-		if _, err := sv.coord.Write(ctx, []*crdt.Task{{ID: m.GetId(), Updates: []crdt.Update{up}}}, 0, []uint64{m.GetId()}); err != nil {
-			return nil, err
-		}
+		act.State = &crdt.Task{ID: m.GetId(), Updates: []crdt.Update{{Claim: m.GetClaimId(), Seq: seq, At: sv.hlc.Now(), Progress: p}}}
 	}
-	if _, err := sv.dispatch.Propose(m.GetId(), &claims.Command{Op: claims.OpYield, NowMs: sv.cfg.Clock.Now().UnixMilli(),
-		ID: m.GetId(), Token: m.GetClaimId()}); err != nil {
+	res, err := sv.decide(ctx, []dispatch.Act{act}, 0)
+	if err != nil {
 		return nil, err
+	}
+	if res[0].err != nil {
+		return nil, res[0].err
 	}
 	return connect.NewResponse(&nornv1.YieldResponse{}), nil
 }

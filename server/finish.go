@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -11,57 +12,169 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/apierr"
+	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/dispatch"
+	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/testhooks"
 	"github.com/norn-dev/norn/transport"
 )
 
-// finish records a terminal event for a claimed task (complete or abort):
-// the claim must be the live one, or the one that already ended the task
-// the same way (an idempotent retry). It returns the acks and the task's
-// queue.
+// finish ends task id under claim claimID with the terminal event ev
+// (complete or abort), decided by the partition's Raft group (see
+// decide). It returns the acks and the task's queue.
 func (sv *Server) finish(ctx context.Context, id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, string, error) {
-	if _, err := sv.coord.Quorum(w); err != nil {
-		return 0, "", err
-	}
-	t, queue, err := sv.prepareFinish(ctx, id, claimID, ev)
+	act, err := sv.finishAct(id, claimID, ev)
 	if err != nil {
 		return 0, "", err
 	}
-	// A retry of the same call writes the stored state again, so that it
-	// reaches the quorum it may have missed.
-	acks, err := sv.coord.Write(ctx, []*crdt.Task{t}, w, []uint64{id})
-	return acks, queue, err
+	res, err := sv.decide(ctx, []dispatch.Act{act}, w)
+	if err != nil {
+		return 0, "", err
+	}
+	return res[0].acks, res[0].queue, res[0].err
 }
 
-// prepareFinish checks that the terminal event ev may end task id under
-// claim claimID and returns the state to write: the event, or the task's
-// state when the same event already took effect (a retry); and the task's
-// queue.
-func (sv *Server) prepareFinish(ctx context.Context, id, claimID uint64, ev crdt.Terminal) (*crdt.Task, string, error) {
+// finishAct checks a complete or abort's fields and returns its act.
+func (sv *Server) finishAct(id, claimID uint64, ev crdt.Terminal) (dispatch.Act, error) {
 	if err := requireClaim(id, claimID); err != nil {
-		return nil, "", err
+		return dispatch.Act{}, err
 	}
 	ev.Claim = claimID
 	if err := ev.Validate(sv.cfg.Limits); err != nil {
-		return nil, "", apierr.From(err)
-	}
-	ts, err := sv.dispatch.LoadClaimed(ctx, id, claimID)
-	if err != nil {
-		return nil, "", apierr.From(err)
-	}
-	if prev, terminal := ts.Task.Terminal(); terminal {
-		sv.dispatch.EndIfTerminal(ts)
-		if prev.Kind == ev.Kind && prev.Claim == claimID {
-			return ts.Task, queueOf(ts.Task), nil
-		}
-		return nil, "", connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", id, prev.Kind))
-	}
-	if err := LiveClaim(ts, claimID); err != nil {
-		return nil, "", err
+		return dispatch.Act{}, apierr.From(err)
 	}
 	ev.At = sv.hlc.Now()
-	return &crdt.Task{ID: id, Terminals: []crdt.Terminal{ev}}, queueOf(ts.Task), nil
+	return dispatch.Act{ID: id, ClaimID: claimID, End: coord.EndReason(ev.Kind),
+		State: &crdt.Task{ID: id, Terminals: []crdt.Terminal{ev}}}, nil
+}
+
+// decided is what became of one act, for the API.
+type decided struct {
+	acks  uint32
+	queue string // the task's queue, "" when this replica lacks its spec
+	err   error
+}
+
+// decide has acts decided by their partitions' Raft groups, fenced by
+// their claims (dispatch.Acts): this node leads the partitions (the call
+// was forwarded to the leader), or it refuses them UNAVAILABLE. A task
+// whose replica here is terminal by another decision is refused at once
+// (terminal is for good). An act that took effect is durable on a
+// majority of the cohort's Raft logs and applied on every replica: that
+// majority is its acks; with w above it, the task's state is then written
+// to w replicas too (a CRDT write, idempotent). The error is for the
+// whole call (w out of range); each act has its own.
+func (sv *Server) decide(ctx context.Context, acts []dispatch.Act, w uint32) ([]decided, error) {
+	w, err := sv.coord.Quorum(w)
+	if err != nil {
+		return nil, err
+	}
+	majority := uint32(sv.host.Ring().Replication)/2 + 1
+	out := make([]decided, len(acts))
+	var propose []dispatch.Act
+	var at []int              // index in acts of each of propose
+	missing := map[int]bool{} // acts whose task this replica lacks
+	for i, a := range acts {
+		ts, err := sv.coord.Load(a.ID)
+		missing[i] = errors.Is(err, storage.ErrNotFound)
+		if err == nil {
+			out[i].queue = queueOf(ts.Task)
+			if err := refuseTerminal(ts, a); err != nil {
+				sv.dispatch.EndIfTerminal(ts)
+				out[i].err = err
+				continue
+			}
+		}
+		propose = append(propose, a)
+		at = append(at, i)
+	}
+	if len(propose) == 0 {
+		return out, nil
+	}
+	var follow []*crdt.Task // states to write to w replicas
+	var followAt []int
+	results := sv.dispatch.Acts(propose)
+	if testhooks.Built && sv.cfg.ActLocal {
+		sv.actLocally(ctx, propose, results, w)
+	}
+	for k, r := range results {
+		i := at[k]
+		if r.Err != nil {
+			out[i].err = r.Err
+			if missing[i] && connect.CodeOf(r.Err) == connect.CodeFailedPrecondition {
+				// No live claim of a task this replica lacks: only a
+				// majority can say whether the task exists.
+				if _, err := sv.coord.Read(ctx, acts[i].ID, 0); errors.Is(err, storage.ErrNotFound) || connect.CodeOf(err) == connect.CodeNotFound {
+					out[i].err = apierr.From(err)
+				}
+			}
+			continue
+		}
+		out[i].acks = majority
+		if w <= majority {
+			continue
+		}
+		// The entry is applied here: the replica holds the decided state.
+		ts, err := sv.coord.Load(acts[i].ID)
+		if err != nil {
+			out[i].err = apierr.From(err)
+			continue
+		}
+		follow = append(follow, ts.Task)
+		followAt = append(followAt, i)
+	}
+	if len(follow) > 0 {
+		acks, w, lastErr, err := sv.coord.WriteEach(ctx, follow, w)
+		if err != nil {
+			return nil, err
+		}
+		for k, i := range followAt {
+			if acks[k] >= w {
+				out[i].acks = acks[k]
+			} else {
+				out[i].err = sv.coord.QuorumError([]uint64{acts[i].ID}, acks[k], w, lastErr)
+			}
+		}
+	}
+	return out, nil
+}
+
+// actLocally is the seeded bug ActLocal: the acts this node could not
+// have its groups decide (it leads none of their partitions) are decided
+// from its own copy of the claim state and written as CRDT deltas at w,
+// as before the fence: a replica cut off from its leader takes a
+// superseded worker's complete.
+func (sv *Server) actLocally(ctx context.Context, acts []dispatch.Act, results []dispatch.ActResult, w uint32) {
+	for k, a := range acts {
+		if connect.CodeOf(results[k].Err) != connect.CodeUnavailable {
+			continue
+		}
+		ts, err := sv.coord.Load(a.ID)
+		if err != nil || ts.Claims == nil {
+			continue
+		}
+		if c, live := ts.Claims.Live(); !live || c.Token != a.ClaimID || a.State == nil {
+			continue
+		}
+		if _, err := sv.coord.Write(ctx, []*crdt.Task{a.State}, w, []uint64{a.ID}); err == nil {
+			results[k] = dispatch.ActResult{}
+		}
+	}
+}
+
+// refuseTerminal refuses act on a task ts shows terminal, unless ts's
+// deciding event is the act's own (a retry, which the group answers).
+func refuseTerminal(ts *coord.TaskState, a dispatch.Act) error {
+	prev, terminal := ts.Task.Terminal()
+	if !terminal {
+		return nil
+	}
+	if prev.Claim == a.ClaimID && a.End != claims.EndNone && coord.EndReason(prev.Kind) == a.End {
+		return nil
+	}
+	return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", a.ID, prev.Kind))
 }
 
 func (s taskService) Complete(ctx context.Context, req *connect.Request[nornv1.CompleteRequest]) (*connect.Response[nornv1.CompleteResponse], error) {
@@ -127,37 +240,35 @@ func (s taskService) CompleteBatch(ctx context.Context, req *connect.Request[nor
 		})
 	}
 	wg.Wait()
-	var tasks []*crdt.Task
-	var written []int   // index in cs of each of tasks
-	var queues []string // the queue of each of tasks
+	var acts []dispatch.Act
+	var decidedAt []int // index in cs of each of acts
 	for _, i := range local {
 		c := cs[i]
 		result := c.GetResult()
 		if len(result) == 0 {
 			result = nil
 		}
-		t, queue, err := sv.prepareFinish(ctx, c.GetId(), c.GetClaimId(), crdt.Terminal{Kind: crdt.Completed, Result: result})
+		act, err := sv.finishAct(c.GetId(), c.GetClaimId(), crdt.Terminal{Kind: crdt.Completed, Result: result})
 		if err != nil {
 			fail(i, err)
 			continue
 		}
-		tasks = append(tasks, t)
-		written = append(written, i)
-		queues = append(queues, queue)
+		acts = append(acts, act)
+		decidedAt = append(decidedAt, i)
 	}
-	if len(tasks) > 0 {
-		// One write (one synced commit per replica) for the whole batch.
-		acks, w, lastErr, err := sv.coord.WriteEach(ctx, tasks, m.GetW())
+	if len(acts) > 0 {
+		// One Raft entry per partition for the whole batch.
+		res, err := sv.decide(ctx, acts, m.GetW())
 		if err != nil {
 			return nil, err
 		}
-		for k, i := range written {
-			if acks[k] >= w {
-				results[i] = &nornv1.CompletionResult{Acks: acks[k]}
-				sv.events.Completed(queues[k])
-			} else {
-				fail(i, sv.coord.QuorumError([]uint64{cs[i].GetId()}, acks[k], w, lastErr))
+		for k, i := range decidedAt {
+			if res[k].err != nil {
+				fail(i, res[k].err)
+				continue
 			}
+			results[i] = &nornv1.CompletionResult{Acks: res[k].acks}
+			sv.events.Completed(res[k].queue)
 		}
 	}
 	return connect.NewResponse(&nornv1.CompleteBatchResponse{Results: results}), nil

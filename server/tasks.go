@@ -219,6 +219,7 @@ func (s taskService) Cancel(ctx context.Context, req *connect.Request[nornv1.Can
 	if err != nil {
 		return nil, err
 	}
+	sv.dispatch.EndNow(m.GetId(), ev)
 	sv.events.Cancelled(queueOf(ts.Task))
 	return connect.NewResponse(&nornv1.CancelResponse{Acks: acks}), nil
 }

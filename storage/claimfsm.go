@@ -59,6 +59,20 @@ type ClaimFSMUpdate struct {
 	AppliedIndex uint64
 	Records      []FSMRecord
 	Moves        []IndexMove // applied in order
+	// Merges are task states (crdt encodings) the entries carry, joined
+	// into partition p's tasks before the records and moves: the results
+	// and progress of the acts the FSM took (claims.OpAct). They commit
+	// in a batch of their own, unsynced, ahead of the records' batch in
+	// the WAL: a crash keeps both, the merges alone, or neither, and a
+	// replay from the stored applied index joins them again (a join is
+	// idempotent), so the Raft log is their durability.
+	Merges []FSMMerge
+}
+
+// FSMMerge is a task state to merge, in crdt's encoding.
+type FSMMerge struct {
+	ID    uint64
+	State []byte
 }
 
 // ApplyClaimFSM commits u for partition p in one batch: the FSM records, the
@@ -68,6 +82,24 @@ type ClaimFSMUpdate struct {
 // sync false is right for entries that are durable in the Raft log (a crash
 // replays them); the batch is atomic either way.
 func (s *Store) ApplyClaimFSM(p uint16, u ClaimFSMUpdate, sync bool) error {
+	if len(u.Merges) > 0 {
+		items := make([]MergeItem, len(u.Merges))
+		for i, m := range u.Merges {
+			t, err := crdt.Decode(m.State)
+			if err != nil {
+				return fmt.Errorf("storage: claim FSM merge of task %d in partition %d: %w", m.ID, p, err)
+			}
+			if t.ID != m.ID {
+				return fmt.Errorf("storage: claim FSM merge of task %d in partition %d carries task %d", m.ID, p, t.ID)
+			}
+			items[i] = MergeItem{Partition: p, Task: t}
+		}
+		// A dropped partition (this node no longer replicates it) keeps
+		// no task states; its FSM winds down with it.
+		if _, err := s.mergeTasks(items, false); err != nil && !errors.Is(err, ErrPartitionDropped) {
+			return err
+		}
+	}
 	ids := make([]uint64, 0, len(u.Records)+len(u.Moves))
 	for _, r := range u.Records {
 		ids = append(ids, r.ID)

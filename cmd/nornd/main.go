@@ -253,6 +253,15 @@ func run(args []string) error {
 		framed.Close()
 		n.Close()
 		return fmt.Errorf("serve: %w", err)
+	case err := <-n.Failed():
+		// Going on would serve from a replica that missed a claim entry.
+		logger.Error("stopping: a partition's claim state machine cannot go on", "err", err)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		srv.Shutdown(ctx)
+		cancel()
+		framed.Close()
+		n.Close()
+		return err
 	}
 	// Hand the leaderships over while still serving: claims of the
 	// partitions that moved go to their new leaders meanwhile.

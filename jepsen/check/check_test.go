@@ -138,3 +138,51 @@ func TestCountsProblems(t *testing.T) {
 		}
 	}
 }
+
+// TestLinearizableCatchesSupersededComplete: a complete acked under a
+// claim that a later claim superseded breaks the fence (DESIGN 7.3a);
+// refused, the history is legal. A retry of the complete that took effect
+// may be acked again; another claim's complete of the finished task may
+// not.
+func TestLinearizableCatchesSupersededComplete(t *testing.T) {
+	ops := []*Op{
+		{Process: 0, F: "claim", Task: 7, Claim: 10, Type: "ok", Call: 1 * sec, Return: 2 * sec}, // short: may expire
+		{Process: 1, F: "claim", Task: 7, Claim: 12, Long: true, Type: "ok", Call: 6 * sec, Return: 7 * sec},
+		{Process: 0, F: "complete", Task: 7, Claim: 10, W: 1, Type: "ok", Call: 8 * sec, Return: 9 * sec},
+	}
+	if v := Linearizable(ops, 3, 10*time.Second, ""); v.Valid {
+		t.Fatal("a complete under a superseded claim passed")
+	}
+	ops[2].Type = "fail"
+	if v := Linearizable(ops, 3, 10*time.Second, ""); !v.Valid {
+		t.Fatalf("the refused complete failed: %+v", v)
+	}
+	ops = append(ops,
+		&Op{Process: 1, F: "complete", Task: 7, Claim: 12, W: 2, Type: "info", Call: 10 * sec, Return: 11 * sec},
+		&Op{Process: 2, F: "complete", Task: 7, Claim: 12, W: 2, Type: "ok", Call: 12 * sec, Return: 13 * sec})
+	if v := Linearizable(ops, 3, 10*time.Second, ""); !v.Valid {
+		t.Fatalf("a retried complete failed: %+v", v)
+	}
+	ops = append(ops, &Op{Process: 0, F: "complete", Task: 7, Claim: 10, W: 3, Type: "ok", Call: 14 * sec, Return: 15 * sec})
+	if v := Linearizable(ops, 3, 10*time.Second, ""); v.Valid {
+		t.Fatal("another claim's complete of a completed task passed")
+	}
+}
+
+// TestTerminalCountsEveryAckedComplete: a claim after a complete acked
+// with w=2 (of 3) fails terminal-stable: the group decides a complete.
+func TestTerminalCountsEveryAckedComplete(t *testing.T) {
+	ops := []*Op{
+		{F: "claim", Task: 7, Claim: 4, Type: "ok", Call: 0, Return: 1 * sec},
+		{F: "complete", Task: 7, Claim: 4, W: 2, Type: "ok", Call: 1 * sec, Return: 2 * sec},
+		{F: "claim", Task: 7, Claim: 9, Type: "ok", Call: 3 * sec, Return: 4 * sec},
+	}
+	if v := Terminal(ops, 3); v.Valid {
+		t.Fatal("a claim after a w=2 complete passed")
+	}
+	// A cancel below w = N may not have reached the leader.
+	ops[1] = &Op{F: "cancel", Task: 7, W: 2, Type: "ok", Call: 1 * sec, Return: 2 * sec}
+	if v := Terminal(ops, 3); !v.Valid {
+		t.Fatalf("a claim after a w=2 cancel failed: %+v", v)
+	}
+}

@@ -73,13 +73,14 @@ func Exclusion(ops []*Op) Verdict {
 	return v
 }
 
-// Terminal checks that no claim of a task was granted after a
-// complete or cancel of it was acked by every replica.
+// Terminal checks that no claim of a task was granted after a complete
+// of it was acked (at any w: the partition's group decides a complete),
+// or a cancel of it acked by every replica.
 func Terminal(ops []*Op, replication uint32) Verdict {
 	v := Verdict{Checker: "terminal-stable", Counts: map[string]int{}}
 	term := map[uint64]*Op{}
 	for _, o := range ops {
-		if (o.F == "complete" || o.F == "cancel") && o.Type == "ok" && o.W >= replication {
+		if o.Type == "ok" && (o.F == "complete" || (o.F == "cancel" && o.W >= replication)) {
 			if t := term[o.Task]; t == nil || o.Return < t.Return {
 				term[o.Task] = o
 			}

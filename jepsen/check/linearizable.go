@@ -15,8 +15,9 @@ type taskState struct {
 	Live     uint64 // the live claim, 0 for none
 	Long     bool   // whether the live claim has a long lease (cannot expire during the run)
 	Last     uint64 // the last granted claim id
-	Terminal bool   // a complete or cancel acked by every replica
-	Soft     bool   // a complete or cancel acked by fewer (may not have reached the leader)
+	Terminal bool   // a complete (any w: the group decides it) or a cancel acked by every replica
+	TermBy   uint64 // the claim whose complete made the task terminal, 0 for a cancel
+	Soft     bool   // a cancel acked by fewer (may not have reached the leader)
 }
 
 // taskModel is the sequential specification of one task, nondeterministic
@@ -61,13 +62,25 @@ func taskModel(replication uint32) porcupine.Model {
 				return out
 			}
 		case "complete", "cancel":
+			// A complete is fenced (DESIGN 4, 7.3a): it takes effect only
+			// under the live claim, and then the task is terminal at any
+			// w, the group having decided it; a retry of the same complete
+			// after an indeterminate one may be acked again. A cancel
+			// needs no claim; below w = N it may not have reached the
+			// leader (soft).
 			eff := s
-			if o.W >= replication {
-				eff.Terminal, eff.Live = true, 0
-			} else {
+			switch {
+			case o.F == "complete":
+				eff.Terminal, eff.Live, eff.TermBy = true, 0, c
+			case o.W >= replication:
+				eff.Terminal, eff.Live, eff.TermBy = true, 0, 0
+			default:
 				eff.Soft = true
 			}
-			legal := o.F == "cancel" || s.Last == c || s.Terminal || s.Soft
+			legal := o.F == "cancel" || (s.Live == c && !s.Terminal) || (s.Terminal && s.TermBy == c && c != 0)
+			if o.F == "complete" && s.Terminal && s.TermBy == c {
+				eff = s // the retry changes nothing
+			}
 			switch o.Type {
 			case "ok":
 				if !legal {
@@ -104,7 +117,7 @@ func taskModel(replication uint32) porcupine.Model {
 		},
 		DescribeState: func(st any) string {
 			s := st.(taskState)
-			return fmt.Sprintf("live=%d long=%v last=%d terminal=%v soft=%v", s.Live, s.Long, s.Last, s.Terminal, s.Soft)
+			return fmt.Sprintf("live=%d long=%v last=%d terminal=%v by=%d soft=%v", s.Live, s.Long, s.Last, s.Terminal, s.TermBy, s.Soft)
 		},
 	}
 	m := nm.ToModel()

@@ -1,0 +1,251 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/testhooks"
+	"github.com/norn-dev/norn/transport"
+)
+
+// fenceCluster is a 3-node cluster whose nodes share one clock that the
+// test moves (all together: the clock guard sees no offset).
+func fenceCluster(t *testing.T) ([]*member, *shiftClock) {
+	t.Helper()
+	return fenceClusterWith(t, TestBugs{})
+}
+
+// fenceClusterWith is fenceCluster with the seeded bugs bugs.
+func fenceClusterWith(t *testing.T, bugs TestBugs) ([]*member, *shiftClock) {
+	t.Helper()
+	clk := &shiftClock{}
+	ms := testClusterWith(t, 3, func(_ int, cfg *Config) { cfg.Clock = clk; cfg.TestBugs = bugs })
+	return ms, clk
+}
+
+// superseded is a task whose claim A was superseded by B's while a replica
+// of its partition (cut) was cut off from its group.
+type superseded struct {
+	id          uint64
+	leader, cut *member
+	a, b        *nornv1.ClaimedTask
+}
+
+// supersede sets up superseded: worker A holds a short claim; a replica
+// of the partition is cut off from its group (its claim state stays where
+// A's claim is live, as on a node behind a network partition); the leader
+// expires A's claim after expiry plus the skew buffer and grants the
+// task to B.
+func supersede(t *testing.T, ms []*member, clk *shiftClock) superseded {
+	t.Helper()
+	ctx := context.Background()
+	id, leader := enqueueEverywhere(t, ms, "fence")
+	p := leader.node.partition(id)
+	_, others := partitionRoles(t, ms, p)
+	a := claimFor(t, leader, "fence", "A", time.Second)
+	if a.Task.Id != id {
+		t.Fatalf("claimed task %d, want %d", a.Task.Id, id)
+	}
+	cut := others[0]
+	waitFor(t, 5*time.Second, "the replica to apply A's claim", func() bool {
+		return cut.node.group(p).AppliedIndex() >= a.ClaimId
+	})
+	if err := cut.node.group(p).Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	// A's lease, the skew buffer and the new leader grace pass.
+	clk.off.Add(int64(time.Second + testSkew + 5*time.Second + time.Second))
+	var b *nornv1.ClaimedTask
+	waitFor(t, 10*time.Second, "A's claim expired and the task granted to B", func() bool {
+		leader.node.dispatch.MonitorOnce()
+		c, err := leader.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "fence", Worker: "B", Max: 1, Lease: durationpb.New(time.Minute)}))
+		if err == nil && len(c.Msg.Tasks) == 1 {
+			b = c.Msg.Tasks[0]
+			return true
+		}
+		return false
+	})
+	if b.ClaimId <= a.ClaimId {
+		t.Fatalf("B's claim %d is not after A's %d", b.ClaimId, a.ClaimId)
+	}
+	return superseded{id: id, leader: leader, cut: cut, a: a, b: b}
+}
+
+// claimFor claims the one ready task of queue at m for worker, with lease.
+func claimFor(t *testing.T, m *member, queue, worker string, lease time.Duration) *nornv1.ClaimedTask {
+	t.Helper()
+	c, err := m.api.Claim(context.Background(), connect.NewRequest(&nornv1.ClaimRequest{Queue: queue, Worker: worker, Max: 1, Lease: durationpb.New(lease)}))
+	if err != nil || len(c.Msg.Tasks) != 1 {
+		t.Fatalf("claim of %s for %s: %v, %v", queue, worker, c, err)
+	}
+	return c.Msg.Tasks[0]
+}
+
+// stuck is a request that a client forces to be answered by the node it
+// reaches (Norn-Hops at the limit: no forwarding).
+func stuck[T any](msg *T) *connect.Request[T] {
+	req := connect.NewRequest(msg)
+	req.Header().Set(transport.HeaderHops, "2")
+	return req
+}
+
+// TestFenceSupersededWorkerThroughCutOffReplica: worker A holds a short
+// claim; a replica of the partition is cut off from its group (its claim
+// state stops where A's claim is live); the leader expires A's claim
+// after expiry plus the skew buffer and grants the task to B. A, stalled,
+// then completes (w=1) through the cut-off replica, forcing it to answer
+// itself: the replica must refuse (it cannot reach the leader, which alone
+// decides), and so must the leader (A's claim is superseded); likewise
+// A's abort, yield and update. B still holds the task and completes it.
+// (Before the fence, the replica checked A's claim against its own stale
+// copy and accepted the completion.)
+func TestFenceSupersededWorkerThroughCutOffReplica(t *testing.T) {
+	ms, clk := fenceCluster(t)
+	ctx := context.Background()
+	sp := supersede(t, ms, clk)
+	id, leader, cut, a, b := sp.id, sp.leader, sp.cut, sp.a, sp.b
+	// A completes, aborts, yields and updates through the cut-off replica.
+	for what, call := range map[string]func() error{
+		"complete": func() error {
+			_, err := cut.api.Complete(ctx, stuck(&nornv1.CompleteRequest{Id: id, ClaimId: a.ClaimId, W: 1, Result: []byte("A")}))
+			return err
+		},
+		"abort": func() error {
+			_, err := cut.api.Abort(ctx, stuck(&nornv1.AbortRequest{Id: id, ClaimId: a.ClaimId, W: 1}))
+			return err
+		},
+		"yield": func() error {
+			_, err := cut.api.Yield(ctx, stuck(&nornv1.YieldRequest{Id: id, ClaimId: a.ClaimId, Progress: 0.5}))
+			return err
+		},
+		"update": func() error {
+			_, err := cut.api.Update(ctx, stuck(&nornv1.UpdateRequest{Id: id, ClaimId: a.ClaimId, Seq: 1, Progress: 0.5, W: 1}))
+			return err
+		},
+	} {
+		if err := call(); connect.CodeOf(err) != connect.CodeUnavailable {
+			t.Errorf("A's %s through the cut-off replica: %v, want UNAVAILABLE", what, err)
+		}
+	}
+	// The leader refuses A's acts: its claim is superseded.
+	if _, err := leader.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: a.ClaimId, Result: []byte("A")})); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("A's complete at the leader: %v, want FAILED_PRECONDITION", err)
+	}
+	if _, err := leader.api.Update(ctx, connect.NewRequest(&nornv1.UpdateRequest{Id: id, ClaimId: a.ClaimId, Seq: 1, Progress: 0.5})); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("A's update at the leader: %v, want FAILED_PRECONDITION", err)
+	}
+	// B still holds the task, renews and completes it.
+	if _, err := leader.api.Renew(ctx, connect.NewRequest(&nornv1.RenewRequest{Id: id, ClaimId: b.ClaimId, Lease: durationpb.New(time.Minute)})); err != nil {
+		t.Fatalf("B's renew: %v", err)
+	}
+	g, err := leader.api.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id, R: 2}))
+	if err != nil || g.Msg.Task.Status != nornv1.TaskStatus_TASK_STATUS_CLAIMED || len(g.Msg.Task.Updates) != 0 {
+		t.Fatalf("before B's complete: %v, %v; want CLAIMED by B, no update of A's", g, err)
+	}
+	if _, err := leader.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: b.ClaimId, Result: []byte("B")})); err != nil {
+		t.Fatalf("B's complete: %v", err)
+	}
+	g, err = leader.api.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id, R: 2}))
+	if err != nil || g.Msg.Task.Status != nornv1.TaskStatus_TASK_STATUS_COMPLETED || string(g.Msg.Task.Result) != "B" {
+		t.Fatalf("after B's complete: %v, %v; want COMPLETED with B's result", g, err)
+	}
+}
+
+// TestCompletedTaskNotReclaimedAfterLeaderChange: a completion acked with
+// W=2 whose write the third replica missed, then the leadership moved to
+// that replica at once, anti-entropy off: the new leader must never
+// expire the finished claim or grant the task again, however far the
+// clock runs. The group decided the completion, so every replica's claim
+// state knows it, whatever its copy of the task says. (Before the fence
+// the group learned of a completion only from the old leader's ender,
+// up to 1 s later, and a leader change dropped it.)
+func TestCompletedTaskNotReclaimedAfterLeaderChange(t *testing.T) {
+	ms, clk := fenceCluster(t)
+	ctx := context.Background()
+	id, leader := enqueueEverywhere(t, ms, "done")
+	p := leader.node.partition(id)
+	_, others := partitionRoles(t, ms, p)
+	next := others[1]
+	c := claimFor(t, leader, "done", "w", 2*time.Second)
+	spec := func() *crdt.Spec {
+		ts, err := leader.node.coord.Load(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ts.Task.Spec
+	}()
+	if _, err := leader.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: c.ClaimId, W: 2, Result: []byte("ok")})); err != nil {
+		t.Fatal(err)
+	}
+	// The next leader's copy of the task misses the completion (its write
+	// was dropped): once the completion reached it, put the task back as
+	// it was before.
+	waitFor(t, 5*time.Second, "the completion to reach the third replica", func() bool {
+		ts, err := next.node.coord.Load(id)
+		if err != nil {
+			return false
+		}
+		_, terminal := ts.Task.Terminal()
+		return terminal
+	})
+	if err := next.node.store.DeleteTasks(p, []uint64{id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := next.node.store.MergeTask(p, &crdt.Task{ID: id, Spec: spec}); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.node.group(p).TransferLeadershipTo(next.cfg.NodeID, next.node.RaftAddr()); err != nil {
+		t.Fatalf("transfer to %s: %v", next.cfg.NodeID, err)
+	}
+	waitFor(t, 10*time.Second, "the third replica to lead", func() bool { return next.node.group(p).IsLeader() })
+	// The lease, the new leader's grace and the skew buffer pass, twice.
+	for range 2 {
+		clk.off.Add(int64(2*time.Second + 5*time.Second + testSkew + time.Second))
+		for _, m := range ms {
+			m.node.dispatch.MonitorOnce()
+		}
+	}
+	for _, m := range ms {
+		got, err := m.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "done", Worker: "again", Max: 1}))
+		if err != nil {
+			t.Fatalf("claim at %s: %v", m.cfg.NodeID, err)
+		}
+		if len(got.Msg.Tasks) != 0 {
+			t.Fatalf("the completed task %d was claimed again at %s: %+v", id, m.cfg.NodeID, got.Msg.Tasks[0])
+		}
+	}
+}
+
+// TestSeededBugsOfTheFence: each seeded bug that reverts a part of the
+// fence lets a superseded worker's complete through, and only with the
+// bug: act-local (a replica cut off from its leader decides from its own
+// copy) through the cut-off replica, act-no-fence (the group takes an act
+// under any claim) at the leader.
+func TestSeededBugsOfTheFence(t *testing.T) {
+	for _, bug := range testhooks.BugCases() {
+		for _, tc := range []struct {
+			name string
+			bugs TestBugs
+			via  func(sp superseded) *member
+		}{
+			{"act-local", TestBugs{ActLocal: bug}, func(sp superseded) *member { return sp.cut }},
+			{"act-no-fence", TestBugs{ActNoFence: bug}, func(sp superseded) *member { return sp.leader }},
+		} {
+			t.Run(fmt.Sprintf("%s=%v", tc.name, bug), func(t *testing.T) {
+				ms, clk := fenceClusterWith(t, tc.bugs)
+				sp := supersede(t, ms, clk)
+				_, err := tc.via(sp).api.Complete(context.Background(), stuck(&nornv1.CompleteRequest{Id: sp.id, ClaimId: sp.a.ClaimId, W: 1, Result: []byte("A")}))
+				if (err == nil) != bug {
+					t.Fatalf("A's complete under its superseded claim: %v (bug %v)", err, bug)
+				}
+			})
+		}
+	}
+}
