@@ -343,6 +343,10 @@ func (g *Group) fate(idx, term uint64, data []byte, wait time.Duration) entryFat
 // committed.
 const fatePoll = 10 * time.Millisecond
 
+// Term is the Raft term this replica is in: a leadership is one term, so
+// a leader that lost and regained its leadership is in a newer one.
+func (g *Group) Term() uint64 { return g.raft.CurrentTerm() }
+
 // IsLeader reports whether this replica leads the group now.
 func (g *Group) IsLeader() bool { return g.raft.State() == raft.Leader }
 

@@ -83,10 +83,15 @@ type Dispatcher struct {
 	ender    *ender      // coalesced claim ends of finished tasks
 	deps     *depChecker // dependencies of blocked tasks (deps.go)
 
-	// monitorMu serializes monitor passes; extended[p] records that the
-	// current leadership of p has extended the live claims.
+	// monitorMu serializes monitor passes; extended[p] is the Raft term
+	// of p whose leadership has extended the live claims (0: none), so a
+	// leadership lost and regained between two passes extends again.
 	monitorMu sync.Mutex
-	extended  []bool
+	extended  []uint64
+	// deadPending are tasks past max_claims whose abort is not written yet
+	// (their state could not be read), with their max_claims; under
+	// monitorMu.
+	deadPending map[uint64]uint32
 
 	draining  chan struct{} // closed by StopWaiting
 	drainOnce sync.Once
@@ -97,7 +102,7 @@ type Dispatcher struct {
 // New returns a dispatcher; Start starts its background work.
 func New(cfg Config) *Dispatcher {
 	d := &Dispatcher{cfg: cfg, store: cfg.Store, host: cfg.Host, peers: cfg.Peers, coord: cfg.Coord,
-		waiters: cfg.Waiters, extended: make([]bool, cfg.Partitions),
+		waiters: cfg.Waiters, extended: make([]uint64, cfg.Partitions), deadPending: map[uint64]uint32{},
 		draining: make(chan struct{}), stop: make(chan struct{})}
 	d.ender = newEnder(d)
 	d.deps = newDepChecker(d)

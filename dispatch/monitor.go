@@ -59,22 +59,25 @@ func (d *Dispatcher) MonitorOnce() {
 		if !g.IsLeader() || !clockOK {
 			// A leader whose clock is out of bound is handing its
 			// leadership over (the clock guard): no lease work on its clock.
-			extended[p] = false
+			extended[p] = 0
 			// Every replica deletes its terminal tasks past retention, so
 			// that replicas agree (anti-entropy compares what is kept).
 			d.deleteExpiredTasks(uint16(p))
 			continue
 		}
-		if !extended[p] {
+		// Read the term before the barrier: a leadership that flips
+		// during the extension extends again on the next pass.
+		if term := g.Term(); extended[p] != term {
 			if err := d.extendClaims(uint16(p)); err != nil {
 				d.cfg.Logger.Warn("extending claims on leadership failed", "partition", p, "err", err)
 				continue // no expiries before the extension is in
 			}
-			extended[p] = true
+			extended[p] = term
 		}
 		d.expireClaims(uint16(p))
 		d.deleteExpiredTasks(uint16(p))
 	}
+	d.abortPendingDead()
 }
 
 // extendClaims proposes OpExtend for the partition's live claims that
@@ -156,9 +159,44 @@ func (d *Dispatcher) expireClaims(p uint16) {
 		if d.cfg.OnExpired != nil {
 			d.cfg.OnExpired(queueOf(ts))
 		}
-		if o.Dead && ts != nil {
+		if o.Dead {
+			if ts == nil {
+				// The task's state has not reached this replica: read it
+				// from a majority, or the abort would never be written.
+				ctx, cancel := context.WithTimeout(context.Background(), d.cfg.WriteTimeout)
+				ts, err = d.coord.Read(ctx, e.ID, 0)
+				cancel()
+				if err != nil {
+					d.cfg.Logger.Warn("aborting a task past max_claims: reading it failed; the next pass tries again", "id", e.ID, "err", err)
+					d.deadPending[e.ID] = rec.MaxClaims
+					continue
+				}
+			}
 			d.abortDead(ts, rec.MaxClaims)
 		}
+	}
+}
+
+// abortPendingDead writes the aborts of tasks past max_claims whose
+// state could not be read when their last claim expired: every pass,
+// until it is written, while this node leads the task's partition (a
+// later leader's FSM record says dead too, but only the expiry that made
+// it so writes the abort: see expireClaims).
+func (d *Dispatcher) abortPendingDead() {
+	for id, limit := range d.deadPending {
+		g := d.host.Group(d.host.Partition(id))
+		if g == nil || !g.IsLeader() {
+			delete(d.deadPending, id)
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), d.cfg.WriteTimeout)
+		ts, err := d.coord.Read(ctx, id, 0)
+		cancel()
+		if err != nil {
+			continue
+		}
+		d.abortDead(ts, limit)
+		delete(d.deadPending, id)
 	}
 }
 

@@ -75,8 +75,11 @@ type Node struct {
 	paused bool
 
 	Tasks nornv1connect.TaskServiceClient
-	Admin nornv1connect.AdminServiceClient
-	hc    *http.Client
+	// Connect is the node's TaskService over connect alone (HTTP, not
+	// framed): for calls that set headers (Norn-Hops).
+	Connect nornv1connect.TaskServiceClient
+	Admin   nornv1connect.AdminServiceClient
+	hc      *http.Client
 	sec   *security // nil: cleartext
 }
 
@@ -145,7 +148,9 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 		n.LogPath = filepath.Join(cfg.Dir, "logs", n.ID+".log")
 		if c.sec != nil {
 			n.Tasks, n.Admin = c.sec.clients(hc, adminHC, n.API)
+			n.Connect = nornv1connect.NewTaskServiceClient(hc, "https://"+n.API)
 		} else {
+			n.Connect = nornv1connect.NewTaskServiceClient(hc, "http://"+n.API)
 			// The hot calls travel framed, as the Go client sends them.
 			n.Tasks = client.NewFramedTaskService(nornv1connect.NewTaskServiceClient(hc, "http://"+n.API), n.API)
 			n.Admin = nornv1connect.NewAdminServiceClient(hc, "http://"+n.API)

@@ -66,6 +66,7 @@ var Scenarios = []Scenario{
 	{Name: "bridge", Desc: "iptables: 5 nodes in two halves that talk only through the middle node", Nodes: 5, Nemesis: nemesisCutLinks("bridge", bridgeLinks)},
 	{Name: "pause-leader", Desc: "SIGSTOP the node leading the most partitions past the election timeout, SIGCONT", Nodes: 3, Nemesis: nemesisPauseLeader, Short: true},
 	{Name: "worker-pause", Desc: "a client holds a short-lease claim past its lease without renewing, then completes", Nodes: 3, Nemesis: nemesisWorkerPause},
+	{Name: "stale-worker", Desc: "a client holds a short claim past its lease while a node other than its leader is cut off; the leader expires and regrants the claim; the client completes through the cut-off node (forced to answer itself, w=1), then through any node: both must be refused (the fence)", Nodes: 3, Nemesis: nemesisStaleWorker, Short: true},
 	{Name: "flaky", Desc: "iptables statistic: drop 20-40% of one node's packets each way", Nodes: 3, Nemesis: nemesisFlaky},
 	{Name: "isolate-converge", Desc: "cut one node off for the whole run while writes (W=2) skip it, heal, check convergence", Nodes: 3, Nemesis: nemesisIsolateConverge, Short: true},
 	{Name: "clock-bump", Desc: "test hooks: bump a node's clock by up to +-750ms (below the 2s buffer)", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockBump},
@@ -82,6 +83,8 @@ var Scenarios = []Scenario{
 	{Name: "bug-expiry-no-skew", Desc: "self-test: seeded bug expiry-no-skew; workers hold short claims past their leases while the granting leader's clock runs 3/4 of the buffer ahead; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"expiry-no-skew"}, Nemesis: nemesisStallLeaderClockAhead},
 	{Name: "bug-count-drift", Desc: "self-test: seeded bug count-drift (the task counters miss the claim FSM's moves), no faults; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"count-drift"}, Nemesis: nemesisNone, Short: true},
 	{Name: "bug-tls-any-client", Desc: "self-test: seeded bug tls-any-client (the nodes take a client certificate of any CA), the rogue-node attempts; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"tls-any-client"}, Nemesis: nemesisRogue, Rogue: true},
+	{Name: "bug-act-local", Desc: "self-test: seeded bug act-local (a replica that cannot reach its leader decides a complete from its own copy of the claim state), the stale-worker faults; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"act-local"}, Nemesis: nemesisStaleWorker, Time: 45 * time.Second, Short: true},
+	{Name: "bug-act-no-fence", Desc: "self-test: seeded bug act-no-fence (the claim FSM takes a complete under any claim of the task), the stale-worker faults; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"act-no-fence"}, Nemesis: nemesisStaleWorker, Time: 45 * time.Second},
 	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write, no faults, anti-entropy off (every 1h) so that nothing repairs the dropped writes; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Args: []string{"-antientropy-interval", "1h"}, Nemesis: nemesisNone},
 }
 

@@ -14,6 +14,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/jepsen/check"
+	"github.com/norn-dev/norn/transport"
 )
 
 // Queue is the queue the workload uses.
@@ -42,6 +43,9 @@ type Workload struct {
 	// ends holding its claim.
 	TL     *Timeline
 	onHold atomic.Pointer[holdFunc] // see SetOnHold
+	// staleVia, when set, is where a stalled client completes first at
+	// the end of its hold (see SetStaleVia).
+	staleVia atomic.Pointer[staleFunc]
 
 	mu       sync.Mutex
 	enqueued []uint64 // acked task ids (cancel targets)
@@ -71,6 +75,18 @@ type holdFunc func(client int, o *check.Op, hold time.Duration)
 func (w *Workload) SetOnHold(f func(client int, o *check.Op, hold time.Duration)) {
 	hf := holdFunc(f)
 	w.onHold.Store(&hf)
+}
+
+type staleFunc func(client int) (via *Node, done func())
+
+// SetStaleVia makes a stalled client, at the end of its hold, first
+// complete through the node f returns (nil: none), forcing that node to
+// answer itself (Norn-Hops at the limit: no forwarding) with w=1, then
+// call done, then complete as usual through any node. Both completes are
+// recorded.
+func (w *Workload) SetStaleVia(f func(client int) (via *Node, done func())) {
+	sf := staleFunc(f)
+	w.staleVia.Store(&sf)
 }
 
 // Stall makes client i hold its next short claim for d without renewing.
@@ -127,6 +143,16 @@ func (w *Workload) client(ctx context.Context, i int) {
 			}
 			if w.TL != nil {
 				w.TL.Log("end", "worker-pause", fmt.Sprintf("client %d", i), nil)
+			}
+			if f := w.staleVia.Load(); f != nil {
+				if via, done := (*f)(i); via != nil {
+					so := w.completeForced(ctx, via, proc, i, h)
+					done()
+					w.H.Add(so)
+					if so.Type == "info" {
+						proc = w.H.NewProcess()
+					}
+				}
 			}
 			o = w.complete(ctx, n, proc, i, h, 3)
 			h = nil
@@ -264,6 +290,20 @@ func (w *Workload) complete(ctx context.Context, n *Node, proc, client int, h *h
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
 	_, err := n.Tasks.Complete(cctx, connect.NewRequest(&nornv1.CompleteRequest{Id: h.task, ClaimId: h.claim, W: wq}))
+	o.Return = w.H.Now()
+	o.Type, o.Err = classify(err)
+	return o
+}
+
+// completeForced completes through n with w=1, forcing n to answer
+// itself (Norn-Hops at the limit), as a client may.
+func (w *Workload) completeForced(ctx context.Context, n *Node, proc, client int, h *held) *check.Op {
+	o := &check.Op{Process: proc, Client: client, F: "complete", Node: n.ID, Task: h.task, Claim: h.claim, Long: h.long, W: 1, Call: w.H.Now()}
+	cctx, cancel := w.opCtx(ctx)
+	defer cancel()
+	req := connect.NewRequest(&nornv1.CompleteRequest{Id: h.task, ClaimId: h.claim, W: 1})
+	req.Header().Set(transport.HeaderHops, "2")
+	_, err := n.Connect.Complete(cctx, req)
 	o.Return = w.H.Now()
 	o.Type, o.Err = classify(err)
 	return o

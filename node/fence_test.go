@@ -11,6 +11,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/testhooks"
 	"github.com/norn-dev/norn/transport"
 )
@@ -248,4 +249,49 @@ func TestSeededBugsOfTheFence(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestMaxClaimsAbortWhenTheLeaderLacksTheTask: the last claim a task's
+// max_claims allows expires on a leader whose replica lost the task's
+// state (a write with W < N skipped it): the leader still aborts the
+// task, reading it from a majority (before, it skipped the abort and
+// the task stayed claimable by no one, for good).
+func TestMaxClaimsAbortWhenTheLeaderLacksTheTask(t *testing.T) {
+	ms, clk := fenceCluster(t)
+	ctx := context.Background()
+	r, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "mc", MaxClaims: 1}, W: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Msg.Id
+	leader := groupLeader(t, ms, ms[0].node.partition(id))
+	p := leader.node.partition(id)
+	c := claimFor(t, leader, "mc", "w", time.Second)
+	// The replica loses the task's state; the claim FSM's claimed index
+	// keeps the claim (as on a replica the task's write never reached,
+	// which applies the claim all the same).
+	if err := leader.node.store.DeleteTasks(p, []uint64{id}); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := leader.node.store.ClaimFSMApplied(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.node.store.ApplyClaimFSM(p, storage.ClaimFSMUpdate{AppliedIndex: applied,
+		Moves: []storage.IndexMove{{ID: id, Claimed: true, ExpiryMs: c.Expiry.AsTime().UnixMilli()}}}, true); err != nil {
+		t.Fatal(err)
+	}
+	clk.off.Add(int64(time.Second + testSkew + 5*time.Second + time.Second))
+	// Watch a follower's own replica (a read through the API would repair
+	// the leader's, hiding what the test is about).
+	_, others := partitionRoles(t, ms, p)
+	waitFor(t, 10*time.Second, "the task aborted past max_claims", func() bool {
+		leader.node.dispatch.MonitorOnce()
+		ts, err := others[0].node.coord.Load(id)
+		if err != nil {
+			return false
+		}
+		ev, terminal := ts.Task.Terminal()
+		return terminal && ev.Kind == crdt.Aborted && len(ev.Errors) == 1 && ev.Errors[0].Code == "max_claims_exceeded"
+	})
 }
