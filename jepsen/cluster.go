@@ -80,7 +80,7 @@ type Node struct {
 	Connect nornv1connect.TaskServiceClient
 	Admin   nornv1connect.AdminServiceClient
 	hc      *http.Client
-	sec   *security // nil: cleartext
+	sec     *security // nil: cleartext
 }
 
 // url is the address of path on n's API.
