@@ -15,7 +15,8 @@ import (
 
 // nemesisStaleWorker makes a client hold its next short claim past its
 // lease without renewing (as worker-pause), and as it starts holding,
-// cuts a node other than the claim's leader off from the others: that
+// cuts a node other than the claim's leader off from the others (1.5 s
+// later, once it has applied the claim): that
 // node's copy of the claim state stays with the claim live while the
 // leader expires it (after the lease and the skew buffer) and grants the
 // task to another client. At the end of the hold the stalled client
@@ -27,12 +28,15 @@ import (
 // checker fails a complete acked under a superseded claim, and
 // terminal-stable a claim granted after an acked complete. One cut at a
 // time; a stall that starts while one is under way is a plain
-// worker-pause.
+// worker-pause. The scenarios enqueue little (claims outrun enqueues), so
+// that an expired claim's task goes to the next waiting claim.
 func nemesisStaleWorker(ctx context.Context, e *Env) {
+	const cutAfter = 1500 * time.Millisecond
 	stall := e.W.ShortLease + e.C.Cfg.SkewBuffer + 2500*time.Millisecond
 	var mu sync.Mutex
 	cut := map[int]*Node{} // the stalled client -> the node cut off for it
 	busy := false
+	stopped := false // the nemesis returned: no cut from now on
 	e.W.SetOnHold(func(client int, o *check.Op, hold time.Duration) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -51,9 +55,20 @@ func nemesisStaleWorker(ctx context.Context, e *Env) {
 		}
 		busy = true
 		cut[client] = pick
-		err := e.Net.Partition([]*Node{pick}, e.others(pick))
-		e.TL.Log("start", "stale-worker", fmt.Sprintf("%s | %s while client %d holds claim %d of task %d (granted by %s) %s without renewing",
-			pick.ID, ids(e.others(pick)), client, o.Claim, o.Task, o.Leader, hold), err)
+		// Cut it once it has applied the claim: a follower learns of a
+		// commit with the leader's next append (the commit timeout, 0.5-1
+		// s when idle), and a replica that never saw the claim refuses the
+		// stale complete even without the fence.
+		time.AfterFunc(cutAfter, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if stopped {
+				return // the run's heal came first: no cut after it
+			}
+			err := e.Net.Partition([]*Node{pick}, e.others(pick))
+			e.TL.Log("start", "stale-worker", fmt.Sprintf("%s | %s while client %d holds claim %d of task %d (granted by %s) %s without renewing",
+				pick.ID, ids(e.others(pick)), client, o.Claim, o.Task, o.Leader, hold), err)
+		})
 	})
 	e.W.SetStaleVia(func(client int) (*Node, func()) {
 		mu.Lock()
@@ -75,4 +90,7 @@ func nemesisStaleWorker(ctx context.Context, e *Env) {
 		e.W.Stall(i, stall)
 		e.TL.Log("note", "stale-worker", fmt.Sprintf("client %d is to hold its next short claim %s without renewing", i, stall), nil)
 	}
+	mu.Lock()
+	stopped = true
+	mu.Unlock()
 }
