@@ -215,6 +215,11 @@ type Config struct {
 	StorageFS vfs.FS
 	// TestBugs are seeded bugs (nornd -test-bug), all off by default.
 	TestBugs TestBugs
+	// HoldRing, in a testhooks build only (ignored otherwise): while it
+	// returns true the node adopts no newer ring from the meta group or
+	// gossip (replicas.Config.HoldRing), as a node cut off from both;
+	// in-process tests hold a node on an old ring with it.
+	HoldRing func() bool
 }
 
 // DefaultWALMinSyncInterval is Config.WALMinSyncInterval's default: with 8

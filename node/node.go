@@ -20,6 +20,7 @@ import (
 	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/server"
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/testhooks"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -161,6 +162,10 @@ func New(cfg Config) (*Node, error) {
 			Linger: cfg.RaftHeartbeatLinger,
 		})
 	}
+	var holdRing func() bool
+	if testhooks.Built {
+		holdRing = cfg.HoldRing
+	}
 	n.host, err = replicas.Start(replicas.Config{
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, Partitions: cfg.Partitions,
 		APIAddr: cfg.APIAddr, RaftAddr: cfg.RaftAddr, GossipAddr: cfg.GossipAddr, GossipLAN: cfg.GossipLAN,
@@ -181,6 +186,7 @@ func New(cfg Config) (*Node, error) {
 		OnLeaderChange: n.waiters.NotifyAll,
 		OnMetaRing:     n.rebalance.Kick,
 		OnPlacement:    n.ae.Kick,
+		HoldRing:       holdRing,
 	})
 	if err != nil {
 		n.peers.Close()

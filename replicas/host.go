@@ -98,6 +98,14 @@ type Config struct {
 	// of replicas changed (anti-entropy compares with every peer now).
 	// Neither may block.
 	OnMetaRing, OnPlacement func()
+
+	// HoldRing is a test hook (the node sets it only in a testhooks
+	// build; nil in production): while it returns true the reconcile
+	// loop adopts no newer ring, neither the meta group's nor one gossip
+	// announces, as on a node cut off from both. PullRing still adopts:
+	// a coordinator whose write a replica refused for its stale ring
+	// pulls that replica's.
+	HoldRing func() bool
 }
 
 // Host is this node's place in the cluster: the Raft listener (one mux

@@ -140,7 +140,8 @@ func (h *Host) reconcile() {
 }
 
 func (h *Host) reconcileOnce() {
-	if r := h.meta.Ring(); r != nil {
+	held := h.cfg.HoldRing != nil && h.cfg.HoldRing()
+	if r := h.meta.Ring(); r != nil && !held {
 		if err := h.adopt(r); err != nil {
 			h.cfg.Logger.Error("cannot adopt the meta group's ring", "err", err)
 		}
@@ -167,7 +168,7 @@ func (h *Host) reconcileOnce() {
 			continue
 		}
 		alive++
-		if m.RingEpoch > epochOf(cur) && (cur == nil || m.ClusterID == cur.ClusterID) {
+		if !held && m.RingEpoch > epochOf(cur) && (cur == nil || m.ClusterID == cur.ClusterID) {
 			if err := h.PullRing(m.APIAddr); err != nil {
 				h.cfg.Logger.Warn("pulling the ring failed", "from", m.ID, "err", err)
 			}
