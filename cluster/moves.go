@@ -200,6 +200,7 @@ func (r *Ring) Clone() *Ring {
 	c.Nodes = slices.Clone(r.Nodes)
 	c.Placement = r.Placement.Clone()
 	c.Moves = slices.Clone(r.Moves)
+	c.CohortEpochs = slices.Clone(r.CohortEpochs)
 	return &c
 }
 
@@ -311,7 +312,9 @@ func (r *Ring) Loads(pl ring.Placement) map[string]int {
 }
 
 // FinishMove records the end of partition p's move under way: the cohort
-// has To in place of From and the move is done.
+// has To in place of From, the move is done, and the cohort changed at
+// this ring's epoch (CohortEpochs): call it on the ring to be proposed
+// (Next).
 func (r *Ring) FinishMove(p int) error {
 	m := r.ActiveMove(p)
 	if m == nil {
@@ -324,6 +327,10 @@ func (r *Ring) FinishMove(p int) error {
 	}
 	c[i] = ring.NodeID(m.To)
 	m.State, m.Error = MoveDone, ""
+	if len(r.CohortEpochs) != r.Partitions {
+		r.CohortEpochs = make([]uint64, r.Partitions)
+	}
+	r.CohortEpochs[p] = r.Epoch
 	return nil
 }
 

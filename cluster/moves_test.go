@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"encoding/json"
 	"errors"
 	"slices"
 	"testing"
@@ -75,6 +76,10 @@ func TestPlanMovesAndHandoff(t *testing.T) {
 		t.Fatalf("two moves under way: %v", err)
 	}
 	from := r.Moves[0].From
+	if got := r.CohortEpoch(p); got != 0 {
+		t.Fatalf("partition %d's cohort epoch %d before its move finished", p, got)
+	}
+	r = r.Next()
 	if err := r.FinishMove(p); err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +88,42 @@ func TestPlanMovesAndHandoff(t *testing.T) {
 	}
 	if err := r.Validate(); err != nil {
 		t.Fatal(err)
+	}
+	// The ring records the epoch the cohort changed at, for this
+	// partition only, and the next rings keep it.
+	done := r.Epoch
+	r = r.Next()
+	for q := range r.Partitions {
+		want := uint64(0)
+		if q == p {
+			want = done
+		}
+		if got := r.CohortEpoch(q); got != want {
+			t.Errorf("partition %d's cohort epoch %d, want %d", q, got, want)
+		}
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Ring
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.CohortEpoch(p) != done {
+		t.Fatalf("cohort epoch %d after a JSON round trip, want %d", back.CohortEpoch(p), done)
+	}
+	// A cohort epoch past the ring's own, or a list of the wrong length,
+	// is a bad ring.
+	for _, bad := range []func(*Ring){
+		func(r *Ring) { r.CohortEpochs[p] = r.Epoch + 1 },
+		func(r *Ring) { r.CohortEpochs = r.CohortEpochs[:1] },
+	} {
+		c := r.Clone()
+		bad(c)
+		if err := c.Validate(); !errors.Is(err, ErrBadRing) {
+			t.Errorf("cohort epochs %v at epoch %d: %v, want ErrBadRing", c.CohortEpochs, c.Epoch, err)
+		}
 	}
 }
 

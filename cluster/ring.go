@@ -39,6 +39,23 @@ type Ring struct {
 	// Moves are the replica moves of the current (or last) rebalance, in
 	// plan order; ended ones stay until the next plan is applied.
 	Moves []Move `json:"moves,omitempty"`
+	// CohortEpochs holds, per partition, the epoch of the ring that last
+	// changed its cohort (a finished move); 0 when it has not changed
+	// since the cluster formed, or not since a version that kept no
+	// record (the field is then absent: nil). A replica refuses writes of
+	// the partition from a coordinator whose ring is older (coord's
+	// checkEpoch), so a coordinator on a stale ring never counts acks of
+	// a cohort that no longer owns it. Read it with CohortEpoch.
+	CohortEpochs []uint64 `json:"cohort_epochs,omitempty"`
+}
+
+// CohortEpoch returns the epoch of the ring that last changed partition
+// p's cohort (CohortEpochs), 0 when none is recorded.
+func (r *Ring) CohortEpoch(p int) uint64 {
+	if p < 0 || p >= len(r.CohortEpochs) {
+		return 0
+	}
+	return r.CohortEpochs[p]
 }
 
 // Errors of Ring.Validate and the meta group.
@@ -99,6 +116,14 @@ func (r *Ring) Validate() error {
 			if !known[string(id)] || slices.Contains(c[:i], id) {
 				return bad("partition %d: member %q unknown or repeated", p, id)
 			}
+		}
+	}
+	if len(r.CohortEpochs) != 0 && len(r.CohortEpochs) != r.Partitions {
+		return bad("%d cohort epochs for %d partitions", len(r.CohortEpochs), r.Partitions)
+	}
+	for p, e := range r.CohortEpochs {
+		if e > r.Epoch {
+			return bad("partition %d's cohort changed at epoch %d, after the ring's %d", p, e, r.Epoch)
 		}
 	}
 	return r.validateMoves()

@@ -15,15 +15,26 @@ import (
 )
 
 // checkEpoch refuses a write of partition p from a caller whose ring
-// (epoch) predates p's move under way (moving, the ring's moves under
-// way): the caller would not write to the move's target, and the handoff
-// could lose the write. The caller takes this node's ring and writes
-// again.
-func (c *Coordinator) checkEpoch(epoch uint64, moving map[int]*cluster.Move, p uint16) error {
+// (epoch) is older than what r, this node's ring, knows of p:
+//   - p's move under way started at a later epoch: the caller would not
+//     write to the move's target, and the handoff could lose the write;
+//   - p's cohort changed at a later epoch (Ring.CohortEpoch, a finished
+//     move): the caller writes to the old cohort and would count the acks
+//     of a replica that no longer owns p (and drops it once it learns the
+//     ring) towards its quorum.
+//
+// Either refusal is UNAVAILABLE and carries staleRingRefusal: the caller
+// takes this node's ring and writes again (WriteEach).
+func (c *Coordinator) checkEpoch(epoch uint64, r *cluster.Ring, moving map[int]*cluster.Move, p uint16) error {
 	if m := moving[int(p)]; m != nil && epoch < m.Epoch {
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf(
 			"partition %d is moving since ring epoch %d and %s (epoch %d); retry once it has the new ring",
 			p, m.Epoch, staleRingRefusal, epoch))
+	}
+	if ce := r.CohortEpoch(int(p)); epoch < ce {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf(
+			"partition %d's cohort changed at ring epoch %d and %s (epoch %d); retry once it has the new ring",
+			p, ce, staleRingRefusal, epoch))
 	}
 	return nil
 }
@@ -37,8 +48,8 @@ const DropReplicateEvery = 20
 // Replicate merges the task states a peer replicates to this node
 // (PeerService.Replicate); epoch is the caller's ring epoch. Every state
 // is decoded and validated like a client's request, and refused when its
-// partition is not replicated here or moves since a ring newer than the
-// caller's.
+// partition is not replicated here, or moves or changed its cohort since
+// a ring newer than the caller's (checkEpoch).
 func (c *Coordinator) Replicate(epoch uint64, states [][]byte) error {
 	r := c.host.Ring()
 	if r == nil {
@@ -68,7 +79,7 @@ func (c *Coordinator) Replicate(epoch uint64, states [][]byte) error {
 			return connect.NewError(connect.CodeUnavailable, fmt.Errorf(
 				"tasks[%d]: partition %d is not replicated on %s (ring epoch %d)", i, p, c.cfg.NodeID, r.Epoch))
 		}
-		if err := c.checkEpoch(epoch, moving, p); err != nil {
+		if err := c.checkEpoch(epoch, r, moving, p); err != nil {
 			return err
 		}
 		tasks[i] = t

@@ -143,9 +143,9 @@ func (c *Coordinator) WriteEach(ctx context.Context, tasks []*crdt.Task, w uint3
 		if stale == "" || slices.Min(acks) >= w || attempt == 2 || ctx.Err() != nil {
 			return acks, w, lastErr, nil
 		}
-		// A replica refused the write for a move this node's ring does not
-		// have yet: take the replica's ring and write again (a merge is
-		// idempotent).
+		// A replica refused the write for a move or a cohort change this
+		// node's ring does not have yet (checkEpoch): take the replica's
+		// ring and write again (a merge is idempotent).
 		nd, ok := r.Node(stale)
 		if !ok {
 			return acks, w, lastErr, nil
@@ -177,7 +177,10 @@ func onePartition(tasks []*crdt.Task, partitions int) (int, bool) {
 }
 
 // staleRingRefusal is in the message of a replica's refusal of a write
-// from a coordinator whose ring predates a move (checkEpoch).
+// from a coordinator whose ring predates a move under way or the last
+// change of the partition's cohort (checkEpoch). The words are the
+// wire contract: a coordinator of any version pulls the refusing
+// replica's ring and writes again when it finds them.
 const staleRingRefusal = "the writer's ring is older"
 
 // writeOnce sends tasks to their replicas as ring r places them and waits

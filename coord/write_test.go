@@ -2,7 +2,11 @@ package coord
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
+
+	"connectrpc.com/connect"
 
 	"github.com/norn-dev/norn/cluster"
 )
@@ -44,5 +48,49 @@ func TestAckTrackerJointQuorum(t *testing.T) {
 	tr.answer("b", []int{0}, errors.New("unavailable: partition 3 is moving since ring epoch 9 and "+staleRingRefusal+" (epoch 8)"))
 	if tr.staleFrom() != "b" {
 		t.Fatalf("stale refusal from %q, want b", tr.staleFrom())
+	}
+}
+
+// A replica refuses a write of a partition from a ring older than the
+// partition's move under way or its cohort's last change, and the
+// refusal is one the coordinator recognizes (it pulls the replica's ring
+// and writes again).
+func TestCheckEpoch(t *testing.T) {
+	r := &cluster.Ring{Epoch: 12, Partitions: 4, CohortEpochs: []uint64{0, 10, 0, 0}}
+	moving := map[int]*cluster.Move{2: {Partition: 2, From: "a", To: "d", State: cluster.MoveFilling, Epoch: 11}}
+	c := &Coordinator{}
+	for _, tc := range []struct {
+		name   string
+		p      uint16
+		epoch  uint64
+		refuse string // "" when taken
+	}{
+		{"cohort never changed", 0, 1, ""},
+		{"cohort changed after the writer's ring", 1, 9, "partition 1's cohort changed at ring epoch 10"},
+		{"cohort changed at the writer's ring", 1, 10, ""},
+		{"writer ahead", 1, 13, ""},
+		{"no epoch at all", 1, 0, "partition 1's cohort changed at ring epoch 10"},
+		{"moving since after the writer's ring", 2, 10, "partition 2 is moving since ring epoch 11"},
+		{"moving since the writer's ring", 2, 11, ""},
+		{"partition without a record", 3, 1, ""},
+	} {
+		err := c.checkEpoch(tc.epoch, r, moving, tc.p)
+		switch {
+		case tc.refuse == "" && err != nil:
+			t.Errorf("%s: refused: %v", tc.name, err)
+		case tc.refuse != "" && err == nil:
+			t.Errorf("%s: taken, want a refusal", tc.name)
+		case tc.refuse != "":
+			msg := err.Error()
+			if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(msg, tc.refuse) ||
+				!strings.Contains(msg, staleRingRefusal) || !strings.Contains(msg, fmt.Sprintf("(epoch %d)", tc.epoch)) {
+				t.Errorf("%s: refusal %v, want UNAVAILABLE naming %q and the writer's epoch", tc.name, err, tc.refuse)
+			}
+		}
+	}
+	// A ring from before cohort epochs were recorded refuses nothing for
+	// them.
+	if err := c.checkEpoch(1, &cluster.Ring{Epoch: 12, Partitions: 4}, nil, 1); err != nil {
+		t.Errorf("a ring without cohort epochs refused: %v", err)
 	}
 }
