@@ -38,6 +38,12 @@ type NodeMeta struct {
 	// (the leader balancer's input, replicas.LeaderBalancer); zero before
 	// it has said any, and from a node that predates leader balancing.
 	Leaders LeaderMeta `json:"leaders,omitzero"`
+	// InClusterMs is the last time (Unix ms, the node's clock) the node
+	// was in the cluster, as it keeps it in its data dir; 0 before it
+	// has one, and from a node that predates it. A node whose mark is far
+	// behind its peers' was out longer than the retention allows (the
+	// node package's rejoin rule).
+	InClusterMs int64 `json:"icm,omitempty"`
 }
 
 // LeaderMeta is what a node gossips about its partition leaderships.

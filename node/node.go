@@ -50,6 +50,9 @@ type Node struct {
 	// clockGuard judges this node's clock against the cluster's and hands
 	// over its leaderships while it is out of bound.
 	clockGuard *cluster.ClockGuard
+	// rejoin keeps this node's in-cluster mark and enforces the
+	// retention rule for a node out of the cluster too long (rejoin.go).
+	rejoin *rejoinGuard
 
 	rpc     *transport.RPCServer // framed peer calls
 	metrics *nodeMetrics         // the registry of /metrics and what the parts report to
@@ -97,6 +100,12 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
+	rejoin, err := newRejoinGuard(cfg.DataDir, cfg.NodeID, cfg.Clock, cfg.Retention, cfg.logger("rejoin"))
+	if err != nil {
+		store.Close()
+		lock.release()
+		return nil, err
+	}
 	tr, err := newNodeTracing(cfg.TracerProvider)
 	if err != nil {
 		store.Close()
@@ -111,6 +120,7 @@ func New(cfg Config) (*Node, error) {
 		stop:   make(chan struct{}),
 		failed: make(chan error, 1),
 
+		rejoin:  rejoin,
 		waiters: waiters,
 		metrics: newNodeMetrics(cfg),
 		tracing: tr,
@@ -175,12 +185,17 @@ func New(cfg Config) (*Node, error) {
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck, ActNoFence: cfg.TestBugs.ActNoFence,
 		// A task a partition's claim FSM made terminal may unblock its
 		// dependants, in any queue.
-		OnEnded:        func(uint16, []uint64) { n.waiters.NotifyAll() },
-		OnFatal:        n.fail,
-		LeaderBalance:  leaderBalanceTuning(cfg),
-		Trees:          n.ae,
-		Heartbeats:     heartbeats,
-		MayLead:        n.clockGuard.MayLead,
+		OnEnded:       func(uint16, []uint64) { n.waiters.NotifyAll() },
+		OnFatal:       n.fail,
+		LeaderBalance: leaderBalanceTuning(cfg),
+		Trees:         n.ae,
+		Heartbeats:    heartbeats,
+		MayLead: func() error {
+			if err := n.rejoin.mayLead(); err != nil {
+				return err
+			}
+			return n.clockGuard.MayLead()
+		},
 		OnProposed:     n.metrics.raft.Proposed,
 		Tracer:         n.tracing.tracer("claims"),
 		OnLeaderChange: n.waiters.NotifyAll,
@@ -225,6 +240,13 @@ func New(cfg Config) (*Node, error) {
 		Events:   n.metrics.tasks,
 		Security: server.SecurityStatus{TLS: cfg.TLS != nil, GossipEncrypted: cfg.GossipKey != nil, Insecure: cfg.Insecure},
 		Build:    cfg.Build, DataDir: cfg.DataDir, Backup: n.Backup,
+		ExchangeGate: func(peer string, serving bool) error {
+			if serving {
+				return n.rejoin.mayExchange(peer)
+			}
+			return n.rejoin.peerOut(peer)
+		},
+		OutTooLong: n.rejoin.Out,
 	})
 	// Replication's framed calls, on the Raft port (transport.PeerRPCGroup).
 	rpcStream, err := n.host.RegisterStream(transport.PeerRPCGroup)
@@ -238,9 +260,12 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.rpc = transport.ServeRPC(rpcStream, n.metrics.rpc.FramedServer(n.tracing.framed(n.server.HandleRPC)), cfg.logger("transport"))
 	n.registerMetrics()
-	n.ae.Start(aeHost{n.host})
+	n.rejoin.announce(n.host.Members())
+	n.ae.Start(aeHost{Host: n.host, rejoin: n.rejoin})
 	n.rebalance.Start(n.host)
-	n.stopped.Add(2)
+	n.stopped.Add(3)
+	// The rejoin rule's mark and judgement, every monitor interval.
+	go n.every(n.cfg.MonitorInterval, func() { n.rejoin.check(n.host.Ring(), n.host.Members()) })
 	// The clock guard judges the clock every monitor interval, apart from
 	// the monitor, whose passes can wait on Raft for seconds.
 	go n.every(n.cfg.MonitorInterval, n.clockGuard.Check)
@@ -351,6 +376,7 @@ func (n *Node) Close() error {
 	n.rebalance.Close()
 	n.stopped.Wait()
 	n.rpc.Close()
+	n.rejoin.stop()
 	errs := n.host.Close()
 	n.peers.Close()
 	return errors.Join(errs, n.store.Close(), n.lock.release())

@@ -41,6 +41,12 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 		resp.Healthy = false
 		resp.Problems = append(resp.Problems, err.Error())
 	}
+	if sv.cfg.OutTooLong != nil {
+		if why := sv.cfg.OutTooLong(); why != "" {
+			resp.Healthy = false
+			resp.Problems = append(resp.Problems, why)
+		}
+	}
 	r := sv.host.Ring()
 	if r == nil {
 		return connect.NewResponse(resp), nil

@@ -96,6 +96,9 @@ func (s peerService) Replicate(_ context.Context, req *connect.Request[nornv1.Re
 	if err := s.sv.checkPeer(req.Peer().Addr, req.Header()); err != nil {
 		return nil, err
 	}
+	if err := s.sv.exchangeGate(req.Header().Get(transport.HeaderNode), false); err != nil {
+		return nil, err
+	}
 	// The caller's ring epoch.
 	epoch, _ := strconv.ParseUint(req.Header().Get(transport.HeaderEpoch), 10, 64)
 	if err := s.sv.coord.Replicate(epoch, req.Msg.GetTasks()); err != nil {
@@ -106,6 +109,9 @@ func (s peerService) Replicate(_ context.Context, req *connect.Request[nornv1.Re
 
 func (s peerService) Read(_ context.Context, req *connect.Request[nornv1.ReadRequest]) (*connect.Response[nornv1.ReadResponse], error) {
 	if err := s.sv.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	if err := s.sv.exchangeGate(req.Header().Get(transport.HeaderNode), true); err != nil {
 		return nil, err
 	}
 	out, err := s.sv.coord.ReadReplica(req.Msg.GetIds())
@@ -209,6 +215,9 @@ func servePeer[Req, Resp any](sv *Server, req *connect.Request[Req], serve func(
 	if err := sv.checkPeer(req.Peer().Addr, req.Header()); err != nil {
 		return nil, err
 	}
+	if err := sv.exchangeGate(req.Header().Get(transport.HeaderNode), true); err != nil {
+		return nil, err
+	}
 	resp, err := serve(req.Msg)
 	if err != nil {
 		return nil, err
@@ -247,6 +256,9 @@ func (sv *Server) HandleRPC(ctx context.Context, m transport.RPCMethod, meta tra
 	}
 	switch m {
 	case transport.MethodReplicate:
+		if err := sv.exchangeGate(meta.Node, false); err != nil {
+			return nil, err
+		}
 		var req nornv1.ReplicateRequest
 		if err := proto.Unmarshal(body, &req); err != nil {
 			return nil, apierr.Invalid("tasks", "undecodable ReplicateRequest: %v", err)
@@ -262,4 +274,15 @@ func (sv *Server) HandleRPC(ctx context.Context, m transport.RPCMethod, meta tra
 		}
 	}
 	return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("no framed peer call %d", m))
+}
+
+// exchangeGate applies Config.ExchangeGate to a call of peer.
+func (sv *Server) exchangeGate(peer string, serving bool) error {
+	if sv.cfg.ExchangeGate == nil {
+		return nil
+	}
+	if err := sv.cfg.ExchangeGate(peer, serving); err != nil {
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	return nil
 }

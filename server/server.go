@@ -70,6 +70,17 @@ type Config struct {
 	// into. Backup makes a checkpoint; nil refuses Backup calls.
 	DataDir string
 	Backup  Backuper
+	// ExchangeGate, when set, decides whether task states may pass
+	// between this node and the peer calling: serving is true for the
+	// calls that hand this node's states out (Read, TreeRoots,
+	// TreeNodes, SegmentEntries), false for Replicate. Its error is the
+	// refusal (FAILED_PRECONDITION). The node's rejoin rule: a node out
+	// of the cluster longer than the retention allows spreads nothing.
+	ExchangeGate func(peer string, serving bool) error
+	// OutTooLong, when set, says why this node was out of the cluster
+	// longer than the retention allows ("" when it was not): Status
+	// reports it unhealthy.
+	OutTooLong func() string
 }
 
 // TaskEvents is told of what the API did to tasks, on the node that did
