@@ -44,7 +44,7 @@ var allowed = map[string][]string{
 	"replicas":    {"cluster", "claims", "storage", "transport", "api", "crdt", "ring"},
 	"coord":       {"replicas", "apierr", "cluster", "claims", "storage", "transport", "api", "crdt", "ring", "testhooks"},
 	"dispatch":    {"coord", "replicas", "apierr", "claims", "storage", "transport", "api", "crdt", "ring", "testhooks"},
-	"server":      {"dispatch", "rebalance", "coord", "antientropy", "replicas", "apierr", "cluster", "claims", "storage", "transport", "api", "crdt", "ring", "access"},
+	"server":      {"dispatch", "rebalance", "coord", "antientropy", "replicas", "apierr", "cluster", "claims", "storage", "transport", "api", "crdt", "ring", "access", "testhooks"},
 	"rebalance":   {"replicas", "apierr", "cluster", "claims", "transport", "api", "ring"},
 	"client":      {"api", "transport", "crdt", "ring"},
 	"metrics":     {"api", "transport"},
