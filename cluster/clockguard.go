@@ -9,29 +9,81 @@ import (
 )
 
 // ClockCheck is this node's clock judged against the cluster's (DESIGN
-// section 4, clock sync): its offset from the median of the alive nodes'
-// clocks, this one included, as gossip probes measure them.
+// section 4, clock sync), from the clock offsets gossip probes measured
+// (JudgeClock has the rule).
 type ClockCheck struct {
-	Offset  time.Duration // this node's clock minus the median
-	Known   bool          // at least three clocks measured (this one and two others)
-	InBound bool          // |Offset| <= max, or not Known (nothing to judge by)
+	// Offset is this node's clock minus the median of the measured
+	// clocks, this one included (two or more peers measured), or minus
+	// its one measured peer's clock. Valid only if Known.
+	Offset time.Duration
+	Peers  int  // peers whose offsets the check judged by
+	Known  bool // Peers >= 1: Offset means something
+	// InBound: |Offset| <= max, or the node is alone (it knows no other
+	// member: every lease is granted and expired on its clock).
+	InBound bool
 	// Stepped: this node's clock stepped by more than the max offset,
-	// and fewer than two peers' clocks have been sampled since:
-	// out of bound until they have (the older estimates may predate the
-	// peers' own steps).
+	// and fewer than two peers' clocks (or its one peer's) have been
+	// sampled since: out of bound until they have (the older estimates
+	// may predate the peers' own steps).
 	Stepped bool
+	// Unjudged: the node knows other members but has measured none of
+	// their clocks (they are down or cut off, or their probes were too
+	// slow to judge by): out of bound, since nothing says its clock is
+	// near theirs.
+	Unjudged bool
+}
+
+// MaxOffsetError bounds the error of every clock offset estimate the
+// guard judges by. An estimate is off by at most half the round trip of
+// the probe it came from (Member.OffsetError); the guard leaves out
+// estimates with a larger bound, as if the peer were not measured.
+const MaxOffsetError = 50 * time.Millisecond
+
+// ClockMeasurementError is how far two nodes' judgements of their clocks
+// can be off together: each by MaxOffsetError.
+const ClockMeasurementError = 2 * MaxOffsetError
+
+// MinSkewBuffer is the pairwise clock offset the guard admits when its
+// max offset is maxOffset: two nodes that both judge their clocks in
+// bound can be 2 × maxOffset apart (one maxOffset behind the median,
+// the other ahead of it), plus ClockMeasurementError. A lease granted on
+// the slow one and expired on the fast one ends that much early on the
+// fast one's clock, so the skew buffer must be larger
+// (node.Config.Validate enforces it).
+func MinSkewBuffer(maxOffset time.Duration) time.Duration {
+	return 2*maxOffset + ClockMeasurementError
 }
 
 // JudgeClock judges this node's clock from the others' offsets (their
-// clock minus this node's). With fewer than two others there is no
-// majority to tell which clock is off: the node stays in bound.
-func JudgeClock(others []time.Duration, max time.Duration) ClockCheck {
-	if len(others) < 2 {
-		return ClockCheck{InBound: true}
+// clock minus this node's; each off by at most MaxOffsetError) against
+// max:
+//
+//   - two or more: this node's offset from the median of all the clocks,
+//     this one included;
+//   - one: its offset from that peer's clock (pairwise), so that with one
+//     node of three down the other two still lead while their clocks are
+//     within max of each other;
+//   - none: in bound only when alone (the node knows no other member);
+//     otherwise Unjudged, out of bound.
+//
+// With three nodes, any two nodes that both judge themselves in bound
+// are at most MinSkewBuffer(max) apart: both within max (+ the error)
+// of the same median; or one within max of a peer and the other within
+// max of the median of the three, which lies between them or is one of
+// them; or each within max of a common peer. (With five nodes, two nodes
+// that measure different subsets of the others can judge by different
+// medians; docs/OPERATIONS.md, Time.)
+func JudgeClock(others []time.Duration, max time.Duration, alone bool) ClockCheck {
+	switch len(others) {
+	case 0:
+		return ClockCheck{InBound: alone, Unjudged: !alone}
+	case 1:
+		off := -others[0]
+		return ClockCheck{Offset: off, Peers: 1, Known: true, InBound: off <= max && off >= -max}
 	}
 	med := Median(append([]time.Duration{0}, others...))
 	off := -med
-	return ClockCheck{Offset: off, Known: true, InBound: off <= max && off >= -max}
+	return ClockCheck{Offset: off, Peers: len(others), Known: true, InBound: off <= max && off >= -max}
 }
 
 // Median of ds (sorted in place): the middle one, or the mean of the two
@@ -58,8 +110,9 @@ type Leader interface {
 type ClockGuardConfig struct {
 	NodeID string
 	// MaxOffset is how far this node's clock may be from the median of
-	// the alive nodes' clocks (the node's MaxClockOffset); a step of its
-	// own clock beyond it makes the node wait for fresh peer offsets.
+	// the alive nodes' clocks, or from its one measured peer's (the
+	// node's MaxClockOffset); a step of its own clock beyond it makes the
+	// node wait for fresh peer offsets.
 	MaxOffset time.Duration
 	// Clock is this node's wall clock; its steps are measured against the
 	// monotonic clock.
@@ -83,10 +136,10 @@ type ClockGuard struct {
 	mu           sync.Mutex
 	check        ClockCheck
 	wall, mono   time.Time       // when check was made: the wall clock (no monotonic reading) and time.Now()
-	peers        int             // peers with a measured offset at check
 	steppedAt    time.Time       // when this node's own clock step was seen (monotonic), zero when settled
+	unjudgedAt   time.Time       // since when the check has been Unjudged (monotonic), zero when it is not
 	transferring map[uint16]bool // leadership transfers under way
-	outOfBound   uint64          // times the clock went out of bound (metric)
+	outOfBound   uint64          // times the clock went out of bound, measured (metric)
 	transfers    uint64          // leadership transfers started for the clock (metric)
 }
 
@@ -99,7 +152,7 @@ func NewClockGuard(cfg ClockGuardConfig) *ClockGuard {
 // ClockGuardStats is a ClockGuard's state for the node's metrics.
 type ClockGuardStats struct {
 	Check      ClockCheck // the last check
-	OutOfBound uint64     // times the clock went out of bound
+	OutOfBound uint64     // times the clock went out of bound (measured: not Unjudged)
 	Transfers  uint64     // leadership transfers started for the clock
 }
 
@@ -111,18 +164,24 @@ func (g *ClockGuard) Stats() ClockGuardStats {
 }
 
 // PeerOffsets returns the clock offsets gossip has measured for the other
-// alive members (their clock minus this node's), and of those the ones
-// sampled after since.
-func (g *ClockGuard) PeerOffsets(since time.Time) (all, fresh []time.Duration) {
+// alive members (their clock minus this node's) within MaxOffsetError,
+// and of those the ones sampled after since; alone is true when gossip
+// knows no other member that has not left.
+func (g *ClockGuard) PeerOffsets(since time.Time) (all, fresh []time.Duration, alone bool) {
+	alone = true
 	for _, m := range g.cfg.Members() {
-		if m.ID != g.cfg.NodeID && m.State.Up() && m.OffsetKnown {
+		if m.ID == g.cfg.NodeID || m.State == StateLeft {
+			continue
+		}
+		alone = false
+		if m.State.Up() && m.OffsetKnown && m.OffsetError <= MaxOffsetError {
 			all = append(all, m.ClockOffset)
 			if m.OffsetAt.After(since) {
 				fresh = append(fresh, m.ClockOffset)
 			}
 		}
 	}
-	return all, fresh
+	return all, fresh, alone
 }
 
 // stepSince is how far this node's wall clock has moved against the
@@ -131,6 +190,13 @@ func (g *ClockGuard) PeerOffsets(since time.Time) (all, fresh []time.Duration) {
 func (g *ClockGuard) stepSince(wall, mono time.Time) time.Duration {
 	return g.cfg.Clock.Now().Round(0).Sub(wall) - time.Since(mono)
 }
+
+// unjudgedHandOverAfter is how long an Unjudged node keeps its
+// leaderships (refusing proposals) before it hands them over: a node
+// that has just started or restarted measures its first peer within a
+// probe interval or two, and the others may be just as blind, so an
+// immediate hand-over would only move leaderships about.
+const unjudgedHandOverAfter = 5 * time.Second
 
 // stepSettleMax bounds how long a node whose clock stepped waits for
 // fresh peer offsets before it judges by the ones it has.
@@ -152,24 +218,31 @@ func (g *ClockGuard) Check() {
 			g.steppedAt = mono
 		}
 	}
-	steppedAt, prevPeers := g.steppedAt, g.peers
+	steppedAt := g.steppedAt
 	g.mu.Unlock()
-	all, fresh := g.PeerOffsets(steppedAt)
-	c := JudgeClock(all, g.cfg.MaxOffset)
+	all, fresh, alone := g.PeerOffsets(steppedAt)
+	c := JudgeClock(all, g.cfg.MaxOffset, alone)
 	if !steppedAt.IsZero() {
 		switch {
-		case len(fresh) >= 2:
-			c, steppedAt = JudgeClock(fresh, g.cfg.MaxOffset), time.Time{}
-		case len(all) < 2 && prevPeers < 2, mono.Sub(steppedAt) > stepSettleMax:
-			steppedAt = time.Time{} // nothing to judge by, or no fresh offsets for too long
+		case len(all) == 0, mono.Sub(steppedAt) > stepSettleMax:
+			steppedAt = time.Time{} // no peer to wait for, or no fresh offsets for too long
+		case len(fresh) >= min(2, len(all)):
+			c, steppedAt = JudgeClock(fresh, g.cfg.MaxOffset, alone), time.Time{}
 		default:
-			c = ClockCheck{Offset: c.Offset, Stepped: true}
+			c = ClockCheck{Offset: c.Offset, Peers: c.Peers, Known: c.Known, Stepped: true}
 		}
 	}
 	g.mu.Lock()
 	prev := g.check
-	g.check, g.wall, g.mono, g.peers, g.steppedAt = c, wall, mono, len(all), steppedAt
-	if prev.InBound && !c.InBound {
+	g.check, g.wall, g.mono, g.steppedAt = c, wall, mono, steppedAt
+	switch {
+	case !c.Unjudged:
+		g.unjudgedAt = time.Time{}
+	case g.unjudgedAt.IsZero():
+		g.unjudgedAt = mono
+	}
+	handOver := !c.InBound && (!c.Unjudged || mono.Sub(g.unjudgedAt) > unjudgedHandOverAfter)
+	if prev.InBound && !c.InBound && !c.Unjudged {
 		g.outOfBound++
 	}
 	g.mu.Unlock()
@@ -177,13 +250,19 @@ func (g *ClockGuard) Check() {
 	case prev.InBound && !c.InBound && c.Stepped:
 		g.cfg.Logger.Error("this node's clock stepped: handing over its leaderships and leading nothing until its peers' clocks are measured again",
 			"max_clock_offset", g.cfg.MaxOffset)
+	case prev.InBound && !c.InBound && c.Unjudged:
+		g.cfg.Logger.Warn("this node has measured no peer's clock (its peers are down or cut off, or their probes too slow to judge by): handing over its leaderships and leading nothing until it has",
+			"max_clock_offset", g.cfg.MaxOffset)
+	case prev.InBound && !c.InBound && c.Peers == 1:
+		g.cfg.Logger.Error("this node's clock is out of bound from its one measured peer's: handing over its leaderships and leading nothing until it is back",
+			"offset_from_peer", c.Offset, "max_clock_offset", g.cfg.MaxOffset)
 	case prev.InBound && !c.InBound:
 		g.cfg.Logger.Error("this node's clock is out of bound: handing over its leaderships and leading nothing until it is back",
 			"offset_from_median", c.Offset, "max_clock_offset", g.cfg.MaxOffset)
 	case !prev.InBound && c.InBound:
-		g.cfg.Logger.Warn("this node's clock is back in bound: it may lead again", "offset_from_median", c.Offset)
+		g.cfg.Logger.Warn("this node's clock is back in bound: it may lead again", "offset", c.Offset, "peers_measured", c.Peers)
 	}
-	if !c.InBound {
+	if handOver {
 		g.handOverLeaderships()
 	}
 }
@@ -232,14 +311,14 @@ func (g *ClockGuard) State() ClockCheck {
 // step shows at once, not at the next Check.
 func (g *ClockGuard) Current() ClockCheck {
 	g.mu.Lock()
-	c, wall, mono, peers := g.check, g.wall, g.mono, g.peers
+	c, wall, mono := g.check, g.wall, g.mono
 	g.mu.Unlock()
-	if peers < 2 || mono.IsZero() {
-		return c // nothing to judge by (a step alone does not say which clock is right)
+	if c.Peers == 0 || mono.IsZero() {
+		return c // alone, or unjudged: a step changes nothing
 	}
 	step := g.stepSince(wall, mono)
 	if step > g.stepLimit() || step < -g.stepLimit() {
-		return ClockCheck{Offset: c.Offset + step, Stepped: true}
+		return ClockCheck{Offset: c.Offset + step, Peers: c.Peers, Known: c.Known, Stepped: true}
 	}
 	if c.Known {
 		max := g.cfg.MaxOffset
@@ -257,9 +336,16 @@ func (g *ClockGuard) MayLead() error {
 	if c.Stepped {
 		return fmt.Errorf("this node's clock stepped: it leads nothing until its peers' clocks are measured again (max_clock_offset %s)", g.cfg.MaxOffset)
 	}
-	if !c.InBound {
-		return fmt.Errorf("this node's clock is %s from the cluster median, beyond max_clock_offset %s: it leads nothing until it is back in bound",
+	switch {
+	case c.InBound:
+		return nil
+	case c.Unjudged:
+		return fmt.Errorf("this node has measured no peer's clock (its peers are down or cut off, or their probes too slow to judge by): it leads nothing until it has (max_clock_offset %s)",
+			g.cfg.MaxOffset)
+	case c.Peers == 1:
+		return fmt.Errorf("this node's clock is %s from its one measured peer's, beyond max_clock_offset %s: it leads nothing until it is back in bound",
 			c.Offset.Round(time.Millisecond), g.cfg.MaxOffset)
 	}
-	return nil
+	return fmt.Errorf("this node's clock is %s from the cluster median, beyond max_clock_offset %s: it leads nothing until it is back in bound",
+		c.Offset.Round(time.Millisecond), g.cfg.MaxOffset)
 }

@@ -103,9 +103,12 @@ type Member struct {
 	// from probe round trips (positive: its clock is ahead). Valid only if
 	// OffsetKnown; this node's own member has 0, known. The error of an
 	// estimate is at most half the round trip it came from (see
-	// offsetWindow).
+	// offsetWindow): OffsetError.
 	ClockOffset time.Duration
 	OffsetKnown bool
+	// OffsetError bounds the error of ClockOffset: half the round trip of
+	// the probe the estimate came from. 0 for this node's own member.
+	OffsetError time.Duration
 	// OffsetAt is when the newest clock sample of the member was taken
 	// (monotonic); zero for this node's own member.
 	OffsetAt time.Time
@@ -357,6 +360,9 @@ func (m *Membership) Members() []Member {
 			mb.ClockOffset, mb.OffsetKnown = 0, true
 		} else {
 			mb.ClockOffset, mb.OffsetKnown = p.offsets.estimate(step)
+			if b, ok := p.offsets.best(); ok {
+				mb.OffsetError = b.rtt / 2
+			}
 			mb.OffsetAt = p.offsets.at
 		}
 		out = append(out, mb)

@@ -370,6 +370,8 @@ func TestMembershipBookkeeping(t *testing.T) {
 	(*pinger)(m).NotifyPingComplete(peer, 10*time.Millisecond, ack)
 	if mb := check("answered", StateAlive, true); mb.ClockOffset < 2*time.Second-50*time.Millisecond || mb.ClockOffset > 2*time.Second+50*time.Millisecond {
 		t.Fatalf("offset %v, want about 2s", mb.ClockOffset)
+	} else if mb.OffsetError != 5*time.Millisecond {
+		t.Fatalf("offset error %v, want half the 10 ms round trip", mb.OffsetError)
 	}
 	(*pinger)(m).NotifyPingComplete(peer, time.Millisecond, []byte{1, 2, 3}) // wrong size: no sample
 	if mb := check("short payload", StateAlive, true); mb.ClockOffset < time.Second {

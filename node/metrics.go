@@ -232,9 +232,9 @@ func (n *Node) collectClock(s *sink) {
 	if cs.Check.InBound {
 		inBound = 1
 	}
-	s.gauge("norn_clock_in_bound", "1 while this node's clock is within max_clock_offset of the cluster median (or cannot be judged: fewer than three clocks measured), 0 while it is out of bound and leads nothing.", inBound)
+	s.gauge("norn_clock_in_bound", "1 while this node's clock is within max_clock_offset of the cluster median (of its one measured peer's clock when it measures only one; always 1 alone in a cluster of one), 0 while it is out of bound or has measured no peer's clock, and leads nothing.", inBound)
 	if cs.Check.Known {
-		s.gauge("norn_clock_offset_seconds", "This node's clock minus the median of the alive nodes' clocks.", cs.Check.Offset.Seconds())
+		s.gauge("norn_clock_offset_seconds", "This node's clock minus the median of the alive nodes' clocks (minus its one measured peer's clock when it measures only one).", cs.Check.Offset.Seconds())
 	}
 	s.counter("norn_clock_out_of_bound_total", "Times this node's clock went beyond max_clock_offset from the cluster median.", float64(cs.OutOfBound))
 	s.counter("norn_clock_leadership_handovers_total", "Leadership transfers this node started because its clock was out of bound.", float64(cs.Transfers))

@@ -274,12 +274,14 @@ func New(cfg Config) (*Node, error) {
 	return n, nil
 }
 
-// Ready reports whether the cluster is formed and every partition this
+// Ready reports whether the cluster is formed, every partition this
 // node replicates has a leader (GET /healthz), the replicas moves are
-// filling here included.
+// filling here included, and the clock guard has judged this node's
+// clock (it has measured a peer's, or it is alone): until then it leads
+// nothing (cluster.ClockCheck.Unjudged).
 func (n *Node) Ready() bool {
 	l, formed := n.leaderless()
-	return formed && l.cohort == 0 && l.moveTarget == 0
+	return formed && l.cohort == 0 && l.moveTarget == 0 && !n.clockGuard.State().Unjudged
 }
 
 // leaderlessCounts counts the partitions a node replicates that have no
@@ -330,6 +332,9 @@ func (n *Node) WaitReady(timeout time.Duration) error {
 		if time.Now().After(deadline) {
 			if n.host.Ring() == nil {
 				return errors.New("node: the cluster is not formed yet")
+			}
+			if l, _ := n.leaderless(); l.cohort == 0 && l.moveTarget == 0 {
+				return errors.New("node: no peer's clock measured yet (the clock guard lets it lead nothing until then)")
 			}
 			return errors.New("node: partitions have no leader yet")
 		}
