@@ -77,12 +77,14 @@ func nemesisCrashAfterEnqueue(ctx context.Context, e *Env) {
 // nemesisStallLeaderClockAhead makes a client hold its next short-lease
 // claim past the lease without renewing (as worker-pause), and as soon as
 // it starts holding, moves the clock of the leader that granted the claim
-// 3/4 of the skew buffer ahead until the hold ends: the lease then ends
-// that much early in real time on the leader, and only the skew buffer
-// keeps the task from being granted to another worker while the first
-// may still rightly believe it holds it. The offset stays below the buffer.
+// ahead, just inside the max clock offset (justInBound: so that the
+// clock guard lets it go on leading), until the hold ends: the lease then
+// ends that much early in real time on the leader, and only the skew
+// buffer keeps the task from being granted to another worker while the
+// first may still rightly believe it holds it. The offset stays below
+// the buffer.
 func nemesisStallLeaderClockAhead(ctx context.Context, e *Env) {
-	off := e.C.Cfg.SkewBuffer * 3 / 4
+	off := e.justInBound()
 	var mu sync.Mutex
 	bumped := map[*Node]int{} // holds in progress per node
 	e.W.SetOnHold(func(client int, o *check.Op, hold time.Duration) {
@@ -93,7 +95,7 @@ func nemesisStallLeaderClockAhead(ctx context.Context, e *Env) {
 		mu.Lock()
 		bumped[n]++
 		if bumped[n] == 1 {
-			e.TL.Log("start", "clock-bump", fmt.Sprintf("%s offset +%s (below the %s buffer): it granted claim %d of task %d that client %d now holds %s",
+			e.TL.Log("start", "clock-bump", fmt.Sprintf("%s offset +%s (in bound, below the %s buffer): it granted claim %d of task %d that client %d now holds %s",
 				n.ID, off, e.C.Cfg.SkewBuffer, o.Claim, o.Task, client, hold), n.SetClock(off, 1))
 		}
 		mu.Unlock()

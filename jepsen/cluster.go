@@ -52,6 +52,10 @@ type ClusterConfig struct {
 	ExtraArgs   []string // more nornd flags (they win over the defaults)
 	RaftTimeout time.Duration
 	SkewBuffer  time.Duration
+	// MaxClockOffset is nornd's -max-clock-offset; default 9/20 of the
+	// skew buffer (900 ms for 2 s), below the most the buffer covers
+	// ((buffer - 100 ms) / 2: two nodes in bound can be twice it apart).
+	MaxClockOffset time.Duration
 	// Insecure runs the nodes in cleartext, without the access file;
 	// by default they run secure (secure.go).
 	Insecure bool
@@ -116,6 +120,9 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	}
 	if cfg.SkewBuffer == 0 {
 		cfg.SkewBuffer = 2 * time.Second
+	}
+	if cfg.MaxClockOffset == 0 {
+		cfg.MaxClockOffset = cfg.SkewBuffer * 9 / 20
 	}
 	if cfg.Initial <= 0 || cfg.Initial > cfg.Nodes {
 		cfg.Initial = cfg.Nodes
@@ -210,7 +217,7 @@ func (n *Node) Start() error {
 	args = append(args, "-join", strings.Join(n.join, ","),
 		"-replication", fmt.Sprint(Replication), "-partitions", fmt.Sprint(cfg.Partitions),
 		"-raft-timeout", cfg.RaftTimeout.String(), "-write-timeout", "2s",
-		"-skew-buffer", cfg.SkewBuffer.String(), "-max-clock-offset", (cfg.SkewBuffer * 9 / 10).String(),
+		"-skew-buffer", cfg.SkewBuffer.String(), "-max-clock-offset", cfg.MaxClockOffset.String(),
 		"-antientropy-interval", "2s", "-log-level", "warn")
 	if cfg.Hooks {
 		args = append(args, "-test-hooks")

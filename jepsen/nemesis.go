@@ -159,6 +159,10 @@ func (e *Env) bumpClockFor(ctx context.Context, n *Node, off, hold time.Duration
 	e.TL.Log("end", "clock-bump", n.ID, n.SetClock(0, 1))
 }
 
+// justInBound is a clock offset just inside the nodes' max clock offset
+// (19/20 of it): a node that far from the others' median still leads.
+func (e *Env) justInBound() time.Duration { return e.C.Cfg.MaxClockOffset * 19 / 20 }
+
 // eitherWay returns d or -d, by the seed.
 func (e *Env) eitherWay(d time.Duration) time.Duration {
 	if e.Rng.IntN(2) == 0 {

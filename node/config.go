@@ -13,8 +13,10 @@ import (
 	"github.com/norn-dev/norn/access"
 	"github.com/norn-dev/norn/antientropy"
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/ring"
+	"github.com/norn-dev/norn/testhooks"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -33,13 +35,17 @@ type Config struct {
 	// Partitions is P, a power of two. Default 64.
 	Partitions int
 	// SkewBuffer is added to every lease before the monitor expires it; it
-	// must exceed the worst clock offset between nodes. Default 2 s.
+	// must exceed the worst clock offset between two nodes that may both
+	// lead: more than 2 × MaxClockOffset + cluster.ClockMeasurementError
+	// (100 ms; cluster.MinSkewBuffer). Default 2 s.
 	SkewBuffer time.Duration
 	// MaxClockOffset bounds how far this node's clock may be from the
-	// median of the cluster's clocks (measured by gossip probes) while it
-	// leads partitions: beyond it the node hands over its leaderships and
-	// refuses every claim proposal until it is back in bound. SkewBuffer
-	// must exceed it. Default 500 ms.
+	// median of the cluster's clocks (measured by gossip probes; from its
+	// one measured peer's clock when it measures only one) while it leads
+	// partitions: beyond it, or with no peer's clock measured, the node
+	// hands over its leaderships and refuses every claim proposal until it
+	// is back in bound (cluster.JudgeClock). Two nodes in bound can be
+	// twice this apart, hence SkewBuffer's rule. Default 500 ms.
 	MaxClockOffset time.Duration
 	// LeaseGrace is the least lease a new partition leader leaves every live
 	// claim (etcd-style promote), so a leader change never shortens a lease.
@@ -309,6 +315,13 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// maxClockOffsetFor is the largest max clock offset, in whole
+// milliseconds, that a skew buffer of skew covers (cluster.MinSkewBuffer
+// below skew); negative when none does.
+func maxClockOffsetFor(skew time.Duration) time.Duration {
+	return ((skew-cluster.ClockMeasurementError)/2 - time.Nanosecond).Truncate(time.Millisecond)
+}
+
 // Validate reports the first invalid field, naming it.
 func (c *Config) Validate() error {
 	switch {
@@ -334,9 +347,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("node: tree leaf bits %d: want %d to %d", c.TreeLeafBits, antientropy.MinLeafBits, antientropy.MaxLeafBits)
 	case c.SkewBuffer < 0 || c.LeaseGrace < 0 || c.MaxClockOffset < 0:
 		return errors.New("node: skew buffer, max clock offset and lease grace must not be negative")
-	case c.SkewBuffer <= c.MaxClockOffset:
-		return fmt.Errorf("node: skew buffer %s must be larger than max clock offset %s: a lease is taken back only skew buffer after its end on the leader's clock, "+
-			"and the leader's clock may be up to max clock offset ahead of the others, so a smaller buffer lets a lease end early", c.SkewBuffer, c.MaxClockOffset)
+	case testhooks.Built && c.TestBugs.SkewOneOffset && c.SkewBuffer <= c.MaxClockOffset:
+		return fmt.Errorf("node: skew buffer %s must be larger than max clock offset %s (seeded bug skew-one-offset)", c.SkewBuffer, c.MaxClockOffset)
+	case !(testhooks.Built && c.TestBugs.SkewOneOffset) && c.SkewBuffer <= cluster.MinSkewBuffer(c.MaxClockOffset):
+		return fmt.Errorf("node: skew buffer %s (-skew-buffer) must be larger than 2 × max clock offset %s (-max-clock-offset) + %s (the clock measurement error) = %s: "+
+			"two nodes whose clocks are each within max clock offset of the cluster median can be twice that apart, and a lease granted by the slow one "+
+			"and taken back by the fast one ends that much early on the fast one's clock; raise the skew buffer or lower the max clock offset "+
+			"(to at most %s for this buffer)",
+			c.SkewBuffer, c.MaxClockOffset, cluster.ClockMeasurementError, cluster.MinSkewBuffer(c.MaxClockOffset), maxClockOffsetFor(c.SkewBuffer))
 	case c.DefaultLease <= 0 || c.MaxLease < c.DefaultLease:
 		return fmt.Errorf("node: default lease %s must be positive and at most the max lease %s", c.DefaultLease, c.MaxLease)
 	case c.BootstrapExpect < 0 || c.Replication < 1:

@@ -43,6 +43,12 @@ type TestBugs struct {
 	// Raft ports) take a client certificate of any CA and believe the
 	// identity it names (transport.Certs.AcceptAnyClient).
 	TLSAnyClient bool
+	// SkewOneOffset ("skew-one-offset"): config validation takes any skew
+	// buffer above the max clock offset, the rule before issue 41,
+	// instead of above 2 × max clock offset + the measurement error; so
+	// two nodes whose clocks are in bound can be further apart than the
+	// buffer covers.
+	SkewOneOffset bool
 }
 
 // testBugs maps the names of -test-bug to their fields.
@@ -55,6 +61,7 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"tls-any-client":        func(b *TestBugs) *bool { return &b.TLSAnyClient },
 	"act-no-fence":          func(b *TestBugs) *bool { return &b.ActNoFence },
 	"act-local":             func(b *TestBugs) *bool { return &b.ActLocal },
+	"skew-one-offset":       func(b *TestBugs) *bool { return &b.SkewOneOffset },
 }
 
 // TestBugNames returns the names ParseTestBugs accepts, sorted.

@@ -189,3 +189,15 @@ func runFails(t *testing.T, code int, args ...string) string {
 	}
 	return string(out)
 }
+
+// TestSkewBufferMustCoverTwoOffsets: a node whose skew buffer does not
+// exceed 2 × -max-clock-offset + the measurement error refuses to start,
+// naming both flags (the harness's old 2 s with 1.8 s among them).
+func TestSkewBufferMustCoverTwoOffsets(t *testing.T) {
+	out := runFails(t, 1, "-skew-buffer", "2s", "-max-clock-offset", "1.8s")
+	for _, want := range []string{"-skew-buffer", "-max-clock-offset", "2s", "1.8s", "at most 949ms"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("the error does not say %s:\n%s", want, out)
+		}
+	}
+}
