@@ -453,3 +453,28 @@ func (n *Node) every(period time.Duration, fn func()) {
 		}
 	}
 }
+
+// TransferLeadershipTo hands the leadership of partition p, which this
+// node must lead, to its voter to, and returns when this node has
+// stepped down or the transfer failed. For the Jepsen harness's POST
+// /test/transfer (a leadership moved mid-lease on purpose); the leader
+// balancer and the clock guard move leaderships on their own.
+func (n *Node) TransferLeadershipTo(p uint16, to string) error {
+	g := n.host.Group(p)
+	if g == nil {
+		return fmt.Errorf("node: no group of partition %d on this node", p)
+	}
+	servers, err := g.Servers()
+	if err != nil {
+		return err
+	}
+	for _, s := range servers {
+		if s.ID == to && s.Voter {
+			return g.TransferLeadershipTo(s.ID, s.Address)
+		}
+	}
+	return fmt.Errorf("node: %s is no voter of partition %d", to, p)
+}
+
+// PartitionOf is the partition of task id.
+func (n *Node) PartitionOf(id uint64) uint16 { return n.host.Partition(id) }

@@ -184,7 +184,7 @@ func run(args []string) error {
 		ln.Close()
 		return err
 	}
-	handler := o.hooks.wrap(n.Handler(), logger)
+	handler := o.hooks.wrap(n.Handler(), n, logger)
 	srv := node.NewHTTPServer(handler)
 	if *o.metricsAddr != "" {
 		mln, err := net.Listen("tcp", *o.metricsAddr)

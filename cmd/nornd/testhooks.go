@@ -65,11 +65,20 @@ func (h *testHooks) configure(cfg *node.Config, logger *slog.Logger) error {
 }
 
 // wrap serves the hooks' routes beside api when -test-hooks is on.
-func (h *testHooks) wrap(api http.Handler, logger *slog.Logger) http.Handler {
+func (h *testHooks) wrap(api http.Handler, n *node.Node, logger *slog.Logger) http.Handler {
 	if !*h.on {
 		return api
 	}
-	return testHandler(api, h.clk, logger, os.Exit)
+	return testHandler(api, h.clk, logger, os.Exit, func(task uint64, to string) error {
+		return n.TransferLeadershipTo(n.PartitionOf(task), to)
+	})
+}
+
+// transferRequest is the body of POST /test/transfer: hand the leadership
+// of task Task's partition, which this node leads, to node To.
+type transferRequest struct {
+	Task uint64 `json:"task,string"`
+	To   string `json:"to"`
 }
 
 // crashExitCode is the exit code of POST /test/crash.
@@ -168,8 +177,24 @@ func writeJSON(w http.ResponseWriter, v any) {
 }
 
 // testHandler serves the test hooks on /test/ and everything else with api.
-func testHandler(api http.Handler, clk *testClock, logger *slog.Logger, exit func(int)) http.Handler {
+// POST /test/transfer moves a partition's leadership to a given node
+// (transfer; the answer comes once this node has stepped down, 409 with
+// the reason when it could not).
+func testHandler(api http.Handler, clk *testClock, logger *slog.Logger, exit func(int), transfer func(task uint64, to string) error) http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("POST /test/transfer", func(w http.ResponseWriter, r *http.Request) {
+		var req transferRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.To == "" {
+			http.Error(w, fmt.Sprintf("want {\"task\": \"<id>\", \"to\": \"<node id>\"}: %v", err), http.StatusBadRequest)
+			return
+		}
+		if err := transfer(req.Task, req.To); err != nil {
+			http.Error(w, err.Error(), http.StatusConflict)
+			return
+		}
+		logger.Warn("test hook: leadership transferred", "task", req.Task, "to", req.To)
+		w.Write([]byte("transferred\n"))
+	})
 	mux.Handle("/", api)
 	mux.HandleFunc("GET /test/clock", clk.serveGet)
 	mux.HandleFunc("POST /test/clock", clk.servePost)

@@ -18,4 +18,4 @@ func addTestHookFlags(*flag.FlagSet) *testHooks { return &testHooks{} }
 
 func (*testHooks) configure(*node.Config, *slog.Logger) error { return nil }
 
-func (*testHooks) wrap(api http.Handler, _ *slog.Logger) http.Handler { return api }
+func (*testHooks) wrap(api http.Handler, _ *node.Node, _ *slog.Logger) http.Handler { return api }

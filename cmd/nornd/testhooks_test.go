@@ -6,9 +6,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"strings"
 	"testing"
@@ -209,4 +212,31 @@ func TestTestClockInProcess(t *testing.T) {
 		c.state()
 	}
 	<-done
+}
+
+// TestTransferHook: POST /test/transfer passes the task and the target
+// node on, answers 409 with the reason when the transfer fails, and 400
+// to a body without a target.
+func TestTransferHook(t *testing.T) {
+	var got []string
+	var fail error
+	h := testHandler(http.NotFoundHandler(), newTestClock(), slog.New(slog.DiscardHandler), func(int) {}, func(task uint64, to string) error {
+		got = append(got, fmt.Sprint(task, " ", to))
+		return fail
+	})
+	do := func(body string) int {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("POST", "/test/transfer", strings.NewReader(body)))
+		return rec.Code
+	}
+	if code := do(`{"task": "153032758812213269", "to": "n2"}`); code != http.StatusOK || len(got) != 1 || got[0] != "153032758812213269 n2" {
+		t.Fatalf("transfer: %d, %v", code, got)
+	}
+	fail = errors.New("not the leader")
+	if code := do(`{"task": "1", "to": "n2"}`); code != http.StatusConflict {
+		t.Fatalf("failed transfer: %d", code)
+	}
+	if code := do(`{"task": "1"}`); code != http.StatusBadRequest || len(got) != 2 {
+		t.Fatalf("no target: %d, %v", code, got)
+	}
 }
