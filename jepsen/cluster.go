@@ -353,6 +353,14 @@ func (n *Node) SetClock(offset time.Duration, rate float64) error {
 	return n.post("/test/clock", string(body))
 }
 
+// TransferLeadership asks n, which must lead task's partition, to hand
+// that leadership to node to (test hooks only: POST /test/transfer), and
+// returns once n has stepped down or the transfer failed.
+func (n *Node) TransferLeadership(task uint64, to string) error {
+	body, _ := json.Marshal(map[string]string{"task": fmt.Sprint(task), "to": to})
+	return n.post("/test/transfer", string(body))
+}
+
 // Crash asks n to exit at once losing its unsynced writes (test hooks
 // only: the power-loss nemesis), and waits for the exit.
 func (n *Node) Crash() error {

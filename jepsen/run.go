@@ -39,6 +39,12 @@ type Scenario struct {
 	Short   bool // part of jepsen-short
 	// EnqueueShare, when set, replaces the workload's (see Workload).
 	EnqueueShare float64
+	// ShortLease, when set, replaces the workload's short lease (2.5 s).
+	ShortLease time.Duration
+	// BugMaxClockOffset, when set, is the nodes' -max-clock-offset while
+	// the scenario's seeded bugs are on (the clean run keeps the
+	// default): a setting only the bug lets a node start with.
+	BugMaxClockOffset time.Duration
 	// ReportOnly names checkers whose anomalies this scenario reports
 	// without failing: the faults go beyond what the promise covers.
 	ReportOnly []string
@@ -72,6 +78,8 @@ var Scenarios = []Scenario{
 	{Name: "clock-bump", Desc: "test hooks: bump a node's clock by up to +-750ms (below the 2s buffer)", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockBump},
 	{Name: "clock-bump-big", Desc: "test hooks: bump a node's clock by 3 s to 2 min either way (above the 2s buffer, below the long leases) while workers stall past their short leases; exclusion overlaps are reported, not failed", Nodes: 3, NeedsHooks: true, Nemesis: both(nemesisClockBumpBig, nemesisWorkerPause), ReportOnly: []string{"exclusion"}},
 	{Name: "clock-skew-leader", Desc: "test hooks: the top leader's clock 3 s to 2 min off (beyond the max clock offset) while workers stall past their leases; it must hand its leaderships over: every checker must pass", Nodes: 3, NeedsHooks: true, Nemesis: both(nemesisLeaderClockBeyond, nemesisWorkerPause)},
+	{Name: "clock-opposite", Desc: "test hooks: two nodes' clocks at opposite offsets just inside the max clock offset (-+855ms, 1.71 s apart, below the 2s buffer) while workers hold 5 s leases past their end; each such lease the slow node granted has its partition's leadership moved to the fast node mid-lease (-lease-grace 500ms); every checker must pass",
+		Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockOpposite, Args: clockOppositeArgs, ShortLease: clockOppositeLease},
 	{Name: "clock-strobe", Desc: "test hooks: a node's clock jumps +-700ms every 200ms", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockStrobe},
 	{Name: "power-loss", Desc: "test hooks: POST /test/crash (unsynced writes lost) on one node or all, restart", Nodes: 3, NeedsHooks: true, Nemesis: nemesisPowerLoss},
 	{Name: "combined", Desc: "a seeded schedule of one to three faults at once: kill, power loss or leader pause; isolation, leader isolation or flaky links; a clock bump below the buffer", Nodes: 3, NeedsHooks: true, Nemesis: nemesisCombined},
@@ -81,6 +89,9 @@ var Scenarios = []Scenario{
 	{Name: "bug-claim-no-check", Desc: "self-test: seeded bug claim-no-check; kill -9 the partition leader right after it grants a long claim (its successor has not applied it and serves waiting claims at once), 8 clients for 60 s; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"claim-no-check"}, Nemesis: nemesisKillClaimLeader, Time: time.Minute, Clients: 8, EnqueueShare: 0.2},
 	{Name: "bug-ack-before-sync", Desc: "self-test: seeded bug ack-before-sync; every node loses power right after an enqueue is acked; the clients only enqueue (no claim's Raft append syncs the shared WAL in between, so every strike loses what was acked unsynced); must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"ack-before-sync"}, Nemesis: nemesisCrashAfterEnqueue, EnqueueShare: 1, Short: true},
 	{Name: "bug-expiry-no-skew", Desc: "self-test: seeded bug expiry-no-skew; workers hold short claims past their leases while the granting leader's clock runs 3/4 of the buffer ahead; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"expiry-no-skew"}, Nemesis: nemesisStallLeaderClockAhead},
+	{Name: "bug-skew-one-offset", Desc: "self-test: seeded bug skew-one-offset (config validation takes a skew buffer above one max clock offset, the rule before issue 41) with -max-clock-offset 1.8s; the clock-opposite faults (two clocks at -+1.71 s, 3.4 s apart) for 60 s; must fail a checker",
+		Nodes: 3, NeedsHooks: true, Bugs: []string{"skew-one-offset"}, BugMaxClockOffset: 1800 * time.Millisecond, Nemesis: nemesisClockOpposite,
+		Args: clockOppositeArgs, ShortLease: clockOppositeLease, Time: time.Minute},
 	{Name: "bug-count-drift", Desc: "self-test: seeded bug count-drift (the task counters miss the claim FSM's moves), no faults; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"count-drift"}, Nemesis: nemesisNone, Short: true},
 	{Name: "bug-tls-any-client", Desc: "self-test: seeded bug tls-any-client (the nodes take a client certificate of any CA), the rogue-node attempts; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"tls-any-client"}, Nemesis: nemesisRogue, Rogue: true},
 	{Name: "bug-act-local", Desc: "self-test: seeded bug act-local (a replica that cannot reach its leader decides a complete from its own copy of the claim state), the stale-worker faults; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"act-local"}, Nemesis: nemesisStaleWorker, EnqueueShare: 0.2, Time: 45 * time.Second, Short: true},
@@ -266,7 +277,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}()
 
-	c, err := NewCluster(ClusterConfig{Nodes: sc.Nodes, Initial: sc.Initial, Bin: bin, Dir: dir, Hooks: hooks, Bugs: sc.Bugs, ExtraArgs: sc.Args})
+	ccfg := ClusterConfig{Nodes: sc.Nodes, Initial: sc.Initial, Bin: bin, Dir: dir, Hooks: hooks, Bugs: sc.Bugs, ExtraArgs: sc.Args}
+	if len(sc.Bugs) > 0 {
+		ccfg.MaxClockOffset = sc.BugMaxClockOffset
+	}
+	c, err := NewCluster(ccfg)
 	if err != nil {
 		return nil, err
 	}
@@ -302,6 +317,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	w := &Workload{C: c, H: h, Clients: o.Clients, Seed: o.Seed, LongLease: runFor + 10*time.Minute,
 		ShortLease: 2500 * time.Millisecond, TL: tl, EnqueueShare: sc.EnqueueShare}
+	if sc.ShortLease != 0 {
+		w.ShortLease = sc.ShortLease
+	}
 	w.init()
 	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks,
 		Churn: &Churn{}, Rogue: &Rogue{}}
