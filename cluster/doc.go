@@ -34,8 +34,12 @@
 // cluster's. Its Check, which the node runs every monitor interval, reads
 // the members' offsets (ClockGuardConfig.Members: Members above) and
 // takes this node's offset from the median of the alive nodes' clocks,
-// itself included (JudgeClock; at least three measured, else nothing to
-// judge by). Beyond ClockGuardConfig.MaxOffset the node is out of bound:
+// itself included, with two or more peers measured; from its one
+// measured peer's clock with one; with none while other members are
+// known the node is unjudged, out of bound (JudgeClock has the rule and
+// why two nodes in bound are at most MinSkewBuffer apart; only estimates
+// within MaxOffsetError count). Beyond ClockGuardConfig.MaxOffset the
+// node is out of bound:
 // Check starts a leadership transfer for every partition group it leads
 // (ClockGuardConfig.Groups; one under way per partition at a time, and
 // again at the next Check while the node still leads it), and MayLead,
@@ -43,7 +47,7 @@
 // corrects the last check by how far this node's own wall clock has
 // stepped against the monotonic clock since, so a step shows at once;
 // after a step beyond MaxOffset, Check keeps the node out of bound
-// (Stepped) until two peers have been sampled since the step, or 30 s
-// have passed, since the older estimates may predate the peers' own
+// (Stepped) until two peers (its one peer) have been sampled since the
+// step, or 30 s have passed, since the older estimates may predate the peers' own
 // steps. Stats is the last check and the counts of the node's metrics.
 package cluster
