@@ -44,6 +44,11 @@ type NodeMeta struct {
 	// behind its peers' was out longer than the retention allows (the
 	// node package's rejoin rule).
 	InClusterMs int64 `json:"icm,omitempty"`
+	// SkewBufferMs is the node's skew buffer (node.Config.SkewBuffer), so
+	// that a leader expiring a lease waits the largest buffer in the
+	// cluster, not only its own, while settings differ (a rolling
+	// change). Zero from a node that predates it.
+	SkewBufferMs int64 `json:"skew_ms,omitempty"`
 }
 
 // LeaderMeta is what a node gossips about its partition leaderships.

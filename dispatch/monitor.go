@@ -116,7 +116,7 @@ func (d *Dispatcher) extendClaims(p uint16) error {
 // OpExpire otherwise. A claim that reaches max_claims aborts its task.
 func (d *Dispatcher) expireClaims(p uint16) {
 	now := d.cfg.Clock.Now().UnixMilli()
-	skew := d.cfg.SkewBuffer.Milliseconds()
+	skew := max(d.cfg.SkewBuffer, d.host.SkewBuffer()).Milliseconds() // the largest in the cluster: Host.SkewBuffer
 	if testhooks.Built && d.cfg.ExpiryNoSkew {
 		skew = 0 // the seeded bug: expire at the expiry itself
 	}

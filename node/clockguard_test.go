@@ -155,3 +155,22 @@ func TestClockStepWithStalePeerOffset(t *testing.T) {
 	c1.off.Store(0)
 	waitFor(t, 10*time.Second, "n1 back in bound", func() bool { return n1.clockGuard.MayLead() == nil })
 }
+
+// TestSkewBufferLargestInCluster: each node gossips its skew buffer, and
+// every node's leader expiries wait the largest (a rolling change that
+// lowers the buffer on some nodes first leaves the others' in force).
+func TestSkewBufferLargestInCluster(t *testing.T) {
+	ms := testClusterWith(t, 3, func(i int, cfg *Config) {
+		if i == 2 {
+			cfg.SkewBuffer = 5 * time.Second
+		}
+	})
+	waitFor(t, 10*time.Second, "every node to wait the largest skew buffer", func() bool {
+		for _, m := range ms {
+			if m.node.host.SkewBuffer() != 5*time.Second {
+				return false
+			}
+		}
+		return true
+	})
+}

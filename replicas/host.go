@@ -56,6 +56,11 @@ type Config struct {
 	Clock           crdt.Clock
 	Logger          *slog.Logger
 	RaftLogger      hclog.Logger // nil: warnings to stderr
+
+	// SkewBuffer is this node's skew buffer, gossiped
+	// (cluster.NodeMeta.SkewBufferMs) for the others' Host.SkewBuffer.
+	SkewBuffer time.Duration
+
 	// TLS, when set, secures the Raft port: TLS 1.3 with node
 	// certificates on both ends (transport.MuxConfig.TLS). Nil: cleartext.
 	TLS *transport.Certs
@@ -196,6 +201,25 @@ func (h *Host) Alive() map[string]bool {
 	return out
 }
 
+// SkewBuffer is the largest skew buffer of this node (Config.SkewBuffer)
+// and every member gossip knows that has not left, dead ones included (a
+// node that comes back may lead again). A leader expiring a lease waits
+// it: the rule skew buffer > 2 × max clock offset + error is checked
+// per node, so while nodes' settings differ only the largest buffer
+// covers every pair of them (issue 41).
+func (h *Host) SkewBuffer() time.Duration {
+	return largestSkewBuffer(h.cfg.SkewBuffer, h.members.Members())
+}
+
+func largestSkewBuffer(own time.Duration, members []cluster.Member) time.Duration {
+	for _, m := range members {
+		if m.State != cluster.StateLeft {
+			own = max(own, time.Duration(m.SkewBufferMs)*time.Millisecond)
+		}
+	}
+	return own
+}
+
 // Up reports whether gossip sees node id alive or suspect.
 func (h *Host) Up(id string) bool {
 	for _, m := range h.members.Members() {
@@ -260,7 +284,8 @@ func (h *Host) startCluster() error {
 			return err
 		}
 	}
-	meta := cluster.NodeMeta{ID: h.cfg.NodeID, APIAddr: h.cfg.APIAddr, RaftAddr: h.raftAddr, Version: h.cfg.Version}
+	meta := cluster.NodeMeta{ID: h.cfg.NodeID, APIAddr: h.cfg.APIAddr, RaftAddr: h.raftAddr, Version: h.cfg.Version,
+		SkewBufferMs: h.cfg.SkewBuffer.Milliseconds()}
 	if r != nil {
 		meta.RingEpoch, meta.ClusterID = r.Epoch, r.ClusterID
 	}
