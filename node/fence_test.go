@@ -16,20 +16,32 @@ import (
 	"github.com/norn-dev/norn/transport"
 )
 
-// fenceCluster is a 3-node cluster whose nodes share one clock that the
-// test moves (all together: the clock guard sees no offset).
-func fenceCluster(t *testing.T) ([]*member, *shiftClock) {
+// fenceCluster is a 3-node cluster whose leases end soon after their
+// expiry in real time: a 300 ms skew buffer (with max clock offset 50 ms)
+// and a 300 ms new-leader grace. The nodes share the process's clock, so
+// the clock guard sees them in bound, and no test moves a clock (a moved
+// clock makes every node lead nothing until it has measured its peers
+// again).
+func fenceCluster(t *testing.T) []*member {
 	t.Helper()
 	return fenceClusterWith(t, TestBugs{})
 }
 
 // fenceClusterWith is fenceCluster with the seeded bugs bugs.
-func fenceClusterWith(t *testing.T, bugs TestBugs) ([]*member, *shiftClock) {
+func fenceClusterWith(t *testing.T, bugs TestBugs) []*member {
 	t.Helper()
-	clk := &shiftClock{}
-	ms := testClusterWith(t, 3, func(_ int, cfg *Config) { cfg.Clock = clk; cfg.TestBugs = bugs })
-	return ms, clk
+	return testClusterWith(t, 3, func(_ int, cfg *Config) {
+		cfg.SkewBuffer, cfg.MaxClockOffset, cfg.LeaseGrace = fenceSkew, 50*time.Millisecond, 300*time.Millisecond
+		cfg.TestBugs = bugs
+	})
 }
+
+// fenceSkew is fenceCluster's skew buffer; fenceLease the short lease its
+// tests claim with.
+const (
+	fenceSkew  = 300 * time.Millisecond
+	fenceLease = 500 * time.Millisecond
+)
 
 // superseded is a task whose claim A was superseded by B's while a replica
 // of its partition (cut) was cut off from its group.
@@ -44,13 +56,13 @@ type superseded struct {
 // A's claim is live, as on a node behind a network partition); the leader
 // expires A's claim after expiry plus the skew buffer and grants the
 // task to B.
-func supersede(t *testing.T, ms []*member, clk *shiftClock) superseded {
+func supersede(t *testing.T, ms []*member) superseded {
 	t.Helper()
 	ctx := context.Background()
 	id, leader := enqueueEverywhere(t, ms, "fence")
 	p := leader.node.partition(id)
 	_, others := partitionRoles(t, ms, p)
-	a := claimFor(t, leader, "fence", "A", time.Second)
+	a := claimFor(t, leader, "fence", "A", fenceLease)
 	if a.Task.Id != id {
 		t.Fatalf("claimed task %d, want %d", a.Task.Id, id)
 	}
@@ -61,11 +73,9 @@ func supersede(t *testing.T, ms []*member, clk *shiftClock) superseded {
 	if err := cut.node.group(p).Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	// A's lease, the skew buffer and the new leader grace pass.
-	clk.off.Add(int64(time.Second + testSkew + 5*time.Second + time.Second))
+	// A's lease and the skew buffer pass; the leader's monitor expires it.
 	var b *nornv1.ClaimedTask
 	waitFor(t, 10*time.Second, "A's claim expired and the task granted to B", func() bool {
-		leader.node.dispatch.MonitorOnce()
 		c, err := leader.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "fence", Worker: "B", Max: 1, Lease: durationpb.New(time.Minute)}))
 		if err == nil && len(c.Msg.Tasks) == 1 {
 			b = c.Msg.Tasks[0]
@@ -108,9 +118,9 @@ func stuck[T any](msg *T) *connect.Request[T] {
 // (Before the fence, the replica checked A's claim against its own stale
 // copy and accepted the completion.)
 func TestFenceSupersededWorkerThroughCutOffReplica(t *testing.T) {
-	ms, clk := fenceCluster(t)
+	ms := fenceCluster(t)
 	ctx := context.Background()
-	sp := supersede(t, ms, clk)
+	sp := supersede(t, ms)
 	id, leader, cut, a, b := sp.id, sp.leader, sp.cut, sp.a, sp.b
 	// A completes, aborts, yields and updates through the cut-off replica.
 	for what, call := range map[string]func() error{
@@ -162,19 +172,32 @@ func TestFenceSupersededWorkerThroughCutOffReplica(t *testing.T) {
 // TestCompletedTaskNotReclaimedAfterLeaderChange: a completion acked with
 // W=2 whose write the third replica missed, then the leadership moved to
 // that replica at once, anti-entropy off: the new leader must never
-// expire the finished claim or grant the task again, however far the
-// clock runs. The group decided the completion, so every replica's claim
-// state knows it, whatever its copy of the task says. (Before the fence
-// the group learned of a completion only from the old leader's ender,
-// up to 1 s later, and a leader change dropped it.)
+// expire the finished claim or grant the task again. The group decided
+// the completion, so every replica's claim state knows it, whatever its
+// copy of the task says. (Before the fence the group learned of a
+// completion only from the old leader's ender, up to 1 s later, and a
+// leader change dropped it.) A control task of the same partition,
+// claimed and never finished, shows that the new leader does expire and
+// grant again what is not finished.
 func TestCompletedTaskNotReclaimedAfterLeaderChange(t *testing.T) {
-	ms, clk := fenceCluster(t)
+	ms := fenceCluster(t)
 	ctx := context.Background()
 	id, leader := enqueueEverywhere(t, ms, "done")
 	p := leader.node.partition(id)
+	// The control task: one of the same partition, in another queue.
+	var control uint64
+	for control == 0 {
+		r, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "control"}, W: 3}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ms[0].node.partition(r.Msg.Id) == p {
+			control = r.Msg.Id
+		}
+	}
 	_, others := partitionRoles(t, ms, p)
 	next := others[1]
-	c := claimFor(t, leader, "done", "w", 2*time.Second)
+	c := claimFor(t, leader, "done", "w", fenceLease)
 	spec := func() *crdt.Spec {
 		ts, err := leader.node.coord.Load(id)
 		if err != nil {
@@ -182,6 +205,20 @@ func TestCompletedTaskNotReclaimedAfterLeaderChange(t *testing.T) {
 		}
 		return ts.Task.Spec
 	}()
+	// Every control task of other partitions is claimed for good; ours
+	// is claimed with a short lease.
+	var ctl *nornv1.ClaimedTask
+	for ctl == nil {
+		got, err := leader.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "control", Worker: "ctl", Max: 1, Lease: durationpb.New(fenceLease)}))
+		if err != nil || len(got.Msg.Tasks) != 1 {
+			t.Fatalf("claim of a control task: %v, %v", got, err)
+		}
+		if got.Msg.Tasks[0].Task.Id == control {
+			ctl = got.Msg.Tasks[0]
+		} else {
+			renewForever(t, leader, got.Msg.Tasks[0])
+		}
+	}
 	if _, err := leader.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: c.ClaimId, W: 2, Result: []byte("ok")})); err != nil {
 		t.Fatal(err)
 	}
@@ -206,13 +243,12 @@ func TestCompletedTaskNotReclaimedAfterLeaderChange(t *testing.T) {
 		t.Fatalf("transfer to %s: %v", next.cfg.NodeID, err)
 	}
 	waitFor(t, 10*time.Second, "the third replica to lead", func() bool { return next.node.group(p).IsLeader() })
-	// The lease, the new leader's grace and the skew buffer pass, twice.
-	for range 2 {
-		clk.off.Add(int64(2*time.Second + 5*time.Second + testSkew + time.Second))
-		for _, m := range ms {
-			m.node.dispatch.MonitorOnce()
-		}
-	}
+	// The new leader expires the control task's claim and grants it again.
+	waitFor(t, 10*time.Second, "the control task granted again by the new leader", func() bool {
+		got, err := next.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "control", Worker: "again", Max: 1}))
+		return err == nil && len(got.Msg.Tasks) == 1 && got.Msg.Tasks[0].Task.Id == control && got.Msg.Tasks[0].ClaimId > ctl.ClaimId
+	})
+	// By then the completed task's lease, grace and buffer are long past.
 	for _, m := range ms {
 		got, err := m.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "done", Worker: "again", Max: 1}))
 		if err != nil {
@@ -222,6 +258,25 @@ func TestCompletedTaskNotReclaimedAfterLeaderChange(t *testing.T) {
 			t.Fatalf("the completed task %d was claimed again at %s: %+v", id, m.cfg.NodeID, got.Msg.Tasks[0])
 		}
 	}
+}
+
+// renewForever keeps renewing ct's lease until the test ends.
+func renewForever(t *testing.T, m *member, ct *nornv1.ClaimedTask) {
+	t.Helper()
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go func() {
+		tick := time.NewTicker(fenceLease / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				m.api.Renew(context.Background(), connect.NewRequest(&nornv1.RenewRequest{Id: ct.Task.Id, ClaimId: ct.ClaimId, Lease: durationpb.New(fenceLease)}))
+			}
+		}
+	}()
 }
 
 // TestSeededBugsOfTheFence: each seeded bug that reverts a part of the
@@ -240,8 +295,8 @@ func TestSeededBugsOfTheFence(t *testing.T) {
 			{"act-no-fence", TestBugs{ActNoFence: bug}, func(sp superseded) *member { return sp.leader }},
 		} {
 			t.Run(fmt.Sprintf("%s=%v", tc.name, bug), func(t *testing.T) {
-				ms, clk := fenceClusterWith(t, tc.bugs)
-				sp := supersede(t, ms, clk)
+				ms := fenceClusterWith(t, tc.bugs)
+				sp := supersede(t, ms)
 				_, err := tc.via(sp).api.Complete(context.Background(), stuck(&nornv1.CompleteRequest{Id: sp.id, ClaimId: sp.a.ClaimId, W: 1, Result: []byte("A")}))
 				if (err == nil) != bug {
 					t.Fatalf("A's complete under its superseded claim: %v (bug %v)", err, bug)
@@ -257,7 +312,7 @@ func TestSeededBugsOfTheFence(t *testing.T) {
 // task, reading it from a majority (before, it skipped the abort and
 // the task stayed claimable by no one, for good).
 func TestMaxClaimsAbortWhenTheLeaderLacksTheTask(t *testing.T) {
-	ms, clk := fenceCluster(t)
+	ms := fenceCluster(t)
 	ctx := context.Background()
 	r, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "mc", MaxClaims: 1}, W: 3}))
 	if err != nil {
@@ -266,7 +321,7 @@ func TestMaxClaimsAbortWhenTheLeaderLacksTheTask(t *testing.T) {
 	id := r.Msg.Id
 	leader := groupLeader(t, ms, ms[0].node.partition(id))
 	p := leader.node.partition(id)
-	c := claimFor(t, leader, "mc", "w", time.Second)
+	c := claimFor(t, leader, "mc", "w", fenceLease)
 	// The replica loses the task's state; the claim FSM's claimed index
 	// keeps the claim (as on a replica the task's write never reached,
 	// which applies the claim all the same).
@@ -281,12 +336,10 @@ func TestMaxClaimsAbortWhenTheLeaderLacksTheTask(t *testing.T) {
 		Moves: []storage.IndexMove{{ID: id, Claimed: true, ExpiryMs: c.Expiry.AsTime().UnixMilli()}}}, true); err != nil {
 		t.Fatal(err)
 	}
-	clk.off.Add(int64(time.Second + testSkew + 5*time.Second + time.Second))
 	// Watch a follower's own replica (a read through the API would repair
 	// the leader's, hiding what the test is about).
 	_, others := partitionRoles(t, ms, p)
 	waitFor(t, 10*time.Second, "the task aborted past max_claims", func() bool {
-		leader.node.dispatch.MonitorOnce()
 		ts, err := others[0].node.coord.Load(id)
 		if err != nil {
 			return false

@@ -44,7 +44,9 @@ func TestOutTooLong(t *testing.T) {
 // the cluster longer than the retention allows, so it exchanges no task
 // states, leads nothing, and says so in Status.
 func TestRetentionNoResurrection(t *testing.T) {
-	clock := &fakeClock{t: time.Now()}
+	// A running clock the test shifts (a frozen one looks to the clock
+	// guard like a clock that keeps stepping back).
+	clock := &shiftClock{}
 	ms := testClusterWith(t, 3, func(_ int, cfg *Config) {
 		cfg.Clock = clock
 		cfg.Retention = time.Hour
@@ -95,7 +97,7 @@ func TestRetentionNoResurrection(t *testing.T) {
 	}
 
 	// Past the retention: n1 and n2 delete both.
-	clock.advance(2 * time.Hour)
+	clock.off.Add(int64(2 * time.Hour))
 	gone := func(m *member) bool {
 		for _, id := range ids {
 			if _, err := m.node.store.TaskState(m.node.partition(id), id); !errors.Is(err, storage.ErrNotFound) {
@@ -106,9 +108,12 @@ func TestRetentionNoResurrection(t *testing.T) {
 	}
 	waitFor(t, 20*time.Second, "n1 and n2 to delete the ended tasks", func() bool { return gone(n1) && gone(n2) })
 
-	// n3 back, with both tasks READY in its replica.
+	// n3 back, with the cancelled task READY in its replica. (The
+	// completed one may be too, or not: its completion is an entry of the
+	// partition's Raft group, which n3 may replay, with the forget, before
+	// it is judged.)
 	n3 = startMember(t, cfg3)
-	for _, id := range ids {
+	for _, id := range ids[:1] {
 		ts, err := n3.node.store.TaskState(n3.node.partition(id), id)
 		if err != nil || ts.Terminals != nil {
 			t.Fatalf("n3 restarted without task %d non-terminal: %v, %+v", id, err, ts)
