@@ -464,7 +464,7 @@ func TestWorkerRenewsAtOnceAfterALongPoll(t *testing.T) {
 	f.setInject(func(m string, _ proto.Message) error {
 		if m == "Claim" && !delayed.Load() {
 			delayed.Store(true)
-			time.Sleep(700 * time.Millisecond) // most of the 900 ms lease
+			time.Sleep(2200 * time.Millisecond) // more than 2/3 of the 3 s lease
 			enqueue(t, c, spec("x"))
 		}
 		return nil
@@ -472,14 +472,14 @@ func TestWorkerRenewsAtOnceAfterALongPoll(t *testing.T) {
 	causes := make(chan error, 1)
 	var once sync.Once
 	startWorker(t, c, client.WorkerConfig{
-		Lease: 900 * time.Millisecond,
-		Wait:  2 * time.Second,
+		Lease: 3 * time.Second,
+		Wait:  5 * time.Second,
 		Handler: func(ctx context.Context, _ *client.Task) ([]byte, error) {
 			select {
 			case <-ctx.Done():
 				once.Do(func() { causes <- context.Cause(ctx) })
 				return nil, ctx.Err()
-			case <-time.After(1200 * time.Millisecond):
+			case <-time.After(1500 * time.Millisecond): // past the claim request's start + the lease
 				once.Do(func() { causes <- nil })
 				return []byte("ok"), nil
 			}
