@@ -62,16 +62,18 @@ type decided struct {
 // was forwarded to the leader), or it refuses them UNAVAILABLE. A task
 // whose replica here is terminal by another decision is refused at once
 // (terminal is for good). An act that took effect is durable on a
-// majority of the cohort's Raft logs and applied on every replica: that
-// majority is its acks; with w above it, the task's state is then written
-// to w replicas too (a CRDT write, idempotent). The error is for the
-// whole call (w out of range); each act has its own.
+// majority of the cohort's Raft logs and applied on every replica as it
+// learns the commit; the CRDT write of its state (its result, progress)
+// then follows at w, as an enqueue's (idempotent: the same event), so
+// that reads of R replicas with R + w > N see it at once; acks are that
+// write's. The error is for the whole call (w out of range); each act
+// has its own.
 func (sv *Server) decide(ctx context.Context, acts []dispatch.Act, w uint32) ([]decided, error) {
 	w, err := sv.coord.Quorum(w)
 	if err != nil {
 		return nil, err
 	}
-	majority := uint32(sv.host.Ring().Replication)/2 + 1
+	majority := uint32(sv.host.Ring().Replication)/2 + 1 // the group's quorum
 	out := make([]decided, len(acts))
 	var propose []dispatch.Act
 	var at []int              // index in acts of each of propose
@@ -112,17 +114,27 @@ func (sv *Server) decide(ctx context.Context, acts []dispatch.Act, w uint32) ([]
 			}
 			continue
 		}
-		out[i].acks = majority
-		if w <= majority {
+		// The CRDT write that carries the decided state follows, at w:
+		// the followers apply the entry only once they learn it committed
+		// (with the leader's next append, up to a commit timeout later
+		// when the group is idle), and a read of R replicas with R + w > N
+		// must see what was acknowledged. The state is the entry's own
+		// delta (the same event: merging it again changes nothing); for
+		// a repeated act, the state this replica holds.
+		st := acts[i].State
+		if r.Repeated {
+			st = nil
+			if acts[i].End == claims.EndCompleted || acts[i].End == claims.EndAborted {
+				if ts, err := sv.coord.Load(acts[i].ID); err == nil {
+					st = ts.Task
+				}
+			}
+		}
+		if st == nil {
+			out[i].acks = majority // nothing to write (a yield): decided, in the group's log
 			continue
 		}
-		// The entry is applied here: the replica holds the decided state.
-		ts, err := sv.coord.Load(acts[i].ID)
-		if err != nil {
-			out[i].err = apierr.From(err)
-			continue
-		}
-		follow = append(follow, ts.Task)
+		follow = append(follow, st)
 		followAt = append(followAt, i)
 	}
 	if len(follow) > 0 {
