@@ -1,0 +1,137 @@
+package claims
+
+// The binary encoding of a Command: a Raft log entry's data.
+
+import (
+	"encoding/binary"
+)
+
+// Encoding of a command: version, op, then the op's fields.
+const commandVersion = 1
+
+// Encode returns cmd's binary encoding (the Raft log entry's data).
+func (cmd *Command) Encode() []byte {
+	b := []byte{commandVersion, byte(cmd.Op)}
+	b = binary.AppendVarint(b, cmd.NowMs)
+	switch cmd.Op {
+	case OpClaim:
+		b = appendString(b, cmd.Worker)
+		b = binary.AppendVarint(b, cmd.LeaseMs)
+		b = binary.AppendUvarint(b, uint64(len(cmd.Candidates)))
+		for _, c := range cmd.Candidates {
+			b = binary.AppendUvarint(b, c.ID)
+			b = binary.AppendVarint(b, c.NotBeforeMs)
+			b = binary.AppendUvarint(b, uint64(c.MaxClaims))
+		}
+	case OpRenew:
+		b = binary.AppendUvarint(b, cmd.ID)
+		b = binary.AppendUvarint(b, cmd.Token)
+		b = binary.AppendVarint(b, cmd.LeaseMs)
+	case OpYield:
+		b = binary.AppendUvarint(b, cmd.ID)
+		b = binary.AppendUvarint(b, cmd.Token)
+	case OpEnd:
+		b = binary.AppendUvarint(b, uint64(len(cmd.Ends)))
+		for _, e := range cmd.Ends {
+			b = binary.AppendUvarint(b, e.ID)
+			b = binary.AppendUvarint(b, e.Token)
+			b = append(b, byte(e.Reason))
+		}
+	case OpExpire:
+		b = binary.AppendUvarint(b, cmd.ID)
+		b = binary.AppendUvarint(b, cmd.Token)
+		b = binary.AppendVarint(b, cmd.SkewMs)
+	case OpExtend:
+		b = binary.AppendVarint(b, cmd.MinExpiryMs)
+		b = appendIDs(b, cmd.IDs)
+	case OpForget:
+		b = appendIDs(b, cmd.IDs)
+	case OpAct:
+		b = binary.AppendUvarint(b, uint64(len(cmd.Acts)))
+		for _, act := range cmd.Acts {
+			b = binary.AppendUvarint(b, act.ID)
+			b = binary.AppendUvarint(b, act.Token)
+			b = append(b, byte(act.End))
+			b = appendBytes(b, act.State)
+		}
+	}
+	return b
+}
+
+// appendBytes appends v with its length; nil and empty encode alike and
+// decode as nil.
+func appendBytes(b, v []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(v)))
+	return append(b, v...)
+}
+
+// DecodeCommand parses a command. It never panics; malformed input gives an
+// error wrapping ErrCorrupt.
+func DecodeCommand(b []byte) (*Command, error) {
+	d := decoder{buf: b}
+	if v := d.byte(); d.err == nil && v != commandVersion {
+		d.fail("command version %d", v)
+	}
+	cmd := &Command{Op: Op(d.byte()), NowMs: d.varint()}
+	switch cmd.Op {
+	case OpClaim:
+		cmd.Worker, cmd.LeaseMs = d.string(), d.varint()
+		if n := d.count(3); n > 0 {
+			cmd.Candidates = make([]Candidate, n)
+			for i := range cmd.Candidates {
+				cmd.Candidates[i] = Candidate{ID: d.uvarint(), NotBeforeMs: d.varint(), MaxClaims: d.uint32()}
+			}
+		}
+	case OpRenew:
+		cmd.ID, cmd.Token, cmd.LeaseMs = d.uvarint(), d.uvarint(), d.varint()
+	case OpYield:
+		cmd.ID, cmd.Token = d.uvarint(), d.uvarint()
+	case OpEnd:
+		if n := d.count(3); n > 0 {
+			cmd.Ends = make([]End, n)
+			for i := range cmd.Ends {
+				cmd.Ends[i] = End{ID: d.uvarint(), Token: d.uvarint(), Reason: EndReason(d.byte())}
+			}
+		}
+	case OpExpire:
+		cmd.ID, cmd.Token, cmd.SkewMs = d.uvarint(), d.uvarint(), d.varint()
+	case OpExtend:
+		cmd.MinExpiryMs = d.varint()
+		cmd.IDs = d.ids()
+	case OpForget:
+		cmd.IDs = d.ids()
+	case OpAct:
+		if n := d.count(4); n > 0 {
+			cmd.Acts = make([]Act, n)
+			for i := range cmd.Acts {
+				cmd.Acts[i] = Act{ID: d.uvarint(), Token: d.uvarint(), End: EndReason(d.byte()), State: d.bytes()}
+			}
+		}
+	default:
+		d.fail("unknown op %d", cmd.Op)
+	}
+	if err := d.finish(); err != nil {
+		return nil, err
+	}
+	return cmd, nil
+}
+
+func appendIDs(b []byte, ids []uint64) []byte {
+	b = binary.AppendUvarint(b, uint64(len(ids)))
+	for _, id := range ids {
+		b = binary.AppendUvarint(b, id)
+	}
+	return b
+}
+
+func (d *decoder) ids() []uint64 {
+	n := d.count(1)
+	if n == 0 {
+		return nil
+	}
+	ids := make([]uint64, n)
+	for i := range ids {
+		ids[i] = d.uvarint()
+	}
+	return ids
+}
