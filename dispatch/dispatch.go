@@ -221,8 +221,9 @@ func (d *Dispatcher) endClaim(id uint64, ev crdt.Terminal) {
 	d.ender.add(d.host.Partition(id), claims.End{ID: id, Token: ev.Claim, Reason: coord.EndReason(ev.Kind)})
 }
 
-// LoadClaimed loads task id for a call made under claim claimID (Renew,
-// Yield, Update, Complete, Abort), where a refusal must rest on the
+// LoadClaimed loads task id for a Renew under claim claimID (the other
+// calls under a claim are decided by the group: Acts), where a refusal
+// must rest on the
 // partition's authoritative claim state, not on a replica that is behind.
 // The local replica is believed when it shows claimID live or the task
 // terminal. Otherwise, on the partition's leader, it waits until the claim
