@@ -76,8 +76,8 @@ func (sv *Server) decide(ctx context.Context, acts []dispatch.Act, w uint32) ([]
 	majority := uint32(sv.host.Ring().Replication)/2 + 1 // the group's quorum
 	out := make([]decided, len(acts))
 	var propose []dispatch.Act
-	var at []int              // index in acts of each of propose
-	missing := map[int]bool{} // acts whose task this replica lacks
+	var at []int                       // index in acts of each of propose
+	missing := make([]bool, len(acts)) // acts whose task this replica lacks
 	for i, a := range acts {
 		ts, err := sv.coord.Load(a.ID)
 		missing[i] = errors.Is(err, storage.ErrNotFound)
