@@ -4,14 +4,14 @@ import (
 	"github.com/norn-dev/norn/replicas"
 )
 
-// aeHost is antientropy.Host over the node's replicas. A peer the
-// rejoin rule keeps this node from exchanging task states with counts as
-// down: no round, no fill.
+// aeHost is antientropy.Host over the node's replicas. A peer this node
+// may not exchange task states with (mayExchange: the rejoin rule, or the
+// test hook RefuseTaskStates) counts as down: no round, no fill.
 type aeHost struct {
 	*replicas.Host
-	rejoin *rejoinGuard
+	mayExchange func(peer string) error
 }
 
-func (h aeHost) Up(id string) bool { return h.Host.Up(id) && h.rejoin.mayExchange(id) == nil }
+func (h aeHost) Up(id string) bool { return h.Host.Up(id) && h.mayExchange(id) == nil }
 
 func (h aeHost) Replicates(p uint16) bool { return h.Group(p) != nil }

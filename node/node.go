@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -30,10 +31,12 @@ import (
 // monitor. A single node is a cluster of one: the code paths are the
 // same.
 type Node struct {
-	cfg   Config
-	lock  *dirLock
-	store *storage.Store
-	hlc   *crdt.HLC
+	cfg Config
+	// refuseStates is the test hook RefuseTaskStates.
+	refuseStates atomic.Bool
+	lock         *dirLock
+	store        *storage.Store
+	hlc          *crdt.HLC
 
 	host  *replicas.Host     // the ring, the partition groups, meta group and gossip
 	peers *transport.Peers   // other nodes' APIs
@@ -236,17 +239,12 @@ func New(cfg Config) (*Node, error) {
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
 		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard, Heartbeats: heartbeats,
 		Auth:     cfg.Auth,
-		ActLocal: cfg.TestBugs.ActLocal,
+		ActLocal: cfg.TestBugs.ActLocal, EndAfterWrite: cfg.TestBugs.EndAfterWrite,
 		Events:   n.metrics.tasks,
 		Security: server.SecurityStatus{TLS: cfg.TLS != nil, GossipEncrypted: cfg.GossipKey != nil, Insecure: cfg.Insecure},
 		Build:    cfg.Build, DataDir: cfg.DataDir, Backup: n.Backup,
-		ExchangeGate: func(peer string, serving bool) error {
-			if serving {
-				return n.rejoin.mayExchange(peer)
-			}
-			return n.rejoin.peerOut(peer)
-		},
-		OutTooLong: n.rejoin.Out,
+		ExchangeGate: n.exchangeGate,
+		OutTooLong:   n.rejoin.Out,
 	})
 	// Replication's framed calls, on the Raft port (transport.PeerRPCGroup).
 	rpcStream, err := n.host.RegisterStream(transport.PeerRPCGroup)
@@ -261,7 +259,7 @@ func New(cfg Config) (*Node, error) {
 	n.rpc = transport.ServeRPC(rpcStream, n.metrics.rpc.FramedServer(n.tracing.framed(n.server.HandleRPC)), cfg.logger("transport"))
 	n.registerMetrics()
 	n.rejoin.announce(n.host.Members())
-	n.ae.Start(aeHost{Host: n.host, rejoin: n.rejoin})
+	n.ae.Start(aeHost{Host: n.host, mayExchange: func(peer string) error { return n.exchangeGate(peer, true) }})
 	n.rebalance.Start(n.host)
 	n.stopped.Add(3)
 	// The rejoin rule's mark and judgement, every monitor interval.
@@ -474,6 +472,35 @@ func (n *Node) TransferLeadershipTo(p uint16, to string) error {
 		}
 	}
 	return fmt.Errorf("node: %s is no voter of partition %d", to, p)
+}
+
+// exchangeGate says whether task states may pass between this node and
+// peer (server.Config.ExchangeGate): serving, this node sends them (a
+// replica read, anti-entropy); else it takes them (a replicated write).
+// The rejoin rule decides, and the test hook RefuseTaskStates.
+func (n *Node) exchangeGate(peer string, serving bool) error {
+	if testhooks.Built && n.refuseStates.Load() {
+		return errStatesRefused
+	}
+	if serving {
+		return n.rejoin.mayExchange(peer)
+	}
+	return n.rejoin.peerOut(peer)
+}
+
+// errStatesRefused is exchangeGate's answer while RefuseTaskStates is on.
+var errStatesRefused = errors.New("node: task states refused (test hook)")
+
+// RefuseTaskStates makes this node exchange no task states with its peers
+// (on) or exchange them again (off), while its Raft groups go on: it
+// refuses their replicated writes, serves no replica reads and does no
+// anti-entropy, as a replica whose writes fail. A write acked at W < N
+// then misses it. Test hooks only (POST /test/refuse-states); elsewhere
+// it does nothing.
+func (n *Node) RefuseTaskStates(on bool) {
+	if testhooks.Built {
+		n.refuseStates.Store(on)
+	}
 }
 
 // PartitionOf is the partition of task id.

@@ -39,6 +39,13 @@ type TestBugs struct {
 	// (server.Config.ActLocal), as before the fence: a replica cut off
 	// from its leader takes a superseded worker's complete.
 	ActLocal bool
+	// EndAfterWrite ("end-after-write"): a complete or abort is decided
+	// by the partition's leader from its own copy of the claim state and
+	// written at the call's w as a CRDT; the claim's end follows a second
+	// later as an entry of its own, dropped if the node no longer leads
+	// (server.Config.EndAfterWrite), as before the fence: a replica that
+	// missed the write and leads next hands the finished task out again.
+	EndAfterWrite bool
 	// TLSAnyClient ("tls-any-client"): the node's TLS listeners (API and
 	// Raft ports) take a client certificate of any CA and believe the
 	// identity it names (transport.Certs.AcceptAnyClient).
@@ -61,6 +68,7 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"tls-any-client":        func(b *TestBugs) *bool { return &b.TLSAnyClient },
 	"act-no-fence":          func(b *TestBugs) *bool { return &b.ActNoFence },
 	"act-local":             func(b *TestBugs) *bool { return &b.ActLocal },
+	"end-after-write":       func(b *TestBugs) *bool { return &b.EndAfterWrite },
 	"skew-one-offset":       func(b *TestBugs) *bool { return &b.SkewOneOffset },
 }
 

@@ -97,7 +97,12 @@ func (sv *Server) decide(ctx context.Context, acts []dispatch.Act, w uint32) ([]
 	}
 	var follow []*crdt.Task // states to write to w replicas
 	var followAt []int
-	results := sv.dispatch.Acts(propose)
+	var results []dispatch.ActResult
+	if testhooks.Built && sv.cfg.EndAfterWrite {
+		results = sv.actAfterWrite(propose)
+	} else {
+		results = sv.dispatch.Acts(propose)
+	}
 	if testhooks.Built && sv.cfg.ActLocal {
 		sv.actLocally(ctx, propose, results, w)
 	}
@@ -151,29 +156,6 @@ func (sv *Server) decide(ctx context.Context, acts []dispatch.Act, w uint32) ([]
 		}
 	}
 	return out, nil
-}
-
-// actLocally is the seeded bug ActLocal: the acts this node could not
-// have its groups decide (it leads none of their partitions) are decided
-// from its own copy of the claim state and written as CRDT deltas at w,
-// as before the fence: a replica cut off from its leader takes a
-// superseded worker's complete.
-func (sv *Server) actLocally(ctx context.Context, acts []dispatch.Act, results []dispatch.ActResult, w uint32) {
-	for k, a := range acts {
-		if connect.CodeOf(results[k].Err) != connect.CodeUnavailable {
-			continue
-		}
-		ts, err := sv.coord.Load(a.ID)
-		if err != nil || ts.Claims == nil {
-			continue
-		}
-		if c, live := ts.Claims.Live(); !live || c.Token != a.ClaimID || a.State == nil {
-			continue
-		}
-		if _, err := sv.coord.Write(ctx, []*crdt.Task{a.State}, w, []uint64{a.ID}); err == nil {
-			results[k] = dispatch.ActResult{}
-		}
-	}
 }
 
 // refuseTerminal refuses act on a task ts shows terminal, unless ts's

@@ -60,8 +60,9 @@ type Config struct {
 	// AdminService call needs a user whose grants allow it
 	// (AuthInterceptor, AuthorizeFramed).
 	Auth *access.Rules
-	// ActLocal is the seeded bug node.TestBugs.ActLocal, test-only.
-	ActLocal bool
+	// ActLocal and EndAfterWrite are the seeded bugs
+	// node.TestBugs.ActLocal and EndAfterWrite, test-only.
+	ActLocal, EndAfterWrite bool
 	// Events, when set, is told of what the API does to tasks (metrics).
 	Events TaskEvents
 	// Build is the node's build (Status's build); nil leaves it out.

@@ -69,9 +69,23 @@ func (h *testHooks) wrap(api http.Handler, n *node.Node, logger *slog.Logger) ht
 	if !*h.on {
 		return api
 	}
-	return testHandler(api, h.clk, logger, os.Exit, func(task uint64, to string) error {
-		return n.TransferLeadershipTo(n.PartitionOf(task), to)
+	return testHandler(api, h.clk, logger, os.Exit, testActions{
+		transfer: func(task uint64, to string) error {
+			return n.TransferLeadershipTo(n.PartitionOf(task), to)
+		},
+		refuseStates: n.RefuseTaskStates,
 	})
+}
+
+// testActions are what the hooks do to the node.
+type testActions struct {
+	transfer     func(task uint64, to string) error // POST /test/transfer
+	refuseStates func(on bool)                      // POST /test/refuse-states
+}
+
+// refuseStatesRequest is the body of POST /test/refuse-states.
+type refuseStatesRequest struct {
+	On *bool `json:"on"`
 }
 
 // transferRequest is the body of POST /test/transfer: hand the leadership
@@ -179,16 +193,29 @@ func writeJSON(w http.ResponseWriter, v any) {
 // testHandler serves the test hooks on /test/ and everything else with api.
 // POST /test/transfer moves a partition's leadership to a given node
 // (transfer; the answer comes once this node has stepped down, 409 with
-// the reason when it could not).
-func testHandler(api http.Handler, clk *testClock, logger *slog.Logger, exit func(int), transfer func(task uint64, to string) error) http.Handler {
+// the reason when it could not). POST /test/refuse-states {"on": true}
+// makes the node exchange no task states with its peers (replicated
+// writes, replica reads, anti-entropy) while its Raft groups go on
+// ({"on": false} ends it): a replica that misses writes acked at W < N.
+func testHandler(api http.Handler, clk *testClock, logger *slog.Logger, exit func(int), act testActions) http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("POST /test/refuse-states", func(w http.ResponseWriter, r *http.Request) {
+		var req refuseStatesRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.On == nil {
+			http.Error(w, fmt.Sprintf("want {\"on\": true|false}: %v", err), http.StatusBadRequest)
+			return
+		}
+		act.refuseStates(*req.On)
+		logger.Warn("test hook: task states with peers", "refused", *req.On)
+		fmt.Fprintf(w, "refused %v\n", *req.On)
+	})
 	mux.HandleFunc("POST /test/transfer", func(w http.ResponseWriter, r *http.Request) {
 		var req transferRequest
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.To == "" {
 			http.Error(w, fmt.Sprintf("want {\"task\": \"<id>\", \"to\": \"<node id>\"}: %v", err), http.StatusBadRequest)
 			return
 		}
-		if err := transfer(req.Task, req.To); err != nil {
+		if err := act.transfer(req.Task, req.To); err != nil {
 			http.Error(w, err.Error(), http.StatusConflict)
 			return
 		}

@@ -220,10 +220,10 @@ func TestTestClockInProcess(t *testing.T) {
 func TestTransferHook(t *testing.T) {
 	var got []string
 	var fail error
-	h := testHandler(http.NotFoundHandler(), newTestClock(), slog.New(slog.DiscardHandler), func(int) {}, func(task uint64, to string) error {
+	h := testHandler(http.NotFoundHandler(), newTestClock(), slog.New(slog.DiscardHandler), func(int) {}, testActions{transfer: func(task uint64, to string) error {
 		got = append(got, fmt.Sprint(task, " ", to))
 		return fail
-	})
+	}})
 	do := func(body string) int {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest("POST", "/test/transfer", strings.NewReader(body)))
@@ -238,5 +238,29 @@ func TestTransferHook(t *testing.T) {
 	}
 	if code := do(`{"task": "1"}`); code != http.StatusBadRequest || len(got) != 2 {
 		t.Fatalf("no target: %d, %v", code, got)
+	}
+}
+
+// TestRefuseStatesHook: POST /test/refuse-states passes on and off on, and
+// answers 400 to a body without "on".
+func TestRefuseStatesHook(t *testing.T) {
+	var got []bool
+	h := testHandler(http.NotFoundHandler(), newTestClock(), slog.New(slog.DiscardHandler), func(int) {}, testActions{refuseStates: func(on bool) { got = append(got, on) }})
+	do := func(body string) int {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("POST", "/test/refuse-states", strings.NewReader(body)))
+		return rec.Code
+	}
+	if code := do(`{"on": true}`); code != http.StatusOK {
+		t.Fatalf("on: %d", code)
+	}
+	if code := do(`{"on": false}`); code != http.StatusOK {
+		t.Fatalf("off: %d", code)
+	}
+	if code := do(`{}`); code != http.StatusBadRequest {
+		t.Fatalf("no on: %d", code)
+	}
+	if len(got) != 2 || !got[0] || got[1] {
+		t.Fatalf("passed on: %v, want [true false]", got)
 	}
 }
