@@ -2,6 +2,7 @@ package jepsen
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -93,4 +94,66 @@ func nemesisStaleWorker(ctx context.Context, e *Env) {
 	mu.Lock()
 	stopped = true
 	mu.Unlock()
+}
+
+// completeHandoverArgs are the complete-handover scenarios' nornd flags:
+// a short lease grace, so that a new leader expires a claim it inherits
+// soon after the lease ends (with the default 10 s it would extend it past
+// the fault); no leader balancing, which would hand a moved leadership
+// back within a second or two.
+var completeHandoverArgs = []string{"-lease-grace", "500ms", "-leader-balance=false"}
+
+// nemesisCompleteHandover makes a replica miss a completion and then lead
+// its partition (DESIGN section 7, promise 3b: a task completed with an
+// acknowledgement is never handed out again, whatever the W). A node X
+// stops exchanging task states with its peers (test hooks: it refuses
+// their replicated writes, serves no replica reads, does no
+// anti-entropy) while its Raft groups go on; the next complete of a short
+// claim acked at w=2 has skipped X; within milliseconds of the ack the
+// partition's leader hands its leadership to X. X keeps refusing task
+// states until the claim's lease, the new leader's grace and the skew
+// buffer have passed. With the fence the completion is an entry of the
+// group, which X applied before it could lead: it neither expires the
+// claim nor grants the task again. With the seeded bug end-after-write
+// (the claim's end proposed a second after the write, and dropped by a
+// node that no longer leads) X sees the claim live and the task not
+// terminal: it expires the claim and grants the task to a waiting
+// client, which terminal-stable and the linearizability checker fail.
+// The scenarios enqueue little, so that claims wait for tasks.
+func nemesisCompleteHandover(ctx context.Context, e *Env) {
+	ops := e.W.H.Subscribe()
+	hold := e.W.ShortLease + e.C.Cfg.SkewBuffer + 2*time.Second
+	for sleep(ctx, e.between(500*time.Millisecond, time.Second)) {
+		x := e.randomNode()
+		if !x.Running() {
+			continue
+		}
+		e.TL.Log("start", "refuse-states", x.ID+" exchanges no task states with its peers (its Raft groups go on)", x.RefuseStates(true))
+		o, ok := e.nextOp(ctx, ops, func(o *check.Op) bool {
+			return o.F == "complete" && o.Type == "ok" && o.W == 2 && !o.Long && !o.Drain
+		})
+		if ok {
+			e.handOver(o, x)
+			sleep(ctx, hold)
+		}
+		e.TL.Log("end", "refuse-states", x.ID, x.RefuseStates(false))
+	}
+}
+
+// handOver moves the leadership of complete o's partition to x: the node
+// leading it (one of the others; when x leads it, it saw the write)
+// transfers it.
+func (e *Env) handOver(o *check.Op, x *Node) {
+	ago := float64(e.W.H.Now()-o.Return) / 1e6
+	var errs []error
+	for _, n := range e.others(x) {
+		err := n.TransferLeadership(o.Task, x.ID)
+		if err == nil {
+			e.TL.Log("note", "transfer", fmt.Sprintf("task %d's partition from %s to %s, %.0f ms after its complete (claim %d, w=2) was acked",
+				o.Task, n.ID, x.ID, ago, o.Claim), nil)
+			return
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", n.ID, err))
+	}
+	e.TL.Log("note", "transfer", fmt.Sprintf("task %d's partition to %s: no other node handed it over (%s may lead it)", o.Task, x.ID, x.ID), errors.Join(errs...))
 }

@@ -1,7 +1,7 @@
 package jepsen
 
 // The test hooks of a node under test (nornd -test-hooks): its clock,
-// leadership transfers and power loss.
+// leadership transfers, task states refused and power loss.
 
 import (
 	"context"
@@ -35,6 +35,13 @@ func (n *Node) SetClock(offset time.Duration, rate float64) error {
 func (n *Node) TransferLeadership(task uint64, to string) error {
 	body, _ := json.Marshal(map[string]string{"task": fmt.Sprint(task), "to": to})
 	return n.post("/test/transfer", string(body))
+}
+
+// RefuseStates makes n exchange no task states with its peers (on) or
+// exchange them again (off), while its Raft groups go on (test hooks
+// only: POST /test/refuse-states): it misses writes acked at W < N.
+func (n *Node) RefuseStates(on bool) error {
+	return n.post("/test/refuse-states", fmt.Sprintf(`{"on": %v}`, on))
 }
 
 // Crash asks n to exit at once losing its unsynced writes (test hooks

@@ -94,6 +94,9 @@ func (e *Env) HealAll() {
 			if err := n.SetClock(0, 1); err != nil {
 				e.TL.Log("note", "clock-reset", n.ID, err)
 			}
+			if err := n.RefuseStates(false); err != nil {
+				e.TL.Log("note", "refuse-states-reset", n.ID, err)
+			}
 		}
 	}
 }

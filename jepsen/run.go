@@ -73,6 +73,8 @@ var Scenarios = []Scenario{
 	{Name: "pause-leader", Desc: "SIGSTOP the node leading the most partitions past the election timeout, SIGCONT", Nodes: 3, Nemesis: nemesisPauseLeader, Short: true},
 	{Name: "worker-pause", Desc: "a client holds a short-lease claim past its lease without renewing, then completes", Nodes: 3, Nemesis: nemesisWorkerPause},
 	{Name: "stale-worker", Desc: "a client holds a short claim past its lease while a node other than its leader is cut off; the leader expires and regrants the claim; the client completes through the cut-off node (forced to answer itself, w=1), then through any node: both must be refused (the fence)", Nodes: 3, Nemesis: nemesisStaleWorker, EnqueueShare: 0.2, Short: true},
+	{Name: "complete-handover", Desc: "test hooks: a node stops exchanging task states with its peers (its Raft groups go on), so a complete acked at w=2 skips it; within milliseconds of the ack its partition's leadership moves to that node (-lease-grace 500ms, no leader balancing): it must not expire the finished claim nor grant the task again (the fence)",
+		Nodes: 3, NeedsHooks: true, Nemesis: nemesisCompleteHandover, Args: completeHandoverArgs, EnqueueShare: 0.2, Short: true},
 	{Name: "flaky", Desc: "iptables statistic: drop 20-40% of one node's packets each way", Nodes: 3, Nemesis: nemesisFlaky},
 	{Name: "isolate-converge", Desc: "cut one node off for the whole run while writes (W=2) skip it, heal, check convergence", Nodes: 3, Nemesis: nemesisIsolateConverge, Short: true},
 	{Name: "clock-bump", Desc: "test hooks: bump a node's clock by up to +-750ms (below the 2s buffer)", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockBump},
@@ -96,6 +98,8 @@ var Scenarios = []Scenario{
 	{Name: "bug-tls-any-client", Desc: "self-test: seeded bug tls-any-client (the nodes take a client certificate of any CA), the rogue-node attempts; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"tls-any-client"}, Nemesis: nemesisRogue, Rogue: true},
 	{Name: "bug-act-local", Desc: "self-test: seeded bug act-local (a replica that cannot reach its leader decides a complete from its own copy of the claim state), the stale-worker faults; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"act-local"}, Nemesis: nemesisStaleWorker, EnqueueShare: 0.2, Time: 45 * time.Second, Short: true},
 	{Name: "bug-act-no-fence", Desc: "self-test: seeded bug act-no-fence (the claim FSM takes a complete under any claim of the task), the stale-worker faults; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"act-no-fence"}, Nemesis: nemesisStaleWorker, EnqueueShare: 0.2, Time: 45 * time.Second},
+	{Name: "bug-end-after-write", Desc: "self-test: seeded bug end-after-write (a complete is written as a CRDT and the claim's end proposed a second later, dropped by a node that no longer leads: the path before the fence), the complete-handover faults; must fail a checker",
+		Nodes: 3, NeedsHooks: true, Bugs: []string{"end-after-write"}, Nemesis: nemesisCompleteHandover, Args: completeHandoverArgs, EnqueueShare: 0.2, Time: 45 * time.Second, Short: true},
 	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write, no faults, anti-entropy off (every 1h) so that nothing repairs the dropped writes; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Args: []string{"-antientropy-interval", "1h"}, Nemesis: nemesisNone},
 }
 
@@ -111,6 +115,7 @@ var Nemeses = []string{
 	"partition: iptables drops by node uid, both directions, TCP and UDP, each cut proven by a probe (isolate one, leader isolation, majority/minority, majorities-ring, bridge)",
 	"flaky: iptables -m statistic --mode random drops on one node's links",
 	"worker-pause: a client stops renewing a short lease past its end",
+	"refuse-states (aimed): a node exchanges no task states with its peers while its Raft groups go on (test hooks), and a complete acked at w=2 that skipped it has its partition's leadership moved to it within milliseconds",
 	"clock: bumps below and above the skew buffer, strobe, and (aimed) the granting leader ahead while its claim's holder stalls, through POST /test/clock (needs nornd -test-hooks)",
 	"power-loss: POST /test/crash, unsynced writes lost, on one node or all; (aimed) on all within 5 ms of an enqueue ack (needs nornd -test-hooks)",
 	"combined: one to three faults of different kinds at once on a seeded schedule",
