@@ -333,7 +333,13 @@ func (c *Client) sendCompletes(key batchKey, calls []*pending[*nornv1.CompleteRe
 	if len(calls) == 1 {
 		in := calls[0].in
 		req := &nornv1.CompleteRequest{Id: in.Id, ClaimId: in.ClaimId, Result: in.Result, W: w}
-		calls[0].answer(struct{}{}, c.completeOne(calls[0].ctx, key.leader, req))
+		// The policy's attempts: Complete retries on past them, with the
+		// claim's lease (callClaim).
+		err := c.callAt(calls[0].ctx, key.leader, "complete", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+			_, err := ep.tasks.Complete(ctx, connect.NewRequest(req))
+			return err
+		})
+		calls[0].answer(struct{}{}, err)
 		return
 	}
 	ctx, cancel := batchContext(c, calls)

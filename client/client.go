@@ -39,7 +39,7 @@ type Client struct {
 	timeout time.Duration
 	w       uint32
 
-	hints leaderHints // leader hints of claimed tasks
+	hints claimHints // leaders and lease expiries of claimed tasks
 
 	enqueues  *coalescer[enqueueCall, uint64]               // nil when batching is off (WithEnqueueBatching)
 	completes *coalescer[*nornv1.CompleteRequest, struct{}] // nil when batching is off (WithCompleteBatching)

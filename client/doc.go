@@ -80,6 +80,14 @@
 //     UNAVAILABLE and DEADLINE_EXCEEDED. Writes are CRDT merges keyed by
 //     task id (and claim id, update seq), so a repeat does no harm. A
 //     repeated Yield whose first attempt took effect reports ErrSuperseded.
+//   - The calls on a claim (Renew, Update, Complete, Abort, Yield) are
+//     decided by the task's partition leader, and a partition is without
+//     one for one to three seconds when its leader fails. So they retry
+//     past the policy's attempts for as long as the claim's lease lasts,
+//     as the client last learned it (from Claim, then each Renew), within
+//     the call's deadline; once the lease is over, the attempts alone
+//     bound them. The Worker completes or aborts with its lease as the
+//     deadline: a result is not thrown away because of a failover.
 //   - Enqueue and EnqueueBatch retry with the same ids: with ids the
 //     caller gave (WithID, WithIDs), any UNAVAILABLE or DEADLINE_EXCEEDED;
 //     without, only an UNAVAILABLE carrying a nornv1.WriteFailure detail,

@@ -49,7 +49,9 @@ type fakeServer struct {
 	leader    bool                   // claims name this node as the tasks' leader
 
 	// inject, when set, runs before every call (without mu) with the
-	// method name and request message; a non-nil error is the answer.
+	// method name and request message; a non-nil error is the answer. It
+	// also runs for each completion of a CompleteBatch (with mu held), as
+	// method "CompleteBatch.item": a non-nil error is that item's answer.
 	inject func(method string, req proto.Message) error
 	// failWrite, when set, runs after an Enqueue or EnqueueBatch has
 	// stored its tasks; true turns the answer into UNAVAILABLE with a
@@ -478,6 +480,10 @@ func (f *fakeServer) CompleteBatch(_ context.Context, r *connect.Request[nornv1.
 	for i, c := range r.Msg.GetCompletions() {
 		results[i] = &nornv1.CompletionResult{Acks: 1}
 		var ce *connect.Error
+		if f.inject != nil && errors.As(f.inject("CompleteBatch.item", c), &ce) {
+			results[i] = &nornv1.CompletionResult{Code: ce.Code().String(), Message: fmt.Sprintf("completions[%d]: %s", i, ce.Message())}
+			continue
+		}
 		if errors.As(f.completeLocked(c), &ce) {
 			results[i] = &nornv1.CompletionResult{Code: ce.Code().String(), Message: fmt.Sprintf("completions[%d]: %s", i, ce.Message())}
 		}

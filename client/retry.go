@@ -139,6 +139,12 @@ func (c *Client) do(ctx context.Context, method string, retry func(err error) bo
 // (a leader hint, host:port) when it is one of the client's healthy
 // endpoints; retries go elsewhere as usual.
 func (c *Client) doAt(ctx context.Context, leader, method string, retry func(err error) bool, call func(ctx context.Context, ep *endpoint) error) error {
+	return c.doUntil(ctx, leader, time.Time{}, method, retry, call)
+}
+
+// doUntil is doAt that, past the policy's attempts, goes on retrying
+// until until (zero: it does not).
+func (c *Client) doUntil(ctx context.Context, leader string, until time.Time, method string, retry func(err error) bool, call func(ctx context.Context, ep *endpoint) error) error {
 	if c.isClosed() {
 		return wrapErr(method, ErrClosed)
 	}
@@ -158,13 +164,38 @@ func (c *Client) doAt(ctx context.Context, leader, method string, retry func(err
 			return nil
 		}
 		prev = ep
-		if attempt >= c.retry.MaxAttempts || ctx.Err() != nil || !retry(err) {
+		wait := c.retry.backoff(attempt)
+		if attempt >= c.retry.MaxAttempts && !time.Now().Add(wait).Before(until) || ctx.Err() != nil || !retry(err) {
 			return wrapErr(method, err)
 		}
-		if !sleep(ctx, c.retry.backoff(attempt)) {
+		if !sleep(ctx, wait) {
 			return &callError{method: method, err: err, ctxErr: context.Cause(ctx)}
 		}
 	}
+}
+
+// callClaim is call for the calls on task id's claim (Renew, Update,
+// Complete, Abort, Yield; done: the call ends the claim), which must
+// outlast a failover of the task's partition: a new leader takes one to
+// three seconds, and until then the calls answer UNAVAILABLE. So they
+// retry UNAVAILABLE and DEADLINE_EXCEEDED (they are idempotent) for as
+// long as the claim's lease lasts, as the client last learned it
+// (claimHints), within the call's deadline (its context's, else the
+// client's timeout), and at least the policy's attempts. The first
+// attempt goes to the partition's leader when the client knows it.
+func (c *Client) callClaim(ctx context.Context, id uint64, done bool, method string, fn func(ctx context.Context, ep *endpoint) error) error {
+	return c.callHinted(ctx, c.hints.get(id, done), method, fn)
+}
+
+// callHinted is callClaim with the claim's hint given.
+func (c *Client) callHinted(ctx context.Context, hint claimHint, method string, fn func(ctx context.Context, ep *endpoint) error) error {
+	ctx, cancel := c.withTimeout(ctx, 0)
+	defer cancel()
+	until, ok := ctx.Deadline()
+	if !hint.expiry.IsZero() && (!ok || hint.expiry.Before(until)) {
+		until = hint.expiry
+	}
+	return c.doUntil(ctx, hint.leader, until, method, func(err error) bool { return retryable(retryIdempotent, err) }, fn)
 }
 
 // call is do for the common case: a call of class rc with the client's

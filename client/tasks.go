@@ -326,7 +326,11 @@ func (c *Client) Claim(ctx context.Context, r ClaimRequest) ([]*nornv1.ClaimedTa
 		return err
 	})
 	for _, ct := range out {
-		c.hints.note(ct.GetTask().GetId(), ct.GetLeader())
+		var expiry time.Time
+		if ct.GetExpiry() != nil {
+			expiry = ct.GetExpiry().AsTime()
+		}
+		c.hints.note(ct.GetTask().GetId(), ct.GetLeader(), expiry)
 	}
 	return out, err
 }
@@ -344,13 +348,16 @@ func (c *Client) Renew(ctx context.Context, id, claimID uint64, lease time.Durat
 		req.Lease = durationpb.New(lease)
 	}
 	var expiry time.Time
-	err := c.callAt(ctx, c.hints.get(id, false), "renew", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+	err := c.callClaim(ctx, id, false, "renew", func(ctx context.Context, ep *endpoint) error {
 		resp, err := ep.tasks.Renew(ctx, connect.NewRequest(req))
 		if err == nil {
 			expiry = resp.Msg.GetExpiry().AsTime()
 		}
 		return err
 	})
+	if err == nil {
+		c.hints.renewed(id, expiry)
+	}
 	return expiry, err
 }
 
@@ -366,7 +373,7 @@ func (c *Client) Update(ctx context.Context, req *nornv1.UpdateRequest) error {
 		req = proto.CloneOf(req)
 		req.W = c.w
 	}
-	return c.callAt(ctx, c.hints.get(req.GetId(), false), "update", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+	return c.callClaim(ctx, req.GetId(), false, "update", func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.tasks.Update(ctx, connect.NewRequest(req))
 		return err
 	})
@@ -379,18 +386,25 @@ func (c *Client) Update(ctx context.Context, req *nornv1.UpdateRequest) error {
 //
 // With WithCompleteBatching, concurrent calls share CompleteBatch RPCs.
 func (c *Client) Complete(ctx context.Context, id, claimID uint64, result []byte) error {
-	leader := c.hints.get(id, true)
+	hint := c.hints.get(id, true)
 	if c.completes != nil {
 		req := &nornv1.CompleteRequest{Id: id, ClaimId: claimID, Result: result}
-		_, err := c.completes.do(ctx, batchKey{w: c.w, leader: leader}, req, proto.Size(req))
+		_, err := c.completes.do(ctx, batchKey{w: c.w, leader: hint.leader}, req, proto.Size(req))
+		if err != nil && ctx.Err() == nil && retryable(retryIdempotent, err) && (hint.expiry.IsZero() || time.Now().Before(hint.expiry)) {
+			// The batch's own attempts ran out, or this completion alone
+			// failed (its partition had no leader), while the claim lasts:
+			// on its own, for as long as it lasts (callClaim).
+			return c.completeOne(ctx, hint, &nornv1.CompleteRequest{Id: id, ClaimId: claimID, Result: result, W: c.w})
+		}
 		return err
 	}
-	return c.completeOne(ctx, leader, &nornv1.CompleteRequest{Id: id, ClaimId: claimID, Result: result, W: c.w})
+	return c.completeOne(ctx, hint, &nornv1.CompleteRequest{Id: id, ClaimId: claimID, Result: result, W: c.w})
 }
 
-// completeOne sends one Complete RPC, first to leader if it can, retried.
-func (c *Client) completeOne(ctx context.Context, leader string, req *nornv1.CompleteRequest) error {
-	return c.callAt(ctx, leader, "complete", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+// completeOne sends one Complete RPC, first to the hint's leader if it
+// can, retried as a call on a claim.
+func (c *Client) completeOne(ctx context.Context, hint claimHint, req *nornv1.CompleteRequest) error {
+	return c.callHinted(ctx, hint, "complete", func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.tasks.Complete(ctx, connect.NewRequest(req))
 		return err
 	})
@@ -401,7 +415,7 @@ func (c *Client) completeOne(ctx context.Context, leader string, req *nornv1.Com
 // Retried (idempotent).
 func (c *Client) Abort(ctx context.Context, id, claimID uint64, errs ...*nornv1.TaskError) error {
 	req := &nornv1.AbortRequest{Id: id, ClaimId: claimID, Errors: errs, W: c.w}
-	return c.callAt(ctx, c.hints.get(id, true), "abort", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+	return c.callClaim(ctx, id, true, "abort", func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.tasks.Abort(ctx, connect.NewRequest(req))
 		return err
 	})
@@ -413,7 +427,7 @@ func (c *Client) Abort(ctx context.Context, id, claimID uint64, errs ...*nornv1.
 // one way or another.
 func (c *Client) Yield(ctx context.Context, id, claimID uint64, progress float64) error {
 	req := &nornv1.YieldRequest{Id: id, ClaimId: claimID, Progress: progress}
-	return c.callAt(ctx, c.hints.get(id, true), "yield", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+	return c.callClaim(ctx, id, true, "yield", func(ctx context.Context, ep *endpoint) error {
 		_, err := ep.tasks.Yield(ctx, connect.NewRequest(req))
 		return err
 	})

@@ -379,7 +379,17 @@ func (w *Worker) runTask(runCtx, base context.Context, ct *nornv1.ClaimedTask, s
 	default:
 		oc = outcomeAbort
 	}
-	w.settle(base, t.ID, t.ClaimID, oc, result, err, t.progress())
+	// A complete or abort is retried for as long as the lease lasts (by
+	// this worker's clock): through a failover of the task's partition,
+	// which answers UNAVAILABLE for a second or three, the work is not
+	// thrown away.
+	sctx := base
+	if d := lease.get(); oc == outcomeComplete || oc == outcomeAbort {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithDeadline(base, d)
+		defer cancel()
+	}
+	w.settle(sctx, t.ID, t.ClaimID, oc, result, err, t.progress())
 }
 
 // callHandler runs the handler, turning a panic into an error.
