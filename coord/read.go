@@ -95,7 +95,7 @@ func (c *Coordinator) Read(ctx context.Context, id uint64, r int) (*TaskState, e
 		return nil, storage.ErrNotFound
 	}
 	c.repair(merged, got)
-	return &TaskState{P: p, Task: merged, Claims: record}, nil
+	return &TaskState{P: p, Task: merged, Claims: record, NoLeader: !haveLeader}, nil
 }
 
 // askReplica asks one cohort member of partition p for the states of ids

@@ -19,6 +19,9 @@ type TaskState struct {
 	P      uint16         // the task's partition
 	Task   *crdt.Task     // the CRDT state, with its spec
 	Claims *claims.Record // nil when never claimed
+	// NoLeader: a read that reached no leader of the partition; Claims is
+	// a replica's record, which may be behind (Task.claim_state_unknown).
+	NoLeader bool
 }
 
 // Load reads a task's CRDT state and FSM record. It returns
@@ -105,6 +108,9 @@ func (c *Coordinator) View(ts *TaskState) *nornv1.Task {
 		},
 		Status:    ts.Status(c.cfg.Clock.Now().UnixMilli(), c.cfg.DepsDone),
 		CreatedAt: msTime(spec.CreatedAt.WallMs),
+	}
+	if _, terminal := t.Terminal(); ts.NoLeader && !terminal {
+		v.ClaimStateUnknown = true
 	}
 	updated := spec.CreatedAt
 	for _, u := range t.Updates {

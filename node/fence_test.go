@@ -349,3 +349,43 @@ func TestMaxClaimsAbortWhenTheLeaderLacksTheTask(t *testing.T) {
 		return terminal && ev.Kind == crdt.Aborted && len(ev.Errors) == 1 && ev.Errors[0].Code == "max_claims_exceeded"
 	})
 }
+
+// TestReadWithoutALeaderSaysTheClaimStateIsUnknown: a read that reaches
+// no leader of the task's partition (two of three nodes stopped) shows
+// the task's status from the replica it reached, and says that its claim
+// state is unknown, for a task that is not terminal; with a leader, or
+// for a terminal task, it does not.
+func TestReadWithoutALeaderSaysTheClaimStateIsUnknown(t *testing.T) {
+	ms := fenceCluster(t)
+	ctx := context.Background()
+	open, leader := enqueueEverywhere(t, ms, "unknown")
+	done, _ := enqueueEverywhere(t, ms, "unknown-done")
+	c := claimFor(t, leader, "unknown-done", "w", time.Minute)
+	if _, err := leader.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: done, ClaimId: c.ClaimId, W: 3})); err != nil {
+		t.Fatal(err)
+	}
+	get := func(m *member, id uint64) *nornv1.Task {
+		t.Helper()
+		r, err := m.api.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id, R: 1}))
+		if err != nil {
+			t.Fatalf("get %d at %s: %v", id, m.cfg.NodeID, err)
+		}
+		return r.Msg.Task
+	}
+	survivor := ms[0]
+	if got := get(survivor, open); got.ClaimStateUnknown || got.Status != nornv1.TaskStatus_TASK_STATUS_READY {
+		t.Fatalf("with a leader: %v, claim state unknown %v", got.Status, got.ClaimStateUnknown)
+	}
+	ms[1].stop()
+	ms[2].stop()
+	for _, id := range []uint64{open, done} {
+		p := survivor.node.partition(id)
+		waitFor(t, 10*time.Second, "the survivor to know no leader", func() bool { return survivor.node.group(p).Leader() == "" })
+	}
+	if got := get(survivor, open); !got.ClaimStateUnknown || got.Status != nornv1.TaskStatus_TASK_STATUS_READY {
+		t.Fatalf("without a leader: %v, claim state unknown %v; want READY and unknown", got.Status, got.ClaimStateUnknown)
+	}
+	if got := get(survivor, done); got.ClaimStateUnknown || got.Status != nornv1.TaskStatus_TASK_STATUS_COMPLETED {
+		t.Fatalf("a completed task without a leader: %v, claim state unknown %v; want COMPLETED, known", got.Status, got.ClaimStateUnknown)
+	}
+}

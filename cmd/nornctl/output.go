@@ -58,7 +58,12 @@ func writeTask(w io.Writer, t *nornv1.Task) {
 	s := t.GetSpec()
 	fmt.Fprintf(w, "ID:\t%d\n", t.GetId())
 	fmt.Fprintf(w, "QUEUE:\t%s\n", s.GetQueue())
-	fmt.Fprintf(w, "STATUS:\t%s\n", statusName(t.GetStatus()))
+	if t.GetClaimStateUnknown() {
+		// No partition leader answered: the claim state may be behind.
+		fmt.Fprintf(w, "STATUS:\t%s? (claim state unknown: no leader of its partition answered; read again)\n", statusName(t.GetStatus()))
+	} else {
+		fmt.Fprintf(w, "STATUS:\t%s\n", statusName(t.GetStatus()))
+	}
 	fmt.Fprintf(w, "PRIORITY:\t%d\n", s.GetPriority())
 	fmt.Fprintf(w, "PROGRESS:\t%s\n", formatProgress(t.GetProgress()))
 	fmt.Fprintf(w, "PAYLOAD:\t%s\n", formatBytes(s.GetPayload()))

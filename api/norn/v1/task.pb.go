@@ -328,9 +328,17 @@ type Task struct {
 	// physical part). Unset unless the status is COMPLETED, ABORTED or
 	// CANCELLED, and for a task ABORTED by max_claims until its ABORTED
 	// event is written. Retention counts from it.
-	FinishedAt    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	FinishedAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
+	// True when the read reached no leader of the task's partition (it is
+	// between leaders, or cut off from the node that answered) and the task
+	// is not terminal: its claims are decided by that leader alone, so the
+	// status (READY, CLAIMED, DELAYED, BLOCKED) and the claims shown come
+	// from replicas that may be behind it: a READY task may be claimed, a
+	// CLAIMED one's claim may have ended. Read again for the decided view.
+	// A terminal status is final either way.
+	ClaimStateUnknown bool `protobuf:"varint,13,opt,name=claim_state_unknown,json=claimStateUnknown,proto3" json:"claim_state_unknown,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Task) Reset() {
@@ -445,6 +453,13 @@ func (x *Task) GetFinishedAt() *timestamppb.Timestamp {
 		return x.FinishedAt
 	}
 	return nil
+}
+
+func (x *Task) GetClaimStateUnknown() bool {
+	if x != nil {
+		return x.ClaimStateUnknown
+	}
+	return false
 }
 
 // ClaimInfo is one claim (lease) of a task by a worker.
@@ -812,7 +827,7 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"depends_on\x18\x05 \x03(\x04R\tdependsOn\x12\x1d\n" +
 	"\n" +
-	"max_claims\x18\x06 \x01(\rR\tmaxClaims\"\x91\x04\n" +
+	"max_claims\x18\x06 \x01(\rR\tmaxClaims\"\xc1\x04\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12%\n" +
 	"\x04spec\x18\x02 \x01(\v2\x11.norn.v1.TaskSpecR\x04spec\x12+\n" +
@@ -829,7 +844,8 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	" \x03(\v2\x12.norn.v1.TaskErrorR\x06errors\x12\x16\n" +
 	"\x06result\x18\v \x01(\fR\x06result\x12;\n" +
 	"\vfinished_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"finishedAt\"\x9f\x02\n" +
+	"finishedAt\x12.\n" +
+	"\x13claim_state_unknown\x18\r \x01(\bR\x11claimStateUnknown\"\x9f\x02\n" +
 	"\tClaimInfo\x12\x19\n" +
 	"\bclaim_id\x18\x01 \x01(\x04R\aclaimId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\rR\x03seq\x12\x16\n" +
