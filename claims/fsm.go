@@ -393,7 +393,7 @@ func (a *applier) withLive(id, token uint64, fn func(r *Record, c *Claim)) error
 	case r.Done():
 		a.fail(id, ErrTaskTerminal)
 	default:
-		a.fail(id, ErrClaimSuperseded)
+		a.fail(id, r.NotLive(token))
 	}
 	return nil
 }
@@ -475,7 +475,7 @@ func (a *applier) act(act Act) error {
 		a.fail(act.ID, ErrTaskTerminal)
 		return nil
 	default:
-		a.fail(act.ID, ErrClaimSuperseded)
+		a.fail(act.ID, r.NotLive(act.Token))
 		return nil
 	}
 	if act.State != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // EndReason says how a claim ended. EndNone means it is still live.
@@ -69,6 +70,34 @@ type Record struct {
 	Terminal  EndReason // set once the task is completed, aborted or cancelled
 	Dead      bool      // aborted by the FSM: max_claims expiries reached
 	History   []Claim   // oldest first; at most HistoryLimit
+}
+
+// NotLive is the error for an act under token, which is not the live
+// claim of r: ErrClaimSuperseded, saying what became of token: it ended
+// (how and when), or it is not a claim of the task at all (never issued
+// for it, or older than the HistoryLimit claims kept).
+func (r *Record) NotLive(token uint64) error {
+	for i := len(r.History) - 1; i >= 0; i-- {
+		c := &r.History[i]
+		if c.Token != token {
+			continue
+		}
+		how := "ended " + c.End.String()
+		if c.End == EndExpired {
+			how = "expired (its lease was not renewed in time)"
+		}
+		if c.EndedMs > 0 {
+			how += " at " + time.UnixMilli(c.EndedMs).UTC().Format(time.RFC3339Nano)
+		}
+		if live, ok := r.Live(); ok {
+			how += fmt.Sprintf("; the task's live claim is %d", live.Token)
+		}
+		return fmt.Errorf("%w: the claim %s", ErrClaimSuperseded, how)
+	}
+	if len(r.History) >= HistoryLimit && len(r.History) > 0 && token < r.History[0].Token {
+		return fmt.Errorf("%w: the claim is older than the last %d claims of the task", ErrClaimSuperseded, HistoryLimit)
+	}
+	return fmt.Errorf("%w: no such claim of the task (never issued for it)", ErrClaimSuperseded)
 }
 
 // Live returns the live claim, if any: the last claim when it has not ended.

@@ -131,7 +131,7 @@ func actError(id, claimID uint64, err error) error {
 	switch {
 	case errors.Is(err, claims.ErrClaimSuperseded):
 		return connect.NewError(connect.CodeFailedPrecondition,
-			fmt.Errorf("claimId: %d is not the live claim of task %d: %w", claimID, id, err))
+			fmt.Errorf("claimId: %d is not the live claim of task %d (%w)", claimID, id, err))
 	case errors.Is(err, claims.ErrTaskTerminal):
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal: %w", id, err))
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -115,6 +116,9 @@ func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.Rene
 	}
 	o, err := sv.dispatch.Propose(m.GetId(), &claims.Command{Op: claims.OpRenew, NowMs: sv.cfg.Clock.Now().UnixMilli(),
 		ID: m.GetId(), Token: m.GetClaimId(), LeaseMs: lease.Milliseconds()})
+	if errors.Is(err, claims.ErrClaimSuperseded) {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("claimId: %d is not the live claim of task %d (%w)", m.GetClaimId(), m.GetId(), err))
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -1,9 +1,11 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -131,6 +133,10 @@ func (sv *Server) decide(ctx context.Context, acts []dispatch.Act, w uint32) ([]
 			st = nil
 			if acts[i].End == claims.EndCompleted || acts[i].End == claims.EndAborted {
 				if ts, err := sv.coord.Load(acts[i].ID); err == nil {
+					if err := refuseChange(ts.Task, acts[i]); err != nil {
+						out[i].err = err
+						continue
+					}
 					st = ts.Task
 				}
 			}
@@ -159,16 +165,58 @@ func (sv *Server) decide(ctx context.Context, acts []dispatch.Act, w uint32) ([]
 }
 
 // refuseTerminal refuses act on a task ts shows terminal, unless ts's
-// deciding event is the act's own (a retry, which the group answers).
+// deciding event is the act's own (a retry, which the group answers), and
+// an update that would change one the task has (refuseChange).
 func refuseTerminal(ts *coord.TaskState, a dispatch.Act) error {
 	prev, terminal := ts.Task.Terminal()
 	if !terminal {
-		return nil
+		return refuseChange(ts.Task, a)
 	}
 	if prev.Claim == a.ClaimID && a.End != claims.EndNone && coord.EndReason(prev.Kind) == a.End {
-		return nil
+		return refuseChange(ts.Task, a)
 	}
 	return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", a.ID, prev.Kind))
+}
+
+// refuseChange refuses an act that repeats one the task has taken, under
+// the same claim, with other content: a complete with another result, an
+// abort with other errors (the first is final), an update with the seq of
+// one it has and another progress, message or data (seq must grow). The
+// same content again is a retry, answered as the first was.
+func refuseChange(t *crdt.Task, a dispatch.Act) error {
+	if a.State == nil {
+		return nil
+	}
+	if prev, ok := t.Terminal(); ok && len(a.State.Terminals) > 0 && prev.Claim == a.ClaimID {
+		ev := a.State.Terminals[0]
+		if prev.Kind == ev.Kind && (!bytes.Equal(prev.Result, ev.Result) || !slices.EqualFunc(prev.Errors, ev.Errors, sameTaskError)) {
+			what := "result"
+			if ev.Kind == crdt.Aborted {
+				what = "errors"
+			}
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+				"task %d is already %v under claim %d with other %s: the first is final", a.ID, prev.Kind, a.ClaimID, what))
+		}
+	}
+	for _, u := range a.State.Updates {
+		for _, have := range t.Updates {
+			if have.Claim == u.Claim && have.Seq == u.Seq && !sameUpdate(have, u) {
+				return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+					"seq: update %d of claim %d of task %d exists with another progress, message or data: each update needs a greater seq", u.Seq, u.Claim, a.ID))
+			}
+		}
+	}
+	return nil
+}
+
+func sameTaskError(a, b crdt.TaskError) bool {
+	return a.Code == b.Code && a.Description == b.Description && slices.Equal(a.Args, b.Args)
+}
+
+// sameUpdate: the same report (its time is the coordinator's, not the
+// worker's).
+func sameUpdate(a, b crdt.Update) bool {
+	return a.Progress == b.Progress && a.Message == b.Message && bytes.Equal(a.Data, b.Data)
 }
 
 func (s taskService) Complete(ctx context.Context, req *connect.Request[nornv1.CompleteRequest]) (*connect.Response[nornv1.CompleteResponse], error) {
