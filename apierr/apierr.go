@@ -3,6 +3,7 @@ package apierr
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -18,6 +19,27 @@ var NotFormed = connect.NewError(connect.CodeUnavailable,
 // Invalid returns an INVALID_ARGUMENT error naming field.
 func Invalid(field, format string, args ...any) error {
 	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+}
+
+// Duration formats d as the API takes a duration in JSON (protojson's
+// google.protobuf.Duration: seconds with 0, 3, 6 or 9 decimals and an
+// "s", as "3600s" or "0.250s"), so that what an error names can be sent
+// back as it is.
+func Duration(d time.Duration) string {
+	sign := ""
+	if d < 0 {
+		sign, d = "-", -d
+	}
+	secs, nanos := int64(d/time.Second), int64(d%time.Second)
+	switch {
+	case nanos == 0:
+		return fmt.Sprintf("%s%ds", sign, secs)
+	case nanos%1e6 == 0:
+		return fmt.Sprintf("%s%d.%03ds", sign, secs, nanos/1e6)
+	case nanos%1e3 == 0:
+		return fmt.Sprintf("%s%d.%06ds", sign, secs, nanos/1e3)
+	}
+	return fmt.Sprintf("%s%d.%09ds", sign, secs, nanos)
 }
 
 // From maps an internal error to its connect code (DESIGN section 6).

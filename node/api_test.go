@@ -2,12 +2,14 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -155,7 +157,8 @@ func TestBadInputs(t *testing.T) {
 		})
 	}
 	// JSON over plain HTTP: wrong types and malformed bodies.
-	for _, body := range []string{`{"task": {"queue": "q", "priority": "high"}}`, `{"task": `, `[]`} {
+	for _, body := range []string{`{"task": {"queue": "q", "priority": "high"}}`, `{"task": `, `[]`,
+		`{"task": {"queue": "q", "priority": 1.5}}`, `{"task": {"queue": "q", "priority": 1e10}}`} {
 		resp, err := http.Post(h.srv.URL+"/norn.v1.TaskService/Enqueue", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
@@ -166,9 +169,20 @@ func TestBadInputs(t *testing.T) {
 			t.Fatalf("body %q: status %d, %s", body, resp.StatusCode, b)
 		}
 	}
+	// An integer written with an exponent is the integer (docs/API.md).
+	resp, err := http.Post(h.srv.URL+"/norn.v1.TaskService/Enqueue", "application/json", strings.NewReader(`{"task": {"queue": "q", "priority": 1e3}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var enq struct{ ID string }
+	json.NewDecoder(resp.Body).Decode(&enq)
+	resp.Body.Close()
+	if n, _ := strconv.ParseUint(enq.ID, 10, 64); resp.StatusCode != http.StatusOK || h.get(n).Spec.Priority != 1000 {
+		t.Fatalf("priority 1e3: status %d, id %q", resp.StatusCode, enq.ID)
+	}
 	// A request over the size limit.
 	huge := `{"task": {"queue": "q", "payload": "` + strings.Repeat("A", 5<<20) + `"}}`
-	resp, err := http.Post(h.srv.URL+"/norn.v1.TaskService/Enqueue", "application/json", strings.NewReader(huge))
+	resp, err = http.Post(h.srv.URL+"/norn.v1.TaskService/Enqueue", "application/json", strings.NewReader(huge))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -77,10 +77,10 @@ func (sv *Server) leaseArg(d *durationpb.Duration) (time.Duration, error) {
 	}
 	l := d.AsDuration()
 	if l <= 0 || l > sv.cfg.MaxLease {
-		return 0, apierr.Invalid("lease", "must be in (0, %s], got %s", sv.cfg.MaxLease, l)
+		return 0, apierr.Invalid("lease", "must be in (0, %s], got %s", apierr.Duration(sv.cfg.MaxLease), apierr.Duration(l))
 	}
 	if l < time.Millisecond {
-		return 0, apierr.Invalid("lease", "must be at least 1ms, got %s", l)
+		return 0, apierr.Invalid("lease", "must be at least 0.001s, got %s", apierr.Duration(l))
 	}
 	return l, nil
 }
