@@ -121,6 +121,13 @@ func TestBadInputs(t *testing.T) {
 			_, err := h.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "q", Worker: "w", Lease: durationpb.New(-time.Second)}))
 			return err
 		}, connect.CodeInvalidArgument, "lease"},
+		{"lease past the maximum, in the API's own units", func() error {
+			_, err := h.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "q", Worker: "w", Lease: durationpb.New(25 * time.Hour)}))
+			if err != nil && !strings.Contains(err.Error(), "got 90000s") {
+				return errors.New(err.Error() + " (want the lease as 90000s)") // no code: the test fails
+			}
+			return err
+		}, connect.CodeInvalidArgument, "lease"},
 		{"no worker", func() error {
 			_, err := h.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "q"}))
 			return err
