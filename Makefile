@@ -149,7 +149,7 @@ fuzz:
 run:
 	$(GO) build -o $(BIN)/nornd ./cmd/nornd
 	$(GO) build -o $(BIN)/nornctl ./cmd/nornctl
-	$(BIN)/nornd --data-dir ./data --listen 127.0.0.1:7400
+	$(BIN)/nornd --data-dir ./data/single --listen 127.0.0.1:7400
 
 # A local 3-node cluster on 127.0.0.1 (API ports 7400, 7410, 7420), data
 # under ./data/node{1,2,3}, logs under ./data/logs; started again from its

@@ -53,9 +53,9 @@ func From(err error) error {
 	switch {
 	case errors.As(err, &ce):
 		return err
-	case errors.As(err, &fe) && errors.Is(err, crdt.ErrTooLarge):
-		return connect.NewError(connect.CodeResourceExhausted, err)
 	case errors.As(err, &fe):
+		// A field over its size limit too: the same request would fail
+		// again (RESOURCE_EXHAUSTED, HTTP 429, would invite a retry).
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	case errors.Is(err, storage.ErrNotFound):
 		return connect.NewError(connect.CodeNotFound, err)

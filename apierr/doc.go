@@ -5,7 +5,7 @@
 // Every part of a node that answers a request returns errors through it:
 //
 //	if err := spec.Validate(limits); err != nil {
-//		return apierr.From(err) // *crdt.FieldError -> INVALID_ARGUMENT (or RESOURCE_EXHAUSTED)
+//		return apierr.From(err) // *crdt.FieldError -> INVALID_ARGUMENT (sizes too)
 //	}
 //	return apierr.Invalid("lease", "must be positive, got %s", apierr.Duration(d))
 //

@@ -36,8 +36,10 @@ var (
 	// spec (ALREADY_EXISTS).
 	ErrAlreadyExists = errors.New("norn: already exists")
 
-	// ErrResourceExhausted: a payload, request or list over its limit, or
-	// rate limited (RESOURCE_EXHAUSTED).
+	// ErrResourceExhausted: a whole request over the node's request size
+	// limit, or a node out of room for requests in flight
+	// (RESOURCE_EXHAUSTED). A field over its own limit (a payload) is
+	// ErrInvalidArgument.
 	ErrResourceExhausted = errors.New("norn: resource exhausted")
 
 	// ErrClosed: the Client was closed before the call.

@@ -32,8 +32,8 @@ const MaxQueueLen = 128
 // *FieldError naming the offending field.
 var ErrInvalid = errors.New("invalid argument")
 
-// ErrTooLarge is wrapped by validation errors about sizes, which the API
-// maps to RESOURCE_EXHAUSTED rather than INVALID_ARGUMENT.
+// ErrTooLarge is wrapped by validation errors about sizes (the API
+// answers them INVALID_ARGUMENT as any bad field: a retry fails again).
 var ErrTooLarge = errors.New("too large")
 
 // FieldError is a validation failure of one named field.

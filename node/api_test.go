@@ -100,7 +100,7 @@ func TestBadInputs(t *testing.T) {
 		{"payload too large", func() error {
 			_, err := h.api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "q", Payload: big}}))
 			return err
-		}, connect.CodeResourceExhausted, "task.payload"},
+		}, connect.CodeInvalidArgument, "task.payload"},
 		{"w above N", func() error {
 			_, err := h.api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "q"}, W: 3}))
 			return err

@@ -37,8 +37,19 @@ tls_wanted() {
 	case " ${NORND_ARGS:-} " in *" -insecure "* | *" --insecure "* | *" -insecure=true "*) return 1 ;; esac
 	return 0
 }
+# A cluster keeps the settings it was started with: a restart (make
+# cluster after a kill -9 or after make cluster-stop) without TLS or
+# NORND_ARGS in the environment starts its nodes with the ones recorded
+# in data/tls and data/args at the last start, so a node brought back
+# never runs without the access file or TLS the others have. Given
+# again, they replace the recorded ones (with a warning while nodes run
+# with the old ones).
+ARGS_GIVEN=${NORND_ARGS+1}
+if [ -z "$ARGS_GIVEN" ] && [ -f "$DATA/args" ]; then
+	NORND_ARGS=$(cat "$DATA/args")
+fi
 USE_TLS=
-if [ "${1:-start}" = add ] && [ -z "${TLS:-}" ] && [ -f "$DATA/tls" ]; then
+if [ -z "${TLS:-}" ] && [ -z "$ARGS_GIVEN" ] && [ -f "$DATA/tls" ]; then
 	USE_TLS=$(cat "$DATA/tls")
 elif tls_wanted; then
 	USE_TLS=1
@@ -90,9 +101,27 @@ running() {
 	[ -n "$st" ] && [ "${st:0:1}" != Z ]
 }
 
+# record_settings keeps this start's TLS choice and NORND_ARGS for the
+# next one, warning when they change under running nodes.
+record_settings() {
+	local old_args="" old_tls="" i
+	[ -f "$DATA/args" ] && old_args=$(cat "$DATA/args")
+	[ -f "$DATA/tls" ] && old_tls=$(cat "$DATA/tls")
+	if [ -f "$DATA/tls" ] && { [ "$old_args" != "${NORND_ARGS:-}" ] || [ "$old_tls" != "$USE_TLS" ]; }; then
+		for i in 1 2 3 4 5 6 7 8 9; do
+			if running "$DATA/pids/node$i.pid"; then
+				echo "warning: n$i runs with NORND_ARGS='$old_args' TLS=${old_tls:-0}; nodes started now get NORND_ARGS='${NORND_ARGS:-}' TLS=${USE_TLS:-0} (make cluster-stop first to change every node)" >&2
+				break
+			fi
+		done
+	fi
+	printf '%s\n' "${NORND_ARGS:-}" >"$DATA/args"
+	echo "$USE_TLS" >"$DATA/tls"
+}
+
 start() {
 	mkdir -p "$DATA/logs" "$DATA/pids"
-	echo "$USE_TLS" >"$DATA/tls"
+	record_settings
 	for i in "${NODES[@]}"; do
 		pidf="$DATA/pids/node$i.pid"
 		if running "$pidf"; then

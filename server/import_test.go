@@ -92,7 +92,7 @@ func TestImportFromAPI(t *testing.T) {
 		{"error without a code", &nornv1.Task{Id: 7, Spec: spec, CreatedAt: ts(-time.Hour), Status: nornv1.TaskStatus_TASK_STATUS_ABORTED, FinishedAt: ts(-time.Minute),
 			Errors: []*nornv1.TaskError{{Description: "d"}}}, connect.CodeInvalidArgument, "tasks[0].errors[0].code"},
 		{"result too large", &nornv1.Task{Id: 7, Spec: spec, CreatedAt: ts(-time.Hour), Status: nornv1.TaskStatus_TASK_STATUS_COMPLETED, FinishedAt: ts(-time.Minute),
-			Result: make([]byte, crdt.DefaultLimits.MaxPayloadBytes+1)}, connect.CodeResourceExhausted, "tasks[0].result"},
+			Result: make([]byte, crdt.DefaultLimits.MaxPayloadBytes+1)}, connect.CodeInvalidArgument, "tasks[0].result"},
 		{"update progress", &nornv1.Task{Id: 7, Spec: spec, CreatedAt: ts(-time.Hour), Status: nornv1.TaskStatus_TASK_STATUS_CANCELLED, FinishedAt: ts(-time.Minute),
 			Updates: []*nornv1.TaskUpdate{{ClaimId: 9, Seq: 1, At: ts(-time.Hour), Progress: 2}}}, connect.CodeInvalidArgument, "tasks[0].updates[0].progress"},
 		{"update without claim", &nornv1.Task{Id: 7, Spec: spec, CreatedAt: ts(-time.Hour), Status: nornv1.TaskStatus_TASK_STATUS_CANCELLED, FinishedAt: ts(-time.Minute),

@@ -14,7 +14,7 @@ import (
 )
 
 // The edge's validation alone, on a Server with no parts: every refusal is
-// INVALID_ARGUMENT (or RESOURCE_EXHAUSTED for sizes) and names its field.
+// INVALID_ARGUMENT (sizes too: not retryable) and names its field.
 func TestSpecFromAPI(t *testing.T) {
 	sv := New(Config{Limits: crdt.DefaultLimits})
 	big := make([]byte, crdt.DefaultLimits.MaxPayloadBytes+1)
@@ -30,7 +30,7 @@ func TestSpecFromAPI(t *testing.T) {
 		{"no queue", &nornv1.TaskSpec{}, connect.CodeInvalidArgument, "task.queue"},
 		{"bad queue", &nornv1.TaskSpec{Queue: "a b"}, connect.CodeInvalidArgument, "task.queue"},
 		{"bad not before", &nornv1.TaskSpec{Queue: "q", NotBefore: &timestamppb.Timestamp{Nanos: -1}}, connect.CodeInvalidArgument, "task.notBefore"},
-		{"payload too large", &nornv1.TaskSpec{Queue: "q", Payload: big}, connect.CodeResourceExhausted, "task.payload"},
+		{"payload too large", &nornv1.TaskSpec{Queue: "q", Payload: big}, connect.CodeInvalidArgument, "task.payload"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec, err := sv.specFromAPI("task", tc.spec)

@@ -311,7 +311,7 @@ func TestImportBadLines(t *testing.T) {
 		{"aborted without errors", line(3, `,"status":"TASK_STATUS_ABORTED","finishedAt":"`+created+`"`), "tasks[0].errors: an ABORTED task needs at least one error"},
 		{"result of a ready task", line(3, `,"status":"TASK_STATUS_READY","result":"eA=="`), "tasks[0].result: only a COMPLETED task"},
 		{"update without seq", line(3, `,"status":"TASK_STATUS_CANCELLED","finishedAt":"`+created+`","updates":[{"claimId":"9","at":"`+created+`"}]`), "tasks[0].updates[0].seq: must be at least 1"},
-		{"payload too large", `{"id":"3","spec":{"queue":"q","payload":"` + strings.Repeat("A", 1400000) + `"},"createdAt":"` + created + `"}`, "RESOURCE_EXHAUSTED: tasks[0].spec.payload"},
+		{"payload too large", `{"id":"3","spec":{"queue":"q","payload":"` + strings.Repeat("A", 1400000) + `"},"createdAt":"` + created + `"}`, "INVALID_ARGUMENT: tasks[0].spec.payload"},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

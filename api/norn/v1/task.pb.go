@@ -181,7 +181,8 @@ type TaskSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Queue the task belongs to; workers claim from one queue at a time.
 	// Required: 1 to 128 bytes of [A-Za-z0-9._:-]. Anything else is
-	// INVALID_ARGUMENT naming `spec.queue`.
+	// INVALID_ARGUMENT naming the field by its path in the request:
+	// `task.queue` in an Enqueue, `tasks[i].queue` in an EnqueueBatch.
 	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
 	// Priority: higher is claimed first, always. Within one priority, each
 	// partition hands out its tasks in id order (oldest first) and every
