@@ -144,7 +144,8 @@ type Config struct {
 	RaftHeartbeatLinger time.Duration
 	// Logger is the node's structured log. Default slog.Default().
 	Logger *slog.Logger
-	// RaftLogger receives hashicorp/raft's logs. Default: warnings to stderr.
+	// RaftLogger receives hashicorp/raft's and memberlist's logs.
+	// Default: NewRaftLogger(Logger, warnings and errors).
 	RaftLogger hclog.Logger
 	// Version is reported by Status.
 	Version string
@@ -309,6 +310,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.RaftLogger == nil {
+		c.RaftLogger = NewRaftLogger(c.Logger, hclog.Warn)
 	}
 	if c.Version == "" {
 		c.Version = "dev"

@@ -9,8 +9,9 @@ import "log/slog"
 const LogComponentKey = "component"
 
 // LogComponents are the names the node's parts log under, sorted.
-// hashicorp/raft logs apart, through Config.RaftLogger.
-var LogComponents = []string{"antientropy", "clock", "coord", "dispatch", "rebalance", "replicas", "server", "transport"}
+// hashicorp/raft and memberlist log as "raft" (NewRaftLogger), at the
+// level of Config.RaftLogger (nornd -raft-log-level).
+var LogComponents = []string{"antientropy", "clock", "coord", "dispatch", "raft", "rebalance", "replicas", "server", "transport"}
 
 // logger is the logger of one of the node's parts (a LogComponents name).
 func (c *Config) logger(component string) *slog.Logger {

@@ -119,7 +119,7 @@ func run(args []string) error {
 	if rl == hclog.NoLevel {
 		return usageError{fmt.Errorf("-raft-log-level: unknown level %q", *o.raftLogLevel)}
 	}
-	cfg.RaftLogger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: rl, Output: os.Stderr, JSONFormat: *o.logFormat == "json"})
+	cfg.RaftLogger = node.NewRaftLogger(logger, rl)
 	cfg.Version = info.Version
 	cfg.Build = info.Proto()
 	// Tracing: off unless the standard OTEL_* variables ask for it
