@@ -271,7 +271,7 @@ func (c *Client) sendEnqueues(key batchKey, calls []*pending[enqueueCall, uint64
 	if len(calls) == 1 {
 		// A batch of one is its caller's own call, under its context.
 		p := calls[0]
-		p.answer(c.enqueueOne(p.ctx, p.in.spec, p.in.id, w))
+		p.answer(c.enqueueOne(p.ctx, p.in.spec, p.in.id, w, nil))
 		return
 	}
 	ctx, cancel := batchContext(c, calls)
@@ -306,7 +306,7 @@ func (c *Client) sendEnqueues(key batchKey, calls []*pending[enqueueCall, uint64
 			if ids != nil {
 				id = ids[i]
 			}
-			wg.Go(func() { p.answer(c.enqueueOne(ctx, p.in.spec, id, w)) })
+			wg.Go(func() { p.answer(c.enqueueOne(ctx, p.in.spec, id, w, nil)) })
 		}
 		wg.Wait()
 		return

@@ -22,6 +22,7 @@ type enqueueOptions struct {
 	ids  []uint64
 	w    uint32
 	wSet bool
+	acks *uint32
 }
 
 // WithID makes Enqueue store the task under id instead of letting the
@@ -43,6 +44,13 @@ func WithIDs(ids ...uint64) EnqueueOption {
 // client's (WithDefaultQuorum). 0 means the server's default, a majority.
 func WithQuorum(w uint32) EnqueueOption {
 	return func(o *enqueueOptions) { o.w, o.wSet = w, true }
+}
+
+// WithAcks makes Enqueue set *acks to how many replicas stored the task
+// (EnqueueResponse.acks) when it succeeds. Such a call is sent on its own,
+// not batched with others.
+func WithAcks(acks *uint32) EnqueueOption {
+	return func(o *enqueueOptions) { o.acks = acks }
 }
 
 func (c *Client) enqueueOptions(opts []EnqueueOption) enqueueOptions {
@@ -78,14 +86,15 @@ func (c *Client) Enqueue(ctx context.Context, spec *nornv1.TaskSpec, opts ...Enq
 	if len(o.ids) == 1 {
 		id = o.ids[0]
 	}
-	if c.enqueues != nil {
+	if c.enqueues != nil && o.acks == nil {
 		return c.enqueueCoalesced(ctx, spec, id, o.w)
 	}
-	return c.enqueueOne(ctx, spec, id, o.w)
+	return c.enqueueOne(ctx, spec, id, o.w, o.acks)
 }
 
-// enqueueOne sends one Enqueue RPC, retried by the enqueue rules.
-func (c *Client) enqueueOne(ctx context.Context, spec *nornv1.TaskSpec, id uint64, w uint32) (uint64, error) {
+// enqueueOne sends one Enqueue RPC, retried by the enqueue rules; acks,
+// when not nil, gets the response's.
+func (c *Client) enqueueOne(ctx context.Context, spec *nornv1.TaskSpec, id uint64, w uint32, acks *uint32) (uint64, error) {
 	ctx, cancel := c.withTimeout(ctx, 0)
 	defer cancel()
 	req := &nornv1.EnqueueRequest{Task: spec, Id: id, W: w}
@@ -102,6 +111,9 @@ func (c *Client) enqueueOne(ctx context.Context, spec *nornv1.TaskSpec, id uint6
 		resp, err := ep.tasks.Enqueue(ctx, connect.NewRequest(req))
 		if err == nil {
 			got = resp.Msg.GetId()
+			if acks != nil {
+				*acks = resp.Msg.GetAcks()
+			}
 		}
 		return err
 	})

@@ -52,6 +52,7 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 		return connect.NewResponse(resp), nil
 	}
 	resp.RingEpoch = r.Epoch
+	resp.PartitionCount = uint32(r.Partitions)
 	for _, m := range r.Moves {
 		resp.Moves = append(resp.Moves, rebalance.MoveStatus(m))
 	}

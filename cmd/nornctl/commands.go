@@ -77,14 +77,15 @@ func runEnqueue(e *env, cmd *command, args []string) error {
 	if err != nil {
 		return err
 	}
-	id, err := c.Enqueue(e.ctx, spec, opts...)
+	var acks uint32
+	id, err := c.Enqueue(e.ctx, spec, append(opts, client.WithAcks(&acks))...)
 	if err != nil {
 		if id != 0 {
 			return fmt.Errorf("%w (the task may be stored; retry with --id %d)", err, id)
 		}
 		return err
 	}
-	return e.emit(&nornv1.EnqueueResponse{Id: id}, func(w io.Writer) {
+	return e.emit(&nornv1.EnqueueResponse{Id: id, Acks: acks}, func(w io.Writer) {
 		fmt.Fprintln(w, id)
 	})
 }

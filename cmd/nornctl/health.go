@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -52,6 +53,7 @@ func runHealth(e *env, cmd *command, args []string) error {
 		return errors.New("--cert and --key need --ca (or NORN_CA)")
 	}
 	var errs []error
+	var report healthReport
 	for _, addr := range strings.Split(e.g.addr, ",") {
 		if addr = strings.TrimSpace(addr); addr == "" {
 			continue
@@ -59,13 +61,40 @@ func runHealth(e *env, cmd *command, args []string) error {
 		if !strings.Contains(addr, "://") {
 			addr = scheme + addr
 		}
-		if err := checkHealth(e.ctx, hc, strings.TrimSuffix(addr, "/")+path); err != nil {
+		err := checkHealth(e.ctx, hc, strings.TrimSuffix(addr, "/")+path)
+		report.Nodes = append(report.Nodes, healthNode{Address: addr, OK: err == nil, Error: errString(err)})
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		fmt.Fprintf(e.stdout, "%s: ok\n", addr)
+		if !e.json() {
+			fmt.Fprintf(e.stdout, "%s: ok\n", addr)
+		}
+	}
+	if e.json() {
+		b, _ := json.Marshal(report)
+		fmt.Fprintf(e.stdout, "%s\n", b)
 	}
 	return errors.Join(errs...)
+}
+
+// healthReport is `nornctl health -o json`'s answer: every address asked,
+// whether it answered OK, and why not.
+type healthReport struct {
+	Nodes []healthNode `json:"nodes"`
+}
+
+type healthNode struct {
+	Address string `json:"address"`
+	OK      bool   `json:"ok"`
+	Error   string `json:"error,omitempty"`
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // checkHealth GETs url and returns nil on 200, else an error naming url

@@ -62,6 +62,7 @@ func TestHealth(t *testing.T) {
 		{"ready over TLS", true, []string{"--addr", secureAddr, "--ca", ca}, exitOK, "https://" + secureAddr + ": ok"},
 		{"a list, --live", false, []string{"--addr", secureAddr + ",http://" + plainAddr, "--ca", ca, "--live"}, exitOK, "http://" + plainAddr + ": ok"},
 		{"a list, not ready", false, []string{"--addr", secureAddr + ",http://" + plainAddr, "--ca", ca}, exitError, "https://" + secureAddr + "/healthz: 503"},
+		{"JSON", true, []string{"--addr", plainAddr, "-o", "json"}, exitOK, `{"nodes":[{"address":"http://` + plainAddr + `","ok":true}]}`},
 		{"TLS without the CA", true, []string{"--addr", "https://" + secureAddr}, exitError, "certificate"},
 		{"an argument", true, []string{"--addr", plainAddr, "extra"}, exitUsage, "unexpected argument"},
 	} {

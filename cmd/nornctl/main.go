@@ -263,7 +263,7 @@ func report(e *env, cmd *command, err error) int {
 		}
 		return exitUsage
 	default:
-		fmt.Fprintf(e.stderr, "nornctl: %s: %s\n", cmd.name, errorMessage(err))
+		fmt.Fprintf(e.stderr, "nornctl: %s: %s\n", cmd.name, commandError(cmd.name, err))
 		if needsTLSHint(e.ctx, e.g, err) {
 			fmt.Fprintln(e.stderr, tlsHint)
 		}
@@ -284,6 +284,17 @@ func errorMessage(err error) string {
 		s += ": " + msg
 	}
 	return strings.Replace(err.Error(), ce.Error(), s, 1)
+}
+
+// commandError is errorMessage for the line "nornctl: <command>: ..."
+// of command name's error: without the client's own "norn: <call>: "
+// prefix, which would say it again.
+func commandError(name string, err error) string {
+	msg := errorMessage(err)
+	if rest, ok := strings.CutPrefix(msg, "norn: "+name+": "); ok {
+		return rest
+	}
+	return strings.TrimPrefix(msg, "norn: ")
 }
 
 func usageLine(cmd *command) string {

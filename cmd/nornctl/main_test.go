@@ -248,6 +248,11 @@ func TestLifecycle(t *testing.T) {
 	if len(status.GetPartitions()) != 8 {
 		t.Errorf("status: %d partitions, want 8", len(status.GetPartitions()))
 	}
+	var enq nornv1.EnqueueResponse
+	okJSON(t, addr, &enq, "-o", "json", "enqueue", "other", "x")
+	if enq.Id == 0 || enq.Acks != 1 {
+		t.Fatalf("enqueue -o json: %v, want the id and the acks", &enq)
+	}
 }
 
 // TestErrors checks the exit codes and messages of failures: the server's

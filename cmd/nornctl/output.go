@@ -183,6 +183,11 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 				leads = strconv.FormatUint(uint64(n.GetLeaders()), 10)
 				share = strconv.FormatFloat(n.GetLeaderShare(), 'f', 1, 64)
 			}
+			if n.GetState() != "alive" {
+				// What it last gossiped: it leads nothing it can be
+				// reached for, and its counts are stale.
+				leads, share = "-", "-"
+			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.GetId(), n.GetApiAddress(), n.GetState(), dash(n.GetRole()), replicas,
 				leads, share, dur(n.GetClockOffset()), dur(n.GetMedianOffset()))
 		}
@@ -200,6 +205,20 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 			p.GetRaftTerm(), p.GetRaftIndex(), dash(p.GetRaftState()), replicaRoots(p))
 		for _, s := range statuses {
 			fmt.Fprintf(w, "\t%d", p.GetCounts()[s])
+		}
+		fmt.Fprintln(w)
+	}
+	if len(st.GetPartitions()) > 0 && len(keys) > 0 {
+		// The cluster's totals, each partition counted once (from the
+		// answering node's replica): of every partition when it holds
+		// them all.
+		label := "TOTAL"
+		if n := int(st.GetPartitionCount()); n > len(st.GetPartitions()) {
+			label = fmt.Sprintf("TOTAL (%d of %d partitions)", len(st.GetPartitions()), n)
+		}
+		fmt.Fprintf(w, "%s\t\t\t\t\t\t", label)
+		for _, s := range statuses {
+			fmt.Fprintf(w, "\t%d", keys[s])
 		}
 		fmt.Fprintln(w)
 	}
@@ -341,6 +360,20 @@ func replicaRoots(p *nornv1.PartitionStatus) string {
 	if p.GetReplicasAgree() {
 		return "agree " + short(rs[0].GetRoot())
 	}
+	// The replicas that answered agree, and the others could not be
+	// asked: say so rather than DIFFER.
+	var known []uint64
+	var unknown []string
+	for _, r := range rs {
+		if r.GetError() != "" {
+			unknown = append(unknown, r.GetNodeId())
+		} else {
+			known = append(known, r.GetRoot())
+		}
+	}
+	if len(known) > 0 && len(unknown) > 0 && !slices.ContainsFunc(known, func(r uint64) bool { return r != known[0] }) {
+		return "agree " + short(known[0]) + " (" + strings.Join(unknown, ",") + " unknown)"
+	}
 	parts := make([]string, len(rs))
 	for i, r := range rs {
 		v := short(r.GetRoot())
@@ -430,3 +463,4 @@ func securityLine(s *nornv1.SecurityStatus) string {
 	}
 	return strings.Join(parts, ", ")
 }
+

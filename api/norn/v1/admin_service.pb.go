@@ -1156,9 +1156,12 @@ type StatusResponse struct {
 	// How the answering node's ports are secured (docs/SECURITY.md).
 	Security *SecurityStatus `protobuf:"bytes,10,opt,name=security,proto3" json:"security,omitempty"`
 	// The build of the answering nornd: version, VCS commit and time.
-	Build         *BuildInfo `protobuf:"bytes,11,opt,name=build,proto3" json:"build,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Build *BuildInfo `protobuf:"bytes,11,opt,name=build,proto3" json:"build,omitempty"`
+	// The cluster's partition count (the ring's P); 0 before the cluster
+	// formed. `partitions` lists only those the answering node replicates.
+	PartitionCount uint32 `protobuf:"varint,12,opt,name=partition_count,json=partitionCount,proto3" json:"partition_count,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1266,6 +1269,13 @@ func (x *StatusResponse) GetBuild() *BuildInfo {
 		return x.Build
 	}
 	return nil
+}
+
+func (x *StatusResponse) GetPartitionCount() uint32 {
+	if x != nil {
+		return x.PartitionCount
+	}
+	return 0
 }
 
 // BuildInfo is how a binary was built, from Go's build information
@@ -1843,7 +1853,7 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\rStatusRequest\x12\x1f\n" +
 	"\vskip_counts\x18\x01 \x01(\bR\n" +
 	"skipCounts\x12#\n" +
-	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\xba\x03\n" +
+	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\xe3\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x121\n" +
@@ -1859,7 +1869,8 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\x05moves\x18\t \x03(\v2\x13.norn.v1.MoveStatusR\x05moves\x123\n" +
 	"\bsecurity\x18\n" +
 	" \x01(\v2\x17.norn.v1.SecurityStatusR\bsecurity\x12(\n" +
-	"\x05build\x18\v \x01(\v2\x12.norn.v1.BuildInfoR\x05build\"\x99\x01\n" +
+	"\x05build\x18\v \x01(\v2\x12.norn.v1.BuildInfoR\x05build\x12'\n" +
+	"\x0fpartition_count\x18\f \x01(\rR\x0epartitionCount\"\x99\x01\n" +
 	"\tBuildInfo\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1f\n" +
