@@ -463,4 +463,3 @@ func securityLine(s *nornv1.SecurityStatus) string {
 	}
 	return strings.Join(parts, ", ")
 }
-
