@@ -69,5 +69,8 @@
 // new connections for it at once; closing the group's NetworkTransport does
 // this), shut the Raft group down, then drop its data. A heartbeat that
 // arrives late finds no group and is refused; it can never reach a group
-// whose data is being dropped.
+// whose data is being dropped. Gate wraps a group's NetworkTransport so
+// that its Close also waits for the heartbeats under way; Hold does the
+// same and, until Release, answers every Raft request ErrHeld (the meta
+// group's replica, until its node has checked the ring: replicas.Host).
 package transport

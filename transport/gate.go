@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 )
@@ -69,4 +70,85 @@ func (t *GatedTransport) SetHeartbeatHandler(cb func(raft.RPC)) {
 func (t *GatedTransport) Close() error {
 	t.gate.close()
 	return t.NetworkTransport.Close()
+}
+
+// ErrHeld answers every Raft request a HeldTransport receives before it
+// is released.
+var ErrHeld = errors.New("transport: this Raft replica takes no requests until its node has checked the ring")
+
+// HeldTransport is a GatedTransport that answers every request it
+// receives (appends, heartbeats, votes, pre-votes, snapshots, leadership
+// transfers) with ErrHeld until Release: its Raft replica stores nothing,
+// grants no vote and acknowledges no entry meanwhile. Requests it sends
+// are not held. The meta group's replica runs behind one until its node
+// has checked that the ring does not list it with another data dir
+// (replicas.Host): a replica with an empty store grants any vote, as
+// hashicorp/raft's requestVote checks the candidate against the
+// configuration only when it has one.
+type HeldTransport struct {
+	*GatedTransport
+	released atomic.Bool
+	consumer chan raft.RPC
+	closed   chan struct{}
+	once     sync.Once
+}
+
+// Hold returns t behind a heartbeat gate (GatedTransport), held. Raft
+// must read Consumer and set its heartbeat handler through it.
+func Hold(t *raft.NetworkTransport) *HeldTransport {
+	h := &HeldTransport{GatedTransport: Gate(t), consumer: make(chan raft.RPC), closed: make(chan struct{})}
+	go h.forward(t.Consumer())
+	return h
+}
+
+// forward passes the NetworkTransport's requests on to Raft once
+// released, and answers them ErrHeld before; it returns on Close.
+func (t *HeldTransport) forward(in <-chan raft.RPC) {
+	for {
+		select {
+		case rpc := <-in:
+			if !t.released.Load() {
+				rpc.Respond(nil, ErrHeld)
+				continue
+			}
+			select {
+			case t.consumer <- rpc:
+			case <-t.closed:
+				return
+			}
+		case <-t.closed:
+			return
+		}
+	}
+}
+
+// Release lets requests through to Raft from now on (idempotent).
+func (t *HeldTransport) Release() { t.released.Store(true) }
+
+// Released reports whether Release was called.
+func (t *HeldTransport) Released() bool { return t.released.Load() }
+
+// Consumer is where Raft reads the requests let through.
+func (t *HeldTransport) Consumer() <-chan raft.RPC { return t.consumer }
+
+// SetHeartbeatHandler registers Raft's heartbeat fast path behind the
+// hold and the gate.
+func (t *HeldTransport) SetHeartbeatHandler(cb func(raft.RPC)) {
+	if cb == nil {
+		t.GatedTransport.SetHeartbeatHandler(nil)
+		return
+	}
+	t.GatedTransport.SetHeartbeatHandler(func(rpc raft.RPC) {
+		if !t.released.Load() {
+			rpc.Respond(nil, ErrHeld)
+			return
+		}
+		cb(rpc)
+	})
+}
+
+// Close stops passing requests on, then closes the GatedTransport.
+func (t *HeldTransport) Close() error {
+	t.once.Do(func() { close(t.closed) })
+	return t.GatedTransport.Close()
 }
