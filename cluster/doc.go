@@ -1,12 +1,14 @@
 // Package cluster holds what makes nodes one cluster: membership, liveness
 // and clock offsets over memberlist (Membership), the guard that keeps a
 // node whose clock is off the cluster's from leading (ClockGuard), the
-// ring (Ring, its formation rule DecideFormation, SaveRing/LoadRing) and
-// the meta Raft group that holds it (Meta).
+// ring (Ring, its formation rule DecideFormation, SaveRing/LoadRing), the
+// meta Raft group that holds it (Meta), and the incarnation rule that
+// keeps a node whose data dir was lost from taking its old seat in the
+// Raft groups (CheckIncarnation; incarnation.go).
 //
 // Membership gossips each node's metadata (NodeMeta: node id, cluster id,
-// API and Raft addresses, ring epoch, version, and the count of partitions
-// it leads for the leader balancer) and liveness. It never
+// API and Raft addresses, ring epoch, version, data dir incarnation, and
+// the count of partitions it leads for the leader balancer) and liveness. It never
 // decides placement: gossip failure alone moves nothing. memberlist calls
 // its delegates from its own goroutines, which must never block, so
 // Membership only records the change and signals a buffered channel of

@@ -39,6 +39,10 @@ type NodeMeta struct {
 	// cluster, not only its own, while settings differ (a rolling
 	// change). Zero from a node that predates it.
 	SkewBufferMs int64 `json:"skew_ms,omitempty"`
+	// Incarnation names the node's data dir (incarnation.go), for the
+	// ring's record of it at formation and join. Empty from a node that
+	// predates it.
+	Incarnation string `json:"inc,omitempty"`
 }
 
 // LeaderMeta is what a node gossips about its partition leaderships.

@@ -23,6 +23,10 @@ type RingNode struct {
 	GossipAddr string `json:"gossip"`
 	// Role is RoleMember (""), RoleDraining, RoleLeaving or RoleDead.
 	Role string `json:"role,omitempty"`
+	// Incarnation names the node's data dir (incarnation.go): recorded
+	// when the node is one of the cluster's first or joins; empty in a
+	// ring from before incarnations until the meta leader records it.
+	Incarnation string `json:"incarnation,omitempty"`
 }
 
 // Ring is the cluster's authoritative layout, held by the meta Raft group
