@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/norn-dev/norn/cluster"
 )
 
 // ErrDataDirInUse is returned by New when another process holds the data dir.
@@ -41,33 +43,73 @@ func lockDataDir(dir string) (*dirLock, error) {
 func (l *dirLock) release() error { return l.f.Close() }
 
 // dataDirMeta is DataDir/norn.json: what a data dir was created with and
-// must be reopened with.
+// must be reopened with, and its incarnation.
 type dataDirMeta struct {
 	Partitions int `json:"partitions"`
+	// Incarnation names the data dir's Raft state (cluster/incarnation.go):
+	// random, made with the store. Absent from a norn.json written
+	// before incarnations; the first start that reads one writes it.
+	Incarnation string `json:"incarnation,omitempty"`
 }
 
-// checkDataDirMeta records P in a new data dir, and refuses to open one
-// created with a different P (every task would map to another partition).
-func checkDataDirMeta(dir string, partitions int) error {
+// openDataDirMeta records P and a new incarnation in a new data dir, and
+// refuses to open one created with a different P (every task would map
+// to another partition). It returns the data dir's incarnation. A data
+// dir whose norn.json has none (written before incarnations) gets one,
+// and so does one whose store is new (storeExists false: DataDir/db is
+// absent, lost while norn.json was kept): the incarnation names the Raft
+// state the store holds, and a new store holds none of the old one. A new
+// incarnation is written durably before the node can gossip it.
+func openDataDirMeta(dir string, partitions int, storeExists bool) (string, error) {
 	path := filepath.Join(dir, "norn.json")
+	m := dataDirMeta{Partitions: partitions}
 	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		b, _ = json.Marshal(dataDirMeta{Partitions: partitions})
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-			return fmt.Errorf("node: %w", err)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return "", fmt.Errorf("node: %w", err)
+	default:
+		if err := json.Unmarshal(b, &m); err != nil {
+			return "", fmt.Errorf("node: %s: %w", path, err)
 		}
-		return os.Rename(tmp, path)
+		if m.Partitions != partitions {
+			return "", fmt.Errorf("node: data dir %s was created with %d partitions; it cannot be opened with %d", dir, m.Partitions, partitions)
+		}
+		if m.Incarnation != "" && storeExists {
+			return m.Incarnation, nil
+		}
+	}
+	if m.Incarnation, err = cluster.NewIncarnation(); err != nil {
+		return "", fmt.Errorf("node: %w", err)
+	}
+	b, _ = json.Marshal(m)
+	if err := writeFileSynced(path, append(b, '\n')); err != nil {
+		return "", fmt.Errorf("node: %w", err)
+	}
+	return m.Incarnation, nil
+}
+
+// writeFileSynced replaces the file at path with b durably: a temporary
+// file, fsync, rename, fsync of the directory.
+func writeFileSynced(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
 	}
 	if err != nil {
-		return fmt.Errorf("node: %w", err)
+		os.Remove(tmp)
+		return err
 	}
-	var m dataDirMeta
-	if err := json.Unmarshal(b, &m); err != nil {
-		return fmt.Errorf("node: %s: %w", path, err)
-	}
-	if m.Partitions != partitions {
-		return fmt.Errorf("node: data dir %s was created with %d partitions; it cannot be opened with %d", dir, m.Partitions, partitions)
-	}
-	return nil
+	return syncPath(filepath.Dir(path))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/norn-dev/norn/antientropy"
 	"github.com/norn-dev/norn/cluster"
@@ -37,6 +39,9 @@ type Node struct {
 	lock         *dirLock
 	store        *storage.Store
 	hlc          *crdt.HLC
+	// incarnation names the data dir (norn.json; cluster/incarnation.go):
+	// a ring that lists this node's id with another one is refused.
+	incarnation string
 
 	host  *replicas.Host     // the ring, the partition groups, meta group and gossip
 	peers *transport.Peers   // other nodes' APIs
@@ -69,6 +74,11 @@ type Node struct {
 
 // New opens the node's data dir and starts its partition groups and
 // monitor. A second node on the same data dir fails with ErrDataDirInUse.
+// A node whose data dir is not the one the cluster's ring knows under its
+// id (lost or replaced) fails with an error wrapping
+// cluster.ErrDataDirReplaced that names the fix, before any of its Raft
+// groups takes part; when it learns the ring only later, Failed delivers
+// that error instead.
 func New(cfg Config) (*Node, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -81,7 +91,19 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkDataDirMeta(cfg.DataDir, cfg.Partitions); err != nil {
+	// The incarnation goes with the store: a data dir whose store is gone
+	// gets a new one (openDataDirMeta).
+	storageFS := cfg.StorageFS
+	if storageFS == nil {
+		storageFS = vfs.Default
+	}
+	_, statErr := storageFS.Stat(filepath.Join(cfg.DataDir, "db"))
+	if statErr != nil && !errors.Is(statErr, fs.ErrNotExist) {
+		lock.release()
+		return nil, fmt.Errorf("node: store: %w", statErr)
+	}
+	incarnation, err := openDataDirMeta(cfg.DataDir, cfg.Partitions, statErr == nil)
+	if err != nil {
 		lock.release()
 		return nil, err
 	}
@@ -116,12 +138,14 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		cfg:    cfg,
-		lock:   lock,
-		store:  store,
-		hlc:    crdt.NewHLC(cfg.Clock, uint32(cfg.MachineID)),
-		stop:   make(chan struct{}),
-		failed: make(chan error, 1),
+		cfg:   cfg,
+		lock:  lock,
+		store: store,
+		hlc:   crdt.NewHLC(cfg.Clock, uint32(cfg.MachineID)),
+
+		incarnation: incarnation,
+		stop:        make(chan struct{}),
+		failed:      make(chan error, 1),
 
 		rejoin:  rejoin,
 		waiters: waiters,
@@ -183,7 +207,7 @@ func New(cfg Config) (*Node, error) {
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, Partitions: cfg.Partitions,
 		APIAddr: cfg.APIAddr, RaftAddr: cfg.RaftAddr, GossipAddr: cfg.GossipAddr, GossipLAN: cfg.GossipLAN,
 		Join: cfg.Join, BootstrapExpect: cfg.BootstrapExpect, Replication: cfg.Replication,
-		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, SkewBuffer: cfg.SkewBuffer, Clock: cfg.Clock, TLS: cfg.TLS, GossipKey: cfg.GossipKey,
+		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Incarnation: incarnation, SkewBuffer: cfg.SkewBuffer, Clock: cfg.Clock, TLS: cfg.TLS, GossipKey: cfg.GossipKey,
 		Logger: cfg.logger("replicas"), RaftLogger: cfg.RaftLogger,
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck, ActNoFence: cfg.TestBugs.ActNoFence,
 		// A task a partition's claim FSM made terminal may unblock its
@@ -387,9 +411,11 @@ func (n *Node) Close() error {
 
 // Failed delivers the error that made the node unable to go on: a
 // partition's claim FSM could not apply an entry and stopped (see
-// claims.GroupConfig.OnFatal). The node must then stop (nornd exits with
-// the error); a restart replays the partition's log from the last entry
-// it stored.
+// claims.GroupConfig.OnFatal; a restart replays the partition's log from
+// the last entry it stored), or the ring this node learned after New
+// returned lists its id with another data dir (cluster.ErrDataDirReplaced;
+// its Raft groups took no part). The node must then stop (nornd exits
+// with the error).
 func (n *Node) Failed() <-chan error { return n.failed }
 
 // fail reports err on Failed (the first one; later ones are logged by

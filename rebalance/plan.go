@@ -66,7 +66,10 @@ func (d *Driver) Join(name string) (*nornv1.JoinResponse, error) {
 		case found.APIAddr == "" || found.RaftAddr == "":
 			return false, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %s gossips no API or Raft address", found.ID))
 		}
-		joined = cluster.RingNode{ID: found.ID, APIAddr: found.APIAddr, RaftAddr: found.RaftAddr, GossipAddr: found.GossipAddr}
+		// Its incarnation names the data dir it joins with: from now on
+		// a node under this id with another data dir is refused.
+		joined = cluster.RingNode{ID: found.ID, APIAddr: found.APIAddr, RaftAddr: found.RaftAddr, GossipAddr: found.GossipAddr,
+			Incarnation: found.Incarnation}
 		i, _ := slices.BinarySearchFunc(r.Nodes, joined.ID, func(x cluster.RingNode, id string) int {
 			return strings.Compare(x.ID, id)
 		})

@@ -52,8 +52,10 @@ func (h *Host) followAddresses(members []cluster.Member) {
 }
 
 // recordAddresses (meta leader) proposes a ring with the addresses of the
-// ring's nodes that gossip shows elsewhere and pass the checks, then
-// brings the meta group's configuration in line with the ring.
+// ring's nodes that gossip shows elsewhere and pass the checks, and one
+// with the incarnations of the nodes a ring from before incarnations
+// lists without one (cluster.IncarnationsToRecord), then brings the meta
+// group's configuration in line with the ring.
 func (h *Host) recordAddresses(members []cluster.Member) {
 	if err := h.meta.LeaderReady(ProposeTimeout); err != nil {
 		return
@@ -87,6 +89,14 @@ func (h *Host) recordAddresses(members []cluster.Member) {
 				"node", u.Node.ID, "raft", u.Node.RaftAddr, "api", u.Node.APIAddr, "gossip", u.Node.GossipAddr,
 				"old_raft", u.Old.RaftAddr, "old_api", u.Old.APIAddr, "old_gossip", u.Old.GossipAddr)
 		}
+		r = h.meta.Ring()
+	}
+	if inc := cluster.IncarnationsToRecord(r, members); inc != nil {
+		if err := h.meta.ProposeRing(r.WithIncarnations(inc), ProposeTimeout); err != nil {
+			h.cfg.Logger.Info("recording nodes' incarnations in the ring failed; retrying", "err", err)
+			return
+		}
+		h.cfg.Logger.Info("the ring records the incarnations of nodes it listed without one", "nodes", len(inc))
 		r = h.meta.Ring()
 	}
 	h.fixMetaAddresses(r, members)

@@ -18,6 +18,12 @@
 // nodes are up, adopts every newer ring the meta group applies or a peer
 // shows (PullRing), opens the groups of partitions placed here and drops
 // those moved away (groups.go), and rejoins ring nodes gossip shows down.
+// Every ring is checked against this node's data dir incarnation before
+// it is adopted (cluster.CheckIncarnation): a ring that lists the node's
+// id with another data dir is refused for good (Start fails, or OnFatal
+// gets the error), and until a checked ring or the cluster's formation
+// the meta replica answers no Raft request (transport.HeldTransport), so
+// a node whose data dir was wiped votes in no group before it is refused.
 // The Host tells the rest of the node what changed through the callbacks
 // of its Config (Trees, OnLeaderChange, OnMetaRing, OnPlacement), so it
 // imports none of them.

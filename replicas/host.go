@@ -1,6 +1,7 @@
 package replicas
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +63,12 @@ type Config struct {
 	// (cluster.NodeMeta.SkewBufferMs) for the others' Host.SkewBuffer.
 	SkewBuffer time.Duration
 
+	// Incarnation names this node's data dir (cluster/incarnation.go;
+	// the node keeps it in norn.json). It is gossiped, recorded in the
+	// ring at formation and join, and every ring is checked against it
+	// (cluster.CheckIncarnation) before this node's Raft groups take part.
+	Incarnation string
+
 	// TLS, when set, secures the Raft port: TLS 1.3 with node
 	// certificates on both ends (transport.MuxConfig.TLS). Nil: cleartext.
 	TLS *transport.Certs
@@ -76,6 +84,9 @@ type Config struct {
 	ClaimNoCheck, ActNoFence bool
 	// OnEnded and OnFatal are every partition group's
 	// claims.GroupConfig.OnEnded (with the partition) and OnFatal.
+	// OnFatal also gets the refusal of a ring that lists this node with
+	// another data dir (a cluster.ReplacedDataDirError) when it comes
+	// after Start returned: the node must stop.
 	OnEnded func(p uint16, ids []uint64)
 	OnFatal func(error)
 
@@ -125,12 +136,14 @@ type Host struct {
 	mux           *transport.RaftMux
 	raftAddr      string // the mux's address, advertised
 	meta          *cluster.Meta
-	metaTrans     *transport.GatedTransport
+	metaTrans     *transport.HeldTransport // held until takePart
 	members       *cluster.Membership
 	gossip        atomic.Pointer[cluster.Membership] // members, for the Raft listener's check
 	ring          atomic.Pointer[cluster.Ring]       // nil until the cluster is formed
 	parts         atomic.Pointer[partitions]         // set with the first ring
 	adoptMu       sync.Mutex
+	refusal       error             // the ring listed this node with another data dir (adoptMu; sticky)
+	running       atomic.Bool       // Start returned: a refusal goes to OnFatal
 	dropPending   map[int]bool      // partitions whose data a failed drop left (adoptMu)
 	announced     uint64            // ring epoch gossiped (reconcile loop only)
 	seedsLogged   bool              // a failed join was logged (reconcile loop only)
@@ -163,6 +176,7 @@ func Start(cfg Config) (*Host, error) {
 		return nil, errors.Join(err, h.stopCluster())
 	}
 	h.leaders = h.newLeaderBalancer()
+	h.running.Store(true)
 	h.stopped.Add(1)
 	go h.reconcile()
 	return h, nil
@@ -256,7 +270,17 @@ func (h *Host) startCluster() error {
 	if err != nil {
 		return err
 	}
-	h.metaTrans = transport.Gate(newNetworkTransport(stream, h.raftLogger().Named("meta")))
+	// The meta replica starts held: it answers no request (no vote, no
+	// append) until this node has a ring it checked or forms the
+	// cluster (takePart). A node whose data dir was wiped while the ring
+	// and the meta group's configuration still list it starts here with
+	// an empty store, and an empty hashicorp/raft replica grants any
+	// vote: it could vote twice in a term, or elect a leader that lacks
+	// entries it had acknowledged. Held, it cannot before the refusal.
+	// (Starting the replica only after the check would leave Meta nil
+	// for the rest of the node meanwhile.) Partition groups start only
+	// from a checked ring (adopt).
+	h.metaTrans = transport.Hold(newNetworkTransport(stream, h.raftLogger().Named("meta")))
 	snaps, err := raft.NewFileSnapshotStore(filepath.Join(h.cfg.DataDir, "raft", "meta"), 2, io.Discard)
 	if err != nil {
 		return fmt.Errorf("node: meta snapshots: %w", err)
@@ -285,7 +309,7 @@ func (h *Host) startCluster() error {
 		}
 	}
 	meta := cluster.NodeMeta{ID: h.cfg.NodeID, APIAddr: h.cfg.APIAddr, RaftAddr: h.raftAddr, Version: h.cfg.Version,
-		SkewBufferMs: h.cfg.SkewBuffer.Milliseconds()}
+		SkewBufferMs: h.cfg.SkewBuffer.Milliseconds(), Incarnation: h.cfg.Incarnation}
 	if r != nil {
 		meta.RingEpoch, meta.ClusterID = r.Epoch, r.ClusterID
 	}
@@ -305,7 +329,43 @@ func (h *Host) startCluster() error {
 	if err := h.joinSeeds(); err != nil {
 		return err
 	}
+	if h.ring.Load() == nil {
+		return h.learnRing()
+	}
 	return nil
+}
+
+// learnRing pulls the ring of the cluster gossip shows (after joining the
+// seeds) on a node that keeps none: a node whose data dir was wiped is
+// then refused by New itself (adopt's check). A node not listed, or
+// listed with its own data dir (one that crashed before it kept the ring
+// it was added in), adopts it and takes part. When no member answers,
+// the reconcile loop pulls later, and a refusal then goes to OnFatal.
+func (h *Host) learnRing() error {
+	var from []cluster.Member
+	for _, m := range h.members.Members() {
+		if m.ID != h.cfg.NodeID && m.State.Up() && m.ClusterID != "" && m.RingEpoch > 0 {
+			from = append(from, m)
+		}
+	}
+	slices.SortFunc(from, func(a, b cluster.Member) int { return cmp.Compare(b.RingEpoch, a.RingEpoch) })
+	for _, m := range from {
+		err := h.PullRing(m.APIAddr)
+		if err == nil || errors.Is(err, cluster.ErrDataDirReplaced) {
+			return err
+		}
+		h.cfg.Logger.Warn("pulling the cluster's ring at start failed", "from", m.ID, "err", err)
+	}
+	return nil
+}
+
+// takePart releases the meta replica (transport.HeldTransport): this
+// node has a ring that passed its check, or is one of the nodes forming
+// the cluster. Not after a refusal. The caller holds adoptMu.
+func (h *Host) takePart() {
+	if h.refusal == nil && !h.metaTrans.Released() {
+		h.metaTrans.Release()
+	}
 }
 
 // ReadsLocally reports whether this node answers reads of partition p
@@ -337,7 +397,8 @@ func (h *Host) ClusterID() string {
 
 // self is this node as the ring records it.
 func (h *Host) self() cluster.RingNode {
-	return cluster.RingNode{ID: h.cfg.NodeID, APIAddr: h.cfg.APIAddr, RaftAddr: h.raftAddr, GossipAddr: h.members.Addr()}
+	return cluster.RingNode{ID: h.cfg.NodeID, APIAddr: h.cfg.APIAddr, RaftAddr: h.raftAddr, GossipAddr: h.members.Addr(),
+		Incarnation: h.cfg.Incarnation}
 }
 
 func newNetworkTransport(s *transport.GroupStream, logger hclog.Logger) *raft.NetworkTransport {

@@ -46,6 +46,9 @@ func (h *Host) joinSeeds() error {
 // bootstraps the meta group with the first 3 (or 5) of them as voters and
 // proposes the first ring.
 func (h *Host) form(nodes []cluster.RingNode) error {
+	h.adoptMu.Lock()
+	h.takePart()
+	h.adoptMu.Unlock()
 	voters := nodes[:cluster.MetaVoters(len(nodes))]
 	if err := h.meta.Bootstrap(voters); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
 		return fmt.Errorf("node: bootstrap the meta group: %w", err)
@@ -73,10 +76,16 @@ func (h *Host) form(nodes []cluster.RingNode) error {
 
 // adopt makes r this node's ring if it is newer than the current one: it
 // keeps it in the data dir and, the first time, starts the groups of the
-// partitions this node replicates.
+// partitions this node replicates. A ring that lists this node with
+// another data dir (cluster.CheckIncarnation) is refused for good: the
+// node keeps no ring, starts no group, its meta replica stays held, and
+// every later adopt returns the refusal (after Start, OnFatal gets it).
 func (h *Host) adopt(r *cluster.Ring) error {
 	h.adoptMu.Lock()
 	defer h.adoptMu.Unlock()
+	if h.refusal != nil {
+		return h.refusal
+	}
 	cur := h.ring.Load()
 	if cur != nil && cur.ClusterID != r.ClusterID {
 		return fmt.Errorf("node: %w: this node is in cluster %s, the ring is of cluster %s",
@@ -89,9 +98,18 @@ func (h *Host) adopt(r *cluster.Ring) error {
 		return fmt.Errorf("node: the cluster has %d partitions, this node was started with %d (-partitions)",
 			r.Partitions, h.cfg.Partitions)
 	}
+	if err := cluster.CheckIncarnation(r, h.cfg.NodeID, h.cfg.Incarnation); err != nil {
+		h.refusal = err
+		h.cfg.Logger.Error("refusing to take part: the cluster knows this node's id with another data dir", "err", err)
+		if h.running.Load() {
+			h.cfg.OnFatal(err)
+		}
+		return err
+	}
 	if err := cluster.SaveRing(h.cfg.DataDir, r); err != nil {
 		return fmt.Errorf("node: keep the ring: %w", err)
 	}
+	h.takePart()
 	if cur == nil {
 		h.parts.Store(&partitions{
 			groups:  make([]*claims.Group, r.Partitions),
@@ -140,6 +158,9 @@ func (h *Host) reconcile() {
 }
 
 func (h *Host) reconcileOnce() {
+	if h.refused() {
+		return // the node stops (OnFatal); nothing here may take part
+	}
 	held := h.cfg.HoldRing != nil && h.cfg.HoldRing()
 	if r := h.meta.Ring(); r != nil && !held {
 		if err := h.adopt(r); err != nil {
@@ -151,10 +172,18 @@ func (h *Host) reconcileOnce() {
 	cur := h.ring.Load()
 	if cur == nil && h.cfg.BootstrapExpect > 1 {
 		f := cluster.DecideFormation(members, h.cfg.BootstrapExpect, h.cfg.NodeID)
+		if f.Ready && slices.ContainsFunc(f.Members, func(m cluster.Member) bool { return m.ID == h.cfg.NodeID }) {
+			// One of the cluster's first nodes: its meta replica must
+			// answer the bootstrapping node's vote requests.
+			h.adoptMu.Lock()
+			h.takePart()
+			h.adoptMu.Unlock()
+		}
 		if f.Ready && f.Bootstrap {
 			nodes := make([]cluster.RingNode, len(f.Members))
 			for i, m := range f.Members {
-				nodes[i] = cluster.RingNode{ID: m.ID, APIAddr: m.APIAddr, RaftAddr: m.RaftAddr, GossipAddr: m.GossipAddr}
+				nodes[i] = cluster.RingNode{ID: m.ID, APIAddr: m.APIAddr, RaftAddr: m.RaftAddr, GossipAddr: m.GossipAddr,
+					Incarnation: m.Incarnation}
 			}
 			if err := h.form(nodes); err != nil {
 				h.cfg.Logger.Warn("forming the cluster failed; retrying", "err", err)
@@ -169,7 +198,9 @@ func (h *Host) reconcileOnce() {
 		}
 		alive++
 		if !held && m.RingEpoch > epochOf(cur) && (cur == nil || m.ClusterID == cur.ClusterID) {
-			if err := h.PullRing(m.APIAddr); err != nil {
+			if err := h.PullRing(m.APIAddr); errors.Is(err, cluster.ErrDataDirReplaced) {
+				return // refused (adopt logged it and told OnFatal)
+			} else if err != nil {
 				h.cfg.Logger.Warn("pulling the ring failed", "from", m.ID, "err", err)
 			}
 			cur = h.ring.Load()
@@ -231,6 +262,13 @@ func (h *Host) rejoinDown(r *cluster.Ring, members []cluster.Member) {
 			h.cfg.Logger.Info("gossiping again with nodes seen down", "joined", k, "tried", addrs, "err", err)
 		}
 	}()
+}
+
+// refused reports whether a ring listed this node with another data dir.
+func (h *Host) refused() bool {
+	h.adoptMu.Lock()
+	defer h.adoptMu.Unlock()
+	return h.refusal != nil
 }
 
 func epochOf(r *cluster.Ring) uint64 {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/norn-dev/norn/access"
 	"github.com/norn-dev/norn/buildinfo"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/node"
 	"github.com/norn-dev/norn/tracing"
 	"github.com/norn-dev/norn/transport"
@@ -254,8 +255,13 @@ func run(args []string) error {
 		n.Close()
 		return fmt.Errorf("serve: %w", err)
 	case err := <-n.Failed():
-		// Going on would serve from a replica that missed a claim entry.
-		logger.Error("stopping: a partition's claim state machine cannot go on", "err", err)
+		// Going on would serve from a replica that missed a claim entry,
+		// or take part under an id whose data dir the cluster does not know.
+		if errors.Is(err, cluster.ErrDataDirReplaced) {
+			logger.Error("stopping: the cluster knows this node's id with another data dir", "err", err)
+		} else {
+			logger.Error("stopping: a partition's claim state machine cannot go on", "err", err)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		srv.Shutdown(ctx)
 		cancel()
