@@ -1,0 +1,252 @@
+package coord
+
+// Counts (TaskService.CountTasks) across the cluster: per partition from
+// the replica's counters (storage.Counts), never by scanning tasks; the
+// replicas asked are chosen as for lists (lists.go).
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
+)
+
+// CountPartition counts partition p's tasks (of queue, or all) by status
+// name, from the replica's counters (storage.Counts): O(queues), not
+// O(tasks). The tasks that wait for dependencies are the exception: the
+// store counts them apart (storage.ClassWaiting), and each is looked up
+// here to tell READY from DELAYED by its dependencies' outcomes, as
+// GetTask does.
+func (c *Coordinator) CountPartition(p uint16, queue string) (map[string]uint64, error) {
+	entries, err := c.store.Counts(p, queue)
+	if err != nil {
+		return nil, err
+	}
+	counts := map[string]uint64{}
+	waiting := false
+	for _, e := range entries {
+		if e.N < 0 {
+			return nil, fmt.Errorf("partition %d: counter of %q %v is %d", p, e.Queue, e.Class, e.N)
+		}
+		if e.Class == storage.ClassWaiting {
+			waiting = true
+			continue
+		}
+		counts[statusName(classStatus[e.Class])] += uint64(e.N)
+	}
+	if !waiting {
+		return counts, nil
+	}
+	err = c.store.ScanWaiting(p, func(t *crdt.Task) error {
+		if t.Spec == nil || (queue != "" && t.Spec.Queue != queue) {
+			return nil
+		}
+		if _, terminal := t.Terminal(); terminal {
+			return nil // counted as terminal since the scan began
+		}
+		s := nornv1.TaskStatus_TASK_STATUS_READY
+		if c.cfg.DepsDone != nil && !c.cfg.DepsDone(t.Spec.DependsOn) {
+			s = nornv1.TaskStatus_TASK_STATUS_DELAYED
+		}
+		counts[statusName(s)]++
+		return nil
+	})
+	return counts, err
+}
+
+// classStatus is the status of each counted class but ClassWaiting.
+var classStatus = map[storage.Class]nornv1.TaskStatus{
+	storage.ClassReady:     nornv1.TaskStatus_TASK_STATUS_READY,
+	storage.ClassDelayed:   nornv1.TaskStatus_TASK_STATUS_DELAYED,
+	storage.ClassClaimed:   nornv1.TaskStatus_TASK_STATUS_CLAIMED,
+	storage.ClassCompleted: nornv1.TaskStatus_TASK_STATUS_COMPLETED,
+	storage.ClassAborted:   nornv1.TaskStatus_TASK_STATUS_ABORTED,
+	storage.ClassCancelled: nornv1.TaskStatus_TASK_STATUS_CANCELLED,
+	storage.ClassOther:     nornv1.TaskStatus_TASK_STATUS_READY,
+}
+
+// statusName is a status without its enum prefix ("READY").
+func statusName(s nornv1.TaskStatus) string {
+	return s.String()[len("TASK_STATUS_"):]
+}
+
+// countRemote counts partitions this node does not replicate on other
+// nodes, one CountPartitions call per node in parallel, and asks the
+// next replica of the partitions whose call failed. It returns one count
+// per partition.
+func (c *Coordinator) countRemote(ctx context.Context, parts []uint16, queue string) ([]map[string]uint64, error) {
+	// Each partition's replicas in the order to ask them; a partition
+	// without a known leader goes to a node already asked for another,
+	// so that few nodes get one call each.
+	orders := map[uint16][]cluster.RingNode{}
+	chosen := map[string]bool{}
+	for _, p := range parts {
+		o := c.replicaOrder(p, chosen)
+		if len(o) > 0 {
+			chosen[o[0].ID] = true
+		}
+		orders[p] = o
+	}
+	type answer struct {
+		parts  []uint16
+		counts []*nornv1.PartitionCount
+		err    error
+	}
+	tried := map[uint16]int{}
+	lastErr := map[uint16]error{}
+	var out []map[string]uint64
+	for pending := parts; len(pending) > 0; {
+		plan := map[string][]uint16{}
+		nodes := map[string]cluster.RingNode{}
+		for _, p := range pending {
+			o := orders[p]
+			if tried[p] == len(o) {
+				return nil, partitionUnavailable(p, o, lastErr[p])
+			}
+			nd := o[tried[p]]
+			tried[p]++
+			plan[nd.ID] = append(plan[nd.ID], p)
+			nodes[nd.ID] = nd
+		}
+		answers := make(chan answer, len(plan))
+		for id, ps := range plan {
+			go func() {
+				counts, err := c.askCount(ctx, nodes[id], ps, queue)
+				answers <- answer{ps, counts, err}
+			}()
+		}
+		pending = nil
+		for range plan {
+			a := <-answers
+			if a.err != nil {
+				for _, p := range a.parts {
+					lastErr[p] = a.err
+				}
+				pending = append(pending, a.parts...)
+				continue
+			}
+			for i, pc := range a.counts {
+				c.hints.set(a.parts[i], pc.GetLeader())
+				out = append(out, pc.GetByStatus())
+			}
+		}
+		slices.Sort(pending)
+	}
+	return out, nil
+}
+
+// askCount asks node nd to count partitions ps and checks that it
+// answered for exactly those.
+func (c *Coordinator) askCount(ctx context.Context, nd cluster.RingNode, ps []uint16, queue string) ([]*nornv1.PartitionCount, error) {
+	cctx, cancel := context.WithTimeout(ctx, countTimeout)
+	defer cancel()
+	req := &nornv1.CountPartitionsRequest{Queue: queue}
+	for _, p := range ps {
+		req.Partitions = append(req.Partitions, uint32(p))
+	}
+	resp, err := c.peers.Get(nd.APIAddr).Peer.CountPartitions(cctx, transport.Request(c.peers, req))
+	if err != nil {
+		return nil, err
+	}
+	counts := resp.Msg.GetCounts()
+	if !slices.EqualFunc(counts, req.Partitions, func(c *nornv1.PartitionCount, p uint32) bool { return c.GetPartition() == p }) {
+		return nil, fmt.Errorf("node %s did not answer for partitions %v", nd.ID, ps)
+	}
+	return counts, nil
+}
+
+// Count answers TaskService.CountTasks: the tasks of m's queue (or all)
+// by status, across the cluster.
+func (c *Coordinator) Count(ctx context.Context, m *nornv1.CountTasksRequest) (*nornv1.CountTasksResponse, error) {
+	f, err := newListFilter(m.GetQueue(), 0)
+	if err != nil {
+		return nil, err
+	}
+	if c.host.Ring() == nil {
+		return nil, apierr.NotFormed
+	}
+	var local, remote []uint16
+	for p := range uint16(c.cfg.Partitions) {
+		if c.host.ReadsLocally(p) {
+			local = append(local, p)
+		} else {
+			remote = append(remote, p)
+		}
+	}
+	// The other nodes count while this one does.
+	var remoteCounts []map[string]uint64
+	var remoteErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if len(remote) > 0 {
+			remoteCounts, remoteErr = c.countRemote(ctx, remote, f.queue)
+		}
+	}()
+	var localErr error
+	counts := make([]map[string]uint64, 0, c.cfg.Partitions)
+	for _, p := range local {
+		pc, err := c.CountPartition(p, f.queue)
+		if err != nil {
+			localErr = apierr.From(err)
+			break
+		}
+		counts = append(counts, pc)
+	}
+	<-done
+	if localErr != nil {
+		return nil, localErr
+	}
+	if remoteErr != nil {
+		return nil, remoteErr
+	}
+	resp := &nornv1.CountTasksResponse{ByStatus: map[string]uint64{}}
+	for _, pc := range append(counts, remoteCounts...) {
+		for k, v := range pc {
+			resp.ByStatus[k] += v
+			resp.Total += v
+		}
+	}
+	return resp, nil
+}
+
+// CountPartitions answers PeerService.CountPartitions from this node's
+// replicas of m's partitions.
+func (c *Coordinator) CountPartitions(m *nornv1.CountPartitionsRequest) (*nornv1.CountPartitionsResponse, error) {
+	f, err := newListFilter(m.GetQueue(), 0)
+	if err != nil {
+		return nil, err
+	}
+	ps := m.GetPartitions()
+	if len(ps) == 0 || len(ps) > c.cfg.Partitions {
+		return nil, apierr.Invalid("partitions", "must hold 1 to %d partitions, got %d", c.cfg.Partitions, len(ps))
+	}
+	groups := make([]*claims.Group, len(ps))
+	seen := make([]bool, c.cfg.Partitions)
+	for i, p := range ps {
+		field := fmt.Sprintf("partitions[%d]", i)
+		if groups[i], err = c.hostedPartition(field, p); err != nil {
+			return nil, err
+		}
+		if seen[p] {
+			return nil, apierr.Invalid(field, "partition %d is repeated", p)
+		}
+		seen[p] = true
+	}
+	out := make([]*nornv1.PartitionCount, len(ps))
+	for i, p := range ps {
+		counts, err := c.CountPartition(uint16(p), f.queue)
+		if err != nil {
+			return nil, apierr.From(err)
+		}
+		out[i] = &nornv1.PartitionCount{Partition: p, ByStatus: counts, Leader: string(groups[i].Leader())}
+	}
+	return &nornv1.CountPartitionsResponse{Counts: out}, nil
+}
