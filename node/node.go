@@ -114,6 +114,7 @@ func New(cfg Config) (*Node, error) {
 	waiters := dispatch.NewWaiters()
 	store, err := storage.Open(storage.Config{Dir: filepath.Join(cfg.DataDir, "db"), Clock: cfg.Clock,
 		FS: cfg.StorageFS, AckBeforeSync: cfg.TestBugs.AckBeforeSync, CountDrift: cfg.TestBugs.CountDrift, WALMinSyncInterval: max(cfg.WALMinSyncInterval, 0),
+		Log:     cfg.logger("storage"),
 		OnReady: func(_ uint16, queue string) { waiters.Notify(queue) }})
 	if err != nil {
 		lock.release()

@@ -7,8 +7,10 @@
 // at Open from the task and meta keys (buildIndexes), the ready index (per
 // partition and queue the ids of the ready tasks by priority, in sorted
 // chunks: readyList) and the delayed and claimed indexes (per partition
-// (time, id) in a B-tree: timeIndex). Only the retention index is a key
-// per task.
+// (time, id) in a B-tree: timeIndex). Two indexes are keys per task: the
+// retention index of terminal tasks, and the queue index (every task with
+// a spec under its queue, in id order: ScanQueue lists a queue without
+// reading other queues' tasks).
 //
 // # Keyspace
 //
@@ -25,6 +27,7 @@
 //	p 0x07 terminalMs id            -> (empty)  retention index of terminal tasks
 //	p 0x08 queue 0x00 class         -> int64    task counter (Pebble merge: sums)
 //	p 0x09 id                       -> (empty)  ready tasks with dependencies
+//	p 0x0a queue 0x00 id            -> (empty)  queue index (format 6)
 //	p 0x10 index                    -> raft log entry   (RaftStore)
 //	p 0x11 key                      -> raft stable value (RaftStore)
 //	p 0x12 0x00                     -> claim FSM applied Raft index
@@ -48,6 +51,11 @@
 // replica of a partition holds the same claimed index. The monitor promotes
 // due delayed tasks with PromoteDelayed.
 //
+// A task's queue index key does not depend on its index state: it is
+// written with the task's spec and deleted with the task. Neither it nor
+// the meta key is part of what anti-entropy compares (the digests of the
+// task keys).
+//
 // # Use
 //
 //	s, err := storage.Open(storage.Config{Dir: dir})
@@ -55,6 +63,7 @@
 //	head, err := s.ReadyHead(p, "emails", 8)
 //	err = s.MarkClaimed(p, []storage.ClaimMark{{ID: id, ExpiryMs: exp}})
 //	due, err := s.ClaimsExpiring(p, nowMs, 100)
+//	page, next, more, err := s.ScanQueue(p, "emails", 0, 256)
 //	rs := s.RaftStore(p)                    // raft.LogStore + raft.StableStore
 //
 // Every write is synced before the call returns. Read-modify-writes of one

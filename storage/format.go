@@ -21,7 +21,9 @@ import (
 // 4: the ready index (tagReady) is no longer stored; it is built in memory
 // from the task and meta keys at Open (buildIndexes).
 // 5: nor are the delayed and claimed indexes (tagDelayed, tagClaimed).
-const formatVersion = 5
+// 6: the queue index (tagQueue) is kept; an upgrade builds it from the
+// task keys (upgradeQueueIndex).
+const formatVersion = 6
 
 var formatKey = []byte("\xff\xff\xffformat")
 
@@ -29,8 +31,9 @@ var formatKey = []byte("\xff\xff\xffformat")
 // version key; one of format 1 gets its counters and waiting keys built
 // from the stored tasks, partition by partition; one before format 3 has
 // its segment index keys deleted, one before format 5 its ready, delayed
-// and claimed index keys; then the key. A crash before the key is
-// written starts the upgrade over (each step can run again).
+// and claimed index keys; one before format 6 gets its queue index built
+// from the stored tasks; then the key. A crash before the key is written
+// starts the upgrade over (each step can run again).
 func (s *Store) upgrade() error {
 	v, err := s.get(formatKey)
 	from := uint32(1)
@@ -63,11 +66,19 @@ func (s *Store) upgrade() error {
 				return fmt.Errorf("storage: deleting the segment index of partition %d: %w", p, err)
 			}
 		}
+		if from >= 5 {
+			continue
+		}
 		for _, tag := range []byte{tagReady, tagDelayed, tagClaimed} {
 			lo, hi := tagSpan(p, tag)
 			if err := s.db.DeleteRange(lo, hi, pebble.NoSync); err != nil {
 				return fmt.Errorf("storage: deleting the index %#x of partition %d: %w", tag, p, err)
 			}
+		}
+	}
+	if from < 6 {
+		if err := s.upgradeQueueIndex(); err != nil {
+			return err
 		}
 	}
 	return s.db.Set(formatKey, binary.BigEndian.AppendUint32(nil, formatVersion), pebble.Sync)

@@ -18,6 +18,7 @@ const (
 	tagTerminal byte = 0x07 // terminalMs id -> empty (retention)
 	tagCount    byte = 0x08 // queue 0x00 class -> int64 counter (merged)
 	tagWaiting  byte = 0x09 // id -> empty: ready with dependencies
+	tagQueue    byte = 0x0a // queue 0x00 id -> empty: the queue index (format 6)
 	tagRaftLog  byte = 0x10 // used by RaftStore
 	tagRaftKV   byte = 0x11 // used by RaftStore
 	tagClaimFSM byte = 0x12 // reserved for the claim FSM (claims/)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -39,6 +40,9 @@ type Config struct {
 	// Logger receives Pebble's log output; nil discards informational
 	// messages and keeps errors on standard error.
 	Logger pebble.Logger
+	// Log receives the store's own messages: the progress of a format
+	// upgrade at Open that reads every task. nil discards them.
+	Log *slog.Logger
 	// OnReady, if set, is called after every commit that made tasks of a
 	// queue ready (enqueue, a yield or expiry applied by the claim FSM,
 	// a delayed task promoted), once per queue and partition. It runs on
@@ -81,6 +85,7 @@ type Store struct {
 	db      *pebble.DB
 	guard   closeGuard // Close against RaftStore calls
 	clock   crdt.Clock
+	log     *slog.Logger                 // Config.Log
 	onReady func(p uint16, queue string) // Config.OnReady
 	noSync  bool                         // Config.AckBeforeSync (a seeded bug)
 	drift   bool                         // Config.CountDrift (a seeded bug)
@@ -159,7 +164,10 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.TaskCacheRows >= 0 {
 		rows = newRowCache(cmp.Or(cfg.TaskCacheRows, defaultRowCacheRows))
 	}
-	s := &Store{db: db, rows: rows, clock: cfg.Clock, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, drift: cfg.CountDrift, ready: map[queueKey]*readyQueue{}, times: map[dueKey]*timeIndex{},
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{db: db, rows: rows, clock: cfg.Clock, log: cfg.Log, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, drift: cfg.CountDrift, ready: map[queueKey]*readyQueue{}, times: map[dueKey]*timeIndex{},
 		horizons: idHorizons{db: db, spans: stateSpans}, recordHorizons: idHorizons{db: db, spans: recordSpans}}
 	if err := s.upgrade(); err != nil {
 		db.Close()

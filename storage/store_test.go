@@ -245,12 +245,15 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 		if k := terminalKey(p, st.Task); k != nil {
 			want[string(k)] = true
 		}
+		if st.Task.Spec != nil {
+			want[string(queueIndexKey(p, st.Task.Spec.Queue, st.Task.ID))] = true
+		}
 		_, terminal := st.Task.Terminal()
 		if unclaimable := terminal || st.Task.Spec == nil; st.Index != IndexClaimed && unclaimable != (st.Index == IndexNone) {
 			t.Fatalf("task %d: index state %v, terminal=%v spec=%v", st.Task.ID, st.Index, terminal, st.Task.Spec != nil)
 		}
 	})
-	for _, tag := range []byte{tagReady, tagDelayed, tagClaimed, tagSegment, tagTerminal} {
+	for _, tag := range []byte{tagReady, tagDelayed, tagClaimed, tagSegment, tagTerminal, tagQueue} {
 		lo, hi := tagSpan(p, tag)
 		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 		if err != nil {

@@ -35,8 +35,8 @@ type MergeResult struct {
 func (r MergeResult) Changed() bool { return !r.Existed || r.OldDigest != r.NewDigest }
 
 // MergeTask joins t into the state stored for t.ID in partition p and
-// writes the result, with the ready, delayed, segment and meta entries, in
-// one synced batch. See MergeTasks.
+// writes the result, with its meta, retention and queue index keys and
+// counters, in one synced batch. See MergeTasks.
 func (s *Store) MergeTask(p uint16, t *crdt.Task) (MergeResult, error) {
 	res, err := s.MergeTasks([]MergeItem{{Partition: p, Task: t}})
 	if err != nil {
@@ -224,6 +224,9 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		} else {
 			oldMeta = stored.m
 		}
+		if err := moveQueueKey(&sb, k.p, k.id, oldSpec, out.Spec); err != nil {
+			return nil, nil, nil, nil, nil, err
+		}
 		if err := moveTerminalKey(&sb, k.p, k.id, old, out); err != nil {
 			return nil, nil, nil, nil, nil, err
 		}
@@ -301,7 +304,8 @@ func (s *Store) TerminalBefore(p uint16, ms int64, limit int) ([]DueEntry, error
 }
 
 // DeleteTasks deletes tasks of partition p: their state, meta, index
-// entries, in one synced batch. The claim FSM's records
+// entries (the retention and queue index keys among them), in one synced
+// batch. The claim FSM's records
 // are the FSM's to delete (through Raft). Missing ids are skipped.
 func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 	var digests []digestChange
@@ -322,6 +326,9 @@ func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 			if ti.task != nil {
 				spec = ti.task.Spec
 				digests = append(digests, digestChange{p: p, id: id, old: ti.digest(), had: true})
+				if err := moveQueueKey(b, p, id, spec, nil); err != nil {
+					return nil, err
+				}
 				for _, k := range [][]byte{taskKey(p, id), terminalKey(p, ti.task)} {
 					if k != nil {
 						if err := b.Delete(k); err != nil {
