@@ -40,8 +40,10 @@
 // replica), at most two hops, and falls back to here when the target is
 // unreachable and this node replicates the partition.
 //
-// Lists and counts (lists.go, lists_count.go). List and Count read the partitions this
-// node replicates from its own replicas and every other partition from
-// one replica elsewhere (ListPartition, CountPartitions on the peer side),
-// never leaving a partition out silently.
+// Lists and counts (lists.go, lists_count.go). List and Count read the
+// partitions this node replicates from its own replicas and every other
+// partition from one replica elsewhere (ListPartition, CountPartitions on
+// the peer side), never leaving a partition out silently. A list of one
+// queue reads that queue's index in each partition; a count reads the
+// counters.
 package coord

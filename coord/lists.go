@@ -10,6 +10,14 @@ package coord
 // partition: a list or count never leaves a partition out silently. A
 // node that replicates every partition (N equal to the node count) asks
 // no peer.
+//
+// A list with a queue filter reads, in each partition, that queue's index
+// (storage.ScanQueue), so its page examines the queue's tasks only; a
+// list without one reads every task of the partition. Both go by
+// partition, then id, so the page token (partition, next id) is the same
+// for both and means the same on every node: a peer of an older build,
+// which scans every task for a queue filter too, answers the same tasks,
+// in shorter pages.
 
 import (
 	"context"
@@ -39,8 +47,13 @@ import (
 const (
 	defaultPageSize = 100
 	MaxPageSize     = 1000
-	MaxScanPerPage  = 10_000   // tasks examined per ListTasks call
-	MaxPageBytes    = 16 << 20 // encoded size of a page's tasks, exceeded by one task at most
+	// MaxScanPerPage bounds the tasks a ListTasks page examines: of
+	// every queue without a queue filter, of that queue with one (read
+	// through the queue index), so that with a queue filter and no
+	// status filter every task examined matches and only the page size
+	// and MaxPageBytes end a page early.
+	MaxScanPerPage = 10_000
+	MaxPageBytes   = 16 << 20 // encoded size of a page's tasks, exceeded by one task at most
 	// countTimeout bounds one CountPartitions call (it scans whole
 	// partitions); a ListPartition call does bounded work and takes
 	// readTimeout.
@@ -94,10 +107,19 @@ func (pg *listPage) add(v *nornv1.Task) {
 
 // listLocal reads partition p's part of a page from this node's replica:
 // the tasks with id >= start that match f, in id order, until b is spent.
+// With a queue filter it reads that queue's index (storage.ScanQueue), so
+// the tasks it examines (b.scan) are the queue's only; without one it
+// reads every task of the partition.
 func (c *Coordinator) listLocal(p uint16, f listFilter, start uint64, b listBudget) (listPage, error) {
+	scan := c.store.ScanTasks
+	if f.queue != "" {
+		scan = func(p uint16, start uint64, limit int) ([]*storage.StoredTask, uint64, bool, error) {
+			return c.store.ScanQueue(p, f.queue, start, limit)
+		}
+	}
 	var pg listPage
 	for {
-		batch, next, more, err := c.store.ScanTasks(p, start, min(256, b.scan+1))
+		batch, next, more, err := scan(p, start, min(256, b.scan+1))
 		if err != nil {
 			return listPage{}, apierr.From(err)
 		}

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/coord"
@@ -26,20 +27,27 @@ import (
 // in the order listed and the number of pages.
 func listAll(t *testing.T, m *member, req *nornv1.ListTasksRequest) ([]uint64, int, error) {
 	t.Helper()
+	return listPages(t, m.cfg.NodeID, m.api, req, 100)
+}
+
+// listPages is listAll on the node api serves (named name), failing
+// after maxPages pages.
+func listPages(t *testing.T, name string, api nornv1connect.TaskServiceClient, req *nornv1.ListTasksRequest, maxPages int) ([]uint64, int, error) {
+	t.Helper()
 	var ids []uint64
 	seen := map[uint64]bool{}
 	req.PageToken = ""
 	for pages := 1; ; pages++ {
-		resp, err := m.api.ListTasks(context.Background(), connect.NewRequest(req))
+		resp, err := api.ListTasks(context.Background(), connect.NewRequest(req))
 		if err != nil {
 			return nil, pages, err
 		}
 		if size := int(req.PageSize); size > 0 && len(resp.Msg.Tasks) > size {
-			t.Fatalf("%s: page of %d tasks, size %d", m.cfg.NodeID, len(resp.Msg.Tasks), size)
+			t.Fatalf("%s: page of %d tasks, size %d", name, len(resp.Msg.Tasks), size)
 		}
 		for _, task := range resp.Msg.Tasks {
 			if seen[task.Id] {
-				t.Fatalf("%s listed task %d twice", m.cfg.NodeID, task.Id)
+				t.Fatalf("%s listed task %d twice", name, task.Id)
 			}
 			seen[task.Id] = true
 			ids = append(ids, task.Id)
@@ -47,8 +55,8 @@ func listAll(t *testing.T, m *member, req *nornv1.ListTasksRequest) ([]uint64, i
 		if req.PageToken = resp.Msg.NextPageToken; req.PageToken == "" {
 			return ids, pages, nil
 		}
-		if pages > 100 {
-			t.Fatalf("%s: paging does not end", m.cfg.NodeID)
+		if pages > maxPages {
+			t.Fatalf("%s: paging does not end", name)
 		}
 	}
 }
@@ -330,4 +338,70 @@ func (n *Node) replicatesAll(r *cluster.Ring) bool {
 		}
 	}
 	return true
+}
+
+// TestListQueueAmongOthers (issue 42 item 6): a queue's tasks are listed
+// from its index, not found by scanning every queue's. With 30,000 tasks
+// of queue big on one node (8 partitions, about 3,750 each) and 3 of
+// queue small in the last partitions, the first page of small holds all
+// 3 and ends the list (a page used to examine at most 10,000 tasks of
+// any queue: partitions 0 to 2, none of small's), with a status filter
+// too; paging through big lists each of its tasks once.
+func TestListQueueAmongOthers(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	ctx := context.Background()
+	const P, big = 8, 30_000
+	specs := make([]*nornv1.TaskSpec, 10_000)
+	for i := range specs {
+		specs[i] = &nornv1.TaskSpec{Queue: "big"}
+	}
+	for range big / len(specs) {
+		if _, err := h.api.EnqueueBatch(ctx, connect.NewRequest(&nornv1.EnqueueBatchRequest{Tasks: specs})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// small's tasks in partitions 5, 6 and 7, after big's ids.
+	small, used := map[uint64]bool{}, map[int]bool{}
+	for id := uint64(1) << 62; len(small) < 3; id++ {
+		if p := ring.Partition(id, P); p >= 5 && !used[p] {
+			used[p] = true
+			if _, err := h.api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Id: id, Task: &nornv1.TaskSpec{Queue: "small"}})); err != nil {
+				t.Fatal(err)
+			}
+			small[id] = true
+		}
+	}
+	for _, status := range []nornv1.TaskStatus{nornv1.TaskStatus_TASK_STATUS_UNSPECIFIED, nornv1.TaskStatus_TASK_STATUS_READY} {
+		resp, err := h.api.ListTasks(ctx, connect.NewRequest(&nornv1.ListTasksRequest{Queue: "small", Status: status}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []uint64
+		for _, task := range resp.Msg.Tasks {
+			got = append(got, task.Id)
+		}
+		if err := sameIDs(got, small); err != nil || resp.Msg.NextPageToken != "" {
+			t.Fatalf("first page of small (status %v): %v, next page token %q", status, err, resp.Msg.NextPageToken)
+		}
+	}
+	// A status filter examines small's tasks only: a status none has is
+	// an empty last page at once.
+	resp, err := h.api.ListTasks(ctx, connect.NewRequest(&nornv1.ListTasksRequest{Queue: "small", Status: nornv1.TaskStatus_TASK_STATUS_COMPLETED}))
+	if err != nil || len(resp.Msg.Tasks) != 0 || resp.Msg.NextPageToken != "" {
+		t.Fatalf("completed tasks of small: %v, %v", resp, err)
+	}
+	// big in pages of 1,000: every task once, in whole pages (a page goes
+	// on into the next partition).
+	ids, pages, err := listPages(t, "n1", h.api, &nornv1.ListTasksRequest{Queue: "big", PageSize: 1000}, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != big || pages != big/1000 {
+		t.Fatalf("listed %d tasks of big in %d pages, want %d in %d", len(ids), pages, big, big/1000)
+	}
+	for id := range small {
+		if slices.Contains(ids, id) {
+			t.Fatalf("big listed task %d of small", id)
+		}
+	}
 }
