@@ -11,7 +11,7 @@ const LogComponentKey = "component"
 // LogComponents are the names the node's parts log under, sorted.
 // hashicorp/raft and memberlist log as "raft" (NewRaftLogger), at the
 // level of Config.RaftLogger (nornd -raft-log-level).
-var LogComponents = []string{"antientropy", "clock", "coord", "dispatch", "raft", "rebalance", "replicas", "server", "transport"}
+var LogComponents = []string{"antientropy", "clock", "coord", "dispatch", "raft", "rebalance", "replicas", "server", "storage", "transport"}
 
 // logger is the logger of one of the node's parts (a LogComponents name).
 func (c *Config) logger(component string) *slog.Logger {

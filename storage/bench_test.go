@@ -1,9 +1,12 @@
 package storage
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/norn-dev/norn/crdt"
 )
@@ -135,3 +138,133 @@ func BenchmarkMergeTasksBatch(b *testing.B) {
 type nopDigestSink struct{}
 
 func (nopDigestSink) DigestChanged(uint16, uint64, uint64, bool, uint64, bool) {}
+
+// BenchmarkListSmallQueue measures finding the 10 tasks of queue small in
+// a partition that also holds 200,000 tasks of queue big (small's ids
+// spread among big's): through the queue index (ScanQueue, what a
+// ListTasks page with a queue filter reads), and by scanning every task
+// of the partition and keeping small's (ScanTasks, how a page found them
+// before the index, when it did: it stopped after 10,000 tasks). On a
+// real disk, with the node's default block cache.
+func BenchmarkListSmallQueue(b *testing.B) {
+	s, err := Open(Config{Dir: b.TempDir()}) // the default cache, 64 MiB, as a node's
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	const big, small = 200_000, 10
+	items := make([]MergeItem, 0, 2000)
+	payload := make([]byte, 64)
+	for id := uint64(1); id <= big+small; id++ {
+		q := "big"
+		if id%((big+small)/small) == 0 {
+			q = "small"
+		}
+		items = append(items, MergeItem{Partition: 0, Task: &crdt.Task{ID: id, Spec: &crdt.Spec{Queue: q, Payload: payload}}})
+		if len(items) == cap(items) || id == big+small {
+			if _, err := s.MergeTasks(items); err != nil {
+				b.Fatal(err)
+			}
+			items = items[:0]
+		}
+	}
+	b.Run("index", func(b *testing.B) {
+		for b.Loop() {
+			page, _, more, err := s.ScanQueue(0, "small", 0, 256)
+			if err != nil || len(page) != small || more {
+				b.Fatalf("%d tasks, more %v, %v", len(page), more, err)
+			}
+		}
+	})
+	b.Run("scan", func(b *testing.B) {
+		for b.Loop() {
+			found := 0
+			for start, more := uint64(0), true; more; {
+				var page []*StoredTask
+				var err error
+				page, start, more, err = s.ScanTasks(0, start, 256)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, st := range page {
+					if st.Task.Spec.Queue == "small" {
+						found++
+					}
+				}
+			}
+			if found != small {
+				b.Fatalf("found %d", found)
+			}
+		}
+	})
+}
+
+// BenchmarkUpgradeQueueIndex measures the format 6 upgrade at Open of a
+// store of 1,000,000 tasks (in 64 partitions) written without the queue
+// index: each iteration deletes the index, marks the store format 5 and
+// reopens it, the open timed (the upgrade and the in-memory indexes
+// every Open builds). BenchmarkReopen is the same open without the
+// upgrade; the difference is the upgrade's time.
+func BenchmarkUpgradeQueueIndex(b *testing.B) { benchReopen(b, true) }
+
+// BenchmarkReopen measures Open of the store of BenchmarkUpgradeQueueIndex
+// without an upgrade.
+func BenchmarkReopen(b *testing.B) { benchReopen(b, false) }
+
+func benchReopen(b *testing.B, upgrade bool) {
+	const tasks, parts = 1_000_000, 64
+	dir := b.TempDir()
+	s, _ := openTestStore(b, nil, dir)
+	items := make([]MergeItem, 0, 4096)
+	payload := make([]byte, 64)
+	for id := uint64(1); id <= tasks; id++ {
+		items = append(items, MergeItem{Partition: uint16(id % parts), Task: &crdt.Task{ID: id,
+			Spec: &crdt.Spec{Queue: fmt.Sprint("q", id%8), Payload: payload}}})
+		if len(items) == cap(items) || id == tasks {
+			if _, err := s.MergeTasks(items); err != nil {
+				b.Fatal(err)
+			}
+			items = items[:0]
+		}
+	}
+	if err := s.Close(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		s, err := Open(Config{Dir: dir, CacheBytes: 64 << 20})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if upgrade {
+			for p := range uint16(parts) {
+				lo, hi := tagSpan(p, tagQueue)
+				if err := s.db.DeleteRange(lo, hi, pebble.NoSync); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := s.db.Set(formatKey, []byte{0, 0, 0, 5}, pebble.NoSync); err != nil {
+				b.Fatal(err)
+			}
+		}
+		// Compacted, so that the open reads no tombstones of an earlier
+		// round.
+		if err := s.db.Compact(context.Background(), []byte{0}, []byte{0xff, 0xff, 0xff, 0xff}, true); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if s, err = Open(Config{Dir: dir, CacheBytes: 64 << 20}); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/tasks, "ns/task")
+}
