@@ -137,7 +137,7 @@ func (s *Store) upgradeQueueIndex() error {
 		n, err := s.buildQueueIndex(p, func(n int) {
 			if indexed+n >= logged+queueIndexLogEvery {
 				logged = indexed + n
-				s.log.Info("storage: building the queue index", "tasks", logged, "partition", p, "elapsed", time.Since(began).Round(time.Millisecond))
+				s.log.Info("building the queue index (store format 6)", "tasks", logged, "partition", p, "took", time.Since(began).Round(time.Millisecond))
 			}
 		})
 		if err != nil {
@@ -146,7 +146,7 @@ func (s *Store) upgradeQueueIndex() error {
 		indexed += n
 	}
 	if indexed > 0 {
-		s.log.Info("storage: built the queue index (store format 6)", "tasks", indexed, "elapsed", time.Since(began).Round(time.Millisecond))
+		s.log.Info("built the queue index (store format 6)", "tasks", indexed, "took", time.Since(began).Round(time.Millisecond))
 	}
 	return nil
 }

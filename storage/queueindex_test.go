@@ -1,8 +1,11 @@
 package storage
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -212,7 +215,16 @@ func TestUpgradeBuildsQueueIndex(t *testing.T) {
 	}
 	s.db = nil
 
-	s2, _ := openTestStore(t, fs, "db")
+	var logged bytes.Buffer
+	s2, err := Open(Config{Dir: "db", FS: fs, Clock: &testClock{ms: t0}, CacheBytes: 8 << 20,
+		Log: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if !strings.Contains(logged.String(), `msg="built the queue index (store format 6)" tasks=150 `) {
+		t.Fatalf("the upgrade logged %q", logged.String())
+	}
 	for p := range uint16(3) {
 		checkIndexes(t, s2, p) // every task with a spec indexed, nothing else
 		checkCounts(t, s2, p)
