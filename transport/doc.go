@@ -38,7 +38,17 @@
 // (ClientCallMeta) and cancel (MethodCancel); error answers carry their
 // details.
 //
-
+// # Checks before a body is read, and the request budget
+//
+// ServeRPCWith's RPCServerConfig decides each framed call from its
+// frame's header before the body is read (Admit: who calls; MaxFrame),
+// and reads frames through a Budget: the bytes of requests a node holds
+// at once, taken before they are read and given back when the call has
+// been answered; a request that finds no room in time is refused
+// RESOURCE_EXHAUSTED (ErrBudgetExhausted). Budget.Body does the same for
+// an HTTP request's body (BudgetBody), which the node's API handler
+// wraps around every call once it has admitted the caller.
+//
 // # Raft traffic of the partition groups
 //
 // Heartbeats wraps each partition group's NetworkTransport in a
