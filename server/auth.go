@@ -99,6 +99,26 @@ func (i authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc)
 	}
 }
 
+// AdmitClient decides, before a TaskService or AdminService call's body
+// is read, whether its caller is anybody at all: with access control on
+// (an access file, or TLS), a call without a client certificate and
+// without a valid bearer token is refused UNAUTHENTICATED, with the error
+// and the audit line AuthInterceptor would give it once its body was
+// read. What an admitted caller may do is decided then, by method and
+// queue (AuthInterceptor, AuthorizeFramed). cert is the connection's
+// verified certificate (zero: none); authz the call's Authorization
+// header ("" for a framed call, which carries none).
+func (sv *Server) AdmitClient(procedure string, cert transport.Identity, authz string) error {
+	if !sv.authOn() {
+		return nil
+	}
+	if _, err := sv.authenticate(cert, authz); err != nil {
+		sv.audit(procedure, principal{}, err)
+		return err
+	}
+	return nil
+}
+
 // AuthorizeFramed checks a framed client call (the API port's framed
 // calls carry no token: a client certificate is their credential).
 func (sv *Server) AuthorizeFramed(ctx context.Context, procedure string, cert *transport.Identity, msg any) error {

@@ -29,6 +29,12 @@
 // Decommission, Remove) go to the meta leader through
 // rebalance.ToMetaLeader.
 //
+// Who calls is checked twice: before the body is read, by the node's
+// HTTP layer through AdmitPeer (PeerService: a node of this cluster) and
+// AdmitClient (TaskService, AdminService: with access control on, a
+// certificate or a valid token), so that nobody else makes the node read
+// a body; then, on the decoded request, by method and queue (auth.go).
+//
 // PeerService (peer.go) serves the other nodes only: every call first
 // passes checkPeer (the caller's node id, address and cluster id against
 // the ring and gossip), then goes to coord (Replicate, Read, ListPartition,

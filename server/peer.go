@@ -33,6 +33,13 @@ func (sv *Server) checkPeer(peerAddr string, h http.Header) error {
 	return sv.checkCaller(peerAddr, h.Get(transport.HeaderNode), h.Get(transport.HeaderCluster), sv.cfg.Security.TLS)
 }
 
+// AdmitPeer decides, before a PeerService call's body is read, whether
+// its caller is a node of this node's cluster: checkPeer, which every
+// PeerService method makes again. h holds the call's node and cluster
+// headers (over TLS the node's taken from the client certificate, none
+// for a user's certificate or none); peerAddr is its remote address.
+func (sv *Server) AdmitPeer(peerAddr string, h http.Header) error { return sv.checkPeer(peerAddr, h) }
+
 // checkCaller is checkPeer for a caller that names node id of cluster
 // clusterID, verified (taken from its TLS certificate) or not. It runs on
 // every peer call, so gossip's member list (a sorted copy) is asked for
