@@ -297,6 +297,24 @@ func (r *RPC) FramedServer(h transport.RPCHandler) transport.RPCHandler {
 	}
 }
 
+// ObserveRefused counts a call the node refused before connect read it
+// (its caller checked before its body: node's edge), started at start.
+// A procedure the API does not have counts as unknown: no series is made
+// for a path a caller made up.
+func (r *RPC) ObserveRefused(procedure string, start time.Time, err error) {
+	m, ok := r.procs[procedure]
+	if !ok {
+		m = r.other
+	}
+	m.observe(sideServer, viaConnect, start, err)
+}
+
+// ObserveFramedRefused counts a framed call refused before its handler
+// ran (transport.RPCServerConfig.Refused).
+func (r *RPC) ObserveFramedRefused(m transport.RPCMethod, err error) {
+	r.framed[m].observe(sideServer, viaFramed, time.Now(), err)
+}
+
 // ObserveFramedClient counts one framed call this node made
 // (transport.PeersConfig.ObserveRPC).
 func (r *RPC) ObserveFramedClient(m transport.RPCMethod, start time.Time, err error) {

@@ -16,9 +16,16 @@ import (
 
 // ServeClientRPC serves the framed client calls on ln (the framed side of
 // transport.SplitListener on the API port) until the server's Close, with
-// frames bounded by the request size limit.
+// frames bounded by the request size limit. A call is refused from its
+// frame's header when its connection can make none (admitFramed), and
+// frames are read through the node's client budget.
 func (n *Node) ServeClientRPC(ln net.Listener, logger *slog.Logger) *transport.RPCServer {
-	return transport.ServeRPCListener(ln, uint32(n.cfg.MaxRequestBytes)+clientFrameOverhead, n.ClientRPCHandler(), logger)
+	return transport.ServeRPCWith(ln, transport.RPCServerConfig{
+		MaxFrame: uint32(n.cfg.MaxRequestBytes) + clientFrameOverhead,
+		Admit:    n.admitFramed,
+		Budget:   n.clientBudget,
+		Refused:  n.metrics.rpc.ObserveFramedRefused,
+	}, n.ClientRPCHandler(), logger)
 }
 
 // clientFrameOverhead is what a request frame holds besides its message.

@@ -129,8 +129,27 @@ type Config struct {
 	TreeLeafBits int
 	// Limits bounds request fields. Default crdt.DefaultLimits.
 	Limits crdt.Limits
-	// MaxRequestBytes bounds a request body. Default 4 MiB.
+	// MaxRequestBytes bounds a client request's body (TaskService and
+	// AdminService; a framed call's frame, plus 1 KiB of header): the
+	// largest legitimate one is a batch (EnqueueBatch, ImportTasks),
+	// which must fit in it. At least Limits.MaxPayloadBytes. Default
+	// 4 MiB (4 payloads of the default limit; the Go client's batches
+	// are at most 2 MiB). PeerService has PeerMaxRequestBytes, for
+	// nodes only.
 	MaxRequestBytes int
+	// MaxInflightClientBytes bounds the bytes of client requests (bodies
+	// of TaskService and AdminService calls, frames of the framed client
+	// calls) the node holds at once, from the first byte read until the
+	// call is answered; a request that finds no room within a second is
+	// refused RESOURCE_EXHAUSTED (transport.Budget). At least
+	// MaxRequestBytes + 1 KiB. Default 64 MiB.
+	MaxInflightClientBytes int
+	// MaxInflightPeerBytes is MaxInflightClientBytes for the other
+	// nodes' requests (PeerService bodies, framed peer calls on the Raft
+	// port): a budget of their own, so that clients never starve Raft
+	// and replication. At least PeerMaxRequestBytes + 1 KiB. Default
+	// 256 MiB.
+	MaxInflightPeerBytes int
 	// Clock is the node's wall clock (HLC, leases, monitor). Default the
 	// system clock; tests and the jepsen harness inject their own.
 	Clock crdt.Clock
@@ -305,6 +324,12 @@ func (c *Config) setDefaults() {
 	if c.MaxRequestBytes == 0 {
 		c.MaxRequestBytes = 4 << 20
 	}
+	if c.MaxInflightClientBytes == 0 {
+		c.MaxInflightClientBytes = DefaultMaxInflightClientBytes
+	}
+	if c.MaxInflightPeerBytes == 0 {
+		c.MaxInflightPeerBytes = DefaultMaxInflightPeerBytes
+	}
 	if c.Clock == nil {
 		c.Clock = crdt.SystemClock{}
 	}
@@ -369,6 +394,13 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("node: partitions %d above the limit %d", c.Partitions, 1<<15)
 	case c.MaxRequestBytes < c.Limits.MaxPayloadBytes:
 		return fmt.Errorf("node: max request size %d is below the payload limit %d", c.MaxRequestBytes, c.Limits.MaxPayloadBytes)
+	case c.MaxRequestBytes > PeerMaxRequestBytes:
+		return fmt.Errorf("node: max request size %d is above %d, the most a request may be", c.MaxRequestBytes, PeerMaxRequestBytes)
+	case c.MaxInflightClientBytes < c.MaxRequestBytes+clientFrameOverhead:
+		return fmt.Errorf("node: max in-flight client bytes %d is below the largest client request, %d (max request size + %d)",
+			c.MaxInflightClientBytes, c.MaxRequestBytes+clientFrameOverhead, clientFrameOverhead)
+	case c.MaxInflightPeerBytes < PeerMaxRequestBytes+clientFrameOverhead:
+		return fmt.Errorf("node: max in-flight peer bytes %d is below the largest peer request, %d", c.MaxInflightPeerBytes, PeerMaxRequestBytes+clientFrameOverhead)
 	}
 	if err := ring.ValidatePartitions(c.Partitions); err != nil {
 		return fmt.Errorf("node: partitions: %w", err)

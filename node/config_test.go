@@ -50,3 +50,31 @@ func TestConfigSkewBufferCoversTwoOffsets(t *testing.T) {
 		t.Fatalf("maxClockOffsetFor(2s) = %v, want 949ms", got)
 	}
 }
+
+// TestConfigRequestBounds: a request limit fits in its budget (a client
+// request and a framed frame's header in the client budget, the largest
+// peer request in the peer budget), and no client request may be larger
+// than a peer's.
+func TestConfigRequestBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name                  string
+		request, client, peer int
+		wantErr               string // "" ok
+	}{
+		{"the defaults", 0, 0, 0, ""},
+		{"the smallest budgets", 4 << 20, 4<<20 + 1<<10, 64<<20 + 1<<10, ""},
+		{"client budget below a request", 4 << 20, 4 << 20, 0, "max in-flight client bytes"},
+		{"client budget below the default request", 0, 1 << 20, 0, "max in-flight client bytes"},
+		{"peer budget below a peer request", 0, 0, 64 << 20, "max in-flight peer bytes"},
+		{"client requests larger than a peer's", 65 << 20, 128 << 20, 0, "above"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Config{DataDir: t.TempDir(), MaxRequestBytes: tc.request, MaxInflightClientBytes: tc.client, MaxInflightPeerBytes: tc.peer}
+			c.setDefaults()
+			err := c.Validate()
+			if (err == nil) != (tc.wantErr == "") || err != nil && !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("Validate() = %v, want an error naming %q", err, tc.wantErr)
+			}
+		})
+	}
+}

@@ -36,6 +36,11 @@
 // first, while it still serves (nornd does on SIGTERM): its partition
 // leaderships move to the others, so no partition waits for an election.
 //
+// Handler's API checks every call's caller before it reads its body and
+// reads bodies through the node's two request budgets, the clients' and
+// the peers' (admit.go); ServeClientRPC and the framed peer calls on the
+// Raft port read frames through the same budgets.
+//
 // Config holds every setting of a node (cmd/nornd maps its flags onto
 // it); each part takes the fields it needs in its own Config. TestBugs
 // are the seeded bugs the Jepsen harness uses to show that its checkers

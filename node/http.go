@@ -2,7 +2,6 @@ package node
 
 import (
 	"net/http"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -33,7 +32,9 @@ const (
 // a leader) and GET /livez (alive: 200 while it serves HTTP). Serve it
 // over HTTP/2 cleartext and HTTP/1.1.
 // JSON requests with a field the API does not have are refused with
-// INVALID_ARGUMENT naming it (transport.StrictJSON).
+// INVALID_ARGUMENT naming it (transport.StrictJSON). Every call's caller
+// is checked before its body is read, and bodies are read through the
+// node's request budgets (edge, admit.go).
 func (n *Node) Handler() http.Handler {
 	opts := append([]connect.HandlerOption{
 		connect.WithReadMaxBytes(n.cfg.MaxRequestBytes),
@@ -49,9 +50,10 @@ func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(nornv1connect.NewTaskServiceHandler(n.server.TaskService(), opts...))
 	mux.Handle(nornv1connect.NewAdminServiceHandler(n.server.AdminService(), opts...))
-	// Replication batches many tasks in one call (up to maxReplicate).
+	// Replication batches many tasks in one call (up to maxReplicate):
+	// a larger limit, read only for callers admitted as nodes (edge).
 	mux.Handle(nornv1connect.NewPeerServiceHandler(n.server.PeerService(),
-		append([]connect.HandlerOption{connect.WithReadMaxBytes(64 << 20), connect.WithCompressMinBytes(4 << 10),
+		append([]connect.HandlerOption{connect.WithReadMaxBytes(PeerMaxRequestBytes), connect.WithCompressMinBytes(4 << 10),
 			connect.WithInterceptors(n.apiInterceptors()...)}, transport.StrictJSON()...)...))
 	if !n.cfg.MetricsElsewhere {
 		mux.Handle("GET /metrics", n.metrics.handler)
@@ -71,10 +73,7 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
-	if n.cfg.TLS != nil {
-		return identityFromCert(mux)
-	}
-	return mux
+	return n.edge(mux)
 }
 
 // apiInterceptors are the interceptors of the API's handlers: the RPC
@@ -82,30 +81,6 @@ func (n *Node) Handler() http.Handler {
 func (n *Node) apiInterceptors(inner ...connect.Interceptor) []connect.Interceptor {
 	out := append([]connect.Interceptor{n.metrics.rpc.Interceptor()}, n.tracing.interceptors...)
 	return append(out, inner...)
-}
-
-// identityFromCert passes the identity of a call's verified client
-// certificate on in its context (transport.WithIdentity), for the access
-// checks. And it makes a PeerService call speak for the node its
-// certificate names, whatever its node header says: the header is set to
-// the certificate's node id, or emptied for a user's certificate or none,
-// which PeerService's checks then refuse (PERMISSION_DENIED) as they
-// refuse an unknown node.
-func identityFromCert(next http.Handler) http.Handler {
-	prefix := "/" + nornv1connect.PeerServiceName + "/"
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var id transport.Identity
-		if r.TLS != nil {
-			id, _ = transport.IdentityOf(*r.TLS)
-		}
-		if strings.HasPrefix(r.URL.Path, prefix) {
-			r.Header.Set(transport.HeaderNode, id.Node)
-		}
-		if id != (transport.Identity{}) {
-			r = r.WithContext(transport.WithIdentity(r.Context(), id))
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 // MetricsHandler serves GET /metrics alone, for an address of its own

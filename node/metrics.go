@@ -17,6 +17,7 @@ import (
 	"github.com/norn-dev/norn/dispatch"
 	"github.com/norn-dev/norn/metrics"
 	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
 )
 
 // nodeMetrics is the node's registry (its own: tests run several nodes
@@ -84,6 +85,7 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		s.gauge("norn_dependencies_cached", fmt.Sprintf("Dependencies this node knows terminal (cached for good, up to %d).", dispatch.DepCacheSize), float64(ds.Cached))
 	}
 	n.collectAntiEntropy(s)
+	n.collectBudgets(s)
 	n.collectClock(s)
 	n.collectLeaders(s)
 	epoch := uint64(0)
@@ -111,6 +113,21 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	defer n.metrics.scrapeMu.RUnlock()
 	if !n.metrics.closed {
 		n.collectQueues(s)
+	}
+}
+
+// collectBudgets exports the request budgets (admit.go).
+func (n *Node) collectBudgets(s *sink) {
+	for _, b := range []struct {
+		kind string
+		b    *transport.Budget
+	}{{"client", n.clientBudget}, {"peer", n.peerBudget}} {
+		s.gauge("norn_request_inflight_bytes", "Bytes of requests this node holds (read, not yet answered), by kind: client (TaskService, AdminService, framed client calls) or peer (PeerService, framed peer calls).",
+			float64(b.b.InUse()), "kind", b.kind)
+		s.gauge("norn_request_inflight_limit_bytes", "The most norn_request_inflight_bytes may be (-max-inflight-client-bytes, -max-inflight-peer-bytes).",
+			float64(b.b.Size()), "kind", b.kind)
+		s.counter("norn_requests_over_budget_total", "Requests refused RESOURCE_EXHAUSTED because their bytes found no room in the node's budget within a second.",
+			float64(b.b.Refused()), "kind", b.kind)
 	}
 }
 

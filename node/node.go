@@ -70,6 +70,10 @@ type Node struct {
 	failed  chan error // a partition's claim FSM stopped for good (Failed)
 	closeMu sync.Mutex
 	closed  bool
+
+	// clientBudget and peerBudget bound the request bytes the node holds
+	// (Config.MaxInflightClientBytes, MaxInflightPeerBytes; admit.go).
+	clientBudget, peerBudget *transport.Budget
 }
 
 // New opens the node's data dir and starts its partition groups and
@@ -152,6 +156,9 @@ func New(cfg Config) (*Node, error) {
 		waiters: waiters,
 		metrics: newNodeMetrics(cfg),
 		tracing: tr,
+
+		clientBudget: transport.NewBudget("client", int64(cfg.MaxInflightClientBytes), 0),
+		peerBudget:   transport.NewBudget("peer", int64(cfg.MaxInflightPeerBytes), 0),
 	}
 	n.clockGuard = cluster.NewClockGuard(cluster.ClockGuardConfig{
 		NodeID: cfg.NodeID, MaxOffset: cfg.MaxClockOffset, Clock: cfg.Clock, Logger: cfg.logger("clock"),
@@ -281,7 +288,10 @@ func New(cfg Config) (*Node, error) {
 		lock.release()
 		return nil, err
 	}
-	n.rpc = transport.ServeRPC(rpcStream, n.metrics.rpc.FramedServer(n.tracing.framed(n.server.HandleRPC)), cfg.logger("transport"))
+	// The Raft port takes only nodes (at its handshake over TLS, by
+	// address over cleartext), before any frame is read.
+	n.rpc = transport.ServeRPCWith(rpcStream, transport.RPCServerConfig{Budget: n.peerBudget, Refused: n.metrics.rpc.ObserveFramedRefused},
+		n.metrics.rpc.FramedServer(n.tracing.framed(n.server.HandleRPC)), cfg.logger("transport"))
 	n.registerMetrics()
 	n.rejoin.announce(n.host.Members())
 	n.ae.Start(aeHost{Host: n.host, mayExchange: func(peer string) error { return n.exchangeGate(peer, true) }})
