@@ -15,6 +15,8 @@
 //	})
 //	handlerOpts := connect.WithInterceptors(rpc.Interceptor(), auth) // first: outermost
 //	framed := rpc.FramedServer(handler)      // transport.RPCHandler
+//	refused := rpc.ObserveFramedRefused      // transport.RPCServerConfig.Refused
+//	rpc.ObserveRefused(procedure, start, err) // a call refused before connect read it
 //	tasks := metrics.NewTasks(reg)           // server.Config.Events, dispatch OnExpired/OnAborted
 //	raft := metrics.NewRaft(reg, partitions) // replicas.Config.OnProposed
 //	reg.MustRegister(metrics.NewPebble(store.Metrics, diskUsage))
