@@ -140,9 +140,10 @@ type Config struct {
 	// MaxInflightClientBytes bounds the bytes of client requests (bodies
 	// of TaskService and AdminService calls, frames of the framed client
 	// calls) the node holds at once, from the first byte read until the
-	// call is answered; a request that finds no room within a second is
-	// refused RESOURCE_EXHAUSTED (transport.Budget). At least
-	// MaxRequestBytes + 1 KiB. Default 64 MiB.
+	// call is answered; a request that finds no room is refused
+	// RESOURCE_EXHAUSTED, at once over HTTP/2, after waiting up to a
+	// second otherwise (transport.Budget). At least MaxRequestBytes +
+	// 1 KiB. Default 64 MiB.
 	MaxInflightClientBytes int
 	// MaxInflightPeerBytes is MaxInflightClientBytes for the other
 	// nodes' requests (PeerService bodies, framed peer calls on the Raft
