@@ -170,3 +170,27 @@ func TestBatchedCompleteOutlastsAFailover(t *testing.T) {
 		t.Errorf("the unlucky completion alone: %d Complete calls, want %d", f.count("Complete"), failover)
 	}
 }
+
+// TestOverBudgetRetried: a node's refusal of a request it had no room to
+// hold (RESOURCE_EXHAUSTED, "retry later") proves the call did not run, so
+// every call retries it, a claim included; a RESOURCE_EXHAUSTED without it
+// (a request larger than any budget) is final.
+func TestOverBudgetRetried(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr)
+	ctx := t.Context()
+	if _, err := c.Enqueue(ctx, spec("x")); err != nil {
+		t.Fatal(err)
+	}
+	full := connect.NewError(connect.CodeResourceExhausted, errors.New("transport: too many request bytes in flight: the node holds 67108864 bytes of client requests (at most 67108864), and 4096 more did not fit; retry later"))
+	f.setInject(failFirst("Claim", 2, full))
+	got, err := c.Claim(ctx, client.ClaimRequest{Queue: "q", Lease: time.Minute})
+	if err != nil || len(got) != 1 || f.count("Claim") != 3 {
+		t.Fatalf("Claim after two over-budget refusals: %v, %v, %d calls", got, err, f.count("Claim"))
+	}
+	huge := connect.NewError(connect.CodeResourceExhausted, errors.New("transport: too many request bytes in flight: a client request of 99999999 bytes exceeds the node's 67108864"))
+	f.setInject(failFirst("Claim", 1, huge))
+	if _, err := c.Claim(ctx, client.ClaimRequest{Queue: "q"}); connect.CodeOf(err) != connect.CodeResourceExhausted || f.count("Claim") != 4 {
+		t.Fatalf("Claim too large for any budget: %v, %d calls, want one", err, f.count("Claim"))
+	}
+}

@@ -98,8 +98,9 @@
 //   - Claim is not idempotent (a repeated claim would take more tasks, and
 //     the first ones would sit claimed until their leases expire), so it is
 //     retried only when the request provably never reached a node: the
-//     connection was refused or the host name did not resolve. Every other
-//     call retries those too.
+//     connection was refused or the host name did not resolve, or the node
+//     refused it unread for want of room (RESOURCE_EXHAUSTED "... retry
+//     later", docs/API.md "Limits"). Every other call retries those too.
 //
 // # Batching
 //

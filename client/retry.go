@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"syscall"
 	"time"
 
@@ -102,15 +103,24 @@ func retryable(rc retryClass, err error) bool {
 	return false
 }
 
-// noEffect reports whether err proves that the request never reached a
-// node: the connection was refused, or the name did not resolve. Such a
-// call is safe to repeat whatever it was.
+// noEffect reports whether err proves that the request never took effect
+// on a node: the connection was refused, the name did not resolve, or the
+// node had no room to hold it (overBudget). Such a call is safe to repeat
+// whatever it was.
 func noEffect(err error) bool {
 	if errors.Is(err, ErrClosed) {
 		return false
 	}
 	var dnsErr *net.DNSError
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr)
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr) || overBudget(err)
+}
+
+// overBudget reports whether err is a node's refusal of a request it had
+// no room to hold (RESOURCE_EXHAUSTED ending "retry later", docs/API.md
+// "Limits"): it refused the request before reading it, so it did not run.
+func overBudget(err error) bool {
+	var ce *connect.Error
+	return errors.As(err, &ce) && ce.Code() == connect.CodeResourceExhausted && strings.HasSuffix(ce.Message(), "retry later")
 }
 
 // sleep waits d or until ctx is done; it reports whether it waited d.
