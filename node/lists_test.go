@@ -131,9 +131,14 @@ func TestClusterListsAcrossNodes(t *testing.T) {
 	}
 	// 10 of queue a claimed, 4 of those completed.
 	claimed := map[uint64]uint64{}
-	for round := 0; len(claimed) < 10 && round < 20; round++ {
+	for round := 0; len(claimed) < 10 && round < 50; round++ {
 		resp, err := ms[round%4].api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{
-			Queue: "a", Worker: "w", Max: uint32(10 - len(claimed)), Lease: durationpb.New(time.Minute)}))
+			Queue: "a", Worker: "w", Max: uint32(10 - len(claimed)), Lease: durationpb.New(time.Minute), Wait: durationpb.New(time.Second)}))
+		if connect.CodeOf(err) == connect.CodeUnavailable {
+			// A partition between leaders (an election on a loaded
+			// machine): the next round asks again.
+			continue
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,7 +156,12 @@ func TestClusterListsAcrossNodes(t *testing.T) {
 			live[id] = true
 			continue
 		}
-		if _, err := ms[done%4].api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: claim, W: 3})); err != nil {
+		var err error
+		waitFor(t, 10*time.Second, "a complete through a partition's leader", func() bool {
+			_, err = ms[done%4].api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: claim, W: 3}))
+			return connect.CodeOf(err) != connect.CodeUnavailable
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
 		done++

@@ -93,7 +93,7 @@ func workerLifecycle(t *testing.T, c *client.Client) {
 	started := map[string]chan struct{}{"cancel-me": make(chan struct{}), "hold": make(chan struct{})}
 	cancelled := make(chan error, 1)
 	w, err := client.NewWorker(c, client.WorkerConfig{
-		Queue: "work", Name: "test-worker", Concurrency: 5, Lease: 300 * time.Millisecond, Wait: time.Second,
+		Queue: "work", Name: "test-worker", Concurrency: 5, Lease: 3 * time.Second, Wait: time.Second,
 		Handler: func(ctx context.Context, task *client.Task) ([]byte, error) {
 			p := string(task.Payload)
 			switch {
