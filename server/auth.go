@@ -200,96 +200,113 @@ func (sv *Server) permit(ctx context.Context, procedure string, p principal, msg
 		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s: it needs the role %s", p, method, strings.Join(roles, " or ")))
 	}
 	anyQueue := slices.ContainsFunc(usable, access.Grant.AllQueues)
-	queues, ids, all := callScope(msg)
+	queues, ids, deps, all := callScope(msg)
 	if all && !anyQueue {
 		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s on every queue: name a queue it is granted", p, method))
 	}
 	if anyQueue {
 		return nil
 	}
-	for _, id := range ids {
-		q, err := sv.queueOf(ctx, id)
-		if err != nil {
-			return err
-		}
-		if q == "" {
-			// Not found: answered as a queue outside the grant, so that
-			// the answer does not tell whether the task exists.
-			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s on task %d: not in a queue it is granted", p, method, id))
-		}
-		queues = append(queues, q)
+	covered := func(q string) bool {
+		return slices.ContainsFunc(usable, func(g access.Grant) bool { return g.Covers(q) })
 	}
 	for _, q := range queues {
-		if !slices.ContainsFunc(usable, func(g access.Grant) bool { return g.Covers(q) }) {
-			if slices.Contains(ids, 0) || len(ids) == 0 {
-				return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s on queue %q", p, method, q))
+		if !covered(q) {
+			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s on queue %q", p, method, q))
+		}
+	}
+	// Tasks by id, and an enqueue's dependencies: a task of a queue the
+	// caller is not granted and a task that does not exist are refused
+	// alike, in the same words and after the same work (one majority
+	// read), so that the answer does not tell whether the task exists.
+	for k, ref := range [][]uint64{ids, deps} {
+		what := "on"
+		if k == 1 {
+			what = "naming in dependsOn"
+		}
+		for _, id := range ref {
+			if id == 0 {
+				continue // invalid: the API edge names the field
 			}
-			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s on task %v: not in a queue it is granted", p, method, ids))
+			q, read, err := sv.queueOf(ctx, id)
+			if err != nil {
+				return err
+			}
+			if q != "" && covered(q) {
+				continue
+			}
+			if !read {
+				sv.coord.Read(ctx, id, 0) //nolint:errcheck // the not-found answer's work, for equal time
+			}
+			return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%s may not call %s %s task %d: not in a queue it is granted", p, method, what, id))
 		}
 	}
 	return nil
 }
 
-// callScope is what a request touches: queues by name, tasks by id, or
-// every queue (a list or count without a queue, an admin call).
-func callScope(msg any) (queues []string, ids []uint64, all bool) {
+// callScope is what a request touches: queues by name, tasks by id
+// (and the tasks an enqueue depends on), or every queue (a list or count
+// without a queue, an admin call).
+func callScope(msg any) (queues []string, ids, deps []uint64, all bool) {
 	switch m := msg.(type) {
 	case *nornv1.EnqueueRequest:
-		return []string{m.GetTask().GetQueue()}, nil, false
+		return []string{m.GetTask().GetQueue()}, nil, m.GetTask().GetDependsOn(), false
 	case *nornv1.EnqueueBatchRequest:
 		for _, t := range m.GetTasks() {
 			queues = append(queues, t.GetQueue())
+			deps = append(deps, t.GetDependsOn()...)
 		}
-		return queues, nil, false
+		return queues, nil, deps, false
 	case *nornv1.ClaimRequest:
-		return []string{m.GetQueue()}, nil, false
+		return []string{m.GetQueue()}, nil, nil, false
 	case *nornv1.ListTasksRequest:
-		return []string{m.GetQueue()}, nil, m.GetQueue() == ""
+		return []string{m.GetQueue()}, nil, nil, m.GetQueue() == ""
 	case *nornv1.CountTasksRequest:
-		return []string{m.GetQueue()}, nil, m.GetQueue() == ""
+		return []string{m.GetQueue()}, nil, nil, m.GetQueue() == ""
 	case *nornv1.GetTaskRequest:
-		return nil, []uint64{m.GetId()}, false
+		return nil, []uint64{m.GetId()}, nil, false
 	case *nornv1.CancelRequest:
-		return nil, []uint64{m.GetId()}, false
+		return nil, []uint64{m.GetId()}, nil, false
 	case *nornv1.RenewRequest:
-		return nil, []uint64{m.GetId()}, false
+		return nil, []uint64{m.GetId()}, nil, false
 	case *nornv1.UpdateRequest:
-		return nil, []uint64{m.GetId()}, false
+		return nil, []uint64{m.GetId()}, nil, false
 	case *nornv1.CompleteRequest:
-		return nil, []uint64{m.GetId()}, false
+		return nil, []uint64{m.GetId()}, nil, false
 	case *nornv1.AbortRequest:
-		return nil, []uint64{m.GetId()}, false
+		return nil, []uint64{m.GetId()}, nil, false
 	case *nornv1.YieldRequest:
-		return nil, []uint64{m.GetId()}, false
+		return nil, []uint64{m.GetId()}, nil, false
 	case *nornv1.CompleteBatchRequest:
 		for _, c := range m.GetCompletions() {
 			ids = append(ids, c.GetId())
 		}
-		return nil, ids, false
+		return nil, ids, nil, false
 	case *nornv1.StatusRequest:
-		return nil, nil, false // the cluster's state, no task's
+		return nil, nil, nil, false // the cluster's state, no task's
 	}
-	return nil, nil, true
+	return nil, nil, nil, true
 }
 
 // queueOf returns the queue of task id ("" when no replica has it): this
 // node's replica when it has the task (a task's queue never changes),
-// else a majority read.
-func (sv *Server) queueOf(ctx context.Context, id uint64) (string, error) {
+// else a majority read (read says it made one).
+func (sv *Server) queueOf(ctx context.Context, id uint64) (queue string, read bool, err error) {
 	if id == 0 {
-		return "", nil
+		return "", false, nil
 	}
 	ts, err := sv.coord.Load(id)
 	if errors.Is(err, storage.ErrNotFound) {
+		read = true
 		ts, err = sv.coord.Read(ctx, id, 0)
 	}
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
-		return "", nil
+		return "", read, nil
 	case err != nil:
-		return "", err
+		return "", read, err
 	}
-	return ts.Task.Spec.Queue, nil
+	return ts.Task.Spec.Queue, read, nil
 }
 
 // audit logs a refused call on the audit logger.

@@ -1,0 +1,109 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/norn-dev/norn/access"
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+)
+
+// TestRefusalDoesNotTellWhetherATaskExists: for every call that names a
+// task by id (and an enqueue naming one in dependsOn), a caller granted
+// one queue gets the same answer for a task of another queue as for a
+// task that does not exist: the same code, the same message but for the
+// id, the same details. (Before, the two paths printed the id
+// differently, "task [5555]" against "task 5556", and dependsOn refused
+// a missing task with another answer.)
+func TestRefusalDoesNotTellWhetherATaskExists(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "auth.json")
+	tok, entry := access.NewToken("alice", time.Now())
+	admTok, admEntry := access.NewToken("root", time.Now())
+	mine := []string{"mine"}
+	f := &access.File{
+		Users: map[string]access.User{
+			"alice": {Grants: []access.Grant{{Role: access.RoleProducer, Queues: mine}, {Role: access.RoleWorker, Queues: mine}, {Role: access.RoleReader, Queues: mine}}},
+			"root":  {Grants: []access.Grant{{Role: access.RoleAdmin}}},
+		},
+		Tokens: []access.TokenEntry{entry, admEntry},
+	}
+	if err := f.Write(path); err != nil {
+		t.Fatal(err)
+	}
+	rules, err := access.LoadRules(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarnessWith(t, t.TempDir(), nil, func(c *Config) { c.Auth = rules })
+	ctx := context.Background()
+	theirs := func() uint64 {
+		req := connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "theirs"}})
+		req.Header().Set("Authorization", "Bearer "+admTok)
+		r, err := h.api.Enqueue(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Msg.Id
+	}()
+	missing := theirs + 1_000_000
+	calls := map[string]func(id uint64) error{
+		"GetTask": func(id uint64) error {
+			return call(h.api.GetTask, ctx, tok, &nornv1.GetTaskRequest{Id: id})
+		},
+		"Cancel": func(id uint64) error { return call(h.api.Cancel, ctx, tok, &nornv1.CancelRequest{Id: id}) },
+		"Renew":  func(id uint64) error { return call(h.api.Renew, ctx, tok, &nornv1.RenewRequest{Id: id, ClaimId: 9}) },
+		"Update": func(id uint64) error {
+			return call(h.api.Update, ctx, tok, &nornv1.UpdateRequest{Id: id, ClaimId: 9, Seq: 1})
+		},
+		"Complete": func(id uint64) error {
+			return call(h.api.Complete, ctx, tok, &nornv1.CompleteRequest{Id: id, ClaimId: 9})
+		},
+		"Abort": func(id uint64) error {
+			return call(h.api.Abort, ctx, tok, &nornv1.AbortRequest{Id: id, ClaimId: 9, Errors: []*nornv1.TaskError{{Code: "x"}}})
+		},
+		"Yield": func(id uint64) error { return call(h.api.Yield, ctx, tok, &nornv1.YieldRequest{Id: id, ClaimId: 9}) },
+		"CompleteBatch": func(id uint64) error {
+			return call(h.api.CompleteBatch, ctx, tok, &nornv1.CompleteBatchRequest{Completions: []*nornv1.CompleteRequest{{Id: id, ClaimId: 9}}})
+		},
+		"Enqueue dependsOn": func(id uint64) error {
+			return call(h.api.Enqueue, ctx, tok, &nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "mine", DependsOn: []uint64{id}}})
+		},
+		"EnqueueBatch dependsOn": func(id uint64) error {
+			return call(h.api.EnqueueBatch, ctx, tok, &nornv1.EnqueueBatchRequest{Tasks: []*nornv1.TaskSpec{{Queue: "mine", DependsOn: []uint64{id}}}})
+		},
+	}
+	for name, fn := range calls {
+		a, b := fn(theirs), fn(missing)
+		if a == nil || b == nil {
+			t.Errorf("%s: answered %v and %v, want both refused", name, a, b)
+			continue
+		}
+		same := func(err error, id uint64) string {
+			var ce *connect.Error
+			if !errors.As(err, &ce) {
+				return err.Error()
+			}
+			return fmt.Sprintf("%v|%s|%d", ce.Code(), strings.ReplaceAll(ce.Message(), fmt.Sprint(id), "ID"), len(ce.Details()))
+		}
+		if sa, sb := same(a, theirs), same(b, missing); sa != sb {
+			t.Errorf("%s: a task of another queue: %s\n\ta missing task: %s", name, sa, sb)
+		} else if connect.CodeOf(a) != connect.CodePermissionDenied {
+			t.Errorf("%s: %v, want PERMISSION_DENIED", name, a)
+		}
+	}
+}
+
+// call makes one call of f with msg as the holder of token.
+func call[Req, Resp any](f func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error), ctx context.Context, token string, msg *Req) error {
+	req := connect.NewRequest(msg)
+	req.Header().Set("Authorization", "Bearer "+token)
+	_, err := f(ctx, req)
+	return err
+}
