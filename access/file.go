@@ -164,6 +164,7 @@ type Rules struct {
 type authState struct {
 	users  map[string]User
 	tokens map[string]TokenEntry // by id
+	digest string                // of the rules: Digest
 }
 
 // LoadRules reads the access file at path.
@@ -184,7 +185,12 @@ func (a *Rules) load() error {
 	if err != nil {
 		return err
 	}
-	st := &authState{users: f.Users, tokens: map[string]TokenEntry{}}
+	canon, err := json.Marshal(f) // maps in key order: the same rules, the same bytes
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(canon)
+	st := &authState{users: f.Users, tokens: map[string]TokenEntry{}, digest: hex.EncodeToString(sum[:6])}
 	for _, t := range f.Tokens {
 		st.tokens[t.ID] = t
 	}
@@ -217,6 +223,11 @@ func (a *Rules) TokenUser(tok string) (string, bool) {
 	}
 	return e.User, true
 }
+
+// Digest names the rules in use (12 hex digits of a SHA-256 of the
+// file's users, grants and tokens): nodes with the same access file show
+// the same digest in Status.
+func (a *Rules) Digest() string { return a.cur.Load().digest }
 
 // Grants returns a user's grants.
 func (a *Rules) Grants(user string) []Grant { return a.cur.Load().users[user].Grants }

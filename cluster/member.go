@@ -43,6 +43,24 @@ type NodeMeta struct {
 	// ring's record of it at formation and join. Empty from a node that
 	// predates it.
 	Incarnation string `json:"inc,omitempty"`
+	// Security is how the node's ports are secured and whether it
+	// enforces an access file (and which), for every node's Status: a
+	// node started without the settings the others have shows. Zero from
+	// a node that predates it.
+	Security SecurityMeta `json:"sec,omitzero"`
+}
+
+// SecurityMeta is what a node gossips about its security settings.
+type SecurityMeta struct {
+	TLS             bool `json:"tls,omitempty"`
+	GossipEncrypted bool `json:"ge,omitempty"`
+	// Access is the digest of the access file the node enforces
+	// (access.Rules.Digest); "" without one.
+	Access string `json:"acl,omitempty"`
+	// Known is set by every node that gossips its settings, so that a
+	// node without TLS or an access file tells from one that says
+	// nothing.
+	Known bool `json:"k,omitempty"`
 }
 
 // LeaderMeta is what a node gossips about its partition leaderships.

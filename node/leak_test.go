@@ -107,3 +107,36 @@ func call[Req, Resp any](f func(context.Context, *connect.Request[Req]) (*connec
 	_, err := f(ctx, req)
 	return err
 }
+
+// TestStatusShowsEveryNodesAccessControl: every node's Status shows, per
+// node, whether it enforces an access file and which (its digest), as the
+// node gossips it, so that a node restarted without the others' settings
+// shows (issue 42: one node of a cluster restarted without -auth-file
+// took any certificate while the others enforced roles).
+func TestStatusShowsEveryNodesAccessControl(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "auth.json")
+	f := &access.File{Users: map[string]access.User{"root": {Grants: []access.Grant{{Role: access.RoleAdmin}}}}}
+	if err := f.Write(path); err != nil {
+		t.Fatal(err)
+	}
+	rules, err := access.LoadRules(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := testClusterWith(t, 3, func(i int, cfg *Config) {
+		if i < 2 {
+			cfg.Auth = rules
+		}
+	})
+	// n3 enforces nothing: ask it, without credentials.
+	waitFor(t, 20*time.Second, "every node's access control in n3's Status", func() bool {
+		got := map[string]string{}
+		for _, st := range ms[2].node.server.NodeStatuses() {
+			if sec := st.GetSecurity(); sec != nil {
+				got[st.Id] = fmt.Sprint(sec.GetAccessControl(), sec.GetAccessDigest())
+			}
+		}
+		want := fmt.Sprint(true, rules.Digest())
+		return len(rules.Digest()) == 12 && got["n1"] == want && got["n2"] == want && got["n3"] == "false"
+	})
+}

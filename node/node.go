@@ -36,6 +36,8 @@ type Node struct {
 	cfg Config
 	// refuseStates is the test hook RefuseTaskStates.
 	refuseStates atomic.Bool
+	// gossipedSecurity is the SecurityMeta last gossiped (gossipSecurity).
+	gossipedSecurity cluster.SecurityMeta
 	lock         *dirLock
 	store        *storage.Store
 	hlc          *crdt.HLC
@@ -297,8 +299,13 @@ func New(cfg Config) (*Node, error) {
 	n.ae.Start(aeHost{Host: n.host, mayExchange: func(peer string) error { return n.exchangeGate(peer, true) }})
 	n.rebalance.Start(n.host)
 	n.stopped.Add(3)
-	// The rejoin rule's mark and judgement, every monitor interval.
-	go n.every(n.cfg.MonitorInterval, func() { n.rejoin.check(n.host.Ring(), n.host.Members()) })
+	// The rejoin rule's mark and judgement, and the node's security
+	// settings gossiped (an access file reloaded changes its digest),
+	// every monitor interval.
+	go n.every(n.cfg.MonitorInterval, func() {
+		n.rejoin.check(n.host.Ring(), n.host.Members())
+		n.gossipSecurity()
+	})
 	// The clock guard judges the clock every monitor interval, apart from
 	// the monitor, whose passes can wait on Raft for seconds.
 	go n.every(n.cfg.MonitorInterval, n.clockGuard.Check)
@@ -509,6 +516,22 @@ func (n *Node) TransferLeadershipTo(p uint16, to string) error {
 		}
 	}
 	return fmt.Errorf("node: %s is no voter of partition %d", to, p)
+}
+
+// gossipSecurity gossips the node's security settings when they changed
+// since it last did (an access file reloaded), for every node's Status.
+func (n *Node) gossipSecurity() {
+	sec := cluster.SecurityMeta{TLS: n.cfg.TLS != nil, GossipEncrypted: n.cfg.GossipKey != nil, Known: true}
+	if n.cfg.Auth != nil {
+		sec.Access = n.cfg.Auth.Digest()
+	}
+	members := n.host.Members()
+	if sec == n.gossipedSecurity || members == nil {
+		return
+	}
+	if err := members.UpdateMeta(func(m *cluster.NodeMeta) { m.Security = sec }, time.Second); err == nil {
+		n.gossipedSecurity = sec
+	}
 }
 
 // exchangeGate says whether task states may pass between this node and

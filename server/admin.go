@@ -35,7 +35,10 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 		Nodes:   sv.NodeStatuses(),
 		Healthy: true,
 		Security: &nornv1.SecurityStatus{Tls: sv.cfg.Security.TLS, GossipEncrypted: sv.cfg.Security.GossipEncrypted,
-			Insecure: sv.cfg.Security.Insecure},
+			Insecure: sv.cfg.Security.Insecure, AccessControl: sv.cfg.Auth != nil},
+	}
+	if sv.cfg.Auth != nil {
+		resp.Security.AccessDigest = sv.cfg.Auth.Digest()
 	}
 	if err := sv.clockGuard.MayLead(); err != nil {
 		resp.Healthy = false
@@ -110,6 +113,10 @@ func (sv *Server) NodeStatuses() []*nornv1.NodeStatus {
 			byID[m.ID] = st
 		}
 		st.State = m.State.String()
+		if sec := m.Security; sec.Known {
+			st.Security = &nornv1.SecurityStatus{Tls: sec.TLS, GossipEncrypted: sec.GossipEncrypted,
+				AccessControl: sec.Access != "", AccessDigest: sec.Access}
+		}
 		if m.OffsetKnown && m.State.Up() {
 			st.ClockOffset = durationpb.New(m.ClockOffset)
 		}

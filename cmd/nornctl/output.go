@@ -169,7 +169,7 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 	}
 	fmt.Fprintf(w, "HEALTH:\t%s\n", health)
 	if len(st.GetNodes()) > 0 {
-		fmt.Fprintf(w, "\nNODE\tADDRESS\tSTATE\tROLE\tREPLICAS\tLEADS\tFAIR SHARE\tCLOCK OFFSET\tFROM MEDIAN\n")
+		fmt.Fprintf(w, "\nNODE\tADDRESS\tSTATE\tROLE\tREPLICAS\tLEADS\tFAIR SHARE\tCLOCK OFFSET\tFROM MEDIAN\tACCESS\n")
 		for _, n := range st.GetNodes() {
 			dur := func(d *durationpb.Duration) string {
 				if d == nil {
@@ -188,8 +188,15 @@ func writeStatus(w io.Writer, st *nornv1.StatusResponse) {
 				// reached for, and its counts are stale.
 				leads, share = "-", "-"
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.GetId(), n.GetApiAddress(), n.GetState(), dash(n.GetRole()), replicas,
-				leads, share, dur(n.GetClockOffset()), dur(n.GetMedianOffset()))
+			sec := n.GetSecurity()
+			if n.GetId() == st.GetNodeId() {
+				sec = st.GetSecurity()
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.GetId(), n.GetApiAddress(), n.GetState(), dash(n.GetRole()), replicas,
+				leads, share, dur(n.GetClockOffset()), dur(n.GetMedianOffset()), accessCell(sec))
+		}
+		if differ := securityDiffers(st); differ != "" {
+			fmt.Fprintf(w, "\nWARNING: the nodes' security settings differ (%s): a node restarted without the others' -auth-file or TLS lets in what they refuse\n", differ)
 		}
 	}
 	keys := map[string]uint64{}
@@ -462,4 +469,46 @@ func securityLine(s *nornv1.SecurityStatus) string {
 		parts = append(parts, "INSECURE (-insecure)")
 	}
 	return strings.Join(parts, ", ")
+}
+
+// accessCell is a node's security in the NODE table: TLS or cleartext,
+// and its access file's digest ("open" without one); "?" when the node
+// gossips none.
+func accessCell(sec *nornv1.SecurityStatus) string {
+	if sec == nil {
+		return "?"
+	}
+	out := "cleartext"
+	if sec.GetTls() {
+		out = "tls"
+	}
+	if sec.GetAccessControl() {
+		return out + ", rules " + sec.GetAccessDigest()
+	}
+	return out + ", open"
+}
+
+// securityDiffers names the settings on which the nodes that gossip
+// theirs disagree ("" when they agree).
+func securityDiffers(st *nornv1.StatusResponse) string {
+	seen := map[string][]string{} // accessCell -> node ids
+	for _, n := range st.GetNodes() {
+		sec := n.GetSecurity()
+		if n.GetId() == st.GetNodeId() {
+			sec = st.GetSecurity()
+		}
+		if sec == nil {
+			continue
+		}
+		c := accessCell(sec)
+		seen[c] = append(seen[c], n.GetId())
+	}
+	if len(seen) < 2 {
+		return ""
+	}
+	var parts []string
+	for _, c := range slices.Sorted(maps.Keys(seen)) {
+		parts = append(parts, strings.Join(seen[c], ",")+": "+c)
+	}
+	return strings.Join(parts, "; ")
 }

@@ -46,8 +46,10 @@ func TestWriteStatusShowsWhatIsKnown(t *testing.T) {
 		return &nornv1.ReplicaRoot{NodeId: node, Root: r, Error: err}
 	}
 	st := &nornv1.StatusResponse{NodeId: "n1", PartitionCount: 3,
+		Security: &nornv1.SecurityStatus{Tls: true, AccessControl: true, AccessDigest: "3f2a9c1b0d4e"},
 		Nodes: []*nornv1.NodeStatus{
 			{Id: "n1", State: "alive", Role: "member", Leaders: 2, Replicas: 2},
+			{Id: "n2", State: "alive", Role: "member", Leaders: 1, Replicas: 2, Security: &nornv1.SecurityStatus{Tls: true}},
 			{Id: "n3", State: "dead", Role: "member", Leaders: 3, Replicas: 2},
 		},
 		Partitions: []*nornv1.PartitionStatus{
@@ -63,8 +65,10 @@ func TestWriteStatusShowsWhatIsKnown(t *testing.T) {
 	tw.Flush()
 	out := b.String()
 	for _, want := range []*regexp.Regexp{
-		regexp.MustCompile(`(?m)^n1 .* alive +member +2 +2 `),
-		regexp.MustCompile(`(?m)^n3 .* dead +member +2 +- +- `),
+		regexp.MustCompile(`(?m)^n1 .* alive +member +2 +2 .* tls, rules 3f2a9c1b0d4e$`),
+		regexp.MustCompile(`(?m)^n2 .* tls, open$`),
+		regexp.MustCompile(`(?m)^n3 .* dead +member +2 +- +- .* \?$`),
+		regexp.MustCompile(`(?m)^WARNING: the nodes' security settings differ \(n2: tls, open; n1: tls, rules 3f2a9c1b0d4e\)`),
 		regexp.MustCompile(`(?m)^0 .*agree abcdef01 \(n3 unknown\)`),
 		regexp.MustCompile(`(?m)^1 .*DIFFER n1:11111111,n2:22222222,n3:\?`),
 		regexp.MustCompile(`(?m)^TOTAL \(2 of 3 partitions\) +.* 5 `),

@@ -1374,7 +1374,13 @@ type SecurityStatus struct {
 	GossipEncrypted bool `protobuf:"varint,2,opt,name=gossip_encrypted,json=gossipEncrypted,proto3" json:"gossip_encrypted,omitempty"`
 	// nornd was started with -insecure: it may serve cleartext on
 	// addresses that are not loopback.
-	Insecure      bool `protobuf:"varint,3,opt,name=insecure,proto3" json:"insecure,omitempty"`
+	Insecure bool `protobuf:"varint,3,opt,name=insecure,proto3" json:"insecure,omitempty"`
+	// The node enforces an access file (nornd -auth-file): roles and
+	// queues per user (docs/SECURITY.md).
+	AccessControl bool `protobuf:"varint,4,opt,name=access_control,json=accessControl,proto3" json:"access_control,omitempty"`
+	// Names the access file's rules in use (12 hex digits of a SHA-256):
+	// nodes with the same rules show the same digest. Empty without one.
+	AccessDigest  string `protobuf:"bytes,5,opt,name=access_digest,json=accessDigest,proto3" json:"access_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1428,6 +1434,20 @@ func (x *SecurityStatus) GetInsecure() bool {
 		return x.Insecure
 	}
 	return false
+}
+
+func (x *SecurityStatus) GetAccessControl() bool {
+	if x != nil {
+		return x.AccessControl
+	}
+	return false
+}
+
+func (x *SecurityStatus) GetAccessDigest() string {
+	if x != nil {
+		return x.AccessDigest
+	}
+	return ""
 }
 
 // PartitionStatus is one partition as a replica sees it.
@@ -1684,7 +1704,12 @@ type NodeStatus struct {
 	// leadership spread evenly over the members of its cohort that may
 	// lead (alive, clock in bound, a ring member). 0 for a node that may
 	// not lead.
-	LeaderShare   float64 `protobuf:"fixed64,9,opt,name=leader_share,json=leaderShare,proto3" json:"leader_share,omitempty"`
+	LeaderShare float64 `protobuf:"fixed64,9,opt,name=leader_share,json=leaderShare,proto3" json:"leader_share,omitempty"`
+	// How the node's ports are secured and its access file, as it gossips
+	// them (the answering node's own: StatusResponse.security); unset for
+	// a node that gossips none (one from before, or never seen), which
+	// `insecure` does not fill in.
+	Security      *SecurityStatus `protobuf:"bytes,10,opt,name=security,proto3" json:"security,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1780,6 +1805,13 @@ func (x *NodeStatus) GetLeaderShare() float64 {
 		return x.LeaderShare
 	}
 	return 0
+}
+
+func (x *NodeStatus) GetSecurity() *SecurityStatus {
+	if x != nil {
+		return x.Security
+	}
+	return nil
 }
 
 var File_norn_v1_admin_service_proto protoreflect.FileDescriptor
@@ -1878,11 +1910,13 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"commitTime\x12\x1a\n" +
 	"\bmodified\x18\x04 \x01(\bR\bmodified\x12\x1d\n" +
 	"\n" +
-	"go_version\x18\x05 \x01(\tR\tgoVersion\"i\n" +
+	"go_version\x18\x05 \x01(\tR\tgoVersion\"\xb5\x01\n" +
 	"\x0eSecurityStatus\x12\x10\n" +
 	"\x03tls\x18\x01 \x01(\bR\x03tls\x12)\n" +
 	"\x10gossip_encrypted\x18\x02 \x01(\bR\x0fgossipEncrypted\x12\x1a\n" +
-	"\binsecure\x18\x03 \x01(\bR\binsecure\"\xcf\x03\n" +
+	"\binsecure\x18\x03 \x01(\bR\binsecure\x12%\n" +
+	"\x0eaccess_control\x18\x04 \x01(\bR\raccessControl\x12#\n" +
+	"\raccess_digest\x18\x05 \x01(\tR\faccessDigest\"\xcf\x03\n" +
 	"\x0fPartitionStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x16\n" +
@@ -1904,7 +1938,7 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\vReplicaRoot\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
 	"\x04root\x18\x02 \x01(\x06R\x04root\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\xbe\x02\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xf3\x02\n" +
 	"\n" +
 	"NodeStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
@@ -1916,7 +1950,9 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\x04role\x18\x06 \x01(\tR\x04role\x12\x1a\n" +
 	"\breplicas\x18\a \x01(\rR\breplicas\x12\x18\n" +
 	"\aleaders\x18\b \x01(\rR\aleaders\x12!\n" +
-	"\fleader_share\x18\t \x01(\x01R\vleaderShare2\x87\x04\n" +
+	"\fleader_share\x18\t \x01(\x01R\vleaderShare\x123\n" +
+	"\bsecurity\x18\n" +
+	" \x01(\v2\x17.norn.v1.SecurityStatusR\bsecurity2\x87\x04\n" +
 	"\fAdminService\x129\n" +
 	"\x06Status\x12\x16.norn.v1.StatusRequest\x1a\x17.norn.v1.StatusResponse\x123\n" +
 	"\x04Join\x12\x14.norn.v1.JoinRequest\x1a\x15.norn.v1.JoinResponse\x12B\n" +
@@ -1988,27 +2024,28 @@ var file_norn_v1_admin_service_proto_depIdxs = []int32{
 	22, // 15: norn.v1.PartitionStatus.replica_roots:type_name -> norn.v1.ReplicaRoot
 	26, // 16: norn.v1.NodeStatus.clock_offset:type_name -> google.protobuf.Duration
 	26, // 17: norn.v1.NodeStatus.median_offset:type_name -> google.protobuf.Duration
-	17, // 18: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
-	4,  // 19: norn.v1.AdminService.Join:input_type -> norn.v1.JoinRequest
-	6,  // 20: norn.v1.AdminService.Rebalance:input_type -> norn.v1.RebalanceRequest
-	7,  // 21: norn.v1.AdminService.Drain:input_type -> norn.v1.DrainRequest
-	8,  // 22: norn.v1.AdminService.Decommission:input_type -> norn.v1.DecommissionRequest
-	9,  // 23: norn.v1.AdminService.Remove:input_type -> norn.v1.RemoveRequest
-	0,  // 24: norn.v1.AdminService.ImportTasks:input_type -> norn.v1.ImportTasksRequest
-	2,  // 25: norn.v1.AdminService.Backup:input_type -> norn.v1.BackupRequest
-	18, // 26: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
-	5,  // 27: norn.v1.AdminService.Join:output_type -> norn.v1.JoinResponse
-	10, // 28: norn.v1.AdminService.Rebalance:output_type -> norn.v1.RebalanceResponse
-	11, // 29: norn.v1.AdminService.Drain:output_type -> norn.v1.DrainResponse
-	12, // 30: norn.v1.AdminService.Decommission:output_type -> norn.v1.DecommissionResponse
-	13, // 31: norn.v1.AdminService.Remove:output_type -> norn.v1.RemoveResponse
-	1,  // 32: norn.v1.AdminService.ImportTasks:output_type -> norn.v1.ImportTasksResponse
-	3,  // 33: norn.v1.AdminService.Backup:output_type -> norn.v1.BackupResponse
-	26, // [26:34] is the sub-list for method output_type
-	18, // [18:26] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	20, // 18: norn.v1.NodeStatus.security:type_name -> norn.v1.SecurityStatus
+	17, // 19: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
+	4,  // 20: norn.v1.AdminService.Join:input_type -> norn.v1.JoinRequest
+	6,  // 21: norn.v1.AdminService.Rebalance:input_type -> norn.v1.RebalanceRequest
+	7,  // 22: norn.v1.AdminService.Drain:input_type -> norn.v1.DrainRequest
+	8,  // 23: norn.v1.AdminService.Decommission:input_type -> norn.v1.DecommissionRequest
+	9,  // 24: norn.v1.AdminService.Remove:input_type -> norn.v1.RemoveRequest
+	0,  // 25: norn.v1.AdminService.ImportTasks:input_type -> norn.v1.ImportTasksRequest
+	2,  // 26: norn.v1.AdminService.Backup:input_type -> norn.v1.BackupRequest
+	18, // 27: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
+	5,  // 28: norn.v1.AdminService.Join:output_type -> norn.v1.JoinResponse
+	10, // 29: norn.v1.AdminService.Rebalance:output_type -> norn.v1.RebalanceResponse
+	11, // 30: norn.v1.AdminService.Drain:output_type -> norn.v1.DrainResponse
+	12, // 31: norn.v1.AdminService.Decommission:output_type -> norn.v1.DecommissionResponse
+	13, // 32: norn.v1.AdminService.Remove:output_type -> norn.v1.RemoveResponse
+	1,  // 33: norn.v1.AdminService.ImportTasks:output_type -> norn.v1.ImportTasksResponse
+	3,  // 34: norn.v1.AdminService.Backup:output_type -> norn.v1.BackupResponse
+	27, // [27:35] is the sub-list for method output_type
+	19, // [19:27] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_admin_service_proto_init() }
