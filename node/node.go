@@ -38,9 +38,9 @@ type Node struct {
 	refuseStates atomic.Bool
 	// gossipedSecurity is the SecurityMeta last gossiped (gossipSecurity).
 	gossipedSecurity cluster.SecurityMeta
-	lock         *dirLock
-	store        *storage.Store
-	hlc          *crdt.HLC
+	lock             *dirLock
+	store            *storage.Store
+	hlc              *crdt.HLC
 	// incarnation names the data dir (norn.json; cluster/incarnation.go):
 	// a ring that lists this node's id with another one is refused.
 	incarnation string
