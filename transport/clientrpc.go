@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
+	"strings"
 	"sync"
 	"time"
 )
@@ -128,6 +130,7 @@ func (s *splitter) routeTLS(c net.Conn) {
 	tc := tls.Server(c, s.tls)
 	c.SetDeadline(time.Now().Add(splitPeekTimeout)) //nolint:errcheck // a failed handshake reports it
 	if err := tc.Handshake(); err != nil {
+		answerCleartext(err)
 		c.Close()
 		return
 	}
@@ -141,6 +144,31 @@ func (s *splitter) routeTLS(c net.Conn) {
 	case <-s.done:
 		tc.Close()
 	}
+}
+
+// answerCleartext answers a client that spoke plain HTTP to the TLS port
+// (curl http://... to a node serving TLS) with a 400 saying so, as
+// net/http does on its own TLS listeners, instead of closing without a
+// word.
+func answerCleartext(err error) {
+	var rhe tls.RecordHeaderError
+	if !errors.As(err, &rhe) || rhe.Conn == nil || !looksLikeHTTP(rhe.RecordHeader[:]) {
+		return
+	}
+	rhe.Conn.SetWriteDeadline(time.Now().Add(time.Second)) //nolint:errcheck // best effort
+	io.WriteString(rhe.Conn, "HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"+
+		"Client sent an HTTP request to a TLS port: this node serves TLS only (use https:// and the cluster's CA).\n") //nolint:errcheck // best effort
+}
+
+// looksLikeHTTP reports whether a connection's first bytes are an HTTP
+// request line (or the HTTP/2 cleartext preface).
+func looksLikeHTTP(head []byte) bool {
+	for _, m := range []string{"GET /", "HEAD ", "POST ", "PUT /", "PRI *", "OPTIO", "DELET", "PATCH"} {
+		if strings.HasPrefix(string(head), m[:min(len(m), len(head))]) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *splitter) close(err error) {

@@ -246,6 +246,17 @@ func TestTLSSplitListener(t *testing.T) {
 			t.Fatalf("http: %q, want %q", b, want)
 		}
 	}
+	// Plain HTTP to the TLS port (curl http://...) is answered with a 400
+	// that says the port serves TLS, not an empty reply.
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatalf("cleartext to the TLS port: %v, want an answer", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "serves TLS only") {
+		t.Fatalf("cleartext to the TLS port: %d %q", resp.StatusCode, b)
+	}
 	c := NewClientRPCClientTLS(addr, conf)
 	defer c.Close()
 	got, err := c.Call(context.Background(), MethodEnqueue, RPCMeta{}, []byte("hi"))

@@ -266,6 +266,8 @@ func report(e *env, cmd *command, err error) int {
 		fmt.Fprintf(e.stderr, "nornctl: %s: %s\n", cmd.name, commandError(cmd.name, err))
 		if needsTLSHint(e.ctx, e.g, err) {
 			fmt.Fprintln(e.stderr, tlsHint)
+		} else if alert, ok := certRefused(e.ctx, e.g, err); ok {
+			fmt.Fprintln(e.stderr, certHint(alert))
 		}
 		return exitError
 	}
