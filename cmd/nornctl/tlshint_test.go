@@ -77,7 +77,7 @@ func TestCertHint(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.NotFoundHandler(), ErrorLog: log.New(io.Discard, "", 0)} // the refused handshakes
-	go srv.Serve(tls.NewListener(ln, conf)) //nolint:errcheck // stops with Close
+	go srv.Serve(tls.NewListener(ln, conf))                                                    //nolint:errcheck // stops with Close
 	defer srv.Close()
 
 	call := func(certDir string) (int, string) {
