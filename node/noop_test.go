@@ -32,8 +32,8 @@ func TestNoSilentNoOps(t *testing.T) {
 	refused := func(err error, says string) {
 		t.Helper()
 		wantCode(t, err, connect.CodeFailedPrecondition)
-		if !strings.Contains(err.Error(), says) {
-			t.Fatalf("%v: want it to say %q", err, says)
+		if !strings.Contains(err.Error(), says) || strings.Count(err.Error(), "failed_precondition") != 1 {
+			t.Fatalf("%v: want it to say %q, and its code once", err, says)
 		}
 	}
 

@@ -117,6 +117,10 @@ func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.Rene
 	o, err := sv.dispatch.Propose(m.GetId(), &claims.Command{Op: claims.OpRenew, NowMs: sv.cfg.Clock.Now().UnixMilli(),
 		ID: m.GetId(), Token: m.GetClaimId(), LeaseMs: lease.Milliseconds()})
 	if errors.Is(err, claims.ErrClaimSuperseded) {
+		var ce *connect.Error
+		if errors.As(err, &ce) {
+			err = ce.Unwrap() // the FSM's words, without a second code
+		}
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("claimId: %d is not the live claim of task %d (%w)", m.GetClaimId(), m.GetId(), err))
 	}
 	if err != nil {
