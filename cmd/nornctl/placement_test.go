@@ -173,9 +173,9 @@ func TestStatusPlacement(t *testing.T) {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
 	mustContain(t, "status", r.stdout,
-		"NODE  ADDRESS        STATE  ROLE          REPLICAS  LEADS  FAIR SHARE  CLOCK OFFSET  FROM MEDIAN\n",
-		"n1    10.0.0.1:7400  alive  member        8         5      3.7         -             -\n",
-		"n2    10.0.0.2:7400  alive  draining      3         0      0.0         -             -\n",
+		"NODE  ADDRESS        STATE  ROLE          REPLICAS  LEADS  FAIR SHARE  CLOCK OFFSET  FROM MEDIAN  ACCESS\n",
+		"n1    10.0.0.1:7400  alive  member        8         5      3.7         -             -            ?\n",
+		"n2    10.0.0.2:7400  alive  draining      3         0      0.0         -             -            ?\n",
 		"n5    10.0.0.5:7400  alive  not a member  0 ",
 		"\nrebalance: 1 of 2 moves done (see `nornctl rebalance status`)\n")
 

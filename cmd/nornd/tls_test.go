@@ -120,8 +120,13 @@ func TestTLSCluster(t *testing.T) {
 	if _, err := client(ns[0].api).CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{})); err == nil {
 		t.Fatal("a plaintext call was served")
 	}
-	if _, err := http.Get("http://" + ns[0].api + "/healthz"); err == nil {
-		t.Fatal("plaintext HTTP/1.1 was served")
+	// Plain HTTP/1.1 is told so (a 400 naming TLS), never served.
+	if resp, err := http.Get("http://" + ns[0].api + "/healthz"); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "serves TLS only") {
+			t.Fatalf("plaintext HTTP/1.1 was served: %d %q", resp.StatusCode, b)
+		}
 	}
 
 	// A client certificate of another CA is refused at the handshake.
