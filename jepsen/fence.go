@@ -35,7 +35,8 @@ func nemesisStaleWorker(ctx context.Context, e *Env) {
 	const cutAfter = 1500 * time.Millisecond
 	stall := e.W.ShortLease + e.C.Cfg.SkewBuffer + 2500*time.Millisecond
 	var mu sync.Mutex
-	cut := map[int]*Node{} // the stalled client -> the node cut off for it
+	cut := map[int]*Node{}       // the stalled client -> the node cut off for it
+	holds := map[int]*check.Op{} // the stalled client -> the claim it holds
 	busy := false
 	stopped := false // the nemesis returned: no cut from now on
 	e.W.SetOnHold(func(client int, o *check.Op, hold time.Duration) {
@@ -55,7 +56,7 @@ func nemesisStaleWorker(ctx context.Context, e *Env) {
 			return
 		}
 		busy = true
-		cut[client] = pick
+		cut[client], holds[client] = pick, o
 		// Cut it once it has applied the claim: a follower learns of a
 		// commit with the leader's next append (the commit timeout, 0.5-1
 		// s when idle), and a replica that never saw the claim refuses the
@@ -73,12 +74,19 @@ func nemesisStaleWorker(ctx context.Context, e *Env) {
 	})
 	e.W.SetStaleVia(func(client int) (*Node, func()) {
 		mu.Lock()
-		n := cut[client]
+		n, o := cut[client], holds[client]
 		delete(cut, client)
+		delete(holds, client)
 		mu.Unlock()
 		if n == nil {
 			return nil, nil
 		}
+		// The checkers see the claim superseded only by another claim of
+		// the task: hold on (the cut with it) until the leader has granted
+		// the task again, so that the stale complete meets a regranted
+		// task (a run whose expired tasks sat unclaimed through the hold
+		// missed the seeded bug, seed 40511).
+		e.TL.Log("note", "stale-worker", e.waitRegrant(o, 10*time.Second), nil)
 		return n, func() {
 			e.TL.Log("end", "stale-worker", n.ID+" (after the stale complete through it)", e.Net.Heal())
 			mu.Lock()
@@ -156,4 +164,21 @@ func (e *Env) handOver(o *check.Op, x *Node) {
 		errs = append(errs, fmt.Errorf("%s: %w", n.ID, err))
 	}
 	e.TL.Log("note", "transfer", fmt.Sprintf("task %d's partition to %s: no other node handed it over (%s may lead it)", o.Task, x.ID, x.ID), errors.Join(errs...))
+}
+
+// waitRegrant waits up to max for a claim of o's task after o's (the task
+// granted again) in the history, and says what it saw.
+func (e *Env) waitRegrant(o *check.Op, max time.Duration) string {
+	deadline := time.Now().Add(max)
+	for {
+		for _, x := range e.W.H.Ops() {
+			if x.F == "claim" && x.Type == "ok" && x.Task == o.Task && x.Claim > o.Claim {
+				return fmt.Sprintf("task %d granted again as claim %d before the stale complete", o.Task, x.Claim)
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Sprintf("task %d not granted again within %s of the hold's end", o.Task, max)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
