@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
@@ -35,12 +36,26 @@ type ClaimRequest struct {
 	// Proxied marks a claim another node forwarded: it looks at this
 	// node's groups only and does not wait (the forwarding node waits).
 	Proxied bool
+	// Floor, when set, is the lowest priority a proxied claim takes: the
+	// forwarding node weighed this node's heads against the others'
+	// and asks for those that made the cut (remote.go).
+	Floor *int32
 }
 
-// Claim claims up to req.Max ready tasks of a queue for a worker: from
-// the partitions this node leads, then, on a cluster of several nodes,
-// from the other leaders (proxied); when none is ready it waits up to
-// req.Wait for one. It returns what it claimed, possibly nothing.
+// claimArgs is what every round of one claim works with.
+type claimArgs struct {
+	msg     *nornv1.ClaimRequest // queue, worker and lease, as sent on to other leaders
+	lease   time.Duration
+	timeout time.Duration // bounds the proposals
+	floor   *int32        // ClaimRequest.Floor
+	across  bool          // weigh the other leaders' heads (remote.go)
+}
+
+// Claim claims up to req.Max ready tasks of a queue for a worker: the
+// best of the partitions this node leads and, on a cluster of several
+// nodes, of the partitions the other nodes lead (remote.go); when none is
+// ready it waits up to req.Wait for one. It returns what it claimed,
+// possibly nothing.
 func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.ClaimedTask, error) {
 	m, limit, wait := req.Msg, req.Max, req.Wait
 	r := d.host.Ring()
@@ -53,6 +68,7 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 	if proxied {
 		wait = 0
 	}
+	a := claimArgs{msg: m, lease: req.Lease, floor: req.Floor, across: !proxied && len(r.Nodes) > 1}
 	// Tasks of partitions this node does not replicate wake no local
 	// waiter, and a task can become ready at its leader without a
 	// wake-up here (a delayed task promoted there after this node
@@ -87,16 +103,29 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 	}()
 	for {
 		woken := d.waiters.wait(m.GetQueue()) // before trying: no lost wake-up
-		got, err := d.tryClaim(ctx, m.GetQueue(), m.GetWorker(), req.Lease, limit, claimProposeTimeout(ctx))
-		var answered map[string]bool // the nodes that answered a proxied claim
+		a.timeout = claimProposeTimeout(ctx)
+		got, view, err := d.tryClaim(ctx, a, limit)
+		var answered map[string]bool // the other leaders whose heads this claim knew
 		var strandedElsewhere, unreachable error
-		if err == nil && len(got) < limit && !proxied && len(r.Nodes) > 1 {
-			var more []*nornv1.ClaimedTask
-			var perr error
-			more, answered, strandedElsewhere, perr = d.proxyClaim(ctx, m, limit-len(got))
-			got = append(got, more...)
-			if len(got) == 0 && perr != nil && !d.leadsAny() {
-				unreachable = perr
+		if a.across {
+			answered = view.answered
+			lastErr := view.lastErr
+			if err == nil && len(got) < limit && len(view.legacy) > 0 {
+				// Nodes of an older version cannot report their heads:
+				// they are asked for what is left, as they were before.
+				more, legacyAnswered, stranded, perr := d.proxyClaim(ctx, m, limit-len(got), view.legacy)
+				got = append(got, more...)
+				for id := range legacyAnswered {
+					answered[id] = true
+				}
+				strandedElsewhere = stranded
+				lastErr = cmp.Or(perr, lastErr)
+			}
+			if strandedElsewhere == nil && len(view.stranded) > 0 {
+				strandedElsewhere = strandedError(m.GetQueue(), view.stranded)
+			}
+			if len(got) == 0 && len(answered) == 0 && !d.leadsAny() {
+				unreachable = noLeaderReachable(lastErr)
 			}
 		}
 		if err != nil || len(got) > 0 {
@@ -164,20 +193,20 @@ func (d *Dispatcher) leadsAny() bool {
 // proxyTimeout bounds a claim proxied to another node.
 const proxyTimeout = 3 * time.Second
 
-// proxyClaim asks the other live nodes, in random order, for up to limit
-// tasks from the partitions they lead. It returns the nodes that answered,
-// and stranded: a node's refusal because partitions of its own with ready
-// tasks have no reachable leader. It returns an error only when no node
-// answered.
-func (d *Dispatcher) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, limit int) (out []*nornv1.ClaimedTask, answeredBy map[string]bool, stranded, err error) {
+// proxyClaim asks the live nodes of only, in random order, for up to
+// limit tasks from the partitions they lead, without a floor: the claim
+// of nodes that cannot report their heads (an older version). It returns
+// the nodes that answered, and stranded: a node's refusal because
+// partitions of its own with ready tasks have no reachable leader. It
+// returns an error only when no node answered.
+func (d *Dispatcher) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, limit int, only map[string]bool) (out []*nornv1.ClaimedTask, answeredBy map[string]bool, stranded, err error) {
 	r := d.host.Ring()
 	alive := d.host.Alive()
 	answeredBy = map[string]bool{}
 	var lastErr error
-	answered := 0
 	for _, i := range rand.Perm(len(r.Nodes)) {
 		nd := r.Nodes[i]
-		if nd.ID == d.cfg.NodeID || !alive[nd.ID] || len(out) >= limit {
+		if !only[string(nd.ID)] || !alive[string(nd.ID)] || len(out) >= limit {
 			continue
 		}
 		fwd := &nornv1.ClaimRequest{Queue: m.GetQueue(), Worker: m.GetWorker(), Lease: m.GetLease(), Max: uint32(limit - len(out))}
@@ -189,7 +218,6 @@ func (d *Dispatcher) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, lim
 				// It answered: what it leads had nothing, and some of
 				// its other partitions have no reachable leader.
 				answeredBy[string(nd.ID)] = true
-				answered++
 				stranded = err
 				continue
 			}
@@ -197,17 +225,22 @@ func (d *Dispatcher) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, lim
 			continue
 		}
 		answeredBy[string(nd.ID)] = true
-		answered++
 		out = append(out, resp.Msg.GetTasks()...)
 	}
-	if answered == 0 {
-		why := "no other node is alive"
-		if lastErr != nil {
-			why = apierr.Message(lastErr)
-		}
-		return out, answeredBy, stranded, connect.NewError(connect.CodeUnavailable, fmt.Errorf("no partition leader reachable: %s", why))
+	if len(answeredBy) == 0 {
+		return out, answeredBy, stranded, noLeaderReachable(lastErr)
 	}
 	return out, answeredBy, stranded, nil
+}
+
+// noLeaderReachable is a claim's answer when no other node answered it
+// and this node leads nothing: UNAVAILABLE, with the last call's error.
+func noLeaderReachable(lastErr error) error {
+	why := "no other node is alive"
+	if lastErr != nil {
+		why = apierr.Message(lastErr)
+	}
+	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("no partition leader reachable: %s", why))
 }
 
 // claimProposeTimeout bounds a claim's proposals: replicas.ProposeTimeout, or less
@@ -224,15 +257,21 @@ func claimProposeTimeout(ctx context.Context) time.Duration {
 // taken by concurrent claims meanwhile.
 const claimRounds = 3
 
-// tryClaim claims up to limit ready tasks of queue: the best heads (priority,
-// then age) across the partitions this node leads, one Raft entry per
-// partition, proposed concurrently, each within timeout.
-func (d *Dispatcher) tryClaim(ctx context.Context, queue, worker string, lease time.Duration, limit int, timeout time.Duration) ([]*nornv1.ClaimedTask, error) {
-	var out []*nornv1.ClaimedTask
+// tryClaim claims up to limit ready tasks of a.msg's queue: the best
+// heads (priority, then age) across the partitions this node leads and,
+// when a.across, the heads the other leaders reported (view, from the
+// last round), one Raft entry per partition, proposed concurrently, each
+// within a.timeout.
+func (d *Dispatcher) tryClaim(ctx context.Context, a claimArgs, limit int) (out []*nornv1.ClaimedTask, view *headsView, err error) {
 	for round := 0; round < claimRounds && len(out) < limit; round++ {
-		got, contended, err := d.claimRound(ctx, queue, worker, lease, limit-len(out), timeout)
+		var rivals []*rival
+		if a.across {
+			view = d.remote.view(ctx, a.msg.GetQueue(), limit-len(out))
+			rivals = view.rivals
+		}
+		got, contended, err := d.claimRound(ctx, a, limit-len(out), rivals)
 		if err != nil && len(out) == 0 && len(got) == 0 {
-			return nil, err
+			return nil, view, err
 		}
 		out = append(out, got...)
 		if !contended {
@@ -242,24 +281,33 @@ func (d *Dispatcher) tryClaim(ctx context.Context, queue, worker string, lease t
 	slices.SortFunc(out, func(a, b *nornv1.ClaimedTask) int {
 		return cmp.Or(cmp.Compare(b.Task.Spec.Priority, a.Task.Spec.Priority), cmp.Compare(a.Task.Id, b.Task.Id))
 	})
-	return out, nil
+	return out, view, nil
 }
 
-// claimRound picks up to limit candidates and proposes them. contended
-// reports that some candidates were skipped because a concurrent claim on
-// this node was proposing them, or were refused by the FSM, so another
-// round may find more. A partition whose leadership this node lost while
-// proposing gives nothing, as one it does not lead.
-// ctx is the request's, for its trace only: the proposals are bounded by
-// timeout.
-func (d *Dispatcher) claimRound(ctx context.Context, queue, worker string, lease time.Duration, limit int, timeout time.Duration) (out []*nornv1.ClaimedTask, contended bool, err error) {
-	var leading []uint16
+// leading returns the partitions this node leads.
+func (d *Dispatcher) leading() []uint16 {
+	var out []uint16
 	for p, g := range d.host.Groups() {
 		if g != nil && g.IsLeader() {
-			leading = append(leading, uint16(p))
+			out = append(out, uint16(p))
 		}
 	}
-	heads, err := newHeadMerger(d.store, queue, leading)
+	return out
+}
+
+// claimRound picks up to limit candidates, from this node's heads and
+// from the other leaders' (rivals, merged in claim order), and proposes
+// this node's while it asks the other leaders for theirs. contended
+// reports that some candidates were skipped because a concurrent claim
+// on this node was proposing them, or were refused by the FSM, or that a
+// leader gave fewer than it reported, so another round may find more. A
+// partition whose leadership this node lost while proposing gives
+// nothing, as one it does not lead.
+// ctx is the request's, for its trace only: the proposals are bounded by
+// a.timeout.
+func (d *Dispatcher) claimRound(ctx context.Context, a claimArgs, limit int, rivals []*rival) (out []*nornv1.ClaimedTask, contended bool, err error) {
+	queue := a.msg.GetQueue()
+	heads, err := newHeadMerger(d.store, queue, d.leading())
 	if err != nil {
 		return nil, false, apierr.From(err)
 	}
@@ -268,16 +316,29 @@ func (d *Dispatcher) claimRound(ctx context.Context, queue, worker string, lease
 	loaded := map[uint64]*coord.TaskState{} // reused for the claimed tasks' views
 	var picked []uint64
 	defer func() { d.inflight.release(picked) }()
+	allotted := 0 // heads of the rivals taken
 	// Look past the limit, as heads blocked by dependencies or being
 	// claimed concurrently are skipped, but not without bound.
-	for examined := 0; len(picked) < limit && examined < 4*limit+256; examined++ {
-		p, h, ok := heads.next()
+	for examined := 0; len(picked)+allotted < limit && examined < 4*limit+256; examined++ {
+		h, ok := heads.peek()
+		if ok && a.floor != nil && h.Priority < *a.floor {
+			ok = false // below what the forwarding node asked for
+		}
+		if rv := bestRival(rivals); rv != nil {
+			if rh, _ := rv.head(); !ok || remoteFirst(rh, h) {
+				rv.i++
+				rv.floor = rh.Priority
+				allotted++
+				continue
+			}
+		}
 		if !ok {
 			if heads.err != nil {
 				return nil, false, apierr.From(heads.err)
 			}
 			break
 		}
+		p, h, _ := heads.next()
 		if !d.inflight.reserve(h.ID) {
 			contended = true
 			continue
@@ -296,9 +357,9 @@ func (d *Dispatcher) claimRound(ctx context.Context, queue, worker string, lease
 	}
 	results := make(chan result, len(byPart))
 	for p, cands := range byPart {
-		cmd := &claims.Command{Op: claims.OpClaim, NowMs: now, Worker: worker, LeaseMs: lease.Milliseconds(), Candidates: cands}
+		cmd := &claims.Command{Op: claims.OpClaim, NowMs: now, Worker: a.msg.GetWorker(), LeaseMs: a.lease.Milliseconds(), Candidates: cands}
 		go func() {
-			outs, err := d.host.Group(p).ProposeContext(ctx, cmd, timeout)
+			outs, err := d.host.Group(p).ProposeContext(ctx, cmd, a.timeout)
 			if errors.Is(err, claims.ErrOutcomeUnknown) {
 				d.cfg.Logger.WarnContext(ctx, "a claim's leader was deposed and its fate is unknown: its tasks may stay claimed until the lease ends",
 					"partition", p, "tasks", len(cands), "err", err)
@@ -306,6 +367,7 @@ func (d *Dispatcher) claimRound(ctx context.Context, queue, worker string, lease
 			results <- result{outs, err}
 		}()
 	}
+	remote := d.claimRivals(ctx, a, rivals)
 	for range byPart {
 		r := <-results
 		if errors.Is(r.err, claims.ErrNotLeader) {
@@ -328,7 +390,55 @@ func (d *Dispatcher) claimRound(ctx context.Context, queue, worker string, lease
 				Expiry: timestamppb.New(time.UnixMilli(o.Claim.ExpiryMs))})
 		}
 	}
-	return out, contended, err
+	got, short := remote()
+	return append(out, got...), contended || short, err
+}
+
+// claimRivals asks each other leader whose heads claimRound took for
+// them (a proxied claim with the lowest priority taken as its floor), at
+// once; the returned function waits for the answers. short reports a
+// leader that gave fewer than it reported.
+func (d *Dispatcher) claimRivals(ctx context.Context, a claimArgs, rivals []*rival) func() (out []*nornv1.ClaimedTask, short bool) {
+	type answer struct {
+		rv    *rival
+		tasks []*nornv1.ClaimedTask
+		err   error
+	}
+	answers := make(chan answer, len(rivals))
+	asked := 0
+	for _, rv := range rivals {
+		if rv.i == 0 {
+			continue
+		}
+		asked++
+		go func() {
+			fwd := &nornv1.ClaimRequest{Queue: a.msg.GetQueue(), Worker: a.msg.GetWorker(), Lease: a.msg.GetLease(), Max: uint32(rv.i)}
+			req := transport.Forwarded(fwd, 0)
+			req.Header().Set(transport.HeaderClaimFloor, strconv.Itoa(int(rv.floor)))
+			cctx, cancel := context.WithTimeout(ctx, proxyTimeout)
+			defer cancel()
+			resp, err := d.peers.Get(rv.addr).Tasks.Claim(cctx, req)
+			if err != nil {
+				answers <- answer{rv: rv, err: err}
+				return
+			}
+			answers <- answer{rv: rv, tasks: resp.Msg.GetTasks()}
+		}()
+	}
+	return func() (out []*nornv1.ClaimedTask, short bool) {
+		for range asked {
+			an := <-answers
+			if an.err != nil && !isStranded(an.err) {
+				d.remote.failed(a.msg.GetQueue(), an.rv, an.err)
+				short = true
+				continue
+			}
+			d.remote.took(a.msg.GetQueue(), an.rv, an.rv.i, len(an.tasks))
+			short = short || len(an.tasks) < an.rv.i
+			out = append(out, an.tasks...)
+		}
+		return out, short
+	}
 }
 
 // candidate checks a ready-index head before it is proposed: not

@@ -33,6 +33,12 @@ type Config struct {
 	// ClaimRecheck is how often a long-polling claim on a cluster of
 	// several nodes looks across the cluster again.
 	ClaimRecheck time.Duration
+	// HeadsTTL is how long a claim may rely on the heads another leader
+	// reported (remote.go); 0 means DefaultHeadsTTL.
+	HeadsTTL time.Duration
+	// HeadsWait is how long a claim waits for the other leaders' heads
+	// (remote.go); 0 means DefaultHeadsWait.
+	HeadsWait time.Duration
 	// LeaseGrace is the least lease a new partition leader leaves every
 	// live claim; SkewBuffer is added to every lease before it expires.
 	LeaseGrace, SkewBuffer time.Duration
@@ -79,9 +85,10 @@ type Dispatcher struct {
 	coord *coord.Coordinator
 
 	waiters  *Waiters
-	inflight inflightSet // tasks being claimed now
-	ender    *ender      // coalesced claim ends of finished tasks
-	deps     *depChecker // dependencies of blocked tasks (deps.go)
+	inflight inflightSet  // tasks being claimed now
+	ender    *ender       // coalesced claim ends of finished tasks
+	deps     *depChecker  // dependencies of blocked tasks (deps.go)
+	remote   *remoteHeads // the other leaders' heads (remote.go)
 
 	// monitorMu serializes monitor passes; extended[p] is the Raft term
 	// of p whose leadership has extended the live claims (0: none), so a
@@ -104,6 +111,13 @@ func New(cfg Config) *Dispatcher {
 	d := &Dispatcher{cfg: cfg, store: cfg.Store, host: cfg.Host, peers: cfg.Peers, coord: cfg.Coord,
 		waiters: cfg.Waiters, extended: make([]uint64, cfg.Partitions), deadPending: map[uint64]uint32{},
 		draining: make(chan struct{}), stop: make(chan struct{})}
+	if d.cfg.HeadsTTL <= 0 {
+		d.cfg.HeadsTTL = DefaultHeadsTTL
+	}
+	if d.cfg.HeadsWait <= 0 {
+		d.cfg.HeadsWait = DefaultHeadsWait
+	}
+	d.remote = &remoteHeads{d: d, queues: map[string]*queueHeads{}}
 	d.ender = newEnder(d)
 	d.deps = newDepChecker(d)
 	return d

@@ -68,16 +68,32 @@ func (m *headMerger) read(c *headCursor, n int) error {
 	return nil
 }
 
+// choose returns the cursor next takes its head from, and its index in
+// the heap.
+func (m *headMerger) choose() (*headCursor, int) {
+	c, at := m.h[0], 0
+	if s := m.sticky; s != nil && s != c && s.i < len(s.entries) && s.entries[s.i].Priority == c.entries[c.i].Priority {
+		c, at = s, slices.Index(m.h, s)
+	}
+	return c, at
+}
+
+// peek returns the head next would return, without taking it.
+func (m *headMerger) peek() (storage.ReadyEntry, bool) {
+	if len(m.h) == 0 || m.err != nil {
+		return storage.ReadyEntry{}, false
+	}
+	c, _ := m.choose()
+	return c.entries[c.i], true
+}
+
 // next returns the best head not yet returned; ok is false when every
 // partition's head is exhausted or a read failed (see err).
 func (m *headMerger) next() (p uint16, e storage.ReadyEntry, ok bool) {
 	if len(m.h) == 0 || m.err != nil {
 		return 0, storage.ReadyEntry{}, false
 	}
-	c, at := m.h[0], 0
-	if s := m.sticky; s != nil && s != c && s.i < len(s.entries) && s.entries[s.i].Priority == c.entries[c.i].Priority {
-		c, at = s, slices.Index(m.h, s)
-	}
+	c, at := m.choose()
 	m.sticky = c
 	p, e = c.p, c.entries[c.i]
 	c.i++

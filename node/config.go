@@ -63,6 +63,11 @@ type Config struct {
 	// to learn of tasks of partitions the node does not replicate.
 	// Default 2 s.
 	ClaimRecheck time.Duration
+	// ClaimHeadsTTL is how long a claim relies on the best ready tasks
+	// another leader reported, and ClaimHeadsWait how long a claim waits
+	// for a leader's report before it goes on without it (priority across
+	// the cluster, docs/API.md "Claim order"). Defaults 50 ms and 250 ms.
+	ClaimHeadsTTL, ClaimHeadsWait time.Duration
 	// Retention is how long a terminal task is kept after its terminal
 	// event; then the monitor deletes it. Default 7 days.
 	Retention time.Duration
@@ -361,8 +366,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("node: machine id %d must be below %d", c.MachineID, 1<<16/idGenerators)
 	case c.Retention < 0:
 		return errors.New("node: retention must not be negative")
-	case c.MonitorInterval < 0 || c.ClaimRecheck < 0 || c.MaxWait < 0:
-		return errors.New("node: monitor interval, claim recheck and max wait must not be negative")
+	case c.MonitorInterval < 0 || c.ClaimRecheck < 0 || c.MaxWait < 0 || c.ClaimHeadsTTL < 0 || c.ClaimHeadsWait < 0:
+		return errors.New("node: monitor interval, claim recheck, claim heads TTL and wait, and max wait must not be negative")
 	case c.MaxMovesPerNode < 0 || c.MoveRate < 0 || c.MoveTargetTimeout < 0 || c.AutoDeadAfter < 0:
 		return errors.New("node: max moves per node, move rate, move target timeout and auto dead after must not be negative")
 	case c.LeaderBalanceInterval < 0 || c.LeaderBalanceRate < 0:

@@ -257,6 +257,7 @@ func New(cfg Config) (*Node, error) {
 	n.dispatch = dispatch.New(dispatch.Config{
 		NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Partitions: cfg.Partitions,
 		MonitorInterval: cfg.MonitorInterval, ClaimRecheck: cfg.ClaimRecheck,
+		HeadsTTL: cfg.ClaimHeadsTTL, HeadsWait: cfg.ClaimHeadsWait,
 		LeaseGrace: cfg.LeaseGrace, SkewBuffer: cfg.SkewBuffer, Retention: cfg.Retention,
 		WriteTimeout: cfg.WriteTimeout, Clock: cfg.Clock, HLC: n.hlc, Logger: cfg.logger("dispatch"),
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Waiters: waiters,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
@@ -59,8 +60,16 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 		wait = min(wait, time.Until(dl)-100*time.Millisecond)
 	}
 	proxied := transport.Hops(req) > 0
+	var floor *int32
+	if f := req.Header().Get(transport.HeaderClaimFloor); f != "" && proxied {
+		v, err := strconv.ParseInt(f, 10, 32)
+		if err != nil {
+			return nil, apierr.Invalid(transport.HeaderClaimFloor, "must be a priority, got %q", f)
+		}
+		floor = new(int32(v))
+	}
 	got, err := sv.dispatch.Claim(ctx, dispatch.ClaimRequest{Msg: m, Lease: lease, Max: limit, Wait: wait,
-		Proxied: proxied})
+		Proxied: proxied, Floor: floor})
 	if err == nil && !proxied {
 		sv.events.Claimed(m.GetQueue(), got, sv.cfg.Clock.Now(), time.Since(start))
 	}

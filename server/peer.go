@@ -15,6 +15,7 @@ import (
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -210,6 +211,27 @@ func (s peerService) CountPartitions(_ context.Context, req *connect.Request[nor
 		return nil, err
 	}
 	resp, err := s.sv.coord.CountPartitions(req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// ReadyHeads returns the best claimable heads of a queue in the
+// partitions this node leads: a node serving a claim weighs them against
+// its own (dispatch, remote heads).
+func (s peerService) ReadyHeads(_ context.Context, req *connect.Request[nornv1.ReadyHeadsRequest]) (*connect.Response[nornv1.ReadyHeadsResponse], error) {
+	if err := s.sv.checkPeer(req.Peer().Addr, req.Header()); err != nil {
+		return nil, err
+	}
+	m := req.Msg
+	if err := crdt.ValidateQueue("queue", m.GetQueue()); err != nil {
+		return nil, apierr.From(err)
+	}
+	if n := m.GetMax(); n == 0 || n > maxClaimBatch {
+		return nil, apierr.Invalid("max", "must be 1-%d, got %d", maxClaimBatch, n)
+	}
+	resp, err := s.sv.dispatch.ReadyHeads(m.GetQueue(), int(m.GetMax()))
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,9 @@ const (
 	// writes of a moving partition from a caller whose ring does not know
 	// the move yet, and either side pulls the newer ring.
 	HeaderEpoch = "Norn-Epoch"
+	// HeaderClaimFloor is the lowest priority a forwarded claim takes
+	// (the forwarding node weighed the leaders' heads).
+	HeaderClaimFloor = "Norn-Claim-Floor"
 )
 
 // Peer is a node's connection to another node's API.

@@ -25,6 +25,174 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ReadyHeadsRequest is the request of PeerService.ReadyHeads.
+type ReadyHeadsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The queue. Required; a valid queue name.
+	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Most heads to return: 1 to 1,000.
+	Max           uint32 `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadyHeadsRequest) Reset() {
+	*x = ReadyHeadsRequest{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadyHeadsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadyHeadsRequest) ProtoMessage() {}
+
+func (x *ReadyHeadsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadyHeadsRequest.ProtoReflect.Descriptor instead.
+func (*ReadyHeadsRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ReadyHeadsRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *ReadyHeadsRequest) GetMax() uint32 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+// ReadyHeadsResponse is the response of PeerService.ReadyHeads.
+type ReadyHeadsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The claimable heads (ready, unclaimed, due, dependencies completed),
+	// highest priority first, as the receiver's claims take them.
+	Heads []*ReadyHead `protobuf:"bytes,1,rep,name=heads,proto3" json:"heads,omitempty"`
+	// When heads is empty: the partitions the receiver replicates whose
+	// ready index holds tasks of the queue while they have no reachable
+	// leader (an election, a dead leader).
+	Stranded      []uint32 `protobuf:"varint,2,rep,packed,name=stranded,proto3" json:"stranded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadyHeadsResponse) Reset() {
+	*x = ReadyHeadsResponse{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadyHeadsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadyHeadsResponse) ProtoMessage() {}
+
+func (x *ReadyHeadsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadyHeadsResponse.ProtoReflect.Descriptor instead.
+func (*ReadyHeadsResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ReadyHeadsResponse) GetHeads() []*ReadyHead {
+	if x != nil {
+		return x.Heads
+	}
+	return nil
+}
+
+func (x *ReadyHeadsResponse) GetStranded() []uint32 {
+	if x != nil {
+		return x.Stranded
+	}
+	return nil
+}
+
+// ReadyHead is one claimable task of ReadyHeadsResponse.
+type ReadyHead struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task's id. A JSON string.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Its priority.
+	Priority      int32 `protobuf:"varint,2,opt,name=priority,proto3" json:"priority,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadyHead) Reset() {
+	*x = ReadyHead{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadyHead) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadyHead) ProtoMessage() {}
+
+func (x *ReadyHead) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadyHead.ProtoReflect.Descriptor instead.
+func (*ReadyHead) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReadyHead) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ReadyHead) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
 // ChangeGroupRequest is the request of PeerService.ChangeGroup.
 type ChangeGroupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -43,7 +211,7 @@ type ChangeGroupRequest struct {
 
 func (x *ChangeGroupRequest) Reset() {
 	*x = ChangeGroupRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -55,7 +223,7 @@ func (x *ChangeGroupRequest) String() string {
 func (*ChangeGroupRequest) ProtoMessage() {}
 
 func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -68,7 +236,7 @@ func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupRequest.ProtoReflect.Descriptor instead.
 func (*ChangeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{0}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ChangeGroupRequest) GetPartition() uint32 {
@@ -115,7 +283,7 @@ type ChangeGroupResponse struct {
 
 func (x *ChangeGroupResponse) Reset() {
 	*x = ChangeGroupResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -127,7 +295,7 @@ func (x *ChangeGroupResponse) String() string {
 func (*ChangeGroupResponse) ProtoMessage() {}
 
 func (x *ChangeGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -140,7 +308,7 @@ func (x *ChangeGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupResponse.ProtoReflect.Descriptor instead.
 func (*ChangeGroupResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{1}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ChangeGroupResponse) GetServers() []*GroupServer {
@@ -179,7 +347,7 @@ type GroupServer struct {
 
 func (x *GroupServer) Reset() {
 	*x = GroupServer{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -191,7 +359,7 @@ func (x *GroupServer) String() string {
 func (*GroupServer) ProtoMessage() {}
 
 func (x *GroupServer) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -204,7 +372,7 @@ func (x *GroupServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServer.ProtoReflect.Descriptor instead.
 func (*GroupServer) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{2}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GroupServer) GetId() string {
@@ -245,7 +413,7 @@ type ReplicaProgressRequest struct {
 
 func (x *ReplicaProgressRequest) Reset() {
 	*x = ReplicaProgressRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -257,7 +425,7 @@ func (x *ReplicaProgressRequest) String() string {
 func (*ReplicaProgressRequest) ProtoMessage() {}
 
 func (x *ReplicaProgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -270,7 +438,7 @@ func (x *ReplicaProgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaProgressRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaProgressRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{3}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReplicaProgressRequest) GetPartition() uint32 {
@@ -314,7 +482,7 @@ type ReplicaProgressResponse struct {
 
 func (x *ReplicaProgressResponse) Reset() {
 	*x = ReplicaProgressResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -326,7 +494,7 @@ func (x *ReplicaProgressResponse) String() string {
 func (*ReplicaProgressResponse) ProtoMessage() {}
 
 func (x *ReplicaProgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -339,7 +507,7 @@ func (x *ReplicaProgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaProgressResponse.ProtoReflect.Descriptor instead.
 func (*ReplicaProgressResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{4}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReplicaProgressResponse) GetRingEpoch() uint64 {
@@ -394,7 +562,7 @@ type TreeRootsRequest struct {
 
 func (x *TreeRootsRequest) Reset() {
 	*x = TreeRootsRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -406,7 +574,7 @@ func (x *TreeRootsRequest) String() string {
 func (*TreeRootsRequest) ProtoMessage() {}
 
 func (x *TreeRootsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -419,7 +587,7 @@ func (x *TreeRootsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeRootsRequest.ProtoReflect.Descriptor instead.
 func (*TreeRootsRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{5}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TreeRootsRequest) GetPartitions() []uint32 {
@@ -458,7 +626,7 @@ type TreeRootsResponse struct {
 
 func (x *TreeRootsResponse) Reset() {
 	*x = TreeRootsResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -470,7 +638,7 @@ func (x *TreeRootsResponse) String() string {
 func (*TreeRootsResponse) ProtoMessage() {}
 
 func (x *TreeRootsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -483,7 +651,7 @@ func (x *TreeRootsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeRootsResponse.ProtoReflect.Descriptor instead.
 func (*TreeRootsResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{6}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TreeRootsResponse) GetRoots() []uint64 {
@@ -516,7 +684,7 @@ type TreeNodesRequest struct {
 
 func (x *TreeNodesRequest) Reset() {
 	*x = TreeNodesRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -528,7 +696,7 @@ func (x *TreeNodesRequest) String() string {
 func (*TreeNodesRequest) ProtoMessage() {}
 
 func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -541,7 +709,7 @@ func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNodesRequest.ProtoReflect.Descriptor instead.
 func (*TreeNodesRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{7}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TreeNodesRequest) GetPartition() uint32 {
@@ -576,7 +744,7 @@ type TreeNodesResponse struct {
 
 func (x *TreeNodesResponse) Reset() {
 	*x = TreeNodesResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -588,7 +756,7 @@ func (x *TreeNodesResponse) String() string {
 func (*TreeNodesResponse) ProtoMessage() {}
 
 func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -601,7 +769,7 @@ func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNodesResponse.ProtoReflect.Descriptor instead.
 func (*TreeNodesResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{8}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TreeNodesResponse) GetHashes() []uint64 {
@@ -624,7 +792,7 @@ type SegmentEntriesRequest struct {
 
 func (x *SegmentEntriesRequest) Reset() {
 	*x = SegmentEntriesRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +804,7 @@ func (x *SegmentEntriesRequest) String() string {
 func (*SegmentEntriesRequest) ProtoMessage() {}
 
 func (x *SegmentEntriesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +817,7 @@ func (x *SegmentEntriesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentEntriesRequest.ProtoReflect.Descriptor instead.
 func (*SegmentEntriesRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{9}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SegmentEntriesRequest) GetPartition() uint32 {
@@ -680,7 +848,7 @@ type SegmentEntriesResponse struct {
 
 func (x *SegmentEntriesResponse) Reset() {
 	*x = SegmentEntriesResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +860,7 @@ func (x *SegmentEntriesResponse) String() string {
 func (*SegmentEntriesResponse) ProtoMessage() {}
 
 func (x *SegmentEntriesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +873,7 @@ func (x *SegmentEntriesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentEntriesResponse.ProtoReflect.Descriptor instead.
 func (*SegmentEntriesResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{10}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SegmentEntriesResponse) GetIds() []uint64 {
@@ -734,7 +902,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +914,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +927,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{11}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReplicateRequest) GetTasks() [][]byte {
@@ -778,7 +946,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +958,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +971,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{12}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{15}
 }
 
 // ReadRequest is the request of PeerService.Read.
@@ -817,7 +985,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -829,7 +997,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -842,7 +1010,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{13}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReadRequest) GetIds() []uint64 {
@@ -864,7 +1032,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1044,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1057,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{14}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadResponse) GetTasks() []*ReplicaTask {
@@ -916,7 +1084,7 @@ type ReplicaTask struct {
 
 func (x *ReplicaTask) Reset() {
 	*x = ReplicaTask{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -928,7 +1096,7 @@ func (x *ReplicaTask) String() string {
 func (*ReplicaTask) ProtoMessage() {}
 
 func (x *ReplicaTask) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -941,7 +1109,7 @@ func (x *ReplicaTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaTask.ProtoReflect.Descriptor instead.
 func (*ReplicaTask) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{15}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReplicaTask) GetState() []byte {
@@ -974,7 +1142,7 @@ type GetRingRequest struct {
 
 func (x *GetRingRequest) Reset() {
 	*x = GetRingRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1154,7 @@ func (x *GetRingRequest) String() string {
 func (*GetRingRequest) ProtoMessage() {}
 
 func (x *GetRingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1167,7 @@ func (x *GetRingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRingRequest.ProtoReflect.Descriptor instead.
 func (*GetRingRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{16}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{19}
 }
 
 // GetRingResponse is the response of PeerService.GetRing.
@@ -1013,7 +1181,7 @@ type GetRingResponse struct {
 
 func (x *GetRingResponse) Reset() {
 	*x = GetRingResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1193,7 @@ func (x *GetRingResponse) String() string {
 func (*GetRingResponse) ProtoMessage() {}
 
 func (x *GetRingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1206,7 @@ func (x *GetRingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRingResponse.ProtoReflect.Descriptor instead.
 func (*GetRingResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{17}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetRingResponse) GetRing() []byte {
@@ -1078,7 +1246,7 @@ type ListPartitionRequest struct {
 
 func (x *ListPartitionRequest) Reset() {
 	*x = ListPartitionRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1258,7 @@ func (x *ListPartitionRequest) String() string {
 func (*ListPartitionRequest) ProtoMessage() {}
 
 func (x *ListPartitionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1271,7 @@ func (x *ListPartitionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartitionRequest.ProtoReflect.Descriptor instead.
 func (*ListPartitionRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{18}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListPartitionRequest) GetPartition() uint32 {
@@ -1175,7 +1343,7 @@ type ListPartitionResponse struct {
 
 func (x *ListPartitionResponse) Reset() {
 	*x = ListPartitionResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1355,7 @@ func (x *ListPartitionResponse) String() string {
 func (*ListPartitionResponse) ProtoMessage() {}
 
 func (x *ListPartitionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1368,7 @@ func (x *ListPartitionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartitionResponse.ProtoReflect.Descriptor instead.
 func (*ListPartitionResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{19}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListPartitionResponse) GetTasks() []*Task {
@@ -1254,7 +1422,7 @@ type CountPartitionsRequest struct {
 
 func (x *CountPartitionsRequest) Reset() {
 	*x = CountPartitionsRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1434,7 @@ func (x *CountPartitionsRequest) String() string {
 func (*CountPartitionsRequest) ProtoMessage() {}
 
 func (x *CountPartitionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1447,7 @@ func (x *CountPartitionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountPartitionsRequest.ProtoReflect.Descriptor instead.
 func (*CountPartitionsRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{20}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CountPartitionsRequest) GetPartitions() []uint32 {
@@ -1307,7 +1475,7 @@ type CountPartitionsResponse struct {
 
 func (x *CountPartitionsResponse) Reset() {
 	*x = CountPartitionsResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1487,7 @@ func (x *CountPartitionsResponse) String() string {
 func (*CountPartitionsResponse) ProtoMessage() {}
 
 func (x *CountPartitionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1500,7 @@ func (x *CountPartitionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountPartitionsResponse.ProtoReflect.Descriptor instead.
 func (*CountPartitionsResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{21}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CountPartitionsResponse) GetCounts() []*PartitionCount {
@@ -1357,7 +1525,7 @@ type PartitionCount struct {
 
 func (x *PartitionCount) Reset() {
 	*x = PartitionCount{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1369,7 +1537,7 @@ func (x *PartitionCount) String() string {
 func (*PartitionCount) ProtoMessage() {}
 
 func (x *PartitionCount) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1382,7 +1550,7 @@ func (x *PartitionCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionCount.ProtoReflect.Descriptor instead.
 func (*PartitionCount) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{22}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PartitionCount) GetPartition() uint32 {
@@ -1410,7 +1578,16 @@ var File_norn_v1_peer_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1anorn/v1/peer_service.proto\x12\anorn.v1\x1a\x12norn/v1/task.proto\"y\n" +
+	"\x1anorn/v1/peer_service.proto\x12\anorn.v1\x1a\x12norn/v1/task.proto\";\n" +
+	"\x11ReadyHeadsRequest\x12\x14\n" +
+	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x10\n" +
+	"\x03max\x18\x02 \x01(\rR\x03max\"Z\n" +
+	"\x12ReadyHeadsResponse\x12(\n" +
+	"\x05heads\x18\x01 \x03(\v2\x12.norn.v1.ReadyHeadR\x05heads\x12\x1a\n" +
+	"\bstranded\x18\x02 \x03(\rR\bstranded\"7\n" +
+	"\tReadyHead\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1a\n" +
+	"\bpriority\x18\x02 \x01(\x05R\bpriority\"y\n" +
 	"\x12ChangeGroupRequest\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12\x12\n" +
@@ -1499,7 +1676,7 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x06leader\x18\x03 \x01(\tR\x06leader\x1a;\n" +
 	"\rByStatusEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xe5\x05\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xac\x06\n" +
 	"\vPeerService\x12B\n" +
 	"\tReplicate\x12\x19.norn.v1.ReplicateRequest\x1a\x1a.norn.v1.ReplicateResponse\x123\n" +
 	"\x04Read\x12\x14.norn.v1.ReadRequest\x1a\x15.norn.v1.ReadResponse\x12<\n" +
@@ -1510,7 +1687,9 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\tTreeNodes\x12\x19.norn.v1.TreeNodesRequest\x1a\x1a.norn.v1.TreeNodesResponse\x12Q\n" +
 	"\x0eSegmentEntries\x12\x1e.norn.v1.SegmentEntriesRequest\x1a\x1f.norn.v1.SegmentEntriesResponse\x12H\n" +
 	"\vChangeGroup\x12\x1b.norn.v1.ChangeGroupRequest\x1a\x1c.norn.v1.ChangeGroupResponse\x12T\n" +
-	"\x0fReplicaProgress\x12\x1f.norn.v1.ReplicaProgressRequest\x1a .norn.v1.ReplicaProgressResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"\x0fReplicaProgress\x12\x1f.norn.v1.ReplicaProgressRequest\x1a .norn.v1.ReplicaProgressResponse\x12E\n" +
+	"\n" +
+	"ReadyHeads\x12\x1a.norn.v1.ReadyHeadsRequest\x1a\x1b.norn.v1.ReadyHeadsResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_peer_service_proto_rawDescOnce sync.Once
@@ -1524,67 +1703,73 @@ func file_norn_v1_peer_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_peer_service_proto_rawDescData
 }
 
-var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_norn_v1_peer_service_proto_goTypes = []any{
-	(*ChangeGroupRequest)(nil),      // 0: norn.v1.ChangeGroupRequest
-	(*ChangeGroupResponse)(nil),     // 1: norn.v1.ChangeGroupResponse
-	(*GroupServer)(nil),             // 2: norn.v1.GroupServer
-	(*ReplicaProgressRequest)(nil),  // 3: norn.v1.ReplicaProgressRequest
-	(*ReplicaProgressResponse)(nil), // 4: norn.v1.ReplicaProgressResponse
-	(*TreeRootsRequest)(nil),        // 5: norn.v1.TreeRootsRequest
-	(*TreeRootsResponse)(nil),       // 6: norn.v1.TreeRootsResponse
-	(*TreeNodesRequest)(nil),        // 7: norn.v1.TreeNodesRequest
-	(*TreeNodesResponse)(nil),       // 8: norn.v1.TreeNodesResponse
-	(*SegmentEntriesRequest)(nil),   // 9: norn.v1.SegmentEntriesRequest
-	(*SegmentEntriesResponse)(nil),  // 10: norn.v1.SegmentEntriesResponse
-	(*ReplicateRequest)(nil),        // 11: norn.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),       // 12: norn.v1.ReplicateResponse
-	(*ReadRequest)(nil),             // 13: norn.v1.ReadRequest
-	(*ReadResponse)(nil),            // 14: norn.v1.ReadResponse
-	(*ReplicaTask)(nil),             // 15: norn.v1.ReplicaTask
-	(*GetRingRequest)(nil),          // 16: norn.v1.GetRingRequest
-	(*GetRingResponse)(nil),         // 17: norn.v1.GetRingResponse
-	(*ListPartitionRequest)(nil),    // 18: norn.v1.ListPartitionRequest
-	(*ListPartitionResponse)(nil),   // 19: norn.v1.ListPartitionResponse
-	(*CountPartitionsRequest)(nil),  // 20: norn.v1.CountPartitionsRequest
-	(*CountPartitionsResponse)(nil), // 21: norn.v1.CountPartitionsResponse
-	(*PartitionCount)(nil),          // 22: norn.v1.PartitionCount
-	nil,                             // 23: norn.v1.PartitionCount.ByStatusEntry
-	(TaskStatus)(0),                 // 24: norn.v1.TaskStatus
-	(*Task)(nil),                    // 25: norn.v1.Task
+	(*ReadyHeadsRequest)(nil),       // 0: norn.v1.ReadyHeadsRequest
+	(*ReadyHeadsResponse)(nil),      // 1: norn.v1.ReadyHeadsResponse
+	(*ReadyHead)(nil),               // 2: norn.v1.ReadyHead
+	(*ChangeGroupRequest)(nil),      // 3: norn.v1.ChangeGroupRequest
+	(*ChangeGroupResponse)(nil),     // 4: norn.v1.ChangeGroupResponse
+	(*GroupServer)(nil),             // 5: norn.v1.GroupServer
+	(*ReplicaProgressRequest)(nil),  // 6: norn.v1.ReplicaProgressRequest
+	(*ReplicaProgressResponse)(nil), // 7: norn.v1.ReplicaProgressResponse
+	(*TreeRootsRequest)(nil),        // 8: norn.v1.TreeRootsRequest
+	(*TreeRootsResponse)(nil),       // 9: norn.v1.TreeRootsResponse
+	(*TreeNodesRequest)(nil),        // 10: norn.v1.TreeNodesRequest
+	(*TreeNodesResponse)(nil),       // 11: norn.v1.TreeNodesResponse
+	(*SegmentEntriesRequest)(nil),   // 12: norn.v1.SegmentEntriesRequest
+	(*SegmentEntriesResponse)(nil),  // 13: norn.v1.SegmentEntriesResponse
+	(*ReplicateRequest)(nil),        // 14: norn.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),       // 15: norn.v1.ReplicateResponse
+	(*ReadRequest)(nil),             // 16: norn.v1.ReadRequest
+	(*ReadResponse)(nil),            // 17: norn.v1.ReadResponse
+	(*ReplicaTask)(nil),             // 18: norn.v1.ReplicaTask
+	(*GetRingRequest)(nil),          // 19: norn.v1.GetRingRequest
+	(*GetRingResponse)(nil),         // 20: norn.v1.GetRingResponse
+	(*ListPartitionRequest)(nil),    // 21: norn.v1.ListPartitionRequest
+	(*ListPartitionResponse)(nil),   // 22: norn.v1.ListPartitionResponse
+	(*CountPartitionsRequest)(nil),  // 23: norn.v1.CountPartitionsRequest
+	(*CountPartitionsResponse)(nil), // 24: norn.v1.CountPartitionsResponse
+	(*PartitionCount)(nil),          // 25: norn.v1.PartitionCount
+	nil,                             // 26: norn.v1.PartitionCount.ByStatusEntry
+	(TaskStatus)(0),                 // 27: norn.v1.TaskStatus
+	(*Task)(nil),                    // 28: norn.v1.Task
 }
 var file_norn_v1_peer_service_proto_depIdxs = []int32{
-	2,  // 0: norn.v1.ChangeGroupResponse.servers:type_name -> norn.v1.GroupServer
-	15, // 1: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
-	24, // 2: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
-	25, // 3: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
-	22, // 4: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
-	23, // 5: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
-	11, // 6: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
-	13, // 7: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
-	16, // 8: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
-	18, // 9: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
-	20, // 10: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
-	5,  // 11: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
-	7,  // 12: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
-	9,  // 13: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
-	0,  // 14: norn.v1.PeerService.ChangeGroup:input_type -> norn.v1.ChangeGroupRequest
-	3,  // 15: norn.v1.PeerService.ReplicaProgress:input_type -> norn.v1.ReplicaProgressRequest
-	12, // 16: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
-	14, // 17: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
-	17, // 18: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
-	19, // 19: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
-	21, // 20: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
-	6,  // 21: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
-	8,  // 22: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
-	10, // 23: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
-	1,  // 24: norn.v1.PeerService.ChangeGroup:output_type -> norn.v1.ChangeGroupResponse
-	4,  // 25: norn.v1.PeerService.ReplicaProgress:output_type -> norn.v1.ReplicaProgressResponse
-	16, // [16:26] is the sub-list for method output_type
-	6,  // [6:16] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	2,  // 0: norn.v1.ReadyHeadsResponse.heads:type_name -> norn.v1.ReadyHead
+	5,  // 1: norn.v1.ChangeGroupResponse.servers:type_name -> norn.v1.GroupServer
+	18, // 2: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
+	27, // 3: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
+	28, // 4: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
+	25, // 5: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
+	26, // 6: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
+	14, // 7: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
+	16, // 8: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
+	19, // 9: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
+	21, // 10: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
+	23, // 11: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
+	8,  // 12: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
+	10, // 13: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
+	12, // 14: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
+	3,  // 15: norn.v1.PeerService.ChangeGroup:input_type -> norn.v1.ChangeGroupRequest
+	6,  // 16: norn.v1.PeerService.ReplicaProgress:input_type -> norn.v1.ReplicaProgressRequest
+	0,  // 17: norn.v1.PeerService.ReadyHeads:input_type -> norn.v1.ReadyHeadsRequest
+	15, // 18: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
+	17, // 19: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
+	20, // 20: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
+	22, // 21: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
+	24, // 22: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
+	9,  // 23: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
+	11, // 24: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
+	13, // 25: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
+	4,  // 26: norn.v1.PeerService.ChangeGroup:output_type -> norn.v1.ChangeGroupResponse
+	7,  // 27: norn.v1.PeerService.ReplicaProgress:output_type -> norn.v1.ReplicaProgressResponse
+	1,  // 28: norn.v1.PeerService.ReadyHeads:output_type -> norn.v1.ReadyHeadsResponse
+	18, // [18:29] is the sub-list for method output_type
+	7,  // [7:18] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_peer_service_proto_init() }
@@ -1599,7 +1784,7 @@ func file_norn_v1_peer_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_peer_service_proto_rawDesc), len(file_norn_v1_peer_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

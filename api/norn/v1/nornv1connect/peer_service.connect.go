@@ -61,6 +61,8 @@ const (
 	// PeerServiceReplicaProgressProcedure is the fully-qualified name of the PeerService's
 	// ReplicaProgress RPC.
 	PeerServiceReplicaProgressProcedure = "/norn.v1.PeerService/ReplicaProgress"
+	// PeerServiceReadyHeadsProcedure is the fully-qualified name of the PeerService's ReadyHeads RPC.
+	PeerServiceReadyHeadsProcedure = "/norn.v1.PeerService/ReadyHeads"
 )
 
 // PeerServiceClient is a client for the norn.v1.PeerService service.
@@ -102,6 +104,12 @@ type PeerServiceClient interface {
 	// is: its ring epoch, Raft applied index and whether anti-entropy
 	// filled it from the nodes a move names.
 	ReplicaProgress(context.Context, *connect.Request[v1.ReplicaProgressRequest]) (*connect.Response[v1.ReplicaProgressResponse], error)
+	// ReadyHeads returns the best claimable tasks of a queue in the
+	// partitions the receiver leads, in the order its claims take them. A
+	// node serving a claim asks the other leaders with this call, so that
+	// priority is strict across the cluster (docs/ARCHITECTURE.md,
+	// dispatch).
+	ReadyHeads(context.Context, *connect.Request[v1.ReadyHeadsRequest]) (*connect.Response[v1.ReadyHeadsResponse], error)
 }
 
 // NewPeerServiceClient constructs a client for the norn.v1.PeerService service. By default, it uses
@@ -175,6 +183,12 @@ func NewPeerServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(peerServiceMethods.ByName("ReplicaProgress")),
 			connect.WithClientOptions(opts...),
 		),
+		readyHeads: connect.NewClient[v1.ReadyHeadsRequest, v1.ReadyHeadsResponse](
+			httpClient,
+			baseURL+PeerServiceReadyHeadsProcedure,
+			connect.WithSchema(peerServiceMethods.ByName("ReadyHeads")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -190,6 +204,7 @@ type peerServiceClient struct {
 	segmentEntries  *connect.Client[v1.SegmentEntriesRequest, v1.SegmentEntriesResponse]
 	changeGroup     *connect.Client[v1.ChangeGroupRequest, v1.ChangeGroupResponse]
 	replicaProgress *connect.Client[v1.ReplicaProgressRequest, v1.ReplicaProgressResponse]
+	readyHeads      *connect.Client[v1.ReadyHeadsRequest, v1.ReadyHeadsResponse]
 }
 
 // Replicate calls norn.v1.PeerService.Replicate.
@@ -242,6 +257,11 @@ func (c *peerServiceClient) ReplicaProgress(ctx context.Context, req *connect.Re
 	return c.replicaProgress.CallUnary(ctx, req)
 }
 
+// ReadyHeads calls norn.v1.PeerService.ReadyHeads.
+func (c *peerServiceClient) ReadyHeads(ctx context.Context, req *connect.Request[v1.ReadyHeadsRequest]) (*connect.Response[v1.ReadyHeadsResponse], error) {
+	return c.readyHeads.CallUnary(ctx, req)
+}
+
 // PeerServiceHandler is an implementation of the norn.v1.PeerService service.
 type PeerServiceHandler interface {
 	// Replicate merges task states into the receiver's replicas with the
@@ -281,6 +301,12 @@ type PeerServiceHandler interface {
 	// is: its ring epoch, Raft applied index and whether anti-entropy
 	// filled it from the nodes a move names.
 	ReplicaProgress(context.Context, *connect.Request[v1.ReplicaProgressRequest]) (*connect.Response[v1.ReplicaProgressResponse], error)
+	// ReadyHeads returns the best claimable tasks of a queue in the
+	// partitions the receiver leads, in the order its claims take them. A
+	// node serving a claim asks the other leaders with this call, so that
+	// priority is strict across the cluster (docs/ARCHITECTURE.md,
+	// dispatch).
+	ReadyHeads(context.Context, *connect.Request[v1.ReadyHeadsRequest]) (*connect.Response[v1.ReadyHeadsResponse], error)
 }
 
 // NewPeerServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -350,6 +376,12 @@ func NewPeerServiceHandler(svc PeerServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(peerServiceMethods.ByName("ReplicaProgress")),
 		connect.WithHandlerOptions(opts...),
 	)
+	peerServiceReadyHeadsHandler := connect.NewUnaryHandler(
+		PeerServiceReadyHeadsProcedure,
+		svc.ReadyHeads,
+		connect.WithSchema(peerServiceMethods.ByName("ReadyHeads")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/norn.v1.PeerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case PeerServiceReplicateProcedure:
@@ -372,6 +404,8 @@ func NewPeerServiceHandler(svc PeerServiceHandler, opts ...connect.HandlerOption
 			peerServiceChangeGroupHandler.ServeHTTP(w, r)
 		case PeerServiceReplicaProgressProcedure:
 			peerServiceReplicaProgressHandler.ServeHTTP(w, r)
+		case PeerServiceReadyHeadsProcedure:
+			peerServiceReadyHeadsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -419,4 +453,8 @@ func (UnimplementedPeerServiceHandler) ChangeGroup(context.Context, *connect.Req
 
 func (UnimplementedPeerServiceHandler) ReplicaProgress(context.Context, *connect.Request[v1.ReplicaProgressRequest]) (*connect.Response[v1.ReplicaProgressResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.ReplicaProgress is not implemented"))
+}
+
+func (UnimplementedPeerServiceHandler) ReadyHeads(context.Context, *connect.Request[v1.ReadyHeadsRequest]) (*connect.Response[v1.ReadyHeadsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.ReadyHeads is not implemented"))
 }

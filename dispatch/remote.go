@@ -1,0 +1,402 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
+	"github.com/norn-dev/norn/storage"
+	"github.com/norn-dev/norn/transport"
+)
+
+// Priority across the cluster (DESIGN §4, Claim). A claim weighs the
+// heads of the partitions this node leads against the claimable heads
+// the other leaders report (PeerService.ReadyHeads, answered by
+// ReadyHeads below), merged in claim order, and asks each leader for the
+// tasks of its own that made the cut (a proxied claim with a priority
+// floor), all at once. What the other leaders reported is cached per
+// queue for at most Config.HeadsTTL and refreshed by one call per leader
+// that all concurrent claims of the queue share; a proxied claim that
+// got fewer tasks than its leader reported drops that leader's entry.
+//
+// The bounds this gives, stated in docs/API.md (Claim order):
+//   - priority is strict across the cluster, except that a task that
+//     became claimable at another node's leader less than HeadsTTL before
+//     a claim may be passed over by that claim;
+//   - within one priority, a claim takes this node's own heads before
+//     another leader's unless the other's is older by more than
+//     fifoSlack: tasks of one priority come out in age order to within
+//     fifoSlack across nodes, and a claim stays on one node when ages
+//     allow (one Raft entry, no proxied call).
+
+const (
+	// DefaultHeadsTTL is Config.HeadsTTL's default.
+	DefaultHeadsTTL = 50 * time.Millisecond
+	// fifoSlack: see above.
+	fifoSlack = 250 * time.Millisecond
+	// minHeadsAsked is the fewest heads a node asks another leader for,
+	// so that claims of a few tasks share one answer.
+	minHeadsAsked = 16
+	// DefaultHeadsWait is Config.HeadsWait's default.
+	DefaultHeadsWait = 250 * time.Millisecond
+	// headsTimeout bounds one ReadyHeads call; a leader that did not
+	// answer is asked again headsRetry later (meanwhile claims go on
+	// without its heads), and one that has no ReadyHeads (an older
+	// version, during a rolling upgrade) legacyRetry later.
+	headsTimeout = time.Second
+	headsRetry   = time.Second
+	legacyRetry  = time.Minute
+	// headsForget drops the cache of a queue no claim looked at for
+	// this long.
+	headsForget = time.Minute
+)
+
+// fifoSlackIDs is fifoSlack in sonyflake id units: an id carries its
+// time in 10 ms units above bit 24.
+const fifoSlackIDs = uint64(fifoSlack/(10*time.Millisecond)) << 24
+
+// remoteFirst reports whether another leader's head r goes before this
+// node's head l.
+func remoteFirst(r, l storage.ReadyEntry) bool {
+	if r.Priority != l.Priority {
+		return r.Priority > l.Priority
+	}
+	return r.ID+fifoSlackIDs < l.ID
+}
+
+// ReadyHeads returns up to max claimable heads of queue in the partitions
+// this node leads, in the order its claims take them; when there is none,
+// the partitions replicated here whose ready index holds tasks of queue
+// while they have no reachable leader (see stranded).
+func (d *Dispatcher) ReadyHeads(queue string, max int) (*nornv1.ReadyHeadsResponse, error) {
+	if d.host.Ring() == nil {
+		return nil, apierr.NotFormed
+	}
+	heads, err := newHeadMerger(d.store, queue, d.leading())
+	if err != nil {
+		return nil, apierr.From(err)
+	}
+	now := d.cfg.Clock.Now().UnixMilli()
+	out := &nornv1.ReadyHeadsResponse{}
+	// Look past max as claimRound does: heads blocked by dependencies
+	// are skipped, but not without bound.
+	for examined := 0; len(out.Heads) < max && examined < 4*max+256; examined++ {
+		_, h, ok := heads.next()
+		if !ok {
+			if heads.err != nil {
+				return nil, apierr.From(heads.err)
+			}
+			break
+		}
+		if _, _, ok := d.candidate(h.ID, now); ok {
+			out.Heads = append(out.Heads, &nornv1.ReadyHead{Id: h.ID, Priority: h.Priority})
+		}
+	}
+	if len(out.Heads) == 0 {
+		for _, p := range d.stranded(queue, nil, true) {
+			out.Stranded = append(out.Stranded, uint32(p))
+		}
+	}
+	return out, nil
+}
+
+// remoteHeads is the cache of what the other leaders reported, by queue.
+type remoteHeads struct {
+	d         *Dispatcher
+	mu        sync.Mutex
+	queues    map[string]*queueHeads
+	lastSweep time.Time
+}
+
+// queueHeads is what the other leaders reported of one queue.
+type queueHeads struct {
+	peers      map[string]*peerHeads // by node id
+	refreshing chan struct{}         // closed when the refresh under way ends
+	used       time.Time             // when a claim last looked
+}
+
+// peerHeads is what one leader reported of one queue.
+type peerHeads struct {
+	addr     string
+	heads    []storage.ReadyEntry // in its claim order, less what this node's claims took
+	more     bool                 // it reported as many as asked: it may hold more
+	asked    int
+	at       time.Time // when it answered; zero: ask again
+	gen      uint64    // which answer heads come from
+	stranded []uint16
+	err      error // the last call failed
+	legacy   bool  // it has no ReadyHeads
+}
+
+// headsView is a claim's snapshot of the cache of one queue.
+type headsView struct {
+	rivals   []*rival
+	answered map[string]bool // the leaders whose heads are known now
+	legacy   map[string]bool // the leaders without ReadyHeads
+	stranded []uint16        // a leader's stranded partitions, when some reported any
+	lastErr  error           // a failed call, when some failed
+}
+
+// rival walks one other leader's heads during a claim's pick.
+type rival struct {
+	node, addr string
+	gen        uint64
+	heads      []storage.ReadyEntry
+	i          int
+	floor      int32 // the lowest priority taken
+}
+
+func (r *rival) head() (storage.ReadyEntry, bool) {
+	if r.i < len(r.heads) {
+		return r.heads[r.i], true
+	}
+	return storage.ReadyEntry{}, false
+}
+
+// bestRival returns the rival whose next head goes first, or nil.
+func bestRival(rs []*rival) *rival {
+	var best *rival
+	var bh storage.ReadyEntry
+	for _, r := range rs {
+		if h, ok := r.head(); ok && (best == nil || headLess(h, bh)) {
+			best, bh = r, h
+		}
+	}
+	return best
+}
+
+// view returns the other leaders' heads of queue, asking those whose
+// answer is older than HeadsTTL (or too short for need, or missing)
+// again first. Concurrent claims of a queue share one refresh, and wait
+// for it at most HeadsWait: a leader that answers later (overloaded, or
+// cut off while gossip still counts it alive) is left out of the claims
+// meanwhile rather than stalling them.
+func (rh *remoteHeads) view(ctx context.Context, queue string, need int) *headsView {
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for tries := 0; ; tries++ {
+		rh.mu.Lock()
+		now := time.Now()
+		q := rh.queue(queue, now)
+		if q.refreshing == nil && tries < 2 {
+			if stale := rh.stale(q, need, now); len(stale) > 0 {
+				ch := make(chan struct{})
+				q.refreshing = ch
+				go func() {
+					rh.fetch(queue, q, stale, max(need, minHeadsAsked))
+					rh.mu.Lock()
+					q.refreshing = nil
+					close(ch)
+					rh.mu.Unlock()
+				}()
+			}
+		}
+		ch := q.refreshing
+		if ch == nil || tries == 2 {
+			v := q.snapshot()
+			rh.mu.Unlock()
+			return v
+		}
+		rh.mu.Unlock()
+		if t == nil {
+			t = time.NewTimer(rh.d.cfg.HeadsWait)
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			tries = 1 // take what is known
+		case <-ctx.Done():
+			tries = 1
+		}
+	}
+}
+
+// queue returns the cache of queue, with an entry for every other live
+// node of the ring; it drops the caches no claim looked at lately.
+func (rh *remoteHeads) queue(queue string, now time.Time) *queueHeads {
+	if now.Sub(rh.lastSweep) > headsForget {
+		for name, q := range rh.queues {
+			if now.Sub(q.used) > headsForget && q.refreshing == nil {
+				delete(rh.queues, name)
+			}
+		}
+		rh.lastSweep = now
+	}
+	q := rh.queues[queue]
+	if q == nil {
+		q = &queueHeads{peers: map[string]*peerHeads{}}
+		rh.queues[queue] = q
+	}
+	q.used = now
+	d := rh.d
+	alive := d.host.Alive()
+	seen := map[string]bool{}
+	if r := d.host.Ring(); r != nil {
+		for _, nd := range r.Nodes {
+			id := string(nd.ID)
+			if id == d.cfg.NodeID || !alive[id] {
+				continue
+			}
+			seen[id] = true
+			if p := q.peers[id]; p == nil || p.addr != nd.APIAddr {
+				q.peers[id] = &peerHeads{addr: nd.APIAddr}
+			}
+		}
+	}
+	for id := range q.peers {
+		if !seen[id] {
+			delete(q.peers, id)
+		}
+	}
+	return q
+}
+
+// stale returns the leaders of q to ask again.
+func (rh *remoteHeads) stale(q *queueHeads, need int, now time.Time) []string {
+	var out []string
+	for id, p := range q.peers {
+		age := now.Sub(p.at)
+		switch {
+		case p.legacy:
+			if age < legacyRetry {
+				continue
+			}
+		case p.err != nil:
+			if age < headsRetry {
+				continue
+			}
+		case p.at.IsZero() || age > rh.d.cfg.HeadsTTL || (p.more && len(p.heads) < need):
+		default:
+			continue
+		}
+		out = append(out, id)
+	}
+	return out
+}
+
+// fetch asks the leaders ids for up to n heads of queue each, at once,
+// and records their answers in q.
+func (rh *remoteHeads) fetch(queue string, q *queueHeads, ids []string, n int) {
+	rh.mu.Lock()
+	addrs := make([]string, len(ids))
+	for i, id := range ids {
+		addrs[i] = q.peers[id].addr
+	}
+	rh.mu.Unlock()
+	// The answer serves every claim waiting on this refresh, not only
+	// the one that started it.
+	ctx, cancel := context.WithTimeout(context.Background(), headsTimeout)
+	defer cancel()
+	type answer struct {
+		id   string
+		resp *nornv1.ReadyHeadsResponse
+		err  error
+	}
+	answers := make(chan answer, len(ids))
+	for i, id := range ids {
+		go func() {
+			resp, err := rh.d.peers.Get(addrs[i]).Peer.ReadyHeads(ctx, transport.Request(rh.d.peers, &nornv1.ReadyHeadsRequest{Queue: queue, Max: uint32(n)}))
+			a := answer{id: id, err: err}
+			if err == nil {
+				a.resp = resp.Msg
+			}
+			answers <- a
+		}()
+	}
+	for range ids {
+		a := <-answers
+		rh.mu.Lock()
+		p := q.peers[a.id]
+		if p != nil {
+			p.record(a.resp, a.err, n)
+		}
+		rh.mu.Unlock()
+	}
+}
+
+// record keeps one answer of a leader to a ReadyHeads call for n heads.
+func (p *peerHeads) record(resp *nornv1.ReadyHeadsResponse, err error, n int) {
+	p.at, p.gen = time.Now(), p.gen+1
+	p.heads, p.stranded, p.more, p.asked = nil, nil, false, n
+	p.legacy, p.err = false, err
+	if err != nil {
+		p.legacy = connect.CodeOf(err) == connect.CodeUnimplemented
+		if p.legacy {
+			p.err = nil
+		}
+		return
+	}
+	for _, h := range resp.GetHeads() {
+		p.heads = append(p.heads, storage.ReadyEntry{ID: h.GetId(), Priority: h.GetPriority()})
+	}
+	for _, s := range resp.GetStranded() {
+		p.stranded = append(p.stranded, uint16(s))
+	}
+	p.more = len(p.heads) >= n
+}
+
+// snapshot returns the cache of q as a claim uses it.
+func (q *queueHeads) snapshot() *headsView {
+	v := &headsView{answered: map[string]bool{}, legacy: map[string]bool{}}
+	for id, p := range q.peers {
+		switch {
+		case p.legacy:
+			v.legacy[id] = true
+		case p.err != nil:
+			v.lastErr = p.err
+		case !p.at.IsZero():
+			v.answered[id] = true
+			if len(p.heads) > 0 {
+				v.rivals = append(v.rivals, &rival{node: id, addr: p.addr, gen: p.gen, heads: p.heads, floor: p.heads[0].Priority})
+			} else if len(p.stranded) > 0 {
+				v.stranded = p.stranded
+			}
+		}
+	}
+	return v
+}
+
+// took records that a proxied claim for want tasks of the leader rv got
+// got: the heads it took leave the cache; a leader that gave fewer than
+// it reported (claimed meanwhile by others, or no longer the leader) is
+// asked again by the next claim.
+func (rh *remoteHeads) took(queue string, rv *rival, want, got int) {
+	rh.mu.Lock()
+	defer rh.mu.Unlock()
+	q := rh.queues[queue]
+	if q == nil {
+		return
+	}
+	p := q.peers[rv.node]
+	if p == nil || p.gen != rv.gen {
+		return // answered again since: that answer stands
+	}
+	if got < want || want > len(p.heads) {
+		p.at = time.Time{}
+		return
+	}
+	p.heads = p.heads[want:]
+}
+
+// failed records that a proxied claim to the leader rv failed.
+func (rh *remoteHeads) failed(queue string, rv *rival, err error) {
+	rh.mu.Lock()
+	defer rh.mu.Unlock()
+	if q := rh.queues[queue]; q != nil {
+		if p := q.peers[rv.node]; p != nil && p.gen == rv.gen {
+			p.at, p.err = time.Now(), err
+			if errors.Is(err, context.Canceled) {
+				p.at, p.err = time.Time{}, nil
+			}
+		}
+	}
+}
