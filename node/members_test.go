@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +29,9 @@ type member struct {
 	ln   net.Listener
 	api  nornv1connect.TaskServiceClient
 	peer nornv1connect.PeerServiceClient
+	// olderVersion makes the member answer as a node of a version
+	// without PeerService.ReadyHeads does (404, connect's Unimplemented).
+	olderVersion atomic.Bool
 }
 
 // testCluster starts k nodes that form one cluster (P=8, N=min(3,k)) and
@@ -90,13 +94,20 @@ func startMember(t *testing.T, cfg Config) *member {
 		ln.Close()
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: n.Handler(), Protocols: serverProtocols()}
-	go srv.Serve(ln)
 	hc := h2cClient()
-	m := &member{t: t, cfg: cfg, node: n, srv: srv, ln: ln,
+	m := &member{t: t, cfg: cfg, node: n, ln: ln,
 		api:  nornv1connect.NewTaskServiceClient(hc, "http://"+cfg.APIAddr, connect.WithGRPC()),
 		peer: nornv1connect.NewPeerServiceClient(hc, "http://"+cfg.APIAddr, connect.WithGRPC()),
 	}
+	h := n.Handler()
+	m.srv = &http.Server{Protocols: serverProtocols(), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == nornv1connect.PeerServiceReadyHeadsProcedure && m.olderVersion.Load() {
+			http.NotFound(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})}
+	go m.srv.Serve(ln)
 	t.Cleanup(m.stop)
 	return m
 }

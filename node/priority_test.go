@@ -23,7 +23,6 @@ func TestClusterClaimsStrictPriority(t *testing.T) {
 	// The promise holds for the leaders that report their heads within
 	// the wait: under a loaded test machine, let them all.
 	ms := testClusterWith(t, 3, func(_ int, cfg *Config) { cfg.ClaimHeadsWait = time.Minute })
-	ctx := context.Background()
 	leads := map[string]int{}
 	for p := range 8 {
 		leads[string(ms[0].node.group(uint16(p)).Leader())]++
@@ -34,25 +33,13 @@ func TestClusterClaimsStrictPriority(t *testing.T) {
 		t.Helper()
 		byID := map[uint64]int32{}
 		for i, pr := range prios {
-			// Every replica acks, the leader with them: the task is
-			// claimable at its leader when the enqueue returns.
-			resp, err := ms[i%3].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{
-				Task: &nornv1.TaskSpec{Queue: queue, Priority: pr}, W: 3}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			byID[resp.Msg.Id] = pr
+			byID[enqueueAll(t, ms[i%3], queue, pr)] = pr
 		}
 		return byID
 	}
 	claim := func(m *member, queue string, n uint32) []*nornv1.ClaimedTask {
 		t.Helper()
-		resp, err := m.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{
-			Queue: queue, Worker: "w", Max: n, Lease: durationpb.New(time.Minute)}))
-		if err != nil {
-			t.Fatalf("claim %d of %s via %s: %v", n, queue, m.cfg.NodeID, err)
-		}
-		return resp.Msg.Tasks
+		return claimN(t, m, queue, n)
 	}
 
 	t.Run("trial", func(t *testing.T) {
@@ -87,23 +74,112 @@ func TestClusterClaimsStrictPriority(t *testing.T) {
 			if len(got) == 0 {
 				t.Fatalf("claim of %d via %s got nothing; %d left", size, m.cfg.NodeID, len(left))
 			}
-			lowest := got[0].Task.Spec.Priority
 			for _, ct := range got {
-				pr, ok := left[ct.Task.Id]
-				if !ok {
+				if _, ok := left[ct.Task.Id]; !ok {
 					t.Fatalf("task %d claimed twice or unknown", ct.Task.Id)
 				}
 				delete(left, ct.Task.Id)
-				lowest = min(lowest, pr)
 			}
-			for id, pr := range left {
-				if pr > lowest {
-					t.Fatalf("claim of %d via %s took priority %d while task %d of priority %d was ready (%s)",
-						size, m.cfg.NodeID, lowest, id, pr, fmt.Sprint(priorities(got)))
+			checkStrict(t, m, got, left)
+		}
+	})
+
+	// A node of an older version cannot report its heads: its tasks are
+	// still claimed through the others, as they were before (after the
+	// heads of the nodes that report theirs).
+	t.Run("older version", func(t *testing.T) {
+		ms[2].olderVersion.Store(true)
+		defer ms[2].olderVersion.Store(false)
+		left := enqueue("older", make([]int32, 30))
+		for round := 0; len(left) > 0; round++ {
+			if round > 30 {
+				t.Fatalf("%d tasks never claimed", len(left))
+			}
+			for _, ct := range claim(ms[0], "older", 4) {
+				if _, ok := left[ct.Task.Id]; !ok {
+					t.Fatalf("task %d claimed twice or unknown", ct.Task.Id)
 				}
+				delete(left, ct.Task.Id)
 			}
 		}
 	})
+}
+
+// With ClaimHeadsTTL next to nothing every claim asks the other leaders
+// afresh, and priority is strict while enqueues and claims interleave:
+// the bound of docs/API.md ("Claim order") is the TTL and nothing else.
+func TestClusterClaimsStrictPriorityInterleaved(t *testing.T) {
+	ms := testClusterWith(t, 3, func(_ int, cfg *Config) {
+		cfg.ClaimHeadsTTL, cfg.ClaimHeadsWait = time.Nanosecond, time.Minute
+	})
+	rng := rand.New(rand.NewPCG(3, 5))
+	left := map[uint64]int32{}
+	enqueued := 0
+	for step := 0; enqueued < 120 || len(left) > 0; step++ {
+		if step > 1000 {
+			t.Fatalf("%d tasks never claimed", len(left))
+		}
+		if enqueued < 120 && rng.IntN(2) == 0 {
+			for range 1 + rng.IntN(4) {
+				pr := rng.Int32N(9) - 4
+				left[enqueueAll(t, ms[rng.IntN(3)], "q", pr)] = pr
+				enqueued++
+			}
+			continue
+		}
+		m := ms[rng.IntN(3)]
+		got := claimN(t, m, "q", uint32(1+rng.IntN(6)))
+		for _, ct := range got {
+			if _, ok := left[ct.Task.Id]; !ok {
+				t.Fatalf("task %d claimed twice or unknown", ct.Task.Id)
+			}
+			delete(left, ct.Task.Id)
+		}
+		checkStrict(t, m, got, left)
+	}
+}
+
+// enqueueAll enqueues a task of queue with priority pr through m, acked
+// by every replica, the leader among them: it is claimable at its leader
+// when the enqueue returns.
+func enqueueAll(t *testing.T, m *member, queue string, pr int32) uint64 {
+	t.Helper()
+	resp, err := m.api.Enqueue(context.Background(), connect.NewRequest(&nornv1.EnqueueRequest{
+		Task: &nornv1.TaskSpec{Queue: queue, Priority: pr}, W: 3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Msg.Id
+}
+
+// claimN claims up to n tasks of queue through m.
+func claimN(t *testing.T, m *member, queue string, n uint32) []*nornv1.ClaimedTask {
+	t.Helper()
+	resp, err := m.api.Claim(context.Background(), connect.NewRequest(&nornv1.ClaimRequest{
+		Queue: queue, Worker: "w", Max: n, Lease: durationpb.New(time.Minute)}))
+	if err != nil {
+		t.Fatalf("claim %d of %s via %s: %v", n, queue, m.cfg.NodeID, err)
+	}
+	return resp.Msg.Tasks
+}
+
+// checkStrict fails t when a task left unclaimed has a higher priority
+// than the lowest of a claim's tasks got.
+func checkStrict(t *testing.T, m *member, got []*nornv1.ClaimedTask, left map[uint64]int32) {
+	t.Helper()
+	if len(got) == 0 {
+		return
+	}
+	lowest := got[0].Task.Spec.Priority
+	for _, ct := range got {
+		lowest = min(lowest, ct.Task.Spec.Priority)
+	}
+	for id, pr := range left {
+		if pr > lowest {
+			t.Fatalf("a claim via %s took priority %d while task %d of priority %d was ready (%s)",
+				m.cfg.NodeID, lowest, id, pr, fmt.Sprint(priorities(got)))
+		}
+	}
 }
 
 func priorities(ts []*nornv1.ClaimedTask) []int32 {
