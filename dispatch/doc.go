@@ -14,8 +14,12 @@
 // node leads (heads.go: priority, then age), checks each candidate
 // (not terminal, no live claim, its time has come, its dependencies are
 // completed), and proposes one OpClaim entry per partition, concurrently.
-// On a cluster of several nodes it then asks the other leaders (a proxied
-// claim, which looks at their own groups only). When nothing is ready it
+// On a cluster of several nodes it weighs its heads against the best
+// claimable heads the other leaders report (remote.go, ReadyHeads,
+// cached per queue for HeadsTTL), so that priority is strict across the
+// cluster, and asks each leader for those of its heads that made the cut
+// (a proxied claim with a priority floor, which looks at that leader's
+// own groups only), concurrently with its own proposals. When nothing is ready it
 // waits on the queue's Waiters, which the store's ready index and the
 // host's leader changes wake, and looks across the cluster again every
 // ClaimRecheck.

@@ -184,12 +184,15 @@ type TaskSpec struct {
 	// INVALID_ARGUMENT naming the field by its path in the request:
 	// `task.queue` in an Enqueue, `tasks[i].queue` in an EnqueueBatch.
 	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
-	// Priority: higher is claimed first, always. Within one priority, each
-	// partition hands out its tasks in id order (oldest first) and every
-	// claim starts with the oldest task of the best priority; a claim of
-	// several tasks then takes them from as few partitions as it can, so
-	// across partitions the order is by age only roughly. Default 0;
-	// negative values are allowed and sort below the default.
+	// Priority: higher is claimed first, across the whole cluster (a task
+	// that became claimable at another node less than 50 ms before a
+	// claim may be passed over by it; docs/API.md, "Claim order"). Within
+	// one priority, each partition hands out its tasks in id order (oldest
+	// first) and every claim starts with the oldest task of the best
+	// priority; a claim of several tasks then takes them from as few
+	// partitions as it can, so across partitions the order is by age only
+	// roughly (to within 250 ms across nodes). Default 0; negative values
+	// are allowed and sort below the default.
 	Priority int32 `protobuf:"varint,2,opt,name=priority,proto3" json:"priority,omitempty"`
 	// Payload handed to the worker, opaque to Norn. Default empty. At most
 	// the server's payload limit (default 1 MiB); larger is
