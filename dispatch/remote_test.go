@@ -1,0 +1,83 @@
+package dispatch
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/norn-dev/norn/storage"
+)
+
+// idAt is a sonyflake-shaped id of a task enqueued at ms milliseconds.
+func idAt(ms int64, seq uint64) uint64 { return uint64(ms/10)<<24 | seq }
+
+// Another leader's head goes first on a higher priority, or on the same
+// priority when it is older by more than fifoSlack; otherwise the
+// claim's own node keeps the turn.
+func TestRemoteFirst(t *testing.T) {
+	local := storage.ReadyEntry{ID: idAt(10_000, 1), Priority: 2}
+	for _, c := range []struct {
+		name   string
+		remote storage.ReadyEntry
+		want   bool
+	}{
+		{"higher priority, newer", storage.ReadyEntry{ID: idAt(20_000, 1), Priority: 3}, true},
+		{"lower priority, older", storage.ReadyEntry{ID: idAt(1_000, 1), Priority: 1}, false},
+		{"same priority, older by more than the slack", storage.ReadyEntry{ID: idAt(10_000-fifoSlack.Milliseconds()-20, 1), Priority: 2}, true},
+		{"same priority, older within the slack", storage.ReadyEntry{ID: idAt(10_000-fifoSlack.Milliseconds()+20, 1), Priority: 2}, false},
+		{"same priority, newer", storage.ReadyEntry{ID: idAt(10_100, 1), Priority: 2}, false},
+	} {
+		if got := remoteFirst(c.remote, local); got != c.want {
+			t.Errorf("%s: remoteFirst = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// The cache of another leader's heads: a proxied claim that got what it
+// asked for drops those heads; one that got fewer, or failed, has the
+// leader asked again (at once, or after headsRetry); an answer newer
+// than the claim's view is left alone.
+func TestRemoteHeadsBookkeeping(t *testing.T) {
+	d := &Dispatcher{cfg: Config{HeadsTTL: time.Hour}}
+	rh := &remoteHeads{d: d, queues: map[string]*queueHeads{}}
+	heads := []storage.ReadyEntry{{ID: 1, Priority: 5}, {ID: 2, Priority: 5}, {ID: 3, Priority: 1}}
+	p := &peerHeads{addr: "b:1", heads: heads, more: true, asked: 3, at: time.Now(), gen: 1}
+	q := &queueHeads{peers: map[string]*peerHeads{"b": p}}
+	rh.queues["q"] = q
+	stale := func(need int) bool { return len(rh.stale(q, need, time.Now())) > 0 }
+	if stale(3) {
+		t.Fatal("a fresh answer with enough heads is stale")
+	}
+	v := q.snapshot()
+	if len(v.rivals) != 1 || !v.answered["b"] {
+		t.Fatalf("snapshot: %d rivals, answered %v", len(v.rivals), v.answered)
+	}
+	rh.took("q", v.rivals[0], 2, 2)
+	if len(p.heads) != 1 || p.heads[0].ID != 3 {
+		t.Fatalf("after taking 2: heads %v", p.heads)
+	}
+	if !stale(2) {
+		t.Fatal("a leader that may hold more than the one head left is not asked again for 2")
+	}
+	// A claim whose view predates the leader's last answer changes nothing.
+	old := &rival{node: "b", gen: 0}
+	rh.took("q", old, 1, 0)
+	if p.at.IsZero() {
+		t.Fatal("a shortfall seen in an older answer dropped the newer one")
+	}
+	rh.took("q", q.snapshot().rivals[0], 1, 0)
+	if !p.at.IsZero() || !stale(1) {
+		t.Fatal("a leader that gave fewer than it reported is not asked again")
+	}
+	p.record(nil, errors.New("unreachable"), 16)
+	if stale(1) {
+		t.Fatal("a leader that just failed is asked again before headsRetry")
+	}
+	if v := q.snapshot(); len(v.rivals) != 0 || v.answered["b"] || v.lastErr == nil {
+		t.Fatalf("a failed leader in the snapshot: %d rivals, answered %v, err %v", len(v.rivals), v.answered, v.lastErr)
+	}
+	p.at = time.Now().Add(-headsRetry - time.Millisecond)
+	if !stale(1) {
+		t.Fatal("a failed leader is not asked again after headsRetry")
+	}
+}
