@@ -116,18 +116,7 @@ func (s *Store) rebuildCounts(p uint16) error {
 	sb.DeleteRange(lo, hi)
 	lo, hi = tagSpan(p, tagWaiting)
 	sb.DeleteRange(lo, hi)
-	flush := func() error {
-		if sb.Empty() {
-			return nil
-		}
-		b, err := sb.build(s.db)
-		if err != nil {
-			return err
-		}
-		defer b.Close()
-		sb = sortedBatch{}
-		return b.Commit(pebble.NoSync)
-	}
+	flush := func() error { return sb.commitUnsynced(s.db) }
 	counts := map[countDelta]int64{}
 	tlo, thi := tagSpan(p, tagTask)
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: tlo, UpperBound: thi})

@@ -167,13 +167,7 @@ func (s *Store) buildQueueIndex(p uint16, progress func(n int)) (int, error) {
 		if sb.Empty() {
 			return nil
 		}
-		b, err := sb.build(s.db)
-		if err != nil {
-			return err
-		}
-		defer b.Close()
-		sb = sortedBatch{}
-		if err := b.Commit(pebble.NoSync); err != nil {
+		if err := sb.commitUnsynced(s.db); err != nil {
 			return err
 		}
 		progress(n)
