@@ -3,7 +3,9 @@ package storage
 import "errors"
 
 // ErrNotFound is returned when a task is not stored in the partition.
-var ErrNotFound = errors.New("storage: task not found")
+// Its text is what a client reads after NOT_FOUND (apierr.From passes it
+// on), so it names no package.
+var ErrNotFound = errors.New("task not found")
 
 // ErrCorrupt is returned (wrapped) when a stored value cannot be decoded.
 // The wrapping error names the key (hex). Test for it with errors.Is.
