@@ -105,40 +105,21 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 		woken := d.waiters.wait(m.GetQueue()) // before trying: no lost wake-up
 		a.timeout = claimProposeTimeout(ctx)
 		got, view, err := d.tryClaim(ctx, a, limit)
-		var answered map[string]bool // the other leaders whose heads this claim knew
-		var strandedElsewhere, unreachable error
-		if a.across {
-			answered = view.answered
-			lastErr := view.lastErr
-			if err == nil && len(got) < limit && len(view.legacy) > 0 {
-				// Nodes of an older version cannot report their heads:
-				// they are asked for what is left, as they were before.
-				more, legacyAnswered, stranded, perr := d.proxyClaim(ctx, m, limit-len(got), view.legacy)
-				got = append(got, more...)
-				for id := range legacyAnswered {
-					answered[id] = true
-				}
-				strandedElsewhere = stranded
-				lastErr = cmp.Or(perr, lastErr)
-			}
-			if strandedElsewhere == nil && len(view.stranded) > 0 {
-				strandedElsewhere = strandedError(m.GetQueue(), view.stranded)
-			}
-			if len(got) == 0 && len(answered) == 0 && !d.leadsAny() {
-				unreachable = noLeaderReachable(lastErr)
-			}
+		var reach claimReach
+		if a.across && err == nil {
+			got, reach = d.claimOlder(ctx, m, limit, got, view)
 		}
 		if err != nil || len(got) > 0 {
 			return got, err
 		}
 		// Nothing claimed: is the queue empty, or out of reach?
 		var why error
-		if parts := d.stranded(m.GetQueue(), answered, proxied); len(parts) > 0 {
+		if parts := d.stranded(m.GetQueue(), reach.answered, proxied); len(parts) > 0 {
 			why = strandedError(m.GetQueue(), parts)
-		} else if strandedElsewhere != nil {
-			why = strandedElsewhere
+		} else if reach.strandedElsewhere != nil {
+			why = reach.strandedElsewhere
 		} else {
-			why = unreachable
+			why = reach.unreachable
 		}
 		if wait <= 0 {
 			return nil, why
@@ -188,6 +169,40 @@ func (d *Dispatcher) leadsAny() bool {
 		}
 	}
 	return false
+}
+
+// claimReach is what a claim across the cluster learned of the other
+// nodes: the ones it heard from (answered), and why it may have found
+// nothing: a node's partitions without a reachable leader
+// (strandedElsewhere), or no node to ask (unreachable).
+type claimReach struct {
+	answered                       map[string]bool
+	strandedElsewhere, unreachable error
+}
+
+// claimOlder ends a claim across the cluster that got got from the
+// view's leaders: nodes of an older version, which cannot report their
+// heads, are asked for what is left, as they were before; and it tells
+// what the claim learned of the other nodes.
+func (d *Dispatcher) claimOlder(ctx context.Context, m *nornv1.ClaimRequest, limit int, got []*nornv1.ClaimedTask, view *headsView) ([]*nornv1.ClaimedTask, claimReach) {
+	reach := claimReach{answered: view.answered}
+	lastErr := view.lastErr
+	if len(got) < limit && len(view.legacy) > 0 {
+		more, answered, stranded, err := d.proxyClaim(ctx, m, limit-len(got), view.legacy)
+		got = append(got, more...)
+		for id := range answered {
+			reach.answered[id] = true
+		}
+		reach.strandedElsewhere = stranded
+		lastErr = cmp.Or(err, lastErr)
+	}
+	if reach.strandedElsewhere == nil && len(view.stranded) > 0 {
+		reach.strandedElsewhere = strandedError(m.GetQueue(), view.stranded)
+	}
+	if len(got) == 0 && len(reach.answered) == 0 && !d.leadsAny() {
+		reach.unreachable = noLeaderReachable(lastErr)
+	}
+	return got, reach
 }
 
 // proxyTimeout bounds a claim proxied to another node.
