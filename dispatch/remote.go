@@ -170,12 +170,13 @@ func bestRival(rs []*rival) *rival {
 	return best
 }
 
-// view returns the other leaders' heads of queue, asking those whose
-// answer is older than HeadsTTL (or too short for need, or missing)
-// again first. Concurrent claims of a queue share one refresh, and wait
-// for it at most HeadsWait: a leader that answers later (overloaded, or
-// cut off while gossip still counts it alive) is left out of the claims
-// meanwhile rather than stalling them.
+// view returns the other leaders' heads of queue. An answer older than
+// half HeadsTTL is asked for again in the background; a claim waits for
+// the new answer only when the one it has is older than HeadsTTL, too
+// short for need, or missing. Concurrent claims of a queue share one
+// refresh, and wait for it at most HeadsWait: a leader that answers
+// later (overloaded, or cut off while gossip still counts it alive) is
+// left out of the claims meanwhile rather than stalling them.
 func (rh *remoteHeads) view(ctx context.Context, queue string, need int) *headsView {
 	var t *time.Timer
 	defer func() {
@@ -187,21 +188,20 @@ func (rh *remoteHeads) view(ctx context.Context, queue string, need int) *headsV
 		rh.mu.Lock()
 		now := time.Now()
 		q := rh.queue(queue, now)
-		if q.refreshing == nil && tries < 2 {
-			if stale := rh.stale(q, need, now); len(stale) > 0 {
-				ch := make(chan struct{})
-				q.refreshing = ch
-				go func() {
-					rh.fetch(queue, q, stale, max(need, minHeadsAsked))
-					rh.mu.Lock()
-					q.refreshing = nil
-					close(ch)
-					rh.mu.Unlock()
-				}()
-			}
+		ask, must := rh.stale(q, need, now)
+		if q.refreshing == nil && len(ask) > 0 && tries < 2 {
+			ch := make(chan struct{})
+			q.refreshing = ch
+			go func() {
+				rh.fetch(queue, q, ask, max(need, minHeadsAsked))
+				rh.mu.Lock()
+				q.refreshing = nil
+				close(ch)
+				rh.mu.Unlock()
+			}()
 		}
 		ch := q.refreshing
-		if ch == nil || tries == 2 {
+		if ch == nil || !must || tries == 2 {
 			v := q.snapshot()
 			rh.mu.Unlock()
 			return v
@@ -260,9 +260,13 @@ func (rh *remoteHeads) queue(queue string, now time.Time) *queueHeads {
 	return q
 }
 
-// stale returns the leaders of q to ask again.
-func (rh *remoteHeads) stale(q *queueHeads, need int, now time.Time) []string {
-	var out []string
+// stale returns the leaders of q to ask again: those whose answer is
+// older than half HeadsTTL, too short for need, or missing, and those
+// whose call failed headsRetry ago (legacyRetry for an older version).
+// must reports that a claim has to wait for the new answers: one it
+// has is older than HeadsTTL, too short, or missing.
+func (rh *remoteHeads) stale(q *queueHeads, need int, now time.Time) (ask []string, must bool) {
+	ttl := rh.d.cfg.HeadsTTL
 	for id, p := range q.peers {
 		age := now.Sub(p.at)
 		switch {
@@ -274,13 +278,15 @@ func (rh *remoteHeads) stale(q *queueHeads, need int, now time.Time) []string {
 			if age < headsRetry {
 				continue
 			}
-		case p.at.IsZero() || age > rh.d.cfg.HeadsTTL || (p.more && len(p.heads) < need):
+		case p.at.IsZero() || age > ttl || (p.more && len(p.heads) < need):
+			must = true
+		case age > ttl/2:
 		default:
 			continue
 		}
-		out = append(out, id)
+		ask = append(ask, id)
 	}
-	return out
+	return ask, must
 }
 
 // fetch asks the leaders ids for up to n heads of queue each, at once,

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/storage"
 )
 
@@ -44,7 +45,13 @@ func TestRemoteHeadsBookkeeping(t *testing.T) {
 	p := &peerHeads{addr: "b:1", heads: heads, more: true, asked: 3, at: time.Now(), gen: 1}
 	q := &queueHeads{peers: map[string]*peerHeads{"b": p}}
 	rh.queues["q"] = q
-	stale := func(need int) bool { return len(rh.stale(q, need, time.Now())) > 0 }
+	stale := func(need int) bool {
+		ask, must := rh.stale(q, need, time.Now())
+		if must && len(ask) == 0 {
+			t.Fatal("a claim must wait for answers nobody is asked for")
+		}
+		return must
+	}
 	if stale(3) {
 		t.Fatal("a fresh answer with enough heads is stale")
 	}
@@ -70,14 +77,25 @@ func TestRemoteHeadsBookkeeping(t *testing.T) {
 		t.Fatal("a leader that gave fewer than it reported is not asked again")
 	}
 	p.record(nil, errors.New("unreachable"), 16)
-	if stale(1) {
+	if ask, must := rh.stale(q, 1, time.Now()); len(ask) > 0 || must {
 		t.Fatal("a leader that just failed is asked again before headsRetry")
 	}
 	if v := q.snapshot(); len(v.rivals) != 0 || v.answered["b"] || v.lastErr == nil {
 		t.Fatalf("a failed leader in the snapshot: %d rivals, answered %v, err %v", len(v.rivals), v.answered, v.lastErr)
 	}
 	p.at = time.Now().Add(-headsRetry - time.Millisecond)
-	if !stale(1) {
-		t.Fatal("a failed leader is not asked again after headsRetry")
+	if ask, must := rh.stale(q, 1, time.Now()); len(ask) != 1 || must {
+		t.Fatalf("after headsRetry a failed leader is asked again (%v) without a claim waiting for it (%v)", ask, must)
+	}
+	// An answer past half its TTL is asked for again in the background;
+	// past its TTL, a claim waits for the new one.
+	p.record(&nornv1.ReadyHeadsResponse{Heads: []*nornv1.ReadyHead{{Id: 9, Priority: 1}}}, nil, 16)
+	p.at = time.Now().Add(-d.cfg.HeadsTTL/2 - time.Millisecond)
+	if ask, must := rh.stale(q, 1, time.Now()); len(ask) != 1 || must {
+		t.Fatalf("past half its TTL: asked %v, must wait %v", ask, must)
+	}
+	p.at = time.Now().Add(-d.cfg.HeadsTTL - time.Millisecond)
+	if ask, must := rh.stale(q, 1, time.Now()); len(ask) != 1 || !must {
+		t.Fatalf("past its TTL: asked %v, must wait %v", ask, must)
 	}
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -114,4 +115,35 @@ func newBenchHarness(b *testing.B) *harness {
 	b.Helper()
 	h := newHarness(b, b.TempDir(), nil)
 	return h
+}
+
+// BenchmarkReadyHeads measures what a node answers another node's claim
+// with (PeerService.ReadyHeads, without the call): the best 16 claimable
+// heads of a queue over the partitions it leads, with 1,000 and 100,000
+// ready tasks of assorted priorities. Its cost must not grow with the
+// ready tasks (docs/API.md, "Claim order").
+func BenchmarkReadyHeads(b *testing.B) {
+	for _, ready := range []int{1_000, 100_000} {
+		b.Run(fmt.Sprint(ready), func(b *testing.B) {
+			h := newBenchHarness(b)
+			specs := make([]*nornv1.TaskSpec, 0, 1000)
+			for left := ready; left > 0; left -= len(specs) {
+				specs = specs[:0]
+				for i := range min(left, 1000) {
+					specs = append(specs, &nornv1.TaskSpec{Queue: "bench", Priority: int32(i % 7), Payload: make([]byte, 64)})
+				}
+				if _, err := h.api.EnqueueBatch(context.Background(), connect.NewRequest(&nornv1.EnqueueBatchRequest{Tasks: specs})); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				resp, err := h.node.dispatch.ReadyHeads("bench", 16)
+				if err != nil || len(resp.Heads) != 16 {
+					b.Fatalf("ReadyHeads: %d heads, %v", len(resp.GetHeads()), err)
+				}
+			}
+		})
+	}
 }
