@@ -18,6 +18,7 @@ import (
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/replicas"
+	"github.com/norn-dev/norn/testhooks"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -282,6 +283,9 @@ func (d *Dispatcher) tryClaim(ctx context.Context, a claimArgs, limit int) (out 
 		var rivals []*rival
 		if a.across {
 			view = d.remote.view(ctx, a.msg.GetQueue(), limit-len(out))
+			if testhooks.Built && d.cfg.ClaimLocalFirst {
+				view = d.remote.olderOnly()
+			}
 			rivals = view.rivals
 		}
 		got, contended, err := d.claimRound(ctx, a, limit-len(out), rivals)

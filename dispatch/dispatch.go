@@ -62,6 +62,9 @@ type Config struct {
 	ClockInBound func() bool
 	// ExpiryNoSkew is the seeded bug TestBugs.ExpiryNoSkew.
 	ExpiryNoSkew bool
+	// ClaimLocalFirst is the seeded bug TestBugs.ClaimLocalFirst: every
+	// other node is treated as one that cannot report its heads.
+	ClaimLocalFirst bool
 
 	// OnExpired and OnAborted, when set, are told of the queue of each
 	// claim the monitor expired and each task the dispatcher aborted

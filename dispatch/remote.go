@@ -371,6 +371,22 @@ func (q *queueHeads) snapshot() *headsView {
 	return v
 }
 
+// olderOnly is the view of the seeded bug ClaimLocalFirst: every other
+// live node as one of an older version, asked for what is left after
+// this node's own heads.
+func (rh *remoteHeads) olderOnly() *headsView {
+	v := &headsView{answered: map[string]bool{}, legacy: map[string]bool{}}
+	if r := rh.d.host.Ring(); r != nil {
+		alive := rh.d.host.Alive()
+		for _, nd := range r.Nodes {
+			if id := string(nd.ID); id != rh.d.cfg.NodeID && alive[id] {
+				v.legacy[id] = true
+			}
+		}
+	}
+	return v
+}
+
 // took records that a proxied claim for want tasks of the leader rv got
 // got: the heads it took leave the cache; a leader that gave fewer than
 // it reported (claimed meanwhile by others, or no longer the leader) is

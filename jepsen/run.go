@@ -58,7 +58,16 @@ type Scenario struct {
 	// Rogue adds the rogue checker (CheckRogue): the nemesis records its
 	// attempts in Env.Rogue.
 	Rogue bool
+	// Priorities runs the workload with priorities (5 of them, enqueues
+	// acked by every replica, every claim through n1) and adds the
+	// priority checker (check.Priority).
+	Priorities bool
 }
+
+// prioritySettle is how long a task must have been claimable before the
+// priority checker holds a claim of a lower priority against it: the 50
+// ms bound on the other leaders' reports, their 250 ms wait, and a margin.
+const prioritySettle = 500 * time.Millisecond
 
 // Scenarios lists every scenario, in the order `make jepsen` runs them.
 var Scenarios = []Scenario{
@@ -75,6 +84,8 @@ var Scenarios = []Scenario{
 	{Name: "stale-worker", Desc: "a client holds a short claim past its lease while a node other than its leader is cut off; the leader expires and regrants the claim; the client completes through the cut-off node (forced to answer itself, w=1), then through any node: both must be refused (the fence)", Nodes: 3, Nemesis: nemesisStaleWorker, EnqueueShare: 0.2, Short: true},
 	{Name: "complete-handover", Desc: "test hooks: a node stops exchanging task states with its peers (its Raft groups go on), so a complete acked at w=2 skips it; within milliseconds of the ack its partition's leadership moves to that node (-lease-grace 500ms, no leader balancing): it must not expire the finished claim nor grant the task again (the fence)",
 		Nodes: 3, NeedsHooks: true, Nemesis: nemesisCompleteHandover, Args: completeHandoverArgs, EnqueueShare: 0.2, Short: true},
+	{Name: "priority", Desc: "no faults; tasks of 5 priorities, enqueued at w=3, every claim through n1 (a worker pool behind one address): no claim may pass over a task of higher priority claimable for 500 ms",
+		Nodes: 3, Nemesis: nemesisNone, Priorities: true, EnqueueShare: 0.6, Short: true},
 	{Name: "flaky", Desc: "iptables statistic: drop 20-40% of one node's packets each way", Nodes: 3, Nemesis: nemesisFlaky},
 	{Name: "isolate-converge", Desc: "cut one node off for the whole run while writes (W=2) skip it, heal, check convergence", Nodes: 3, Nemesis: nemesisIsolateConverge, Short: true},
 	{Name: "clock-bump", Desc: "test hooks: bump a node's clock by up to +-750ms (below the 2s buffer)", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockBump},
@@ -100,6 +111,8 @@ var Scenarios = []Scenario{
 	{Name: "bug-act-no-fence", Desc: "self-test: seeded bug act-no-fence (the claim FSM takes a complete under any claim of the task), the stale-worker faults; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"act-no-fence"}, Nemesis: nemesisStaleWorker, EnqueueShare: 0.2, Time: 45 * time.Second},
 	{Name: "bug-end-after-write", Desc: "self-test: seeded bug end-after-write (a complete is written as a CRDT and the claim's end proposed a second later, dropped by a node that no longer leads: the path before the fence), the complete-handover faults; must fail a checker",
 		Nodes: 3, NeedsHooks: true, Bugs: []string{"end-after-write"}, Nemesis: nemesisCompleteHandover, Args: completeHandoverArgs, EnqueueShare: 0.2, Time: 45 * time.Second, Short: true},
+	{Name: "bug-claim-local-first", Desc: "self-test: seeded bug claim-local-first (a claim serves the partitions its node leads first, as before priority was strict across the cluster), the priority workload; must fail a checker",
+		Nodes: 3, NeedsHooks: true, Bugs: []string{"claim-local-first"}, Nemesis: nemesisNone, Priorities: true, EnqueueShare: 0.6, Short: true},
 	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write, no faults, anti-entropy off (every 1h) so that nothing repairs the dropped writes; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Args: []string{"-antientropy-interval", "1h"}, Nemesis: nemesisNone},
 }
 
@@ -325,6 +338,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if sc.ShortLease != 0 {
 		w.ShortLease = sc.ShortLease
 	}
+	if sc.Priorities {
+		w.Priorities, w.EnqueueW, w.ClaimVia = 5, Replication, c.Nodes[0].ID
+	}
 	w.init()
 	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks,
 		Churn: &Churn{}, Rogue: &Rogue{}}
@@ -420,6 +436,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if rogue != nil {
 		res.Verdicts = append(res.Verdicts, *rogue)
+	}
+	if sc.Priorities {
+		res.Verdicts = append(res.Verdicts, check.Priority(ops, prioritySettle))
 	}
 	res.Valid = true
 	for i, v := range res.Verdicts {

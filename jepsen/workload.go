@@ -1,6 +1,7 @@
 package jepsen
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,14 @@ type Workload struct {
 	// about 0.3 claims outrun enqueues: the queue stays empty and most
 	// claims wait for a task.
 	EnqueueShare float64
+	// Priorities, when set, gives each enqueued task a priority in
+	// [0, Priorities) (the priority scenario); EnqueueW, when set, is the
+	// enqueues' write quorum (default 2); ClaimVia, when set, is the node
+	// every claim goes through while it is active (a worker pool behind
+	// one address).
+	Priorities int32
+	EnqueueW   uint32
+	ClaimVia   string
 
 	// stall, when set for a client, makes it hold its next short claim
 	// without renewing for this long (the worker-pause nemesis).
@@ -185,7 +194,7 @@ func (w *Workload) client(ctx context.Context, i int) {
 			o = w.read(ctx, n, proc, i, id)
 		case r < 0.95:
 			long := rng.Float64() < 0.3
-			o, h = w.claim(ctx, n, proc, i, long)
+			o, h = w.claim(ctx, w.claimNode(active, n), proc, i, long)
 		default:
 			id := w.ackedTask(rng)
 			if id == 0 {
@@ -224,13 +233,31 @@ func (w *Workload) opCtx(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(context.WithoutCancel(ctx), w.OpTimeout)
 }
 
+// claimNode is the node a claim goes through: ClaimVia while it is
+// active, else n.
+func (w *Workload) claimNode(active []*Node, n *Node) *Node {
+	for _, a := range active {
+		if w.ClaimVia != "" && a.ID == w.ClaimVia {
+			return a
+		}
+	}
+	return n
+}
+
 func (w *Workload) enqueue(ctx context.Context, n *Node, proc, client int) *check.Op {
-	payload := fmt.Sprintf("p-%d-%d", client, w.seq.Add(1))
-	o := &check.Op{Process: proc, Client: client, F: "enqueue", Node: n.ID, W: 2, Payload: payload, Call: w.H.Now()}
+	seq := w.seq.Add(1)
+	payload := fmt.Sprintf("p-%d-%d", client, seq)
+	wq := cmp.Or(w.EnqueueW, 2)
+	var pr int32
+	if w.Priorities > 0 {
+		// Spread over the priorities by the op's number (a hash of it).
+		pr = int32((uint64(seq) * 0x9E3779B97F4A7C15 >> 33) % uint64(w.Priorities))
+	}
+	o := &check.Op{Process: proc, Client: client, F: "enqueue", Node: n.ID, W: wq, Payload: payload, Priority: pr, Call: w.H.Now()}
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
 	r, err := n.Tasks.Enqueue(cctx, connect.NewRequest(&nornv1.EnqueueRequest{
-		Task: &nornv1.TaskSpec{Queue: Queue, Payload: []byte(payload)}, W: 2}))
+		Task: &nornv1.TaskSpec{Queue: Queue, Payload: []byte(payload), Priority: pr}, W: wq}))
 	o.Return = w.H.Now()
 	o.Type, o.Err = classify(err)
 	if err == nil {
@@ -264,7 +291,7 @@ func (w *Workload) claim(ctx context.Context, n *Node, proc, client int, long bo
 		return o, nil
 	}
 	t := r.Msg.Tasks[0]
-	o.Task, o.Claim, o.Payload = t.Task.Id, t.ClaimId, string(t.Task.Spec.GetPayload())
+	o.Task, o.Claim, o.Payload, o.Priority = t.Task.Id, t.ClaimId, string(t.Task.Spec.GetPayload()), t.Task.Spec.GetPriority()
 	if l := w.C.NodeByAPI(t.Leader); l != nil {
 		o.Leader = l.ID
 	}

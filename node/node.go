@@ -262,9 +262,9 @@ func New(cfg Config) (*Node, error) {
 		WriteTimeout: cfg.WriteTimeout, Clock: cfg.Clock, HLC: n.hlc, Logger: cfg.logger("dispatch"),
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Waiters: waiters,
 		ClockInBound: func() bool { return n.clockGuard.State().InBound },
-		ExpiryNoSkew: cfg.TestBugs.ExpiryNoSkew,
-		OnExpired:    n.metrics.tasks.Expired,
-		OnAborted:    n.metrics.tasks.Aborted,
+		ExpiryNoSkew: cfg.TestBugs.ExpiryNoSkew, ClaimLocalFirst: cfg.TestBugs.ClaimLocalFirst,
+		OnExpired: n.metrics.tasks.Expired,
+		OnAborted: n.metrics.tasks.Aborted,
 	})
 	n.dispatch.Start()
 	n.server = server.New(server.Config{

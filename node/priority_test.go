@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/testhooks"
 )
 
 // Priority is strict across the cluster, whichever node a claim asks and
@@ -188,4 +189,38 @@ func priorities(ts []*nornv1.ClaimedTask) []int32 {
 		out[i] = ct.Task.Spec.Priority
 	}
 	return out
+}
+
+// The seeded bug claim-local-first (the claim order before priority was
+// strict across nodes) breaks the order: the Jepsen scenario
+// bug-claim-local-first relies on it.
+func TestSeededBugClaimLocalFirst(t *testing.T) {
+	if !testhooks.Built {
+		t.Skip("seeded bugs need -tags testhooks")
+	}
+	ms := testClusterWith(t, 3, func(_ int, cfg *Config) { cfg.TestBugs.ClaimLocalFirst = true })
+	rng := rand.New(rand.NewPCG(5, 8))
+	left := map[uint64]int32{}
+	for i := range 40 {
+		pr := rng.Int32N(9)
+		left[enqueueAll(t, ms[i%3], "q", pr)] = pr
+	}
+	outOfOrder := 0
+	for len(left) > 0 {
+		got := claimN(t, ms[0], "q", 1)
+		if len(got) == 0 {
+			t.Fatalf("nothing claimed; %d left", len(left))
+		}
+		pr := got[0].Task.Spec.Priority
+		delete(left, got[0].Task.Id)
+		for _, other := range left {
+			if other > pr {
+				outOfOrder++
+				break
+			}
+		}
+	}
+	if outOfOrder == 0 {
+		t.Fatal("with claim-local-first every claim still took the best priority left")
+	}
 }

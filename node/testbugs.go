@@ -56,6 +56,11 @@ type TestBugs struct {
 	// two nodes whose clocks are in bound can be further apart than the
 	// buffer covers.
 	SkewOneOffset bool
+	// ClaimLocalFirst ("claim-local-first"): a claim serves the partitions
+	// its node leads first and asks the other leaders only for what is
+	// left, without weighing their heads (dispatch.Config.ClaimLocalFirst),
+	// as before priority was strict across the cluster.
+	ClaimLocalFirst bool
 }
 
 // testBugs maps the names of -test-bug to their fields.
@@ -70,6 +75,7 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"act-local":             func(b *TestBugs) *bool { return &b.ActLocal },
 	"end-after-write":       func(b *TestBugs) *bool { return &b.EndAfterWrite },
 	"skew-one-offset":       func(b *TestBugs) *bool { return &b.SkewOneOffset },
+	"claim-local-first":     func(b *TestBugs) *bool { return &b.ClaimLocalFirst },
 }
 
 // TestBugNames returns the names ParseTestBugs accepts, sorted.

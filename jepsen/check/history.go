@@ -33,6 +33,8 @@ type Op struct {
 	Drain   bool   `json:"drain,omitempty"`
 	// Leader is the node that granted a claim (its partition's leader).
 	Leader string `json:"leader,omitempty"`
+	// Priority is an enqueued task's priority, or a claimed one's.
+	Priority int32 `json:"priority,omitempty"`
 }
 
 // Ret is the op's return time, with infinity for an info.
