@@ -447,6 +447,10 @@ func (d *Dispatcher) claimRivals(ctx context.Context, a claimArgs, rivals []*riv
 	return func() (out []*nornv1.ClaimedTask, short bool) {
 		for range asked {
 			an := <-answers
+			d.remote.stats.forwarded.Add(1)
+			if an.err != nil || len(an.tasks) < an.rv.i {
+				d.remote.stats.forwardedShort.Add(1)
+			}
 			if an.err != nil && !isStranded(an.err) {
 				d.remote.failed(a.msg.GetQueue(), an.rv, an.err)
 				short = true

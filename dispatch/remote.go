@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -111,6 +112,23 @@ type remoteHeads struct {
 	mu        sync.Mutex
 	queues    map[string]*queueHeads
 	lastSweep time.Time
+
+	stats struct{ reports, reportFailures, forwarded, forwardedShort atomic.Uint64 }
+}
+
+// ClaimStats count the cross-node side of claims (metrics).
+type ClaimStats struct {
+	Reports        uint64 // ReadyHeads calls made to other leaders
+	ReportFailures uint64 // of those, the ones that failed
+	Forwarded      uint64 // claims forwarded to other leaders for heads that made the cut
+	ForwardedShort uint64 // of those, the ones that got fewer tasks than reported, or failed
+}
+
+// ClaimStats returns the counts so far.
+func (d *Dispatcher) ClaimStats() ClaimStats {
+	st := &d.remote.stats
+	return ClaimStats{Reports: st.reports.Load(), ReportFailures: st.reportFailures.Load(),
+		Forwarded: st.forwarded.Load(), ForwardedShort: st.forwardedShort.Load()}
 }
 
 // queueHeads is what the other leaders reported of one queue.
@@ -320,6 +338,10 @@ func (rh *remoteHeads) fetch(queue string, q *queueHeads, ids []string, n int) {
 	}
 	for range ids {
 		a := <-answers
+		rh.stats.reports.Add(1)
+		if a.err != nil {
+			rh.stats.reportFailures.Add(1)
+		}
 		rh.mu.Lock()
 		p := q.peers[a.id]
 		if p != nil {

@@ -83,6 +83,11 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		ds := n.dispatch.DepStats()
 		s.gauge("norn_dependencies_watched", "Dependencies of blocked tasks this node reads from their replicas in the background.", float64(ds.Watched))
 		s.gauge("norn_dependencies_cached", fmt.Sprintf("Dependencies this node knows terminal (cached for good, up to %d).", dispatch.DepCacheSize), float64(ds.Cached))
+		cl := n.dispatch.ClaimStats()
+		s.counter("norn_claim_heads_reports_total", "Calls this node made to other leaders for the best ready tasks of a queue (strict priority across nodes).", float64(cl.Reports))
+		s.counter("norn_claim_heads_report_failures_total", "Of those calls, the ones that failed.", float64(cl.ReportFailures))
+		s.counter("norn_claims_forwarded_total", "Claims this node forwarded to other leaders for their tasks that made a claim's cut.", float64(cl.Forwarded))
+		s.counter("norn_claims_forwarded_short_total", "Of those, the ones that got fewer tasks than the leader reported, or failed (taken meanwhile, or a leader change).", float64(cl.ForwardedShort))
 	}
 	n.collectAntiEntropy(s)
 	n.collectBudgets(s)

@@ -237,7 +237,9 @@ func TestMetricsQueueLabelsBounded(t *testing.T) {
 		"norn_antientropy_bytes_received_total", "norn_antientropy_trees", "norn_antientropy_tree_bytes",
 		"norn_clock_in_bound", "norn_clock_out_of_bound_total", "norn_clock_leadership_handovers_total",
 		"norn_partition_leaders", "norn_partition_leader_share", "norn_leader_balance_transfers_total",
-		"norn_leader_balance_failures_total", "norn_ring_epoch", "norn_members"} {
+		"norn_leader_balance_failures_total", "norn_ring_epoch", "norn_members",
+		"norn_claim_heads_reports_total", "norn_claim_heads_report_failures_total",
+		"norn_claims_forwarded_total", "norn_claims_forwarded_short_total"} {
 		if fams[name] == nil {
 			t.Errorf("no %s", name)
 		}
@@ -298,6 +300,12 @@ func TestMetricsAcrossNodes(t *testing.T) {
 	proxied := map[string]string{"service": "norn.v1.TaskService", "method": "Claim", "transport": "connect", "code": "ok"}
 	if c, s := sum("norn_rpc_client_calls_total", proxied, 0), sum("norn_rpc_server_calls_total", proxied, 1, 2); c < 1 || s < c {
 		t.Errorf("claims proxied by node 1: %v made, %v answered by nodes 2 and 3", c, s)
+	}
+	// Node 1 asked the other leaders for their heads and forwarded the
+	// claims of those that made the cut; it counts both.
+	gauge := func(name string) float64 { return fams[0][name].GetMetric()[0].GetCounter().GetValue() }
+	if r, f := gauge("norn_claim_heads_reports_total"), gauge("norn_claims_forwarded_total"); r < 1 || f < 1 {
+		t.Errorf("node 1 counted %v reports of other leaders' heads and %v forwarded claims", r, f)
 	}
 	if v := sum("norn_tasks_claimed_total", map[string]string{"queue": "q"}, 0, 1, 2); v != float64(claimed) {
 		t.Errorf("norn_tasks_claimed_total over the cluster = %v, %d claimed", v, claimed)
