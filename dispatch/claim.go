@@ -343,8 +343,13 @@ func (d *Dispatcher) claimRound(ctx context.Context, a claimArgs, limit int, riv
 		if ok && a.floor != nil && h.Priority < *a.floor {
 			ok = false // below what the forwarding node asked for
 		}
+		// Another leader may hold better heads than it reported.
+		floor := floorOf(rivals)
+		if ok && h.Priority < floor {
+			ok = false
+		}
 		if rv := bestRival(rivals); rv != nil {
-			if rh, _ := rv.head(); !ok || remoteFirst(rh, h) {
+			if rh, _ := rv.head(); rh.Priority >= floor && (!ok || remoteFirst(rh, h)) {
 				rv.i++
 				rv.floor = rh.Priority
 				allotted++

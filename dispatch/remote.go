@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,8 +42,12 @@ const (
 	// fifoSlack: see above.
 	fifoSlack = 250 * time.Millisecond
 	// minHeadsAsked is the fewest heads a node asks another leader for,
-	// so that claims of a few tasks share one answer.
+	// so that claims of a few tasks share one answer; maxHeadsAsked the
+	// most (each head costs the leader a read of its task, about 1.5 µs):
+	// a claim of more weighs what it knows and stops below the lowest
+	// priority a leader that may hold more reported (see claimRound).
 	minHeadsAsked = 16
+	maxHeadsAsked = 256
 	// DefaultHeadsWait is Config.HeadsWait's default.
 	DefaultHeadsWait = 250 * time.Millisecond
 	// headsTimeout bounds one ReadyHeads call; a leader that did not
@@ -165,8 +170,24 @@ type rival struct {
 	node, addr string
 	gen        uint64
 	heads      []storage.ReadyEntry
+	more       bool // the leader may hold more heads than these
 	i          int
 	floor      int32 // the lowest priority taken
+}
+
+// floorOf returns the lowest priority a claim may take while rs are as
+// they are: a rival whose reported heads are all taken and that may hold
+// more than it reported may hold more of its last reported priority, or
+// of any above it, so nothing below that may be taken (math.MinInt32:
+// no such bound).
+func floorOf(rs []*rival) int32 {
+	floor := int32(math.MinInt32)
+	for _, r := range rs {
+		if r.more && r.i == len(r.heads) && len(r.heads) > 0 {
+			floor = max(floor, r.heads[len(r.heads)-1].Priority)
+		}
+	}
+	return floor
 }
 
 func (r *rival) head() (storage.ReadyEntry, bool) {
@@ -211,7 +232,7 @@ func (rh *remoteHeads) view(ctx context.Context, queue string, need int) *headsV
 			ch := make(chan struct{})
 			q.refreshing = ch
 			go func() {
-				rh.fetch(queue, q, ask, max(need, minHeadsAsked))
+				rh.fetch(queue, q, ask, headsToAsk(need))
 				rh.mu.Lock()
 				q.refreshing = nil
 				close(ch)
@@ -278,6 +299,9 @@ func (rh *remoteHeads) queue(queue string, now time.Time) *queueHeads {
 	return q
 }
 
+// headsToAsk is how many heads a claim of need tasks asks each leader for.
+func headsToAsk(need int) int { return min(max(need, minHeadsAsked), maxHeadsAsked) }
+
 // stale returns the leaders of q to ask again: those whose answer is
 // older than half HeadsTTL, too short for need, or missing, and those
 // whose call failed headsRetry ago (legacyRetry for an older version).
@@ -296,7 +320,7 @@ func (rh *remoteHeads) stale(q *queueHeads, need int, now time.Time) (ask []stri
 			if age < headsRetry {
 				continue
 			}
-		case p.at.IsZero() || age > ttl || (p.more && len(p.heads) < need):
+		case p.at.IsZero() || age > ttl || (p.more && len(p.heads) < min(need, maxHeadsAsked)):
 			must = true
 		case age > ttl/2:
 		default:
@@ -384,7 +408,7 @@ func (q *queueHeads) snapshot() *headsView {
 		case !p.at.IsZero():
 			v.answered[id] = true
 			if len(p.heads) > 0 {
-				v.rivals = append(v.rivals, &rival{node: id, addr: p.addr, gen: p.gen, heads: p.heads, floor: p.heads[0].Priority})
+				v.rivals = append(v.rivals, &rival{node: id, addr: p.addr, gen: p.gen, heads: p.heads, more: p.more, floor: p.heads[0].Priority})
 			} else if len(p.stranded) > 0 {
 				v.stranded = p.stranded
 			}

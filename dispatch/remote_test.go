@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -97,5 +98,29 @@ func TestRemoteHeadsBookkeeping(t *testing.T) {
 	p.at = time.Now().Add(-d.cfg.HeadsTTL - time.Millisecond)
 	if ask, must := rh.stale(q, 1, time.Now()); len(ask) != 1 || !must {
 		t.Fatalf("past its TTL: asked %v, must wait %v", ask, must)
+	}
+}
+
+// A leader whose reported heads a claim took in full, and that may hold
+// more, keeps the claim from taking anything (its own node's heads or
+// another leader's) of a lower priority than the last one it reported;
+// and a claim asks for at most maxHeadsAsked heads.
+func TestFloorOfRivals(t *testing.T) {
+	a := &rival{heads: []storage.ReadyEntry{{ID: 1, Priority: 5}, {ID: 2, Priority: 3}}, more: true}
+	b := &rival{heads: []storage.ReadyEntry{{ID: 3, Priority: 1}}, more: false, i: 1}
+	rs := []*rival{a, b}
+	if f := floorOf(rs); f != math.MinInt32 {
+		t.Fatalf("a rival with heads left sets the floor %d", f)
+	}
+	a.i = 2
+	if f := floorOf(rs); f != 3 {
+		t.Fatalf("exhausted rival that may hold more, last priority 3: floor %d", f)
+	}
+	a.more = false
+	if f := floorOf(rs); f != math.MinInt32 {
+		t.Fatalf("rivals that reported all they hold set the floor %d", f)
+	}
+	if headsToAsk(1) != minHeadsAsked || headsToAsk(100) != 100 || headsToAsk(1000) != maxHeadsAsked {
+		t.Fatalf("headsToAsk: %d %d %d", headsToAsk(1), headsToAsk(100), headsToAsk(1000))
 	}
 }

@@ -85,6 +85,40 @@ func TestClusterClaimsStrictPriority(t *testing.T) {
 		}
 	})
 
+	// A claim larger than the heads a leader reports at most (256): it
+	// takes nothing below what a leader that may hold more reported.
+	t.Run("large batches", func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(13, 17))
+		specs := make([]*nornv1.TaskSpec, 900)
+		for i := range specs {
+			specs[i] = &nornv1.TaskSpec{Queue: "large", Priority: rng.Int32N(3)}
+		}
+		resp, err := ms[1].api.EnqueueBatch(context.Background(), connect.NewRequest(&nornv1.EnqueueBatchRequest{Tasks: specs, W: 3}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		left := map[uint64]int32{}
+		for i, id := range resp.Msg.Ids {
+			left[id] = specs[i].Priority
+		}
+		for round := 0; len(left) > 0; round++ {
+			if round > 20 {
+				t.Fatalf("%d tasks never claimed", len(left))
+			}
+			got := claim(ms[0], "large", 1000)
+			if len(got) == 0 {
+				t.Fatalf("a claim of 1000 got nothing; %d left", len(left))
+			}
+			for _, ct := range got {
+				if _, ok := left[ct.Task.Id]; !ok {
+					t.Fatalf("task %d claimed twice or unknown", ct.Task.Id)
+				}
+				delete(left, ct.Task.Id)
+			}
+			checkStrict(t, ms[0], got, left)
+		}
+	})
+
 	// A node of an older version cannot report its heads: its tasks are
 	// still claimed through the others, as they were before (after the
 	// heads of the nodes that report theirs).
