@@ -175,12 +175,18 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("norn: Worker.Run called twice")
 	}
 	// Calls that settle a task run on base, which keeps working after
-	// shutdown begins. Everything else runs on runCtx, cancelled with
-	// cause ErrShutdown when ctx is done.
+	// shutdown begins. The claim loop runs on runCtx, cancelled with
+	// cause ErrShutdown when ctx is done; the handlers on taskCtx,
+	// cancelled with the same cause only once the loop has stopped: the
+	// claim in flight is cancelled before a held task is yielded, so the
+	// node cannot hand the yielded task to that claim (its answer would
+	// be lost, the task held until its lease ran out).
 	base := context.WithoutCancel(ctx)
 	runCtx, stop := context.WithCancelCause(base)
 	defer stop(nil)
 	defer context.AfterFunc(ctx, func() { stop(ErrShutdown) })()
+	taskCtx, stopTasks := context.WithCancelCause(base)
+	defer stopTasks(nil)
 
 	var (
 		wg       sync.WaitGroup
@@ -221,7 +227,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		for _, ct := range tasks {
 			wg.Go(func() {
 				defer func() { <-slots }()
-				w.runTask(runCtx, base, ct, sent)
+				w.runTask(taskCtx, base, ct, sent)
 			})
 		}
 
@@ -243,6 +249,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			sleep(runCtx, w.c.retry.backoff(failures))
 		}
 	}
+	stopTasks(context.Cause(runCtx))
 	wg.Wait()
 	return runErr
 }
