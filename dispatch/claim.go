@@ -225,10 +225,7 @@ func (d *Dispatcher) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, lim
 		if !only[string(nd.ID)] || !alive[string(nd.ID)] || len(out) >= limit {
 			continue
 		}
-		fwd := &nornv1.ClaimRequest{Queue: m.GetQueue(), Worker: m.GetWorker(), Lease: m.GetLease(), Max: uint32(limit - len(out))}
-		cctx, cancel := context.WithTimeout(ctx, proxyTimeout)
-		resp, err := d.peers.Get(nd.APIAddr).Tasks.Claim(cctx, transport.Forwarded(fwd, 0))
-		cancel()
+		tasks, err := d.forwardClaim(ctx, nd.APIAddr, m, limit-len(out), nil)
 		if err != nil {
 			if isStranded(err) {
 				// It answered: what it leads had nothing, and some of
@@ -241,12 +238,29 @@ func (d *Dispatcher) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, lim
 			continue
 		}
 		answeredBy[string(nd.ID)] = true
-		out = append(out, resp.Msg.GetTasks()...)
+		out = append(out, tasks...)
 	}
 	if len(answeredBy) == 0 {
 		return out, answeredBy, stranded, noLeaderReachable(lastErr)
 	}
 	return out, answeredBy, stranded, nil
+}
+
+// forwardClaim asks the node at addr for up to n tasks of m's queue from
+// the partitions it leads, none below floor when it is set, for m's
+// worker and lease.
+func (d *Dispatcher) forwardClaim(ctx context.Context, addr string, m *nornv1.ClaimRequest, n int, floor *int32) ([]*nornv1.ClaimedTask, error) {
+	req := transport.Forwarded(&nornv1.ClaimRequest{Queue: m.GetQueue(), Worker: m.GetWorker(), Lease: m.GetLease(), Max: uint32(n)}, 0)
+	if floor != nil {
+		req.Header().Set(transport.HeaderClaimFloor, strconv.Itoa(int(*floor)))
+	}
+	ctx, cancel := context.WithTimeout(ctx, proxyTimeout)
+	defer cancel()
+	resp, err := d.peers.Get(addr).Tasks.Claim(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.GetTasks(), nil
 }
 
 // noLeaderReachable is a claim's answer when no other node answered it
@@ -436,17 +450,8 @@ func (d *Dispatcher) claimRivals(ctx context.Context, a claimArgs, rivals []*riv
 		}
 		asked++
 		go func() {
-			fwd := &nornv1.ClaimRequest{Queue: a.msg.GetQueue(), Worker: a.msg.GetWorker(), Lease: a.msg.GetLease(), Max: uint32(rv.i)}
-			req := transport.Forwarded(fwd, 0)
-			req.Header().Set(transport.HeaderClaimFloor, strconv.Itoa(int(rv.floor)))
-			cctx, cancel := context.WithTimeout(ctx, proxyTimeout)
-			defer cancel()
-			resp, err := d.peers.Get(rv.addr).Tasks.Claim(cctx, req)
-			if err != nil {
-				answers <- answer{rv: rv, err: err}
-				return
-			}
-			answers <- answer{rv: rv, tasks: resp.Msg.GetTasks()}
+			tasks, err := d.forwardClaim(ctx, rv.addr, a.msg, rv.i, &rv.floor)
+			answers <- answer{rv: rv, tasks: tasks, err: err}
 		}()
 	}
 	return func() (out []*nornv1.ClaimedTask, short bool) {

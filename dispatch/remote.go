@@ -276,27 +276,35 @@ func (rh *remoteHeads) queue(queue string, now time.Time) *queueHeads {
 		rh.queues[queue] = q
 	}
 	q.used = now
-	d := rh.d
-	alive := d.host.Alive()
-	seen := map[string]bool{}
-	if r := d.host.Ring(); r != nil {
-		for _, nd := range r.Nodes {
-			id := string(nd.ID)
-			if id == d.cfg.NodeID || !alive[id] {
-				continue
-			}
-			seen[id] = true
-			if p := q.peers[id]; p == nil || p.addr != nd.APIAddr {
-				q.peers[id] = &peerHeads{addr: nd.APIAddr}
-			}
+	live := rh.d.otherLive()
+	for id, addr := range live {
+		if p := q.peers[id]; p == nil || p.addr != addr {
+			q.peers[id] = &peerHeads{addr: addr}
 		}
 	}
 	for id := range q.peers {
-		if !seen[id] {
+		if _, ok := live[id]; !ok {
 			delete(q.peers, id)
 		}
 	}
 	return q
+}
+
+// otherLive returns the API address of every other live node of the
+// ring, by id.
+func (d *Dispatcher) otherLive() map[string]string {
+	out := map[string]string{}
+	r := d.host.Ring()
+	if r == nil {
+		return out
+	}
+	alive := d.host.Alive()
+	for _, nd := range r.Nodes {
+		if id := string(nd.ID); id != d.cfg.NodeID && alive[id] {
+			out[id] = nd.APIAddr
+		}
+	}
+	return out
 }
 
 // headsToAsk is how many heads a claim of need tasks asks each leader for.
@@ -422,13 +430,8 @@ func (q *queueHeads) snapshot() *headsView {
 // this node's own heads.
 func (rh *remoteHeads) olderOnly() *headsView {
 	v := &headsView{answered: map[string]bool{}, legacy: map[string]bool{}}
-	if r := rh.d.host.Ring(); r != nil {
-		alive := rh.d.host.Alive()
-		for _, nd := range r.Nodes {
-			if id := string(nd.ID); id != rh.d.cfg.NodeID && alive[id] {
-				v.legacy[id] = true
-			}
-		}
+	for id := range rh.d.otherLive() {
+		v.legacy[id] = true
 	}
 	return v
 }
