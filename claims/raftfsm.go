@@ -30,7 +30,7 @@ type KV interface {
 	// SnapshotClaimFSM returns a consistent view of the FSM.
 	SnapshotClaimFSM(p uint16) *storage.FSMSnapshot
 	// RestoreClaimFSM replaces the FSM's state.
-	RestoreClaimFSM(p uint16, applied uint64, records []storage.FSMRecord, live []storage.ClaimMark) error
+	RestoreClaimFSM(p uint16, applied uint64, records []storage.FSMRecord, live, delayed []storage.ClaimMark) error
 	// Sync makes all committed writes durable.
 	Sync() error
 }
@@ -404,7 +404,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		}
 	}
 	f.appliedKnown = false
-	if err := f.kv.RestoreClaimFSM(f.p, applied, recs, live); err != nil {
+	if err := f.kv.RestoreClaimFSM(f.p, applied, recs, live, nil); err != nil {
 		return err
 	}
 	f.applied, f.appliedKnown = applied, true

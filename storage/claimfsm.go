@@ -50,6 +50,10 @@ type IndexMove struct {
 	ID       uint64
 	Claimed  bool
 	ExpiryMs int64
+	// DelayUntilMs (!Claimed) is when a retry's backoff ends (Unix ms): a
+	// task not terminal goes to the delayed index until then, whether it
+	// was claimed or ready. 0, or a time already past, is none.
+	DelayUntilMs int64
 }
 
 // ClaimFSMUpdate is the effect of applying Raft entries to a partition's
@@ -291,9 +295,10 @@ func (s *Store) ClaimFSMDigest(p uint16) (applied, digest uint64, err error) {
 
 // RestoreClaimFSM replaces partition p's claim FSM with a snapshot's: every
 // record and the applied index, and the claimed index (live lists every
-// task with a live claim; every other claimed task is released). One synced
-// batch.
-func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, live []ClaimMark) error {
+// task with a live claim; every other claimed task is released), and the
+// retries' backoffs (delayed lists the tasks in one, until when: they
+// wait in the delayed index). One synced batch.
+func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, live, delayed []ClaimMark) error {
 	prefix := append(partitionPrefix(p, tagClaimFSM), fsmRecord)
 	// Release what is claimed now and not in live, claim what is.
 	isLive := make(map[uint64]bool, len(live))
@@ -310,6 +315,11 @@ func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, l
 	}
 	for _, l := range live {
 		moves = append(moves, IndexMove{ID: l.ID, Claimed: true, ExpiryMs: l.ExpiryMs})
+	}
+	for _, d := range delayed {
+		if !isLive[d.ID] {
+			moves = append(moves, IndexMove{ID: d.ID, DelayUntilMs: d.ExpiryMs})
+		}
 	}
 	ids := make([]uint64, 0, len(moves))
 	for _, m := range moves {
@@ -374,6 +384,31 @@ func (s *Store) ReleaseClaims(p uint16, ids []uint64) error {
 	return s.commitMoves(p, ids, func(b *sortedBatch) ([]indexChange, error) { return s.moveClaims(b, p, moves) }, nil)
 }
 
+// DelayTasks moves tasks of partition p that wait in the ready or
+// delayed index to the delayed index until their marks' times (a retry's
+// backoff the claim FSM recorded while the task's state had not reached
+// this replica yet, found when the leader picks it: the index catches up
+// with the FSM). Claimed, terminal and unknown tasks are left alone.
+func (s *Store) DelayTasks(p uint16, marks []ClaimMark) error {
+	ids := make([]uint64, len(marks))
+	for i, m := range marks {
+		ids[i] = m.ID
+	}
+	return s.commitMoves(p, ids, func(b *sortedBatch) ([]indexChange, error) {
+		var moves []IndexMove
+		for _, m := range marks {
+			ti, err := s.loadIndex(p, m.ID)
+			if err != nil {
+				return nil, err
+			}
+			if ti.m.state == IndexReady || ti.m.state == IndexDelayed {
+				moves = append(moves, IndexMove{ID: m.ID, DelayUntilMs: m.ExpiryMs})
+			}
+		}
+		return s.moveClaims(b, p, moves)
+	}, nil)
+}
+
 // PromoteDelayed moves up to limit delayed tasks of partition p whose
 // not-before time has passed into the ready index, and returns how many it
 // moved.
@@ -395,7 +430,7 @@ func (s *Store) PromoteDelayed(p uint16, limit int) (int, error) {
 			if err != nil {
 				return nil, err
 			}
-			if ti.m.state != IndexDelayed || ti.task.Spec.NotBeforeMs > now {
+			if ti.m.state != IndexDelayed || ti.task.Spec.NotBeforeMs > now || ti.m.dueMs > now {
 				continue // claimed or promoted meanwhile
 			}
 			if err := b.recount(p, id, ti.task, ti.m, ti.task, meta{state: IndexReady}); err != nil {
@@ -517,11 +552,12 @@ func (s *Store) moveClaims(b *sortedBatch, p uint16, moves []IndexMove) ([]index
 			spec = ti.task.Spec
 		}
 		var next meta
+		delay := n.last.DelayUntilMs > now
 		switch {
 		case n.last.Claimed:
 			next = meta{state: IndexClaimed, expiryMs: n.last.ExpiryMs}
-		case ti.m.state != IndexClaimed && !n.claimedYet:
-			continue // not claimed: a release is a no-op
+		case ti.m.state != IndexClaimed && !n.claimedYet && (!delay || ti.task == nil || ti.m.state == IndexNone):
+			continue // not claimed: a release is a no-op, and so is a delay of a task not waiting here
 		case ti.task == nil:
 			// Claimed before the task reached this replica: drop the meta.
 			if err := b.Delete(metaKey(p, id)); err != nil {
@@ -533,6 +569,9 @@ func (s *Store) moveClaims(b *sortedBatch, p uint16, moves []IndexMove) ([]index
 			next = meta{state: IndexNone}
 			if _, terminal := ti.task.Terminal(); !terminal && spec != nil {
 				next = initialPlacement(spec, now)
+				if delay {
+					next = meta{state: IndexDelayed, dueMs: n.last.DelayUntilMs}
+				}
 			}
 		}
 		if next == ti.m && (ti.metaFound || ti.task != nil) {

@@ -23,7 +23,7 @@
 //	p 0x03 notBeforeMs id           -> (empty)  delayed index (format 4 and before; deleted on upgrade)
 //	p 0x04 expiryMs id              -> (empty)  claimed index (format 4 and before; deleted on upgrade)
 //	p 0x05 segment id               -> digest   (format 2 and before; deleted on upgrade)
-//	p 0x06 id                       -> meta: index state [+ expiryMs]
+//	p 0x06 id                       -> meta: index state [+ expiryMs (claimed) or a retry's backoff end (delayed)]
 //	p 0x07 terminalMs id            -> (empty)  retention index of terminal tasks
 //	p 0x08 queue 0x00 class         -> int64    task counter (Pebble merge: sums)
 //	p 0x09 id                       -> (empty)  ready tasks with dependencies

@@ -34,15 +34,24 @@ func (s IndexState) String() string {
 }
 
 // meta is the value under the meta key: the index state and, when claimed,
-// the lease expiry that keys the claimed index.
+// the lease expiry that keys the claimed index; when delayed by a retry's
+// backoff, the time the backoff ends (the delayed index is keyed by the
+// later of it and the spec's not-before time).
 type meta struct {
 	state    IndexState
-	expiryMs int64
+	expiryMs int64 // IndexClaimed
+	dueMs    int64 // IndexDelayed: a retry's backoff ends; 0 = none
 }
 
+// encode is the state byte, then 8 bytes of the lease expiry (claimed)
+// or of the backoff's end (delayed by a retry; a delayed task without
+// one, as every task before retries, keeps the single byte).
 func (m meta) encode() []byte {
-	if m.state == IndexClaimed {
+	switch {
+	case m.state == IndexClaimed:
 		return binary.BigEndian.AppendUint64([]byte{byte(m.state)}, uint64(m.expiryMs))
+	case m.state == IndexDelayed && m.dueMs != 0:
+		return binary.BigEndian.AppendUint64([]byte{byte(m.state)}, uint64(m.dueMs))
 	}
 	return []byte{byte(m.state)}
 }
@@ -53,6 +62,9 @@ func decodeMeta(b []byte) (meta, bool) {
 		return meta{state: IndexState(b[0])}, true
 	case len(b) == 9 && IndexState(b[0]) == IndexClaimed:
 		return meta{state: IndexClaimed, expiryMs: int64(binary.BigEndian.Uint64(b[1:]))}, true
+	case len(b) == 9 && IndexState(b[0]) == IndexDelayed:
+		due := int64(binary.BigEndian.Uint64(b[1:]))
+		return meta{state: IndexDelayed, dueMs: due}, due != 0
 	}
 	return meta{}, false
 }

@@ -18,6 +18,7 @@ type StoredTask struct {
 	Digest    uint64     // crdt.Digest of the stored encoding
 	Index     IndexState // local index placement
 	ExpiryMs  int64      // lease expiry when Index is IndexClaimed
+	DueMs     int64      // when Index is IndexDelayed by a retry: its backoff's end
 }
 
 // GetTask returns the state of id in partition p with its digest and index
@@ -105,7 +106,7 @@ func (r row) storedTask(p uint16, id uint64) (*StoredTask, error) {
 		return nil, err
 	}
 	m := r.meta()
-	st.Index, st.ExpiryMs = m.state, m.expiryMs
+	st.Index, st.ExpiryMs, st.DueMs = m.state, m.expiryMs, m.dueMs
 	return st, nil
 }
 

@@ -239,7 +239,7 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 			k := queueKey{p, st.Task.Spec.Queue}
 			wantReady[k] = append(wantReady[k], ReadyEntry{ID: st.Task.ID, Priority: st.Task.Spec.Priority})
 		}
-		if tag, e, ok := timeEntry(st.Task.ID, meta{st.Index, st.ExpiryMs}, st.Task.Spec); ok {
+		if tag, e, ok := timeEntry(st.Task.ID, meta{st.Index, st.ExpiryMs, st.DueMs}, st.Task.Spec); ok {
 			wantTimes[tag] = append(wantTimes[tag], e)
 		}
 		if k := terminalKey(p, st.Task); k != nil {

@@ -219,7 +219,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		var oldMeta meta
 		var oldSpec *crdt.Spec
 		if old != nil {
-			oldMeta = meta{state: old.Index, expiryMs: old.ExpiryMs}
+			oldMeta = meta{state: old.Index, expiryMs: old.ExpiryMs, dueMs: old.DueMs}
 			oldSpec = old.Task.Spec
 		} else {
 			oldMeta = stored.m
@@ -375,6 +375,9 @@ func placeAfterMerge(old meta, oldSpec *crdt.Spec, t *crdt.Task, nowMs int64) me
 	}
 	if old.state != IndexNone && sameIndexFields(oldSpec, t.Spec) {
 		return old
+	}
+	if old.state == IndexDelayed && old.dueMs > nowMs {
+		return old // a retry's backoff outlasts a change of spec
 	}
 	return initialPlacement(t.Spec, nowMs)
 }

@@ -70,7 +70,7 @@ func timeEntry(id uint64, m meta, spec *crdt.Spec) (tag byte, e DueEntry, ok boo
 	case m.state == IndexClaimed:
 		return tagClaimed, DueEntry{ID: id, AtMs: max(m.expiryMs, 0)}, true
 	case m.state == IndexDelayed && spec != nil:
-		return tagDelayed, DueEntry{ID: id, AtMs: max(spec.NotBeforeMs, 0)}, true
+		return tagDelayed, DueEntry{ID: id, AtMs: max(spec.NotBeforeMs, m.dueMs, 0)}, true
 	}
 	return 0, DueEntry{}, false
 }
