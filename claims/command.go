@@ -6,12 +6,39 @@ import (
 	"encoding/binary"
 )
 
-// Encoding of a command: version, op, then the op's fields.
-const commandVersion = 1
+// Encoding of a command: version, op, then the op's fields. Version 2
+// adds a retry policy to each claim candidate and act; a command that uses
+// no retry is written as version 1, which a node from before retries can
+// apply. A node that cannot decode version 2 stops on it (rather than
+// skip it), so a cluster that mixes versions fails loudly, not silently
+// (docs/OPERATIONS.md, upgrades).
+const (
+	commandVersion   = 1
+	commandVersionV2 = 2
+)
+
+// usesRetry reports whether cmd needs the version 2 encoding.
+func (cmd *Command) usesRetry() bool {
+	for _, c := range cmd.Candidates {
+		if c.Retry != nil {
+			return true
+		}
+	}
+	for _, a := range cmd.Acts {
+		if a.Retry != nil || a.End == EndFailed {
+			return true
+		}
+	}
+	return false
+}
 
 // Encode returns cmd's binary encoding (the Raft log entry's data).
 func (cmd *Command) Encode() []byte {
+	v2 := cmd.usesRetry()
 	b := []byte{commandVersion, byte(cmd.Op)}
+	if v2 {
+		b[0] = commandVersionV2
+	}
 	b = binary.AppendVarint(b, cmd.NowMs)
 	switch cmd.Op {
 	case OpClaim:
@@ -22,6 +49,9 @@ func (cmd *Command) Encode() []byte {
 			b = binary.AppendUvarint(b, c.ID)
 			b = binary.AppendVarint(b, c.NotBeforeMs)
 			b = binary.AppendUvarint(b, uint64(c.MaxClaims))
+			if v2 {
+				b = appendPolicy(b, c.Retry)
+			}
 		}
 	case OpRenew:
 		b = binary.AppendUvarint(b, cmd.ID)
@@ -53,6 +83,9 @@ func (cmd *Command) Encode() []byte {
 			b = binary.AppendUvarint(b, act.Token)
 			b = append(b, byte(act.End))
 			b = appendBytes(b, act.State)
+			if v2 {
+				b = appendPolicy(b, act.Retry)
+			}
 		}
 	}
 	return b
@@ -69,9 +102,11 @@ func appendBytes(b, v []byte) []byte {
 // error wrapping ErrCorrupt.
 func DecodeCommand(b []byte) (*Command, error) {
 	d := decoder{buf: b}
-	if v := d.byte(); d.err == nil && v != commandVersion {
+	v := d.byte()
+	if d.err == nil && v != commandVersion && v != commandVersionV2 {
 		d.fail("command version %d", v)
 	}
+	v2 := v == commandVersionV2
 	cmd := &Command{Op: Op(d.byte()), NowMs: d.varint()}
 	switch cmd.Op {
 	case OpClaim:
@@ -80,6 +115,9 @@ func DecodeCommand(b []byte) (*Command, error) {
 			cmd.Candidates = make([]Candidate, n)
 			for i := range cmd.Candidates {
 				cmd.Candidates[i] = Candidate{ID: d.uvarint(), NotBeforeMs: d.varint(), MaxClaims: d.uint32()}
+				if v2 {
+					cmd.Candidates[i].Retry = d.policy()
+				}
 			}
 		}
 	case OpRenew:
@@ -105,6 +143,9 @@ func DecodeCommand(b []byte) (*Command, error) {
 			cmd.Acts = make([]Act, n)
 			for i := range cmd.Acts {
 				cmd.Acts[i] = Act{ID: d.uvarint(), Token: d.uvarint(), End: EndReason(d.byte()), State: d.bytes()}
+				if v2 {
+					cmd.Acts[i].Retry = d.policy()
+				}
 			}
 		}
 	default:

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/testhooks"
 )
 
@@ -70,6 +71,9 @@ type Candidate struct {
 	ID          uint64
 	NotBeforeMs int64
 	MaxClaims   uint32
+	// Retry is the spec's retry policy (nil: none), taken into the
+	// record at the task's first claim.
+	Retry *crdt.RetryPolicy
 }
 
 // Command is one claim FSM command. Which fields matter depends on Op.
@@ -93,14 +97,18 @@ type Act struct {
 	ID    uint64
 	Token uint64 // the claim it was done under
 	// End is how the act ends the claim: EndCompleted or EndAborted (the
-	// task is terminal), EndYielded (claimable again), or EndNone (an
-	// update: the claim stays live).
+	// task is terminal), EndYielded (claimable again), EndFailed (a failed
+	// attempt: the task waits its backoff, or is dead after its last
+	// attempt), or EndNone (an update: the claim stays live).
 	End EndReason
 	// State is the task's CRDT delta the act writes (its terminal event,
 	// its progress update), in crdt's encoding, merged into the task on
 	// every replica when the act takes effect; nil for none. The FSM does
 	// not read it.
 	State []byte
+	// Retry (EndFailed) is the policy the attempt fails under when the
+	// task's record has none yet: the server's default, or the spec's.
+	Retry *crdt.RetryPolicy
 }
 
 // End is one task's terminal event in an OpEnd.
@@ -134,7 +142,12 @@ type Outcome struct {
 	ID    uint64
 	Err   error // nil when the command took effect
 	Claim Claim // the claim granted, renewed or ended (zero when Err != nil)
-	Dead  bool  // OpExpire: the task reached max_claims and is now aborted
+	// Dead (OpExpire, OpAct): the task is now dead: it reached max_claims
+	// (the leader writes its ABORTED event), or its last allowed attempt
+	// failed under a retry policy (then Died is the DEAD event the FSM
+	// merged: the leader writes it to the task's replicas too).
+	Dead bool
+	Died *crdt.Task
 	// Repeated (OpAct): the same act took effect before, under the same
 	// claim (a retry); nothing changed and nothing is merged again.
 	Repeated bool
@@ -152,7 +165,10 @@ type Change struct {
 	Claimed  bool
 	ExpiryMs int64
 	Released bool
-	Merges   [][]byte
+	// DelayUntilMs (Released) is when the retry's backoff the release
+	// starts ends; 0 for none.
+	DelayUntilMs int64
+	Merges       [][]byte
 }
 
 // Getter returns the FSM's record of id, or nil when it has none.
@@ -177,6 +193,9 @@ type Bugs struct {
 	// as today's code before the fence did: it ends whichever claim is
 	// live, so a superseded worker completes a task another one holds.
 	ActNoFence bool
+	// RetryNoBackoff makes a failed attempt's task claimable again at
+	// once, whatever its retry policy's backoff.
+	RetryNoBackoff bool
 }
 
 // ApplyWithBugs is Apply with the seeded bugs bugs.
@@ -266,7 +285,7 @@ func validate(cmd *Command) error {
 			switch {
 			case act.Token == 0:
 				return fmt.Errorf("%w: act on task %d without a claim", ErrBadCommand, act.ID)
-			case act.End != EndNone && act.End != EndCompleted && act.End != EndAborted && act.End != EndYielded:
+			case act.End != EndNone && act.End != EndCompleted && act.End != EndAborted && act.End != EndYielded && act.End != EndFailed:
 				return fmt.Errorf("%w: act end %v of task %d", ErrBadCommand, act.End, act.ID)
 			}
 		}
@@ -318,6 +337,14 @@ func (a *applier) fail(id uint64, err error) {
 	a.outcomes = append(a.outcomes, Outcome{ID: id, Err: err})
 }
 
+// merge queues a CRDT state of task id to merge on every replica.
+func (a *applier) merge(id uint64, state []byte) {
+	if a.merges == nil {
+		a.merges = map[uint64][][]byte{}
+	}
+	a.merges[id] = append(a.merges[id], state)
+}
+
 func (a *applier) move(id uint64, claimed bool, expiryMs int64) {
 	if a.moves == nil {
 		a.moves = map[uint64]*Change{}
@@ -330,7 +357,7 @@ func (a *applier) changes() []Change {
 	for _, id := range a.order {
 		c := Change{ID: id, Record: a.recs[id], Merges: a.merges[id]}
 		if m, ok := a.moves[id]; ok {
-			c.Claimed, c.ExpiryMs, c.Released = m.Claimed, m.ExpiryMs, m.Released
+			c.Claimed, c.ExpiryMs, c.Released, c.DelayUntilMs = m.Claimed, m.ExpiryMs, m.Released, m.DelayUntilMs
 		} else if !a.changed(id) {
 			continue
 		}
@@ -365,9 +392,16 @@ func (a *applier) claim(c Candidate) error {
 	case a.cmd.NowMs < c.NotBeforeMs:
 		a.fail(c.ID, ErrNotYet)
 		return nil
+	case a.cmd.NowMs < r.RetryAtMs:
+		a.fail(c.ID, ErrNotYet)
+		return nil
 	}
 	if r.Seq == 0 {
 		r.MaxClaims = c.MaxClaims
+		if c.Retry != nil {
+			p := *c.Retry
+			r.Retry = &p
+		}
 	}
 	r.Seq++
 	cl := Claim{Token: a.index, Seq: r.Seq, Worker: a.cmd.Worker, StartMs: a.cmd.NowMs, ExpiryMs: a.cmd.NowMs + a.cmd.LeaseMs}
@@ -411,6 +445,10 @@ func (a *applier) yield(r *Record, c *Claim) {
 func (a *applier) expire(r *Record, c *Claim) {
 	if a.cmd.NowMs <= c.ExpiryMs+a.cmd.SkewMs {
 		a.fail(a.cmd.ID, ErrNotExpired)
+		return
+	}
+	if r.Retry != nil {
+		a.failAttempt(a.cmd.ID, r, c, EndExpired)
 		return
 	}
 	r.Expired++
@@ -479,10 +517,15 @@ func (a *applier) act(act Act) error {
 		return nil
 	}
 	if act.State != nil {
-		if a.merges == nil {
-			a.merges = map[uint64][][]byte{}
+		a.merge(act.ID, act.State)
+	}
+	if act.End == EndFailed && live {
+		if r.Retry == nil && act.Retry != nil {
+			p := *act.Retry
+			r.Retry = &p
 		}
-		a.merges[act.ID] = append(a.merges[act.ID], act.State)
+		a.failAttempt(act.ID, r, c, EndFailed)
+		return nil
 	}
 	if act.End.terminal() {
 		r.Terminal = act.End

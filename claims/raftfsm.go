@@ -241,15 +241,15 @@ func (f *fsm) applyBatch(logs []*raft.Log) []any {
 			case c.Claimed:
 				u.Moves = append(u.Moves, storage.IndexMove{ID: c.ID, Claimed: true, ExpiryMs: c.ExpiryMs})
 			case c.Released:
-				u.Moves = append(u.Moves, storage.IndexMove{ID: c.ID})
+				u.Moves = append(u.Moves, storage.IndexMove{ID: c.ID, DelayUntilMs: c.DelayUntilMs})
 			}
 			for _, m := range c.Merges {
 				u.Merges = append(u.Merges, storage.FSMMerge{ID: c.ID, State: m})
 			}
 		}
-		if cmd.Op == OpAct || cmd.Op == OpEnd {
+		if cmd.Op == OpAct || cmd.Op == OpEnd || cmd.Op == OpExpire {
 			for _, o := range outcomes {
-				if o.Err == nil && !o.Repeated && o.Record != nil && o.Record.Terminal != EndNone {
+				if o.Err == nil && !o.Repeated && o.Record != nil && (o.Record.Terminal != EndNone || o.Died != nil) {
 					ended = append(ended, o.ID)
 				}
 			}
@@ -378,7 +378,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	applied := binary.BigEndian.Uint64(buf[:])
 	var recs []storage.FSMRecord
-	var live []storage.ClaimMark
+	var live, delayed []storage.ClaimMark
 	for {
 		if _, err := io.ReadFull(r, buf[:]); err == io.EOF {
 			break
@@ -401,10 +401,12 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		recs = append(recs, storage.FSMRecord{ID: id, Value: v})
 		if c, ok := rec.Live(); ok {
 			live = append(live, storage.ClaimMark{ID: id, ExpiryMs: c.ExpiryMs})
+		} else if rec.RetryAtMs != 0 && !rec.Done() {
+			delayed = append(delayed, storage.ClaimMark{ID: id, ExpiryMs: rec.RetryAtMs})
 		}
 	}
 	f.appliedKnown = false
-	if err := f.kv.RestoreClaimFSM(f.p, applied, recs, live, nil); err != nil {
+	if err := f.kv.RestoreClaimFSM(f.p, applied, recs, live, delayed); err != nil {
 		return err
 	}
 	f.applied, f.appliedKnown = applied, true

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/norn-dev/norn/crdt"
 )
 
 // EndReason says how a claim ended. EndNone means it is still live.
@@ -18,6 +20,9 @@ const (
 	EndExpired   EndReason = 3
 	EndYielded   EndReason = 4
 	EndCancelled EndReason = 5
+	// EndFailed: the worker failed the attempt (a retryable abort); the
+	// task waits its backoff, or is dead after its last attempt.
+	EndFailed EndReason = 6
 )
 
 func (r EndReason) String() string {
@@ -34,11 +39,13 @@ func (r EndReason) String() string {
 		return "YIELDED"
 	case EndCancelled:
 		return "CANCELLED"
+	case EndFailed:
+		return "FAILED"
 	}
 	return fmt.Sprintf("EndReason(%d)", uint8(r))
 }
 
-func (r EndReason) valid() bool { return r <= EndCancelled }
+func (r EndReason) valid() bool { return r <= EndFailed }
 
 // terminal reports whether a task ended this way is done for good.
 func (r EndReason) terminal() bool {
@@ -68,8 +75,33 @@ type Record struct {
 	Expired   uint32    // claims ended by expiry (max_claims counts these)
 	MaxClaims uint32    // from the task's spec at its first claim; 0 = unlimited
 	Terminal  EndReason // set once the task is completed, aborted or cancelled
-	Dead      bool      // aborted by the FSM: max_claims expiries reached
-	History   []Claim   // oldest first; at most HistoryLimit
+	// Dead: the FSM ended the task: max_claims expiries reached (the
+	// leader then writes its ABORTED event), or, with a retry policy,
+	// its last allowed attempt failed (the FSM wrote its DEAD event).
+	Dead    bool
+	History []Claim // oldest first; at most HistoryLimit
+
+	// The retries (docs/JOBQUEUE.md). A record that uses none of them is
+	// encoded as before retries existed (version 1), so that every
+	// version reads it.
+
+	// Failed counts the claims a worker ended with a retryable abort.
+	Failed uint32
+	// Retry is the task's retry policy: its spec's, taken at the first
+	// claim, or the first retryable abort's (the server's default); nil
+	// while it has none. With one, expiries and retryable aborts alike
+	// are failed attempts, each followed by a backoff, and the attempt
+	// that reaches Retry.MaxAttempts makes the task dead.
+	Retry *crdt.RetryPolicy
+	// RetryAtMs is when the backoff after the last failed attempt ends
+	// (leader's clock, Unix ms): no claim is granted before it. 0: none.
+	RetryAtMs int64
+}
+
+// FailedAttempts is how many attempts of the task failed: expiries and
+// retryable aborts.
+func (r *Record) FailedAttempts() uint32 {
+	return uint32(min(uint64(r.Expired)+uint64(r.Failed), 1<<32-1))
 }
 
 // NotLive is the error for an act under token, which is not the live
@@ -115,11 +147,20 @@ func (r *Record) Done() bool { return r.Terminal != EndNone || r.Dead }
 // valid record or command.
 var ErrCorrupt = errors.New("claims: corrupt encoding")
 
-const recordVersion = 1
+// Record versions: 2 adds the retries' fields after the history; a record
+// without them is written as version 1.
+const (
+	recordVersion   = 1
+	recordVersionV2 = 2
+)
 
 // Encode returns r's binary encoding.
 func (r *Record) Encode() []byte {
+	v2 := r.Failed != 0 || r.Retry != nil || r.RetryAtMs != 0
 	b := []byte{recordVersion}
+	if v2 {
+		b[0] = recordVersionV2
+	}
 	b = binary.AppendUvarint(b, r.Seq)
 	b = binary.AppendUvarint(b, uint64(r.Expired))
 	b = binary.AppendUvarint(b, uint64(r.MaxClaims))
@@ -134,14 +175,48 @@ func (r *Record) Encode() []byte {
 		b = append(b, byte(c.End))
 		b = binary.AppendVarint(b, c.EndedMs)
 	}
+	if v2 {
+		b = binary.AppendUvarint(b, uint64(r.Failed))
+		b = appendPolicy(b, r.Retry)
+		b = binary.AppendVarint(b, r.RetryAtMs)
+	}
 	return b
+}
+
+// appendPolicy appends a retry policy: 0 for none, else 1 and its fields.
+func appendPolicy(b []byte, p *crdt.RetryPolicy) []byte {
+	if p == nil {
+		return append(b, 0)
+	}
+	b = append(b, 1)
+	b = binary.AppendUvarint(b, uint64(p.MaxAttempts))
+	b = binary.AppendVarint(b, p.InitialMs)
+	b = binary.AppendVarint(b, p.MaxMs)
+	b = binary.AppendUvarint(b, uint64(p.MultiplierMilli))
+	return binary.AppendUvarint(b, uint64(p.JitterMilli))
+}
+
+// policy reads what appendPolicy wrote; an invalid policy is corrupt.
+func (d *decoder) policy() *crdt.RetryPolicy {
+	if !d.bool() {
+		return nil
+	}
+	p := &crdt.RetryPolicy{MaxAttempts: d.uint32(), InitialMs: d.varint(), MaxMs: d.varint(),
+		MultiplierMilli: d.uint32(), JitterMilli: d.uint32()}
+	if d.err == nil {
+		if err := p.Validate(); err != nil {
+			d.fail("%v", err)
+		}
+	}
+	return p
 }
 
 // DecodeRecord parses a record. It never panics; malformed input gives an
 // error wrapping ErrCorrupt.
 func DecodeRecord(b []byte) (*Record, error) {
 	d := decoder{buf: b}
-	if v := d.byte(); d.err == nil && v != recordVersion {
+	v := d.byte()
+	if d.err == nil && v != recordVersion && v != recordVersionV2 {
 		d.fail("record version %d", v)
 	}
 	r := &Record{Seq: d.uvarint(), Expired: d.uint32(), MaxClaims: d.uint32()}
@@ -166,6 +241,9 @@ func DecodeRecord(b []byte) (*Record, error) {
 				d.fail("end reason %d", c.End)
 			}
 		}
+	}
+	if v == recordVersionV2 {
+		r.Failed, r.Retry, r.RetryAtMs = d.uint32(), d.policy(), d.varint()
 	}
 	return r, d.finish()
 }

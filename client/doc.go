@@ -153,11 +153,16 @@
 //   - after the claim was reported ended: nothing;
 //   - an error after the worker cancelled the handler's context, or an
 //     error wrapping ErrYield: Yield, with the last progress reported;
-//   - a *TaskError: Abort with its code, description and args;
-//   - any other error: Abort with code CodeHandlerError and the error's
-//     text; a panic: Abort with CodeHandlerPanic and the stack, and the
-//     worker carries on. (A panic in a goroutine the handler started still
-//     crashes the process.)
+//   - an error wrapped in Permanent: Abort (the task is ABORTED for good);
+//   - any other error: Fail, a failed attempt: the task is retried after
+//     its backoff (TaskSpec.retry, or the server's default policy), or is
+//     DEAD after its last attempt;
+//   - the abort's or failure's error is the *TaskError the handler's error
+//     wraps (its code, description and args), or else code
+//     CodeHandlerError and the error's text; a panic fails the attempt
+//     with CodeHandlerPanic and the stack, and the worker carries on. (A
+//     panic in a goroutine the handler started still crashes the
+//     process.)
 //
 // A failed settle is logged; the lease then expires and the task is
 // claimed again (delivery is at least once, so handlers should be

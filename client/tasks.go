@@ -433,6 +433,19 @@ func (c *Client) Abort(ctx context.Context, id, claimID uint64, errs ...*nornv1.
 	})
 }
 
+// Fail ends the claim as a failed attempt with errs (each with a
+// non-empty code; kept in Task.errors with the attempt): the task waits
+// its retry backoff (TaskSpec.retry, or the server's default policy) as
+// DELAYED, then is READY again, or is DEAD when this was its last
+// attempt. Retried (idempotent).
+func (c *Client) Fail(ctx context.Context, id, claimID uint64, errs ...*nornv1.TaskError) error {
+	req := &nornv1.AbortRequest{Id: id, ClaimId: claimID, Errors: errs, W: c.w, Retry: true}
+	return c.callClaim(ctx, id, true, "fail", func(ctx context.Context, ep *endpoint) error {
+		_, err := ep.tasks.Abort(ctx, connect.NewRequest(req))
+		return err
+	})
+}
+
 // Yield ends the claim and puts the task back to READY, with progress (0
 // to 1) as its progress. Retried on UNAVAILABLE: a retry of a yield that
 // took effect fails with ErrSuperseded, which then means the claim ended

@@ -60,6 +60,29 @@ func (e *TaskError) Error() string {
 // another claim (Yield) instead of aborting it.
 var ErrYield = errors.New("norn: yield the task")
 
+// Permanent wraps a handler error that no retry can fix (a payload that
+// does not parse, a record that does not exist): the Worker aborts the
+// task for good (ABORTED) instead of failing the attempt for a retry.
+// Wrap a *TaskError in it to choose the abort's code. Permanent(nil) is
+// nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+// IsPermanent reports whether err is, or wraps, a Permanent error.
+func IsPermanent(err error) bool {
+	var pe *permanentError
+	return errors.As(err, &pe)
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
 // ErrLeaseExpired is the cause of a handler's context cancellation when the
 // worker could not renew the lease before it ran out (the node was
 // unreachable): another worker may claim the task now.
@@ -328,7 +351,8 @@ type outcome int
 
 const (
 	outcomeComplete outcome = iota
-	outcomeAbort
+	outcomeAbort            // for good: a Permanent error
+	outcomeFail             // a failed attempt, retried after its backoff
 	outcomeYield
 	outcomeNone // the claim is known to have ended: nothing to send
 )
@@ -383,15 +407,17 @@ func (w *Worker) runTask(runCtx, base context.Context, ct *nornv1.ClaimedTask, s
 		// The worker stopped the handler (shutdown, lost lease), so its
 		// error says nothing about the task: give the task back.
 		oc = outcomeYield
-	default:
+	case IsPermanent(err):
 		oc = outcomeAbort
+	default:
+		oc = outcomeFail
 	}
 	// A complete or abort is retried for as long as the lease lasts (by
 	// this worker's clock): through a failover of the task's partition,
 	// which answers UNAVAILABLE for a second or three, the work is not
 	// thrown away.
 	sctx := base
-	if d := lease.get(); oc == outcomeComplete || oc == outcomeAbort {
+	if d := lease.get(); oc == outcomeComplete || oc == outcomeAbort || oc == outcomeFail {
 		var cancel context.CancelFunc
 		sctx, cancel = context.WithDeadline(base, d)
 		defer cancel()
@@ -471,6 +497,8 @@ func (w *Worker) settle(ctx context.Context, id, claimID uint64, oc outcome, res
 		err = w.c.Yield(ctx, id, claimID, progress)
 	case outcomeAbort:
 		err = w.c.Abort(ctx, id, claimID, abortError(herr))
+	case outcomeFail:
+		err = w.c.Fail(ctx, id, claimID, abortError(herr))
 	}
 	if err != nil {
 		w.log.Warn("norn: could not end the claim; the lease will expire", "task", id, "claim", claimID, "err", err)

@@ -70,6 +70,7 @@ var classStatus = map[storage.Class]nornv1.TaskStatus{
 	storage.ClassAborted:   nornv1.TaskStatus_TASK_STATUS_ABORTED,
 	storage.ClassCancelled: nornv1.TaskStatus_TASK_STATUS_CANCELLED,
 	storage.ClassOther:     nornv1.TaskStatus_TASK_STATUS_READY,
+	storage.ClassDead:      nornv1.TaskStatus_TASK_STATUS_DEAD,
 }
 
 // statusName is a status without its enum prefix ("READY").

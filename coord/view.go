@@ -70,20 +70,27 @@ func (ts *TaskState) Status(nowMs int64, depsDone func([]uint64) bool) nornv1.Ta
 			return nornv1.TaskStatus_TASK_STATUS_COMPLETED
 		case crdt.Aborted:
 			return nornv1.TaskStatus_TASK_STATUS_ABORTED
+		case crdt.Dead:
+			return nornv1.TaskStatus_TASK_STATUS_DEAD
 		default:
 			return nornv1.TaskStatus_TASK_STATUS_CANCELLED
 		}
 	}
+	retryAt := int64(0)
 	if ts.Claims != nil {
 		if ts.Claims.Dead {
+			if ts.Claims.Retry != nil {
+				return nornv1.TaskStatus_TASK_STATUS_DEAD
+			}
 			return nornv1.TaskStatus_TASK_STATUS_ABORTED
 		}
 		if _, live := ts.Claims.Live(); live {
 			return nornv1.TaskStatus_TASK_STATUS_CLAIMED
 		}
+		retryAt = ts.Claims.RetryAtMs
 	}
 	spec := ts.Task.Spec
-	if spec.NotBeforeMs > nowMs || (depsDone != nil && len(spec.DependsOn) > 0 && !depsDone(spec.DependsOn)) {
+	if spec.NotBeforeMs > nowMs || retryAt > nowMs || (depsDone != nil && len(spec.DependsOn) > 0 && !depsDone(spec.DependsOn)) {
 		return nornv1.TaskStatus_TASK_STATUS_DELAYED
 	}
 	return nornv1.TaskStatus_TASK_STATUS_READY
@@ -105,6 +112,7 @@ func (c *Coordinator) View(ts *TaskState) *nornv1.Task {
 		Spec: &nornv1.TaskSpec{
 			Queue: spec.Queue, Priority: spec.Priority, Payload: spec.Payload,
 			NotBefore: msTime(spec.NotBeforeMs), DependsOn: spec.DependsOn, MaxClaims: spec.MaxClaims,
+			Retry: RetryToAPI(spec.Retry),
 		},
 		Status:    ts.Status(c.cfg.Clock.Now().UnixMilli(), c.cfg.DepsDone),
 		CreatedAt: msTime(spec.CreatedAt.WallMs),
@@ -123,6 +131,18 @@ func (c *Coordinator) View(ts *TaskState) *nornv1.Task {
 	if last, ok := t.LastUpdate(); ok {
 		v.Progress = last.Progress
 	}
+	v.Errors = failureErrors(t, ts.Claims)
+	if ts.Claims != nil {
+		v.FailedAttempts = ts.Claims.FailedAttempts()
+		if v.Status == nornv1.TaskStatus_TASK_STATUS_DELAYED && ts.Claims.RetryAtMs > c.cfg.Clock.Now().UnixMilli() {
+			v.RetryAt = msTime(ts.Claims.RetryAtMs)
+		}
+	}
+	for _, f := range t.Failures {
+		if updated.Less(f.At) {
+			updated = f.At
+		}
+	}
 	if ev, ok := t.Terminal(); ok {
 		v.Result = ev.Result
 		for _, e := range ev.Errors {
@@ -137,7 +157,7 @@ func (c *Coordinator) View(ts *TaskState) *nornv1.Task {
 		}
 	}
 	if ts.Claims != nil {
-		if ts.Claims.Dead && len(v.Errors) == 0 {
+		if ts.Claims.Dead && ts.Claims.Retry == nil && len(v.Errors) == 0 {
 			v.Errors = append(v.Errors, MaxClaimsError(ts.Claims.MaxClaims))
 		}
 		ev, terminal := t.Terminal()
@@ -186,6 +206,8 @@ func EndReason(k crdt.TerminalKind) claims.EndReason {
 		return claims.EndCompleted
 	case crdt.Aborted:
 		return claims.EndAborted
+	case crdt.Dead:
+		return claims.EndFailed
 	}
 	return claims.EndCancelled
 }

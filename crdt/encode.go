@@ -15,14 +15,22 @@ import (
 // Logical, uvarint Node.
 //
 //	task     := version(=1) id flags [spec] nUpdates update* nTerminals terminal*
-//	flags    := byte; bit 0 set when a spec follows; other bits zero
+//	            [nFailures failure*]
+//	flags    := byte; bit 0 set when a spec follows, bit 1 when the spec
+//	            carries a retry policy (only with bit 0), bit 2 when
+//	            failures follow the terminals (then nFailures >= 1);
+//	            other bits zero
 //	spec     := queue varint(priority) payload varint(notBeforeMs)
-//	            nDeps dep* maxClaims timestamp(createdAt)
+//	            nDeps dep* maxClaims timestamp(createdAt) [retry]
+//	retry    := maxAttempts varint(initialMs) varint(maxMs) multiplierMilli jitterMilli
 //	update   := claim seq timestamp(at) progress(8 bytes, IEEE-754 big endian) message data
 //	terminal := timestamp(at) kind(byte) claim nErrors error* result
+//	failure  := claim timestamp(at) expired(byte 0 or 1) nErrors error*
 //	error    := code description nArgs arg*
 //
-// Updates appear sorted by (claim, seq) and terminals by (at, kind, claim),
+// A task without a retry policy or failures (every task before retries
+// existed) encodes exactly as it did then. Updates appear sorted by
+// (claim, seq), terminals by (at, kind, claim) and failures by claim,
 // each key once. Decode rejects anything else (unsorted or repeated keys,
 // non-minimal varints, unknown flags, trailing bytes), so a byte string that
 // decodes is the one canonical encoding of its state.
@@ -40,10 +48,18 @@ func (t *Task) Encode() []byte { return t.AppendEncode(nil) }
 func (t *Task) AppendEncode(dst []byte) []byte {
 	dst = append(dst, encodingVersion)
 	dst = binary.AppendUvarint(dst, t.ID)
-	if t.Spec == nil {
-		dst = append(dst, 0)
-	} else {
-		dst = append(dst, 1)
+	var flags byte
+	if t.Spec != nil {
+		flags |= flagSpec
+		if t.Spec.Retry != nil {
+			flags |= flagRetry
+		}
+	}
+	if len(t.Failures) > 0 {
+		flags |= flagFailures
+	}
+	dst = append(dst, flags)
+	if t.Spec != nil {
 		dst = appendSpec(dst, t.Spec)
 	}
 	dst = binary.AppendUvarint(dst, uint64(len(t.Updates)))
@@ -54,8 +70,21 @@ func (t *Task) AppendEncode(dst []byte) []byte {
 	for i := range t.Terminals {
 		dst = appendTerminal(dst, &t.Terminals[i])
 	}
+	if len(t.Failures) > 0 {
+		dst = binary.AppendUvarint(dst, uint64(len(t.Failures)))
+		for i := range t.Failures {
+			dst = appendFailure(dst, &t.Failures[i])
+		}
+	}
 	return dst
 }
+
+// The flags byte's bits.
+const (
+	flagSpec     = 0x01
+	flagRetry    = 0x02
+	flagFailures = 0x04
+)
 
 // Digest is the xxhash of an encoding. Equal states have equal digests.
 func Digest(encoding []byte) uint64 { return xxhash.Sum64(encoding) }
@@ -89,7 +118,15 @@ func appendSpec(dst []byte, s *Spec) []byte {
 		dst = binary.AppendUvarint(dst, d)
 	}
 	dst = binary.AppendUvarint(dst, uint64(s.MaxClaims))
-	return appendTimestamp(dst, s.CreatedAt)
+	dst = appendTimestamp(dst, s.CreatedAt)
+	if p := s.Retry; p != nil {
+		dst = binary.AppendUvarint(dst, uint64(p.MaxAttempts))
+		dst = binary.AppendVarint(dst, p.InitialMs)
+		dst = binary.AppendVarint(dst, p.MaxMs)
+		dst = binary.AppendUvarint(dst, uint64(p.MultiplierMilli))
+		dst = binary.AppendUvarint(dst, uint64(p.JitterMilli))
+	}
+	return dst
 }
 
 func appendUpdate(dst []byte, u *Update) []byte {
@@ -105,9 +142,25 @@ func appendTerminal(dst []byte, t *Terminal) []byte {
 	dst = appendTimestamp(dst, t.At)
 	dst = append(dst, byte(t.Kind))
 	dst = binary.AppendUvarint(dst, t.Claim)
-	dst = binary.AppendUvarint(dst, uint64(len(t.Errors)))
-	for i := range t.Errors {
-		e := &t.Errors[i]
+	dst = appendErrors(dst, t.Errors)
+	return appendBytes(dst, t.Result)
+}
+
+func appendFailure(dst []byte, f *Failure) []byte {
+	dst = binary.AppendUvarint(dst, f.Claim)
+	dst = appendTimestamp(dst, f.At)
+	if f.Expired {
+		dst = append(dst, 1)
+	} else {
+		dst = append(dst, 0)
+	}
+	return appendErrors(dst, f.Errors)
+}
+
+func appendErrors(dst []byte, errs []TaskError) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(errs)))
+	for i := range errs {
+		e := &errs[i]
 		dst = appendString(dst, e.Code)
 		dst = appendString(dst, e.Description)
 		dst = binary.AppendUvarint(dst, uint64(len(e.Args)))
@@ -115,7 +168,7 @@ func appendTerminal(dst []byte, t *Terminal) []byte {
 			dst = appendString(dst, a)
 		}
 	}
-	return appendBytes(dst, t.Result)
+	return dst
 }
 
 // Decode parses a canonical task encoding. It never panics; on malformed
@@ -141,7 +194,7 @@ func Decode(b []byte) (*Task, error) {
 // it is not canonical (Encode would not give b back).
 func DecodeHead(b []byte) (*Task, error) {
 	r := reader{buf: b}
-	t := r.idAndSpec(false)
+	t, _ := r.idAndSpec(false)
 	for n := r.count(13); n > 0 && r.err == nil; n-- {
 		r.uvarint() // claim
 		r.uvarint() // seq
@@ -280,23 +333,26 @@ func (r *reader) timestamp() Timestamp {
 
 // idAndSpec reads a task's version, id and spec (with its payload or
 // not).
-func (r *reader) idAndSpec(payload bool) *Task {
+func (r *reader) idAndSpec(payload bool) (*Task, byte) {
 	if v := r.byte(); r.err == nil && v != encodingVersion {
 		r.fail("unknown format version %d", v)
 	}
 	t := &Task{ID: r.uvarint()}
-	switch flags := r.byte(); {
+	flags := r.byte()
+	switch {
 	case r.err != nil:
-	case flags == 1:
-		t.Spec = r.spec(payload)
-	case flags != 0:
+	case flags&^(flagSpec|flagRetry|flagFailures) != 0:
 		r.fail("unknown flags %#x", flags)
+	case flags&flagRetry != 0 && flags&flagSpec == 0:
+		r.fail("flags %#x: a retry policy without a spec", flags)
+	case flags&flagSpec != 0:
+		t.Spec = r.spec(payload, flags&flagRetry != 0)
 	}
-	return t
+	return t, flags
 }
 
 func (r *reader) task() *Task {
-	t := r.idAndSpec(true)
+	t, flags := r.idAndSpec(true)
 	if n := r.count(13); n > 0 {
 		t.Updates = make([]Update, n)
 		for i := range t.Updates {
@@ -315,12 +371,43 @@ func (r *reader) task() *Task {
 			}
 		}
 	}
+	if flags&flagFailures != 0 {
+		n := r.count(5)
+		if r.err == nil && n == 0 {
+			r.fail("an empty failures section")
+		}
+		if n > 0 {
+			t.Failures = make([]Failure, n)
+			for i := range t.Failures {
+				r.failure(&t.Failures[i])
+				if i > 0 && r.err == nil && t.Failures[i-1].Claim >= t.Failures[i].Claim {
+					r.fail("failures not sorted by claim or repeated")
+				}
+			}
+		}
+	}
 	return t
+}
+
+func (r *reader) failure(f *Failure) {
+	f.Claim = r.uvarint()
+	if r.err == nil && f.Claim == 0 {
+		r.fail("failure of claim 0")
+	}
+	f.At = r.timestamp()
+	switch e := r.byte(); {
+	case r.err != nil:
+	case e == 1:
+		f.Expired = true
+	case e != 0:
+		r.fail("expired byte %d", e)
+	}
+	f.Errors = r.errors()
 }
 
 // spec reads a spec; without payload it skips the payload instead of
 // copying it.
-func (r *reader) spec(payload bool) *Spec {
+func (r *reader) spec(payload, retry bool) *Spec {
 	s := &Spec{Queue: r.string()}
 	p := r.varint()
 	if p < math.MinInt32 || p > math.MaxInt32 {
@@ -341,6 +428,16 @@ func (r *reader) spec(payload bool) *Spec {
 	}
 	s.MaxClaims = r.uint32()
 	s.CreatedAt = r.timestamp()
+	if retry {
+		p := &RetryPolicy{MaxAttempts: r.uint32(), InitialMs: r.varint(), MaxMs: r.varint(),
+			MultiplierMilli: r.uint32(), JitterMilli: r.uint32()}
+		if r.err == nil {
+			if err := p.Validate(); err != nil {
+				r.fail("%v", err)
+			}
+		}
+		s.Retry = p
+	}
 	return s
 }
 
@@ -370,21 +467,28 @@ func (r *reader) terminal(t *Terminal) {
 		r.fail("unknown terminal kind %d", t.Kind)
 	}
 	t.Claim = r.uvarint()
-	if n := r.count(3); n > 0 {
-		t.Errors = make([]TaskError, n)
-		for i := range t.Errors {
-			e := &t.Errors[i]
-			e.Code = r.string()
-			e.Description = r.string()
-			if m := r.count(1); m > 0 {
-				e.Args = make([]string, m)
-				for j := range e.Args {
-					e.Args[j] = r.string()
-				}
+	t.Errors = r.errors()
+	t.Result = r.bytes()
+}
+
+func (r *reader) errors() []TaskError {
+	n := r.count(3)
+	if n == 0 {
+		return nil
+	}
+	errs := make([]TaskError, n)
+	for i := range errs {
+		e := &errs[i]
+		e.Code = r.string()
+		e.Description = r.string()
+		if m := r.count(1); m > 0 {
+			e.Args = make([]string, m)
+			for j := range e.Args {
+				e.Args[j] = r.string()
 			}
 		}
 	}
-	t.Result = r.bytes()
+	return errs
 }
 
 func uvarintLen(v uint64) int {

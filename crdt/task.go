@@ -17,6 +17,7 @@ type Spec struct {
 	DependsOn   []uint64 // ids that must be COMPLETED first; no duplicates
 	MaxClaims   uint32   // claims ended by expiry before the task is aborted; 0 = unlimited
 	CreatedAt   Timestamp
+	Retry       *RetryPolicy // TaskSpec.retry; nil when the task has none
 }
 
 // Update is one progress report of a worker, keyed by (Claim, Seq).
@@ -38,6 +39,9 @@ const (
 	Completed TerminalKind = 1
 	Aborted   TerminalKind = 2
 	Cancelled TerminalKind = 3
+	// Dead: the task failed its last allowed attempt (its retry policy's
+	// max attempts); written by the partition's claim state machine.
+	Dead TerminalKind = 4
 )
 
 func (k TerminalKind) String() string {
@@ -48,11 +52,13 @@ func (k TerminalKind) String() string {
 		return "ABORTED"
 	case Cancelled:
 		return "CANCELLED"
+	case Dead:
+		return "DEAD"
 	}
 	return fmt.Sprintf("TerminalKind(%d)", uint8(k))
 }
 
-func (k TerminalKind) valid() bool { return k >= Completed && k <= Cancelled }
+func (k TerminalKind) valid() bool { return k >= Completed && k <= Dead }
 
 // TaskError is one entry of an abort's error list.
 type TaskError struct {
@@ -71,6 +77,16 @@ type Terminal struct {
 	Result []byte
 }
 
+// Failure is one failed attempt of a task that is retried (or died of
+// it): a retryable abort by its worker, with the worker's errors, or a
+// lease that ran out (Expired). Failures are keyed by Claim.
+type Failure struct {
+	Claim   uint64 // the claim whose attempt failed; never 0
+	At      Timestamp
+	Expired bool // the lease ran out (the worker said nothing)
+	Errors  []TaskError
+}
+
 // Task is the CRDT state of one task. Updates are kept sorted by (Claim,
 // Seq) and Terminals by (At, Kind, Claim), each key at most once; Join,
 // Decode and Normalize keep that form, and Encode requires it.
@@ -82,6 +98,7 @@ type Task struct {
 	Spec      *Spec // nil when this replica has not seen the enqueue yet
 	Updates   []Update
 	Terminals []Terminal
+	Failures  []Failure // sorted by Claim, each Claim once
 }
 
 // ErrIDMismatch is returned by Join for states of different tasks.
@@ -113,6 +130,7 @@ func Join(a, b *Task) (j *Task, specConflict bool, err error) {
 	}
 	j.Updates = normalizeUpdates(slices.Concat(a.Updates, b.Updates))
 	j.Terminals = normalizeTerminals(slices.Concat(a.Terminals, b.Terminals))
+	j.Failures = normalizeFailures(slices.Concat(a.Failures, b.Failures))
 	return j, specConflict, nil
 }
 
@@ -132,6 +150,7 @@ func lessByDigest(x, y []byte) bool {
 func (t *Task) Normalize() {
 	t.Updates = normalizeUpdates(t.Updates)
 	t.Terminals = normalizeTerminals(t.Terminals)
+	t.Failures = normalizeFailures(t.Failures)
 }
 
 // Terminal returns the event that decides the task's terminal state: the
@@ -196,4 +215,18 @@ func normalizeTerminals(ts []Terminal) []Terminal {
 		return bytes.Compare(appendTerminal(nil, &x), appendTerminal(nil, &y))
 	})
 	return slices.CompactFunc(ts, func(x, y Terminal) bool { return compareTerminalKey(&x, &y) == 0 })
+}
+
+// normalizeFailures is normalizeUpdates for failures, keyed by claim.
+func normalizeFailures(fs []Failure) []Failure {
+	if len(fs) == 0 {
+		return nil
+	}
+	slices.SortFunc(fs, func(x, y Failure) int {
+		if c := cmp.Compare(x.Claim, y.Claim); c != 0 {
+			return c
+		}
+		return bytes.Compare(appendFailure(nil, &x), appendFailure(nil, &y))
+	})
+	return slices.CompactFunc(fs, func(x, y Failure) bool { return x.Claim == y.Claim })
 }

@@ -16,6 +16,7 @@ type universe struct {
 	specs     []*Spec
 	updates   []Update
 	terminals []Terminal
+	failures  []Failure
 }
 
 func randBytes(r *rand.Rand, max int) []byte {
@@ -48,6 +49,11 @@ func newUniverse(r *rand.Rand) *universe {
 		for range r.IntN(3) {
 			s.DependsOn = append(s.DependsOn, r.Uint64N(1000)+1)
 		}
+		if r.IntN(2) == 0 { // a retry policy; two specs may differ only in it
+			s.MaxClaims = 0
+			s.Retry = &RetryPolicy{MaxAttempts: r.Uint32N(4), InitialMs: r.Int64N(3) * 100, MaxMs: 1000,
+				MultiplierMilli: 1000 + r.Uint32N(2)*1000, JitterMilli: r.Uint32N(2) * 200}
+		}
 		u.specs = append(u.specs, s)
 	}
 	for range r.IntN(8) {
@@ -61,12 +67,23 @@ func newUniverse(r *rand.Rand) *universe {
 		})
 	}
 	for range r.IntN(5) {
-		t := Terminal{At: randTS(r), Kind: TerminalKind(r.IntN(3) + 1), Claim: r.Uint64N(3)}
-		if t.Kind == Aborted {
+		t := Terminal{At: randTS(r), Kind: TerminalKind(r.IntN(4) + 1), Claim: r.Uint64N(3)}
+		if t.Kind == Aborted || t.Kind == Dead {
 			t.Errors = []TaskError{{Code: "E1", Description: "boom", Args: []string{"x"}}}
 		}
 		t.Result = randBytes(r, 4)
 		u.terminals = append(u.terminals, t)
+	}
+	for range r.IntN(5) {
+		f := Failure{Claim: r.Uint64N(3) + 1, At: randTS(r), Expired: r.IntN(2) == 0} // claims collide
+		for range r.IntN(3) {
+			e := TaskError{Code: []string{"E1", "timeout"}[r.IntN(2)]}
+			if n := r.IntN(3); n > 0 {
+				e.Args = []string{"a", "b"}[:n] // empty decodes as nil
+			}
+			f.Errors = append(f.Errors, e)
+		}
+		u.failures = append(u.failures, f)
 	}
 	return u
 }
@@ -85,6 +102,11 @@ func (u *universe) draw(r *rand.Rand) *Task {
 	for _, x := range u.terminals {
 		if r.IntN(2) == 0 {
 			t.Terminals = append(t.Terminals, x)
+		}
+	}
+	for _, x := range u.failures {
+		if r.IntN(2) == 0 {
+			t.Failures = append(t.Failures, x)
 		}
 	}
 	t.Normalize()

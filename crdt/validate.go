@@ -96,6 +96,14 @@ func (s *Spec) Validate(lim Limits) error {
 		}
 		seen[d] = struct{}{}
 	}
+	if p := s.Retry; p != nil {
+		if err := p.Validate(); err != nil {
+			return invalid("spec.retry", "%v", err)
+		}
+		if s.MaxClaims != 0 && s.MaxClaims != p.MaxAttempts {
+			return invalid("spec.maxClaims", "must be 0 or equal to spec.retry.maxAttempts (%d) when a retry policy is set, got %d", p.MaxAttempts, s.MaxClaims)
+		}
+	}
 	return nil
 }
 
@@ -138,11 +146,16 @@ func (t *Terminal) validate(lim Limits) error {
 	if len(t.Result) > lim.MaxPayloadBytes {
 		return tooLarge("result", len(t.Result), lim.MaxPayloadBytes)
 	}
-	if len(t.Errors) > lim.MaxErrors {
-		return tooLarge("errors", len(t.Errors), lim.MaxErrors)
+	return validateErrors("errors", t.Errors, lim)
+}
+
+// validateErrors checks a list of task errors (field: its name).
+func validateErrors(field string, errs []TaskError, lim Limits) error {
+	if len(errs) > lim.MaxErrors {
+		return tooLarge(field, len(errs), lim.MaxErrors)
 	}
-	for i, e := range t.Errors {
-		f := fmt.Sprintf("errors[%d]", i)
+	for i, e := range errs {
+		f := fmt.Sprintf("%s[%d]", field, i)
 		if e.Code == "" {
 			return invalid(f+".code", "required")
 		}
@@ -181,6 +194,15 @@ func (t *Task) Validate(lim Limits) error {
 	}
 	for i := range t.Terminals {
 		if err := t.Terminals[i].validate(lim); err != nil {
+			return err
+		}
+	}
+	for i := range t.Failures {
+		f := &t.Failures[i]
+		if f.Claim == 0 {
+			return invalid(fmt.Sprintf("failures[%d].claimId", i), "required")
+		}
+		if err := validateErrors(fmt.Sprintf("failures[%d].errors", i), f.Errors, lim); err != nil {
 			return err
 		}
 	}

@@ -19,12 +19,16 @@ type Act struct {
 	ID      uint64
 	ClaimID uint64
 	// End is how it ends the claim: claims.EndCompleted or EndAborted
-	// (the task becomes terminal), EndYielded, or EndNone (an update).
+	// (the task becomes terminal), EndFailed (a retryable abort),
+	// EndYielded, or EndNone (an update).
 	End claims.EndReason
 	// State is the task's delta it writes (the terminal event, a progress
 	// update), merged into the task on every replica when the act takes
 	// effect; nil for none.
 	State *crdt.Task
+	// Retry (EndFailed) is the retry policy the attempt fails under if
+	// the task's claim record has none yet (claims.Act.Retry).
+	Retry *crdt.RetryPolicy
 }
 
 // ActResult is what became of one Act.
@@ -37,6 +41,9 @@ type ActResult struct {
 	// Repeated: the same act took effect before (a retry whose first
 	// answer was lost); nothing was merged again.
 	Repeated bool
+	// Died (EndFailed): the act failed the task's last allowed attempt;
+	// the DEAD event the group merged into the task's replicas.
+	Died *crdt.Task
 }
 
 // Acts has each act decided by its partition's Raft group, fenced by its
@@ -84,7 +91,7 @@ func (d *Dispatcher) actOn(p uint16, acts []Act, idx []int, out []ActResult) {
 	cmd := &claims.Command{Op: claims.OpAct, NowMs: d.cfg.Clock.Now().UnixMilli(), Acts: make([]claims.Act, len(idx))}
 	for k, i := range idx {
 		a := acts[i]
-		cmd.Acts[k] = claims.Act{ID: a.ID, Token: a.ClaimID, End: a.End}
+		cmd.Acts[k] = claims.Act{ID: a.ID, Token: a.ClaimID, End: a.End, Retry: a.Retry}
 		if a.State != nil {
 			cmd.Acts[k].State = a.State.Encode()
 		}
@@ -107,7 +114,7 @@ func (d *Dispatcher) actOn(p uint16, acts []Act, idx []int, out []ActResult) {
 		case o.Err != nil:
 			out[i].Err = actError(id, acts[i].ClaimID, o.Err)
 		default:
-			out[i].Repeated = o.Repeated
+			out[i].Repeated, out[i].Died = o.Repeated, o.Died
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/replicas"
+	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/testhooks"
 	"github.com/norn-dev/norn/transport"
 )
@@ -489,6 +490,15 @@ func (d *Dispatcher) candidate(id uint64, nowMs int64) (claims.Candidate, *coord
 		if _, live := ts.Claims.Live(); live || ts.Claims.Done() {
 			return claims.Candidate{}, nil, false
 		}
+		if at := ts.Claims.RetryAtMs; at > nowMs {
+			// In a retry's backoff, which the index here missed (the
+			// claim ended before the task reached this replica): the
+			// index catches up.
+			if err := d.store.DelayTasks(d.host.Partition(id), []storage.ClaimMark{{ID: id, ExpiryMs: at}}); err != nil {
+				d.cfg.Logger.Warn("delaying a task in a retry's backoff failed", "id", id, "err", err)
+			}
+			return claims.Candidate{}, nil, false
+		}
 	}
 	spec := ts.Task.Spec
 	if spec.NotBeforeMs > nowMs {
@@ -503,5 +513,5 @@ func (d *Dispatcher) candidate(id uint64, nowMs int64) (claims.Candidate, *coord
 			return claims.Candidate{}, nil, false
 		}
 	}
-	return claims.Candidate{ID: id, NotBeforeMs: spec.NotBeforeMs, MaxClaims: spec.MaxClaims}, ts, true
+	return claims.Candidate{ID: id, NotBeforeMs: spec.NotBeforeMs, MaxClaims: spec.MaxClaims, Retry: spec.Retry}, ts, true
 }

@@ -204,7 +204,9 @@ func (d *Dispatcher) EndIfTerminal(ts *coord.TaskState) bool {
 	if !ok {
 		return false
 	}
-	if ts.Claims == nil || ts.Claims.Terminal == claims.EndNone {
+	// A DEAD event is the claim FSM's own, written with the end of the
+	// claim it records: there is nothing to end.
+	if ev.Kind != crdt.Dead && (ts.Claims == nil || ts.Claims.Terminal == claims.EndNone) {
 		d.endClaim(ts.Task.ID, ev)
 	}
 	return true

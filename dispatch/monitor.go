@@ -159,6 +159,14 @@ func (d *Dispatcher) expireClaims(p uint16) {
 		if d.cfg.OnExpired != nil {
 			d.cfg.OnExpired(queueOf(ts))
 		}
+		if o.Died != nil {
+			// The group merged the DEAD event into the replicas with the
+			// expiry; the write takes it to a quorum now, rather than at
+			// the followers' next commit notice, and tells the
+			// dependants (coord's OnEnded).
+			d.writeState(o.Died, "DEAD")
+			continue
+		}
 		if o.Dead {
 			if ts == nil {
 				// The task's state has not reached this replica: read it
@@ -228,6 +236,16 @@ func (d *Dispatcher) abortTask(ts *coord.TaskState, e *nornv1.TaskError) {
 		d.cfg.Logger.Warn("aborting a task failed", "id", ts.Task.ID, "code", e.Code, "err", err)
 	} else if d.cfg.OnAborted != nil {
 		d.cfg.OnAborted(queueOf(ts))
+	}
+}
+
+// writeState writes a task state the claim FSM decided (what) to the
+// task's replicas at the default quorum.
+func (d *Dispatcher) writeState(t *crdt.Task, what string) {
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.WriteTimeout)
+	defer cancel()
+	if _, err := d.coord.Write(ctx, []*crdt.Task{t}, 0, []uint64{t.ID}); err != nil {
+		d.cfg.Logger.Warn("writing a task's state failed; anti-entropy carries it", "id", t.ID, "state", what, "err", err)
 	}
 }
 

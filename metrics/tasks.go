@@ -37,7 +37,7 @@ var waitBuckets = []float64{0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 
 // and Aborted are dispatch.Config's OnExpired and OnAborted. Safe for
 // concurrent use.
 type Tasks struct {
-	enqueued, claimed, renewed, completed, aborted, cancelled, expired *prometheus.CounterVec
+	enqueued, claimed, renewed, completed, aborted, cancelled, expired, failed *prometheus.CounterVec
 
 	age  *prometheus.HistogramVec
 	wait [2]prometheus.Observer // an empty answer, one with tasks
@@ -51,9 +51,9 @@ type Tasks struct {
 
 // queueSeries is one queue label value's series.
 type queueSeries struct {
-	label                                                              string
-	enqueued, claimed, renewed, completed, aborted, cancelled, expired prometheus.Counter
-	age                                                                prometheus.Observer
+	label                                                                      string
+	enqueued, claimed, renewed, completed, aborted, cancelled, expired, failed prometheus.Counter
+	age                                                                        prometheus.Observer
 }
 
 // NewTasks returns the task metrics, registered with reg.
@@ -71,6 +71,7 @@ func NewTasks(reg prometheus.Registerer) *Tasks {
 		aborted:   counter("norn_tasks_aborted_total", "Tasks aborted by this node: by their workers, and by the node itself (max_claims reached, a dependency failed)."),
 		cancelled: counter("norn_tasks_cancelled_total", "Tasks cancelled by this node (the task's partition leader)."),
 		expired:   counter("norn_claims_expired_total", "Claims whose lease ran out, expired by this node's monitor (the partition leader)."),
+		failed:    counter("norn_tasks_failed_attempts_total", "Attempts failed by their workers (a retryable Abort) on this node (the claim's partition leader): the task waits its backoff, or is dead after its last attempt."),
 		age: prometheus.NewHistogramVec(nativeHistogram(prometheus.HistogramOpts{
 			Name:    "norn_task_age_at_claim_seconds",
 			Help:    "How long a task waited to be claimed: from its enqueue (or its not_before, if later) to the Claim that took it, on the node's clock.",
@@ -94,7 +95,7 @@ func (t *Tasks) newSeries(label string) *queueSeries {
 		enqueued: t.enqueued.WithLabelValues(label), claimed: t.claimed.WithLabelValues(label),
 		renewed: t.renewed.WithLabelValues(label), completed: t.completed.WithLabelValues(label),
 		aborted: t.aborted.WithLabelValues(label), cancelled: t.cancelled.WithLabelValues(label),
-		expired: t.expired.WithLabelValues(label), age: t.age.WithLabelValues(label)}
+		expired: t.expired.WithLabelValues(label), failed: t.failed.WithLabelValues(label), age: t.age.WithLabelValues(label)}
 }
 
 // series returns queue's series: its own, or OtherQueue's.
@@ -179,6 +180,9 @@ func (t *Tasks) Aborted(queue string) { t.series(queue).aborted.Inc() }
 
 // Cancelled counts a task of queue cancelled.
 func (t *Tasks) Cancelled(queue string) { t.series(queue).cancelled.Inc() }
+
+// Failed counts an attempt of a task of queue failed by its worker.
+func (t *Tasks) Failed(queue string) { t.series(queue).failed.Inc() }
 
 // Expired counts a claim of a task of queue expired
 // (dispatch.Config.OnExpired).

@@ -55,6 +55,10 @@ type Config struct {
 	// 30 s. MaxLease bounds requested leases. Default 1 h.
 	DefaultLease time.Duration
 	MaxLease     time.Duration
+	// DefaultRetry is the retry policy of a retryable Abort of a task
+	// whose spec has none (docs/API.md, "Retries"). Default: 25
+	// attempts, waits from 1 s doubling up to 1 h, jitter 0.2.
+	DefaultRetry *crdt.RetryPolicy
 	// MaxWait bounds a Claim's long poll. Default 60 s.
 	MaxWait time.Duration
 	// ClaimRecheck is how often a long-polling claim on a cluster of
@@ -279,6 +283,9 @@ func (c *Config) setDefaults() {
 	def(&c.MaxClockOffset, 500*time.Millisecond)
 	def(&c.LeaseGrace, 10*time.Second)
 	def(&c.DefaultLease, 30*time.Second)
+	if c.DefaultRetry == nil {
+		c.DefaultRetry = &crdt.RetryPolicy{MaxAttempts: 25, InitialMs: 1000, MaxMs: 3_600_000, MultiplierMilli: 2000, JitterMilli: 200}
+	}
 	def(&c.MaxLease, time.Hour)
 	def(&c.MaxWait, 60*time.Second)
 	def(&c.ClaimRecheck, 2*time.Second)
@@ -390,6 +397,8 @@ func (c *Config) Validate() error {
 			"and taken back by the fast one ends that much early on the fast one's clock; raise the skew buffer or lower the max clock offset "+
 			"(to at most %s for this buffer)",
 			c.SkewBuffer, c.MaxClockOffset, cluster.ClockMeasurementError, cluster.MinSkewBuffer(c.MaxClockOffset), maxClockOffsetFor(c.SkewBuffer))
+	case c.DefaultRetry.Validate() != nil:
+		return fmt.Errorf("node: default retry policy: %w", c.DefaultRetry.Validate())
 	case c.DefaultLease <= 0 || c.MaxLease < c.DefaultLease:
 		return fmt.Errorf("node: default lease %s must be positive and at most the max lease %s", c.DefaultLease, c.MaxLease)
 	case c.BootstrapExpect < 0 || c.Replication < 1:

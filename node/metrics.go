@@ -280,7 +280,7 @@ func (n *Node) collectLeaders(s *sink) {
 var queueStatuses = map[storage.Class]string{
 	storage.ClassReady: "ready", storage.ClassWaiting: "waiting", storage.ClassDelayed: "delayed",
 	storage.ClassClaimed: "claimed", storage.ClassCompleted: "completed", storage.ClassAborted: "aborted",
-	storage.ClassCancelled: "cancelled", storage.ClassOther: "ready",
+	storage.ClassCancelled: "cancelled", storage.ClassOther: "ready", storage.ClassDead: "dead",
 }
 
 // queueStatusOrder lists the status label values once each.

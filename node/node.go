@@ -220,6 +220,7 @@ func New(cfg Config) (*Node, error) {
 		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Incarnation: incarnation, SkewBuffer: cfg.SkewBuffer, Clock: cfg.Clock, TLS: cfg.TLS, GossipKey: cfg.GossipKey,
 		Logger: cfg.logger("replicas"), RaftLogger: cfg.RaftLogger,
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck, ActNoFence: cfg.TestBugs.ActNoFence,
+		RetryNoBackoff: cfg.TestBugs.RetryNoBackoff,
 		// A task a partition's claim FSM made terminal may unblock its
 		// dependants, in any queue.
 		OnEnded:       func(uint16, []uint64) { n.waiters.NotifyAll() },
@@ -268,7 +269,7 @@ func New(cfg Config) (*Node, error) {
 	})
 	n.dispatch.Start()
 	n.server = server.New(server.Config{
-		Limits: cfg.Limits, DefaultLease: cfg.DefaultLease, MaxLease: cfg.MaxLease, MaxWait: cfg.MaxWait,
+		Limits: cfg.Limits, DefaultLease: cfg.DefaultLease, MaxLease: cfg.MaxLease, MaxWait: cfg.MaxWait, DefaultRetry: *cfg.DefaultRetry,
 		Clock: cfg.Clock, HLC: n.hlc, IDs: ids, Logger: cfg.logger("server"),
 		NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Version: cfg.Version, Start: cfg.Clock.Now(),
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,

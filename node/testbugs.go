@@ -33,6 +33,10 @@ type TestBugs struct {
 	// only the live one (claims.Bugs.ActNoFence): a superseded worker
 	// completes a task another worker holds.
 	ActNoFence bool
+	// RetryNoBackoff ("retry-no-backoff"): the claim FSM makes a task
+	// whose attempt failed claimable again at once, whatever its retry
+	// policy's backoff (claims.Bugs.RetryNoBackoff).
+	RetryNoBackoff bool
 	// ActLocal ("act-local"): a node that does not lead a task's
 	// partition decides a complete, abort, yield or update under a claim
 	// from its own copy of the claim state and writes it at the call's w
@@ -72,6 +76,7 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"count-drift":           func(b *TestBugs) *bool { return &b.CountDrift },
 	"tls-any-client":        func(b *TestBugs) *bool { return &b.TLSAnyClient },
 	"act-no-fence":          func(b *TestBugs) *bool { return &b.ActNoFence },
+	"retry-no-backoff":      func(b *TestBugs) *bool { return &b.RetryNoBackoff },
 	"act-local":             func(b *TestBugs) *bool { return &b.ActLocal },
 	"end-after-write":       func(b *TestBugs) *bool { return &b.EndAfterWrite },
 	"skew-one-offset":       func(b *TestBugs) *bool { return &b.SkewOneOffset },

@@ -79,9 +79,9 @@ type Config struct {
 	Store *storage.Store
 	// Peers reaches other nodes' APIs (to pull a newer ring).
 	Peers *transport.Peers
-	// ClaimNoCheck and ActNoFence are the seeded bugs claims.Bugs.ClaimNoCheck
-	// and ActNoFence.
-	ClaimNoCheck, ActNoFence bool
+	// ClaimNoCheck, ActNoFence and RetryNoBackoff are the seeded bugs
+	// claims.Bugs.ClaimNoCheck, ActNoFence and RetryNoBackoff.
+	ClaimNoCheck, ActNoFence, RetryNoBackoff bool
 	// OnEnded and OnFatal are every partition group's
 	// claims.GroupConfig.OnEnded (with the partition) and OnFatal.
 	// OnFatal also gets the refusal of a ring that lists this node with

@@ -129,9 +129,19 @@ func (sv *Server) decide(ctx context.Context, acts []dispatch.Act, w uint32) ([]
 		// delta (the same event: merging it again changes nothing); for
 		// a repeated act, the state this replica holds.
 		st := acts[i].State
+		if r.Died != nil && st != nil {
+			// The last attempt failed: the DEAD event the group decided
+			// goes with the attempt's errors.
+			j, _, err := crdt.Join(st, r.Died)
+			if err != nil {
+				out[i].err = apierr.From(err)
+				continue
+			}
+			st = j
+		}
 		if r.Repeated {
 			st = nil
-			if acts[i].End == claims.EndCompleted || acts[i].End == claims.EndAborted {
+			if acts[i].End == claims.EndCompleted || acts[i].End == claims.EndAborted || acts[i].End == claims.EndFailed {
 				if ts, err := sv.coord.Load(acts[i].ID); err == nil {
 					if err := refuseChange(ts.Task, acts[i]); err != nil {
 						out[i].err = err
@@ -364,6 +374,14 @@ func (s taskService) Abort(ctx context.Context, req *connect.Request[nornv1.Abor
 			args = nil
 		}
 		ev.Errors = append(ev.Errors, crdt.TaskError{Code: e.GetCode(), Description: e.GetDescription(), Args: args})
+	}
+	if m.GetRetry() {
+		acks, queue, err := s.sv.failAttempt(ctx, m.GetId(), m.GetClaimId(), m.GetW(), ev)
+		if err != nil {
+			return nil, err
+		}
+		s.sv.events.Failed(queue)
+		return connect.NewResponse(&nornv1.AbortResponse{Acks: acks}), nil
 	}
 	acks, queue, err := s.sv.finish(ctx, m.GetId(), m.GetClaimId(), m.GetW(), ev)
 	if err != nil {

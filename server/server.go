@@ -37,10 +37,13 @@ type Config struct {
 	// DefaultLease is the lease of a Claim or Renew that names none;
 	// MaxLease bounds requested leases; MaxWait bounds a Claim's long poll.
 	DefaultLease, MaxLease, MaxWait time.Duration
-	Clock                           crdt.Clock
-	HLC                             *crdt.HLC
-	IDs                             IDs
-	Logger                          *slog.Logger
+	// DefaultRetry is the retry policy of a retryable Abort of a task
+	// whose spec has none.
+	DefaultRetry crdt.RetryPolicy
+	Clock        crdt.Clock
+	HLC          *crdt.HLC
+	IDs          IDs
+	Logger       *slog.Logger
 
 	Store      *storage.Store
 	Host       *replicas.Host
@@ -103,6 +106,9 @@ type TaskEvents interface {
 	Completed(queue string)
 	Aborted(queue string)
 	Cancelled(queue string)
+	// Failed: a worker failed an attempt of a task of queue (a
+	// retryable Abort).
+	Failed(queue string)
 }
 
 // SecurityStatus is how a node's ports are secured (Status's security).
@@ -148,6 +154,7 @@ func (noEvents) Claimed(string, []*nornv1.ClaimedTask, time.Time, time.Duration)
 func (noEvents) Renewed(string)                                                  {}
 func (noEvents) Completed(string)                                                {}
 func (noEvents) Aborted(string)                                                  {}
+func (noEvents) Failed(string)                                                   {}
 func (noEvents) Cancelled(string)                                                {}
 
 // AdminService is the server's norn.v1.AdminService.

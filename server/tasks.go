@@ -37,6 +37,11 @@ func (sv *Server) specFromAPI(field string, s *nornv1.TaskSpec) (*crdt.Spec, err
 		}
 		spec.NotBeforeMs = nb.AsTime().UnixMilli()
 	}
+	retry, err := retryFromAPI(field+".retry", s.GetRetry())
+	if err != nil {
+		return nil, err
+	}
+	spec.Retry = retry
 	if err := spec.Validate(sv.cfg.Limits); err != nil {
 		var fe *crdt.FieldError
 		if errors.As(err, &fe) {
@@ -61,7 +66,8 @@ func queueOf(t *crdt.Task) string {
 // sameSpec compares the user-given fields of two specs.
 func sameSpec(a, b *crdt.Spec) bool {
 	return a.Queue == b.Queue && a.Priority == b.Priority && bytes.Equal(a.Payload, b.Payload) &&
-		a.NotBeforeMs == b.NotBeforeMs && slices.Equal(a.DependsOn, b.DependsOn) && a.MaxClaims == b.MaxClaims
+		a.NotBeforeMs == b.NotBeforeMs && slices.Equal(a.DependsOn, b.DependsOn) && a.MaxClaims == b.MaxClaims &&
+		(a.Retry == nil) == (b.Retry == nil) && (a.Retry == nil || *a.Retry == *b.Retry)
 }
 
 // prepareEnqueue turns a spec into a task state to merge, or reports that an

@@ -30,6 +30,7 @@ const (
 	// between states (no stored state reaches it today); counted so
 	// that the counters always add up to the tasks stored.
 	ClassOther Class = 8
+	ClassDead  Class = 9 // terminal: dead (its last allowed attempt failed)
 )
 
 func (c Class) String() string {
@@ -50,6 +51,8 @@ func (c Class) String() string {
 		return "cancelled"
 	case ClassOther:
 		return "other"
+	case ClassDead:
+		return "dead"
 	}
 	return fmt.Sprintf("Class(%d)", uint8(c))
 }
@@ -66,6 +69,8 @@ func classOf(t *crdt.Task, m meta) (queue string, c Class, ok bool) {
 			return t.Spec.Queue, ClassCompleted, true
 		case crdt.Aborted:
 			return t.Spec.Queue, ClassAborted, true
+		case crdt.Dead:
+			return t.Spec.Queue, ClassDead, true
 		default:
 			return t.Spec.Queue, ClassCancelled, true
 		}

@@ -22,6 +22,7 @@ package nornv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -58,6 +59,10 @@ const (
 	TaskStatus_TASK_STATUS_ABORTED TaskStatus = 5
 	// Terminal: a client cancelled it.
 	TaskStatus_TASK_STATUS_CANCELLED TaskStatus = 6
+	// Terminal: its last allowed attempt failed (`retry.max_attempts`, or
+	// `max_claims` with a retry policy); see Task.errors, which hold every
+	// attempt's errors.
+	TaskStatus_TASK_STATUS_DEAD TaskStatus = 7
 )
 
 // Enum value maps for TaskStatus.
@@ -70,6 +75,7 @@ var (
 		4: "TASK_STATUS_COMPLETED",
 		5: "TASK_STATUS_ABORTED",
 		6: "TASK_STATUS_CANCELLED",
+		7: "TASK_STATUS_DEAD",
 	}
 	TaskStatus_value = map[string]int32{
 		"TASK_STATUS_UNSPECIFIED": 0,
@@ -79,6 +85,7 @@ var (
 		"TASK_STATUS_COMPLETED":   4,
 		"TASK_STATUS_ABORTED":     5,
 		"TASK_STATUS_CANCELLED":   6,
+		"TASK_STATUS_DEAD":        7,
 	}
 )
 
@@ -126,6 +133,10 @@ const (
 	ClaimEnd_CLAIM_END_YIELDED ClaimEnd = 4
 	// The task was cancelled while claimed.
 	ClaimEnd_CLAIM_END_CANCELLED ClaimEnd = 5
+	// The worker failed the attempt (an Abort with `retry`): the task
+	// waited its backoff as DELAYED, or died (DEAD) if it was the last
+	// attempt allowed.
+	ClaimEnd_CLAIM_END_FAILED ClaimEnd = 6
 )
 
 // Enum value maps for ClaimEnd.
@@ -137,6 +148,7 @@ var (
 		3: "CLAIM_END_EXPIRED",
 		4: "CLAIM_END_YIELDED",
 		5: "CLAIM_END_CANCELLED",
+		6: "CLAIM_END_FAILED",
 	}
 	ClaimEnd_value = map[string]int32{
 		"CLAIM_END_UNSPECIFIED": 0,
@@ -145,6 +157,7 @@ var (
 		"CLAIM_END_EXPIRED":     3,
 		"CLAIM_END_YIELDED":     4,
 		"CLAIM_END_CANCELLED":   5,
+		"CLAIM_END_FAILED":      6,
 	}
 )
 
@@ -212,8 +225,15 @@ type TaskSpec struct {
 	// How many claims of this task may end by lease expiry (a worker that
 	// stopped renewing) before the task is aborted with the error
 	// `max_claims_exceeded`. Yields do not count. 0 (the default) means
-	// unlimited.
-	MaxClaims     uint32 `protobuf:"varint,6,opt,name=max_claims,json=maxClaims,proto3" json:"max_claims,omitempty"`
+	// unlimited. With a retry policy it is the same budget as
+	// `retry.max_attempts` and must be 0 or equal to it (INVALID_ARGUMENT
+	// naming `task.maxClaims` otherwise); the task then ends DEAD.
+	MaxClaims uint32 `protobuf:"varint,6,opt,name=max_claims,json=maxClaims,proto3" json:"max_claims,omitempty"`
+	// How the task is retried after a failed attempt: an Abort with `retry`
+	// set, or a lease that ran out. Unset: a retryable Abort uses the
+	// server's default policy (docs/API.md, "Retries"), and an expired
+	// lease makes the task READY again at once, as before retries existed.
+	Retry         *RetryPolicy `protobuf:"bytes,7,opt,name=retry,proto3" json:"retry,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -290,6 +310,104 @@ func (x *TaskSpec) GetMaxClaims() uint32 {
 	return 0
 }
 
+func (x *TaskSpec) GetRetry() *RetryPolicy {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+// RetryPolicy is a task's retries: after its n-th failed attempt it waits
+// min(initial_backoff × multiplier^(n-1), max_backoff), less a jitter,
+// as DELAYED, then is READY again; after `max_attempts` failed attempts it
+// is DEAD. The wait is decided by the task's partition leader when the
+// attempt fails, from the task's id and n (the same on every replica).
+type RetryPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Failed attempts after which the task is DEAD. 0 means unlimited.
+	MaxAttempts uint32 `protobuf:"varint,1,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	// The wait after the first failed attempt. Unset or 0: none (READY again
+	// at once). Not negative; at most `max_backoff`.
+	InitialBackoff *durationpb.Duration `protobuf:"bytes,2,opt,name=initial_backoff,json=initialBackoff,proto3" json:"initial_backoff,omitempty"`
+	// The longest wait. Unset: equal to `initial_backoff`. At most 30 days,
+	// and not below `initial_backoff`.
+	MaxBackoff *durationpb.Duration `protobuf:"bytes,3,opt,name=max_backoff,json=maxBackoff,proto3" json:"max_backoff,omitempty"`
+	// How much each wait grows over the last: 2 doubles it. Unset or 0: 1
+	// (a constant wait). From 1 to 100, to 3 decimals.
+	Multiplier float64 `protobuf:"fixed64,4,opt,name=multiplier,proto3" json:"multiplier,omitempty"`
+	// The largest share of each wait taken off it at random (the same for
+	// a task and attempt on every node): 0.2 gives a wait between 80% and
+	// 100% of its value. From 0 to 1, to 3 decimals. Default 0.
+	Jitter        float64 `protobuf:"fixed64,5,opt,name=jitter,proto3" json:"jitter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetryPolicy) Reset() {
+	*x = RetryPolicy{}
+	mi := &file_norn_v1_task_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryPolicy) ProtoMessage() {}
+
+func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_task_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryPolicy.ProtoReflect.Descriptor instead.
+func (*RetryPolicy) Descriptor() ([]byte, []int) {
+	return file_norn_v1_task_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RetryPolicy) GetMaxAttempts() uint32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *RetryPolicy) GetInitialBackoff() *durationpb.Duration {
+	if x != nil {
+		return x.InitialBackoff
+	}
+	return nil
+}
+
+func (x *RetryPolicy) GetMaxBackoff() *durationpb.Duration {
+	if x != nil {
+		return x.MaxBackoff
+	}
+	return nil
+}
+
+func (x *RetryPolicy) GetMultiplier() float64 {
+	if x != nil {
+		return x.Multiplier
+	}
+	return 0
+}
+
+func (x *RetryPolicy) GetJitter() float64 {
+	if x != nil {
+		return x.Jitter
+	}
+	return 0
+}
+
 // Task is the full view of a task: its spec, derived status, current claim
 // and history.
 type Task struct {
@@ -320,9 +438,14 @@ type Task struct {
 	Claims []*ClaimInfo `protobuf:"bytes,8,rep,name=claims,proto3" json:"claims,omitempty"`
 	// Every progress update, in ascending (claim_id, seq) order.
 	Updates []*TaskUpdate `protobuf:"bytes,9,rep,name=updates,proto3" json:"updates,omitempty"`
-	// Why the task was aborted: the errors of the abort that decided the
-	// ABORTED status (a worker's Abort, or the server's `dependency_failed`
-	// or `max_claims_exceeded`). Empty for any other status.
+	// What went wrong: first the errors of every failed attempt (a
+	// retryable Abort's errors, or `lease_expired` for a lease that ran out
+	// on a task with a retry policy), oldest first, each with its
+	// `attempt`; then the errors of the event that ended the task: the
+	// abort that decided the ABORTED status (a worker's Abort, or the
+	// server's `dependency_failed` or `max_claims_exceeded`), or
+	// `max_attempts_exceeded` for a DEAD task. Empty for a task that never
+	// failed an attempt and is not ABORTED or DEAD.
 	Errors []*TaskError `protobuf:"bytes,10,rep,name=errors,proto3" json:"errors,omitempty"`
 	// What the worker returned with Complete, opaque to Norn. Empty unless
 	// the status is COMPLETED. At most the payload limit (default 1 MiB).
@@ -341,13 +464,20 @@ type Task struct {
 	// CLAIMED one's claim may have ended. Read again for the decided view.
 	// A terminal status is final either way.
 	ClaimStateUnknown bool `protobuf:"varint,13,opt,name=claim_state_unknown,json=claimStateUnknown,proto3" json:"claim_state_unknown,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Failed attempts so far: retryable Aborts, and leases that ran out on
+	// a task with a retry policy (what `retry.max_attempts` counts).
+	FailedAttempts uint32 `protobuf:"varint,14,opt,name=failed_attempts,json=failedAttempts,proto3" json:"failed_attempts,omitempty"`
+	// While the task waits out a retry's backoff (status DELAYED): when it
+	// may be claimed again, on the partition leader's clock. Unset
+	// otherwise.
+	RetryAt       *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_norn_v1_task_proto_msgTypes[1]
+	mi := &file_norn_v1_task_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +489,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_task_proto_msgTypes[1]
+	mi := &file_norn_v1_task_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +502,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_norn_v1_task_proto_rawDescGZIP(), []int{1}
+	return file_norn_v1_task_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Task) GetId() uint64 {
@@ -466,6 +596,20 @@ func (x *Task) GetClaimStateUnknown() bool {
 	return false
 }
 
+func (x *Task) GetFailedAttempts() uint32 {
+	if x != nil {
+		return x.FailedAttempts
+	}
+	return 0
+}
+
+func (x *Task) GetRetryAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetryAt
+	}
+	return nil
+}
+
 // ClaimInfo is one claim (lease) of a task by a worker.
 type ClaimInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -496,7 +640,7 @@ type ClaimInfo struct {
 
 func (x *ClaimInfo) Reset() {
 	*x = ClaimInfo{}
-	mi := &file_norn_v1_task_proto_msgTypes[2]
+	mi := &file_norn_v1_task_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +652,7 @@ func (x *ClaimInfo) String() string {
 func (*ClaimInfo) ProtoMessage() {}
 
 func (x *ClaimInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_task_proto_msgTypes[2]
+	mi := &file_norn_v1_task_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +665,7 @@ func (x *ClaimInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimInfo.ProtoReflect.Descriptor instead.
 func (*ClaimInfo) Descriptor() ([]byte, []int) {
-	return file_norn_v1_task_proto_rawDescGZIP(), []int{2}
+	return file_norn_v1_task_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ClaimInfo) GetClaimId() uint64 {
@@ -597,7 +741,7 @@ type TaskUpdate struct {
 
 func (x *TaskUpdate) Reset() {
 	*x = TaskUpdate{}
-	mi := &file_norn_v1_task_proto_msgTypes[3]
+	mi := &file_norn_v1_task_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +753,7 @@ func (x *TaskUpdate) String() string {
 func (*TaskUpdate) ProtoMessage() {}
 
 func (x *TaskUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_task_proto_msgTypes[3]
+	mi := &file_norn_v1_task_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +766,7 @@ func (x *TaskUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskUpdate.ProtoReflect.Descriptor instead.
 func (*TaskUpdate) Descriptor() ([]byte, []int) {
-	return file_norn_v1_task_proto_rawDescGZIP(), []int{3}
+	return file_norn_v1_task_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TaskUpdate) GetClaimId() uint64 {
@@ -681,14 +825,19 @@ type TaskError struct {
 	// Values the description refers to (ids, file names, ...), so that tools
 	// need not parse the description. At most 64 entries of at most 64 KiB
 	// each.
-	Args          []string `protobuf:"bytes,3,rep,name=args,proto3" json:"args,omitempty"`
+	Args []string `protobuf:"bytes,3,rep,name=args,proto3" json:"args,omitempty"`
+	// In Task.errors: the attempt that failed with this error, as the
+	// `seq` of its claim (1 for the first claim); 0 for the errors of the
+	// event that ended the task, and when the claim is older than the 64
+	// the task keeps. Ignored in requests.
+	Attempt       uint32 `protobuf:"varint,4,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TaskError) Reset() {
 	*x = TaskError{}
-	mi := &file_norn_v1_task_proto_msgTypes[4]
+	mi := &file_norn_v1_task_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +849,7 @@ func (x *TaskError) String() string {
 func (*TaskError) ProtoMessage() {}
 
 func (x *TaskError) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_task_proto_msgTypes[4]
+	mi := &file_norn_v1_task_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +862,7 @@ func (x *TaskError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskError.ProtoReflect.Descriptor instead.
 func (*TaskError) Descriptor() ([]byte, []int) {
-	return file_norn_v1_task_proto_rawDescGZIP(), []int{4}
+	return file_norn_v1_task_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TaskError) GetCode() string {
@@ -735,6 +884,13 @@ func (x *TaskError) GetArgs() []string {
 		return x.Args
 	}
 	return nil
+}
+
+func (x *TaskError) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
 }
 
 // ClaimedTask is one task handed to a worker by Claim.
@@ -761,7 +917,7 @@ type ClaimedTask struct {
 
 func (x *ClaimedTask) Reset() {
 	*x = ClaimedTask{}
-	mi := &file_norn_v1_task_proto_msgTypes[5]
+	mi := &file_norn_v1_task_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +929,7 @@ func (x *ClaimedTask) String() string {
 func (*ClaimedTask) ProtoMessage() {}
 
 func (x *ClaimedTask) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_task_proto_msgTypes[5]
+	mi := &file_norn_v1_task_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +942,7 @@ func (x *ClaimedTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimedTask.ProtoReflect.Descriptor instead.
 func (*ClaimedTask) Descriptor() ([]byte, []int) {
-	return file_norn_v1_task_proto_rawDescGZIP(), []int{5}
+	return file_norn_v1_task_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ClaimedTask) GetTask() *Task {
@@ -821,7 +977,7 @@ var File_norn_v1_task_proto protoreflect.FileDescriptor
 
 const file_norn_v1_task_proto_rawDesc = "" +
 	"\n" +
-	"\x12norn/v1/task.proto\x12\anorn.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x01\n" +
+	"\x12norn/v1/task.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfb\x01\n" +
 	"\bTaskSpec\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x05R\bpriority\x12\x18\n" +
@@ -831,7 +987,17 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"depends_on\x18\x05 \x03(\x04R\tdependsOn\x12\x1d\n" +
 	"\n" +
-	"max_claims\x18\x06 \x01(\rR\tmaxClaims\"\xc1\x04\n" +
+	"max_claims\x18\x06 \x01(\rR\tmaxClaims\x12*\n" +
+	"\x05retry\x18\a \x01(\v2\x14.norn.v1.RetryPolicyR\x05retry\"\xe8\x01\n" +
+	"\vRetryPolicy\x12!\n" +
+	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x12B\n" +
+	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
+	"\vmax_backoff\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"maxBackoff\x12\x1e\n" +
+	"\n" +
+	"multiplier\x18\x04 \x01(\x01R\n" +
+	"multiplier\x12\x16\n" +
+	"\x06jitter\x18\x05 \x01(\x01R\x06jitter\"\xa1\x05\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12%\n" +
 	"\x04spec\x18\x02 \x01(\v2\x11.norn.v1.TaskSpecR\x04spec\x12+\n" +
@@ -849,7 +1015,9 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"\x06result\x18\v \x01(\fR\x06result\x12;\n" +
 	"\vfinished_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\x12.\n" +
-	"\x13claim_state_unknown\x18\r \x01(\bR\x11claimStateUnknown\"\x9f\x02\n" +
+	"\x13claim_state_unknown\x18\r \x01(\bR\x11claimStateUnknown\x12'\n" +
+	"\x0ffailed_attempts\x18\x0e \x01(\rR\x0efailedAttempts\x125\n" +
+	"\bretry_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\"\x9f\x02\n" +
 	"\tClaimInfo\x12\x19\n" +
 	"\bclaim_id\x18\x01 \x01(\x04R\aclaimId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\rR\x03seq\x12\x16\n" +
@@ -866,16 +1034,17 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1a\n" +
 	"\bprogress\x18\x04 \x01(\x01R\bprogress\x12\x18\n" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12\x12\n" +
-	"\x04data\x18\x06 \x01(\fR\x04data\"U\n" +
+	"\x04data\x18\x06 \x01(\fR\x04data\"o\n" +
 	"\tTaskError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x12\n" +
-	"\x04args\x18\x03 \x03(\tR\x04args\"\x97\x01\n" +
+	"\x04args\x18\x03 \x03(\tR\x04args\x12\x18\n" +
+	"\aattempt\x18\x04 \x01(\rR\aattempt\"\x97\x01\n" +
 	"\vClaimedTask\x12!\n" +
 	"\x04task\x18\x01 \x01(\v2\r.norn.v1.TaskR\x04task\x12\x19\n" +
 	"\bclaim_id\x18\x02 \x01(\x04R\aclaimId\x122\n" +
 	"\x06expiry\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06expiry\x12\x16\n" +
-	"\x06leader\x18\x04 \x01(\tR\x06leader*\xc1\x01\n" +
+	"\x06leader\x18\x04 \x01(\tR\x06leader*\xd7\x01\n" +
 	"\n" +
 	"TaskStatus\x12\x1b\n" +
 	"\x17TASK_STATUS_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -884,14 +1053,16 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"\x13TASK_STATUS_CLAIMED\x10\x03\x12\x19\n" +
 	"\x15TASK_STATUS_COMPLETED\x10\x04\x12\x17\n" +
 	"\x13TASK_STATUS_ABORTED\x10\x05\x12\x19\n" +
-	"\x15TASK_STATUS_CANCELLED\x10\x06*\x9c\x01\n" +
+	"\x15TASK_STATUS_CANCELLED\x10\x06\x12\x14\n" +
+	"\x10TASK_STATUS_DEAD\x10\a*\xb2\x01\n" +
 	"\bClaimEnd\x12\x19\n" +
 	"\x15CLAIM_END_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13CLAIM_END_COMPLETED\x10\x01\x12\x15\n" +
 	"\x11CLAIM_END_ABORTED\x10\x02\x12\x15\n" +
 	"\x11CLAIM_END_EXPIRED\x10\x03\x12\x15\n" +
 	"\x11CLAIM_END_YIELDED\x10\x04\x12\x17\n" +
-	"\x13CLAIM_END_CANCELLED\x10\x05B-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"\x13CLAIM_END_CANCELLED\x10\x05\x12\x14\n" +
+	"\x10CLAIM_END_FAILED\x10\x06B-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_task_proto_rawDescOnce sync.Once
@@ -906,41 +1077,47 @@ func file_norn_v1_task_proto_rawDescGZIP() []byte {
 }
 
 var file_norn_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_norn_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_norn_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_norn_v1_task_proto_goTypes = []any{
 	(TaskStatus)(0),               // 0: norn.v1.TaskStatus
 	(ClaimEnd)(0),                 // 1: norn.v1.ClaimEnd
 	(*TaskSpec)(nil),              // 2: norn.v1.TaskSpec
-	(*Task)(nil),                  // 3: norn.v1.Task
-	(*ClaimInfo)(nil),             // 4: norn.v1.ClaimInfo
-	(*TaskUpdate)(nil),            // 5: norn.v1.TaskUpdate
-	(*TaskError)(nil),             // 6: norn.v1.TaskError
-	(*ClaimedTask)(nil),           // 7: norn.v1.ClaimedTask
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(*RetryPolicy)(nil),           // 3: norn.v1.RetryPolicy
+	(*Task)(nil),                  // 4: norn.v1.Task
+	(*ClaimInfo)(nil),             // 5: norn.v1.ClaimInfo
+	(*TaskUpdate)(nil),            // 6: norn.v1.TaskUpdate
+	(*TaskError)(nil),             // 7: norn.v1.TaskError
+	(*ClaimedTask)(nil),           // 8: norn.v1.ClaimedTask
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
 }
 var file_norn_v1_task_proto_depIdxs = []int32{
-	8,  // 0: norn.v1.TaskSpec.not_before:type_name -> google.protobuf.Timestamp
-	2,  // 1: norn.v1.Task.spec:type_name -> norn.v1.TaskSpec
-	0,  // 2: norn.v1.Task.status:type_name -> norn.v1.TaskStatus
-	8,  // 3: norn.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	8,  // 4: norn.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
-	4,  // 5: norn.v1.Task.current_claim:type_name -> norn.v1.ClaimInfo
-	4,  // 6: norn.v1.Task.claims:type_name -> norn.v1.ClaimInfo
-	5,  // 7: norn.v1.Task.updates:type_name -> norn.v1.TaskUpdate
-	6,  // 8: norn.v1.Task.errors:type_name -> norn.v1.TaskError
-	8,  // 9: norn.v1.Task.finished_at:type_name -> google.protobuf.Timestamp
-	8,  // 10: norn.v1.ClaimInfo.start:type_name -> google.protobuf.Timestamp
-	8,  // 11: norn.v1.ClaimInfo.expiry:type_name -> google.protobuf.Timestamp
-	1,  // 12: norn.v1.ClaimInfo.end_reason:type_name -> norn.v1.ClaimEnd
-	8,  // 13: norn.v1.ClaimInfo.ended_at:type_name -> google.protobuf.Timestamp
-	8,  // 14: norn.v1.TaskUpdate.at:type_name -> google.protobuf.Timestamp
-	3,  // 15: norn.v1.ClaimedTask.task:type_name -> norn.v1.Task
-	8,  // 16: norn.v1.ClaimedTask.expiry:type_name -> google.protobuf.Timestamp
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	9,  // 0: norn.v1.TaskSpec.not_before:type_name -> google.protobuf.Timestamp
+	3,  // 1: norn.v1.TaskSpec.retry:type_name -> norn.v1.RetryPolicy
+	10, // 2: norn.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	10, // 3: norn.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	2,  // 4: norn.v1.Task.spec:type_name -> norn.v1.TaskSpec
+	0,  // 5: norn.v1.Task.status:type_name -> norn.v1.TaskStatus
+	9,  // 6: norn.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	9,  // 7: norn.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	5,  // 8: norn.v1.Task.current_claim:type_name -> norn.v1.ClaimInfo
+	5,  // 9: norn.v1.Task.claims:type_name -> norn.v1.ClaimInfo
+	6,  // 10: norn.v1.Task.updates:type_name -> norn.v1.TaskUpdate
+	7,  // 11: norn.v1.Task.errors:type_name -> norn.v1.TaskError
+	9,  // 12: norn.v1.Task.finished_at:type_name -> google.protobuf.Timestamp
+	9,  // 13: norn.v1.Task.retry_at:type_name -> google.protobuf.Timestamp
+	9,  // 14: norn.v1.ClaimInfo.start:type_name -> google.protobuf.Timestamp
+	9,  // 15: norn.v1.ClaimInfo.expiry:type_name -> google.protobuf.Timestamp
+	1,  // 16: norn.v1.ClaimInfo.end_reason:type_name -> norn.v1.ClaimEnd
+	9,  // 17: norn.v1.ClaimInfo.ended_at:type_name -> google.protobuf.Timestamp
+	9,  // 18: norn.v1.TaskUpdate.at:type_name -> google.protobuf.Timestamp
+	4,  // 19: norn.v1.ClaimedTask.task:type_name -> norn.v1.Task
+	9,  // 20: norn.v1.ClaimedTask.expiry:type_name -> google.protobuf.Timestamp
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_task_proto_init() }
@@ -954,7 +1131,7 @@ func file_norn_v1_task_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_task_proto_rawDesc), len(file_norn_v1_task_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1355,7 +1355,14 @@ type AbortRequest struct {
 	// is RESOURCE_EXHAUSTED), each with a non-empty code.
 	Errors []*TaskError `protobuf:"bytes,3,rep,name=errors,proto3" json:"errors,omitempty"`
 	// Write quorum, as in EnqueueRequest.w.
-	W             uint32 `protobuf:"varint,4,opt,name=w,proto3" json:"w,omitempty"`
+	W uint32 `protobuf:"varint,4,opt,name=w,proto3" json:"w,omitempty"`
+	// The attempt failed and the task may be retried: the claim ends
+	// (CLAIM_END_FAILED), the task waits its backoff (TaskSpec.retry, or the
+	// server's default policy) as DELAYED and is READY again after it; the
+	// errors are kept in Task.errors with the attempt. When this was the
+	// last attempt allowed, the task is DEAD instead. False (the default):
+	// the task is ABORTED for good.
+	Retry         bool `protobuf:"varint,5,opt,name=retry,proto3" json:"retry,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1416,6 +1423,13 @@ func (x *AbortRequest) GetW() uint32 {
 		return x.W
 	}
 	return 0
+}
+
+func (x *AbortRequest) GetRetry() bool {
+	if x != nil {
+		return x.Retry
+	}
+	return false
 }
 
 // AbortResponse is the response of TaskService.Abort.
@@ -1752,12 +1766,13 @@ const file_norn_v1_task_service_proto_rawDesc = "" +
 	"\x10CompletionResult\x12\x12\n" +
 	"\x04acks\x18\x01 \x01(\rR\x04acks\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\tR\x04code\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"s\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\x89\x01\n" +
 	"\fAbortRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x19\n" +
 	"\bclaim_id\x18\x02 \x01(\x04R\aclaimId\x12*\n" +
 	"\x06errors\x18\x03 \x03(\v2\x12.norn.v1.TaskErrorR\x06errors\x12\f\n" +
-	"\x01w\x18\x04 \x01(\rR\x01w\"#\n" +
+	"\x01w\x18\x04 \x01(\rR\x01w\x12\x14\n" +
+	"\x05retry\x18\x05 \x01(\bR\x05retry\"#\n" +
 	"\rAbortResponse\x12\x12\n" +
 	"\x04acks\x18\x01 \x01(\rR\x04acks\"U\n" +
 	"\fYieldRequest\x12\x0e\n" +

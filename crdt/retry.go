@@ -1,4 +1,4 @@
-package claims
+package crdt
 
 import (
 	"encoding/binary"
@@ -44,7 +44,7 @@ const (
 )
 
 // ErrBadPolicy is wrapped by Validate's errors.
-var ErrBadPolicy = errors.New("claims: invalid retry policy")
+var ErrBadPolicy = errors.New("crdt: invalid retry policy")
 
 // Validate checks p's fields against their bounds, naming the field.
 func (p RetryPolicy) Validate() error {

@@ -1,4 +1,4 @@
-package claims
+package crdt
 
 import (
 	"errors"

@@ -1,0 +1,110 @@
+package server
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/apierr"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/dispatch"
+)
+
+// retryFromAPI validates and converts a RetryPolicy (field is its path in
+// the request, "task.retry"); nil for none.
+func retryFromAPI(field string, r *nornv1.RetryPolicy) (*crdt.RetryPolicy, error) {
+	if r == nil {
+		return nil, nil
+	}
+	p := &crdt.RetryPolicy{MaxAttempts: r.GetMaxAttempts(), MultiplierMilli: 1000}
+	ms := func(name string, d *durationpb.Duration) (int64, error) {
+		if d == nil {
+			return 0, nil
+		}
+		if err := d.CheckValid(); err != nil {
+			return 0, apierr.Invalid(field+"."+name, "%v", err)
+		}
+		v := d.AsDuration()
+		if v <= 0 {
+			return 0, apierr.Invalid(field+"."+name, "must be positive, got %s (leave it unset for no wait)", v)
+		}
+		if v > crdt.MaxBackoffMs*time.Millisecond {
+			return 0, apierr.Invalid(field+"."+name, "must be at most 720h (30 days), got %s", v)
+		}
+		return max(v.Milliseconds(), 1), nil
+	}
+	var err error
+	if p.InitialMs, err = ms("initialBackoff", r.GetInitialBackoff()); err != nil {
+		return nil, err
+	}
+	if p.MaxMs, err = ms("maxBackoff", r.GetMaxBackoff()); err != nil {
+		return nil, err
+	}
+	switch {
+	case r.GetMaxBackoff() == nil:
+		p.MaxMs = p.InitialMs
+	case p.MaxMs < p.InitialMs:
+		return nil, apierr.Invalid(field+".maxBackoff", "%s is below initialBackoff %s",
+			r.GetMaxBackoff().AsDuration(), r.GetInitialBackoff().AsDuration())
+	}
+	if m := r.GetMultiplier(); m != 0 {
+		if math.IsNaN(m) || m < 1 || m > crdt.MaxMultiplierMilli/1000 {
+			return nil, apierr.Invalid(field+".multiplier", "must be from 1 to %d, got %v", crdt.MaxMultiplierMilli/1000, m)
+		}
+		p.MultiplierMilli = uint32(math.Round(m * 1000))
+	}
+	if j := r.GetJitter(); j != 0 {
+		if math.IsNaN(j) || j < 0 || j > 1 {
+			return nil, apierr.Invalid(field+".jitter", "must be from 0 to 1, got %v", j)
+		}
+		p.JitterMilli = uint32(math.Round(j * 1000))
+	}
+	if err := p.Validate(); err != nil { // the bounds above cover it; a second guard
+		return nil, apierr.Invalid(field, "%v", err)
+	}
+	return p, nil
+}
+
+// retryPolicyOf is the policy a retryable abort of a task with spec
+// (nil: not known here) fails under: its own, or the node's default,
+// whose max attempts are the spec's max_claims when it sets them (the
+// same budget).
+func (sv *Server) retryPolicyOf(spec *crdt.Spec) *crdt.RetryPolicy {
+	if spec != nil && spec.Retry != nil {
+		return spec.Retry
+	}
+	p := sv.cfg.DefaultRetry
+	if spec != nil && spec.MaxClaims > 0 {
+		p.MaxAttempts = spec.MaxClaims
+	}
+	return &p
+}
+
+// failAttempt has the attempt of task id under claim claimID fail with
+// ev's errors (a retryable abort): decided by the partition's group like
+// a complete (decide), which delays the task by its backoff or makes it
+// dead. It returns the acks and the task's queue.
+func (sv *Server) failAttempt(ctx context.Context, id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, string, error) {
+	if err := requireClaim(id, claimID); err != nil {
+		return 0, "", err
+	}
+	ev.Claim = claimID
+	if err := ev.Validate(sv.cfg.Limits); err != nil {
+		return 0, "", apierr.From(err)
+	}
+	var spec *crdt.Spec
+	if ts, err := sv.coord.Load(id); err == nil {
+		spec = ts.Task.Spec
+	}
+	act := dispatch.Act{ID: id, ClaimID: claimID, End: claims.EndFailed, Retry: sv.retryPolicyOf(spec),
+		State: &crdt.Task{ID: id, Failures: []crdt.Failure{{Claim: claimID, At: sv.hlc.Now(), Errors: ev.Errors}}}}
+	res, err := sv.decide(ctx, []dispatch.Act{act}, w)
+	if err != nil {
+		return 0, "", err
+	}
+	return res[0].acks, res[0].queue, res[0].err
+}
