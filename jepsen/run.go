@@ -1,6 +1,7 @@
 package jepsen
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -62,7 +63,23 @@ type Scenario struct {
 	// acked by every replica, every claim through n1) and adds the
 	// priority checker (check.Priority).
 	Priorities bool
+	// RetryShare and FailShare, when set, replace the workload's shares
+	// of tasks with a retry policy and of fails among the ops on them
+	// (retryShare, failShare).
+	RetryShare, FailShare float64
 }
+
+// The workload's retries in every scenario: a share of the tasks have a
+// retry policy (retryAttempts attempts, a constant retryBackoff), and a
+// client holding one fails its attempt at failShare of its ops on it.
+// The backoff is above the retries checker's tolerance (the skew buffer,
+// 2 s), so that a task granted at once after its fail is caught.
+const (
+	retryShare    = 0.3
+	failShare     = 0.07
+	retryAttempts = 3
+	retryBackoff  = 3500 * time.Millisecond
+)
 
 // prioritySettle is how long a task must have been claimable before the
 // priority checker holds a claim of a lower priority against it: the 50
@@ -113,6 +130,8 @@ var Scenarios = []Scenario{
 		Nodes: 3, NeedsHooks: true, Bugs: []string{"end-after-write"}, Nemesis: nemesisCompleteHandover, Args: completeHandoverArgs, EnqueueShare: 0.2, Time: 45 * time.Second, Short: true},
 	{Name: "bug-claim-local-first", Desc: "self-test: seeded bug claim-local-first (a claim serves the partitions its node leads first, as before priority was strict across the cluster), the priority workload; must fail a checker",
 		Nodes: 3, NeedsHooks: true, Bugs: []string{"claim-local-first"}, Nemesis: nemesisNone, Priorities: true, EnqueueShare: 0.6, Short: true},
+	{Name: "bug-retry-no-backoff", Desc: "self-test: seeded bug retry-no-backoff (a task whose attempt failed is claimable again at once, whatever its backoff), no faults, every task with a retry policy; must fail a checker",
+		Nodes: 3, NeedsHooks: true, Bugs: []string{"retry-no-backoff"}, Nemesis: nemesisNone, RetryShare: 1, FailShare: 0.2, Short: true},
 	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write, no faults, anti-entropy off (every 1h) so that nothing repairs the dropped writes; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Args: []string{"-antientropy-interval", "1h"}, Nemesis: nemesisNone},
 }
 
@@ -341,6 +360,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if sc.Priorities {
 		w.Priorities, w.EnqueueW, w.ClaimVia = 5, Replication, c.Nodes[0].ID
 	}
+	w.RetryShare, w.FailShare = cmp.Or(sc.RetryShare, retryShare), cmp.Or(sc.FailShare, failShare)
+	w.RetryAttempts, w.RetryBackoff = retryAttempts, retryBackoff
 	w.init()
 	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks,
 		Churn: &Churn{}, Rogue: &Rogue{}}
@@ -427,6 +448,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		check.Queue(ops, final),
 		check.Exclusion(ops),
 		check.Terminal(ops, Replication),
+		check.Retries(ops, c.Cfg.SkewBuffer),
 		conv,
 		counts,
 		check.Liveness(ops, tl.FirstFault(), heal, firstClaim, minOKBeforeFault),

@@ -44,6 +44,14 @@ type Workload struct {
 	Priorities int32
 	EnqueueW   uint32
 	ClaimVia   string
+	// RetryShare is the share of enqueued tasks with a retry policy
+	// (RetryAttempts attempts, a constant RetryBackoff, no jitter); a
+	// client holding one of them fails its attempt (a retryable abort)
+	// at FailShare of its ops on it.
+	RetryShare    float64
+	RetryAttempts uint32
+	RetryBackoff  time.Duration
+	FailShare     float64
 
 	// stall, when set for a client, makes it hold its next short claim
 	// without renewing for this long (the worker-pause nemesis).
@@ -65,6 +73,7 @@ type held struct {
 	task, claim uint64
 	long        bool
 	op          *check.Op // the claim
+	backoffMS   int64     // the task's retry backoff, 0 without a policy
 }
 
 func (w *Workload) init() {
@@ -173,6 +182,9 @@ func (w *Workload) client(ctx context.Context, i int) {
 		case h != nil && r < 0.65:
 			o = w.complete(ctx, n, proc, i, h, uint32(2+rng.IntN(2)))
 			h = nil
+		case h != nil && h.backoffMS > 0 && r < 0.65+w.FailShare:
+			o = w.fail(ctx, n, proc, i, h)
+			h = nil
 		case h != nil && r < 0.8:
 			o = w.yield(ctx, n, proc, i, h)
 			h = nil
@@ -254,10 +266,13 @@ func (w *Workload) enqueue(ctx context.Context, n *Node, proc, client int) *chec
 		pr = int32((uint64(seq) * 0x9E3779B97F4A7C15 >> 33) % uint64(w.Priorities))
 	}
 	o := &check.Op{Process: proc, Client: client, F: "enqueue", Node: n.ID, W: wq, Payload: payload, Priority: pr, Call: w.H.Now()}
+	spec := &nornv1.TaskSpec{Queue: Queue, Payload: []byte(payload), Priority: pr}
+	if float64(uint64(seq)*0xBF58476D1CE4E5B9>>40)/float64(1<<24) < w.RetryShare {
+		spec.Retry = &nornv1.RetryPolicy{MaxAttempts: w.RetryAttempts, InitialBackoff: durationpb.New(w.RetryBackoff)}
+	}
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
-	r, err := n.Tasks.Enqueue(cctx, connect.NewRequest(&nornv1.EnqueueRequest{
-		Task: &nornv1.TaskSpec{Queue: Queue, Payload: []byte(payload), Priority: pr}, W: wq}))
+	r, err := n.Tasks.Enqueue(cctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: spec, W: wq}))
 	o.Return = w.H.Now()
 	o.Type, o.Err = classify(err)
 	if err == nil {
@@ -295,7 +310,21 @@ func (w *Workload) claim(ctx context.Context, n *Node, proc, client int, long bo
 	if l := w.C.NodeByAPI(t.Leader); l != nil {
 		o.Leader = l.ID
 	}
-	return o, &held{task: t.Task.Id, claim: t.ClaimId, long: long, op: o}
+	return o, &held{task: t.Task.Id, claim: t.ClaimId, long: long, op: o,
+		backoffMS: t.Task.Spec.GetRetry().GetInitialBackoff().AsDuration().Milliseconds()}
+}
+
+// fail fails the held claim's attempt (a retryable abort): the task is
+// claimable again after its backoff, or dead after its last attempt.
+func (w *Workload) fail(ctx context.Context, n *Node, proc, client int, h *held) *check.Op {
+	o := &check.Op{Process: proc, Client: client, F: "fail", Node: n.ID, Task: h.task, Claim: h.claim, Long: h.long, BackoffMS: h.backoffMS, Call: w.H.Now()}
+	cctx, cancel := w.opCtx(ctx)
+	defer cancel()
+	_, err := n.Tasks.Abort(cctx, connect.NewRequest(&nornv1.AbortRequest{Id: h.task, ClaimId: h.claim, Retry: true,
+		Errors: []*nornv1.TaskError{{Code: "jepsen_fail", Args: []string{fmt.Sprint(client)}}}}))
+	o.Return = w.H.Now()
+	o.Type, o.Err = classify(err)
+	return o
 }
 
 func (w *Workload) renew(ctx context.Context, n *Node, proc, client int, h *held) *check.Op {

@@ -43,7 +43,7 @@ func Exclusion(ops []*Op) Verdict {
 			if e := o.Call + o.LeaseMS*int64(time.Millisecond); e > w.end {
 				w.end = e
 			}
-		case o.F == "complete" || o.F == "yield":
+		case o.F == "complete" || o.F == "yield" || o.F == "fail":
 			if o.Call < w.end {
 				w.end = o.Call
 			}
@@ -171,7 +171,7 @@ func Queue(ops []*Op, final map[uint64]string) Verdict {
 		}
 		st := final[id]
 		switch {
-		case st == "TASK_STATUS_COMPLETED" || st == "TASK_STATUS_CANCELLED" || st == "TASK_STATUS_ABORTED":
+		case st == "TASK_STATUS_COMPLETED" || st == "TASK_STATUS_CANCELLED" || st == "TASK_STATUS_ABORTED" || st == "TASK_STATUS_DEAD":
 			v.Counts["ended-undelivered"]++
 		case st == "TASK_STATUS_CLAIMED":
 			v.Counts["held"]++ // claimed by an indeterminate claim or an abandoned long lease

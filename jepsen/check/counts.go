@@ -64,7 +64,7 @@ func CountsProblems(ops []*Op, obs CountsObservation) []string {
 	var total, terminal uint64
 	for st, n := range obs.Counted {
 		total += n
-		if st == "COMPLETED" || st == "CANCELLED" || st == "ABORTED" {
+		if st == "COMPLETED" || st == "CANCELLED" || st == "ABORTED" || st == "DEAD" {
 			terminal += n
 		}
 	}

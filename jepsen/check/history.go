@@ -35,6 +35,9 @@ type Op struct {
 	Leader string `json:"leader,omitempty"`
 	// Priority is an enqueued task's priority, or a claimed one's.
 	Priority int32 `json:"priority,omitempty"`
+	// BackoffMS is a fail's (a retryable abort's) backoff: the task's
+	// retry policy's constant wait.
+	BackoffMS int64 `json:"backoff_ms,omitempty"`
 }
 
 // Ret is the op's return time, with infinity for an info.

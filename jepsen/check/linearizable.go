@@ -18,6 +18,7 @@ type taskState struct {
 	Terminal bool   // a complete (any w: the group decides it) or a cancel acked by every replica
 	TermBy   uint64 // the claim whose complete made the task terminal, 0 for a cancel
 	Soft     bool   // a cancel acked by fewer (may not have reached the leader)
+	Failed   uint64 // the last claim whose attempt failed (a retryable abort took effect)
 }
 
 // taskModel is the sequential specification of one task, nondeterministic
@@ -61,6 +62,35 @@ func taskModel(replication uint32) porcupine.Model {
 				}
 				return out
 			}
+		case "fail":
+			// A retryable abort is fenced like a complete: it takes
+			// effect only under the live claim, and ends it. Then the
+			// task is claimable again (after its backoff: the retries
+			// checker's part), or dead when it was the last attempt
+			// allowed, which the model cannot tell (expired short
+			// leases count as attempts too): both are legal. A retry of
+			// the same fail is acked again and changes nothing.
+			again := s.Failed == c && c != 0
+			legal := (s.Live == c && !s.Terminal) || again
+			retried := s
+			retried.Live, retried.Failed = 0, c
+			dead := retried
+			dead.Terminal, dead.TermBy = true, 0
+			switch {
+			case o.Type == "fail":
+				return []any{s}
+			case !legal && o.Type == "ok":
+				return nil
+			case !legal:
+				return []any{s}
+			case again && o.Type == "ok":
+				return []any{s}
+			case again:
+				return []any{s}
+			case o.Type == "ok":
+				return []any{retried, dead}
+			}
+			return []any{s, retried, dead}
 		case "complete", "cancel":
 			// A complete is fenced (DESIGN 4, 7.3a): it takes effect only
 			// under the live claim, and then the task is terminal at any
@@ -117,7 +147,7 @@ func taskModel(replication uint32) porcupine.Model {
 		},
 		DescribeState: func(st any) string {
 			s := st.(taskState)
-			return fmt.Sprintf("live=%d long=%v last=%d terminal=%v by=%d soft=%v", s.Live, s.Long, s.Last, s.Terminal, s.TermBy, s.Soft)
+			return fmt.Sprintf("live=%d long=%v last=%d terminal=%v by=%d soft=%v failed=%d", s.Live, s.Long, s.Last, s.Terminal, s.TermBy, s.Soft, s.Failed)
 		},
 	}
 	m := nm.ToModel()
@@ -150,7 +180,7 @@ func Linearizable(ops []*Op, replication uint32, timeout time.Duration, dir stri
 	tasks := map[uint64]bool{}
 	for _, o := range ops {
 		switch o.F {
-		case "claim", "renew", "yield", "complete", "cancel":
+		case "claim", "renew", "yield", "complete", "cancel", "fail":
 		default:
 			continue
 		}
@@ -177,7 +207,7 @@ func Linearizable(ops []*Op, replication uint32, timeout time.Duration, dir stri
 			// claim of a terminal task)?
 			var relaxed []porcupine.Operation
 			for _, op := range hist {
-				if o := op.Input.(*Op); o.Type == "fail" && (o.F == "renew" || o.F == "yield" || o.F == "complete") &&
+				if o := op.Input.(*Op); o.Type == "fail" && (o.F == "renew" || o.F == "yield" || o.F == "complete" || o.F == "fail") &&
 					(strings.HasPrefix(o.Err, "failed_precondition") || strings.HasPrefix(o.Err, "not_found")) {
 					continue
 				}
