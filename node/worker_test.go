@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/client"
 	"github.com/norn-dev/norn/transport"
@@ -18,7 +20,9 @@ import (
 
 // TestWorkerLifecycle runs the client library's Worker against a real node
 // over HTTP/2: tasks that succeed complete with their result, a task whose
-// handler fails aborts with its code, a task cancelled while running has its
+// handler fails for good (client.Permanent) aborts with its code, a task
+// whose handler fails otherwise is retried after its backoff and then
+// completes, keeping the failed attempt's error, a task cancelled while running has its
 // handler's context cancelled (learned through a failed renew) and stays
 // CANCELLED, and shutdown yields a task still held.
 //
@@ -33,7 +37,7 @@ func TestWorkerLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		workerLifecycle(t, c)
+		workerLifecycle(t, c, h)
 	})
 	t.Run("framed", func(t *testing.T) {
 		h := newHarness(t, t.TempDir(), nil)
@@ -43,7 +47,7 @@ func TestWorkerLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		workerLifecycle(t, c)
+		workerLifecycle(t, c, h)
 		// Enqueue, claims, renews (progress), completes, the abort's
 		// claim: at least the 5 enqueues and 2 completes went framed.
 		if n := framedCalls.Load(); n < 7 {
@@ -78,12 +82,32 @@ func serveSplit(t *testing.T, n *Node) (string, *atomic.Int64) {
 	return ln.Addr().String(), calls
 }
 
-func workerLifecycle(t *testing.T, c *client.Client) {
+func workerLifecycle(t *testing.T, c *client.Client, h *harness) {
 	t.Helper()
 	ctx := context.Background()
+	// The harness's monitor runs when told: here every 50 ms, so that a
+	// retried task's backoff ends (the node's clock is the harness's,
+	// moved along with the passes).
+	stopPasses, passesDone := make(chan struct{}), make(chan struct{})
+	defer func() { close(stopPasses); <-passesDone }()
+	go func() {
+		defer close(passesDone)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopPasses:
+				return
+			case <-tick.C:
+				h.clock.advance(50 * time.Millisecond)
+				h.node.dispatch.MonitorOnce()
+			}
+		}
+	}()
 	var ids []uint64
-	for _, p := range []string{"ok-1", "ok-2", "fail", "cancel-me", "hold"} {
-		id, err := c.Enqueue(ctx, &nornv1.TaskSpec{Queue: "work", Payload: []byte(p)})
+	for _, p := range []string{"ok-1", "ok-2", "fail", "cancel-me", "hold", "retry"} {
+		id, err := c.Enqueue(ctx, &nornv1.TaskSpec{Queue: "work", Payload: []byte(p),
+			Retry: &nornv1.RetryPolicy{MaxAttempts: 3, InitialBackoff: durationpb.New(100 * time.Millisecond)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,7 +127,11 @@ func workerLifecycle(t *testing.T, c *client.Client) {
 				}
 				return []byte("result-" + p), nil
 			case p == "fail":
-				return nil, &client.TaskError{Code: "bad_payload", Description: "cannot do it"}
+				return nil, client.Permanent(&client.TaskError{Code: "bad_payload", Description: "cannot do it"})
+			case p == "retry" && task.Info.GetFailedAttempts() == 0:
+				return nil, errors.New("transient trouble")
+			case p == "retry":
+				return []byte("retried"), nil
 			default:
 				mu.Lock()
 				close(started[p])
@@ -141,6 +169,7 @@ func workerLifecycle(t *testing.T, c *client.Client) {
 	waitStatus(t, c, ids[0], nornv1.TaskStatus_TASK_STATUS_COMPLETED)
 	waitStatus(t, c, ids[1], nornv1.TaskStatus_TASK_STATUS_COMPLETED)
 	waitStatus(t, c, ids[2], nornv1.TaskStatus_TASK_STATUS_ABORTED)
+	waitStatus(t, c, ids[5], nornv1.TaskStatus_TASK_STATUS_COMPLETED)
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
@@ -153,6 +182,11 @@ func workerLifecycle(t *testing.T, c *client.Client) {
 	}
 	if task, _ := c.GetTask(ctx, ids[2]); task.Errors[0].Code != "bad_payload" {
 		t.Fatalf("failed task errors: %v", task.Errors)
+	}
+	if task, _ := c.GetTask(ctx, ids[5]); len(task.Errors) != 1 || task.Errors[0].Code != client.CodeHandlerError ||
+		task.Errors[0].Description != "transient trouble" || task.Errors[0].Attempt != 1 || string(task.Result) != "retried" ||
+		task.Claims[0].EndReason != nornv1.ClaimEnd_CLAIM_END_FAILED {
+		t.Fatalf("retried task: %v", task)
 	}
 	if task, _ := c.GetTask(ctx, ids[3]); task.Status != nornv1.TaskStatus_TASK_STATUS_CANCELLED {
 		t.Fatalf("cancelled task: %v", task.Status)
