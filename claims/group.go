@@ -147,6 +147,10 @@ type Group struct {
 	stop     chan struct{}  // closed by Shutdown: the observer's goroutine ends
 	stopOnce sync.Once
 	watching sync.WaitGroup // the observer's goroutine
+
+	caughtMu   sync.Mutex
+	caughtTerm uint64 // the term caughtIdx is for
+	caughtIdx  uint64 // the log's last index when this leader first looked in caughtTerm
 }
 
 // StartGroup starts the partition's Raft group. With Bootstrap and an empty
@@ -346,6 +350,30 @@ const fatePoll = 10 * time.Millisecond
 // Term is the Raft term this replica is in: a leadership is one term, so
 // a leader that lost and regained its leadership is in a newer one.
 func (g *Group) Term() uint64 { return g.raft.CurrentTerm() }
+
+// LeaderCaughtUp reports whether this replica leads the group and its
+// claim state holds everything the group decided before: its FSM has
+// applied every entry its log held when it first looked in its term (a
+// new leader applies the previous terms' entries only once its own first
+// entry commits, so for a moment after an election its records may miss
+// what the old leader decided). Reads take the claim state of a leader
+// only once it is caught up.
+func (g *Group) LeaderCaughtUp() bool {
+	if !g.IsLeader() {
+		return false
+	}
+	term := g.raft.CurrentTerm()
+	g.caughtMu.Lock()
+	if g.caughtTerm != term {
+		// The log's last index now is at least what it was at the
+		// election, and holds every committed entry (a leader has them
+		// all): waiting for it is enough, if a little more than needed.
+		g.caughtTerm, g.caughtIdx = term, g.raft.LastIndex()
+	}
+	idx := g.caughtIdx
+	g.caughtMu.Unlock()
+	return g.raft.AppliedIndex() >= idx
+}
 
 // IsLeader reports whether this replica leads the group now.
 func (g *Group) IsLeader() bool { return g.raft.State() == raft.Leader }

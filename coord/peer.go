@@ -110,7 +110,7 @@ func (c *Coordinator) ReadReplica(ids []uint64) ([]*nornv1.ReplicaTask, error) {
 		if g == nil {
 			return nil, c.NotReplicated(fmt.Sprintf("ids[%d]", i), p)
 		}
-		rt := &nornv1.ReplicaTask{Leader: g.IsLeader()}
+		rt := &nornv1.ReplicaTask{Leader: g.LeaderCaughtUp()}
 		t, err := c.store.TaskState(p, id)
 		switch {
 		case err == nil:

@@ -40,7 +40,7 @@ func (c *Coordinator) Read(ctx context.Context, id uint64, r int) (*TaskState, e
 	}
 	p := c.host.Partition(id)
 	g := c.host.Group(p)
-	if r == 1 && g != nil && g.IsLeader() {
+	if r == 1 && g != nil && g.LeaderCaughtUp() {
 		return c.Load(id) // this replica is enough, and its record is the leader's
 	}
 	cohort := rg.Cohort(int(p))
@@ -107,7 +107,7 @@ func (c *Coordinator) askReplica(ctx context.Context, p uint16, member string, i
 	out := make([]replicaAnswer, len(ids))
 	if member == c.cfg.NodeID {
 		g := c.host.Group(p)
-		leader := g != nil && g.IsLeader()
+		leader := g != nil && g.LeaderCaughtUp()
 		for i, id := range ids {
 			a := &out[i]
 			a.from, a.leader = member, leader

@@ -1076,7 +1076,10 @@ type ReplicaTask struct {
 	// The claim FSM record of the task when the replica leads its partition
 	// (empty when it has none); see leader.
 	ClaimRecord []byte `protobuf:"bytes,2,opt,name=claim_record,json=claimRecord,proto3" json:"claim_record,omitempty"`
-	// Whether the replica led the task's partition when it read the record.
+	// Whether the replica led the task's partition, caught up with what
+	// the partition's group decided before its election, when it read the
+	// record (a leader just elected answers false until its claim state
+	// has applied its log).
 	Leader        bool `protobuf:"varint,3,opt,name=leader,proto3" json:"leader,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
