@@ -1,0 +1,80 @@
+package node
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+)
+
+// TestRetryBackoffClockStep: the leader that decided a retry's backoff
+// has its clock stepped forward by far more than the backoff; no claim,
+// through it or another node, gets the task before the backoff has run on
+// the real clock, less the skew buffer (the clock guard: a leader whose
+// clock stepped proposes nothing until it is judged again, and out of
+// bound it hands its leaderships over).
+func TestRetryBackoffClockStep(t *testing.T) {
+	clk := &shiftClock{}
+	ms := testClusterWith(t, 3, func(i int, cfg *Config) {
+		cfg.MaxClockOffset = 500 * time.Millisecond
+		if i == 0 {
+			cfg.Clock = clk
+		}
+	})
+	n1 := ms[0]
+	waitFor(t, 10*time.Second, "n1 to measure both other clocks", func() bool {
+		all, _, _ := n1.node.clockGuard.PeerOffsets(time.Time{})
+		return len(all) >= 2
+	})
+	ctx := context.Background()
+	const backoff = 4 * time.Second
+	r, err := n1.api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{W: 3, Task: &nornv1.TaskSpec{Queue: "stepq",
+		Retry: &nornv1.RetryPolicy{MaxAttempts: 5, InitialBackoff: durationpb.New(backoff)}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Msg.Id
+	p := n1.node.partition(id)
+	// n1 leads the task's partition.
+	waitFor(t, 10*time.Second, "n1 to lead the task's partition", func() bool {
+		if n1.node.group(p).IsLeader() {
+			return true
+		}
+		for _, m := range ms[1:] {
+			if g := m.node.group(p); g != nil && g.IsLeader() {
+				g.TransferLeadershipTo(n1.cfg.NodeID, n1.node.RaftAddr())
+			}
+		}
+		return false
+	})
+	c := claimOne(t, n1, "stepq")
+	failed := time.Now()
+	if _, err := n1.api.Abort(ctx, connect.NewRequest(&nornv1.AbortRequest{Id: id, ClaimId: c, Retry: true})); err != nil {
+		t.Fatal(err)
+	}
+	clk.off.Store(int64(time.Minute)) // far past the backoff on n1's clock
+	// n1 promotes the task at once on its clock, and is asked for it at
+	// once, before its clock guard's next judgement.
+	n1.node.dispatch.MonitorOnce()
+	var got *nornv1.ClaimedTask
+	for i := 0; got == nil && time.Since(failed) < 20*time.Second; i++ {
+		resp, err := ms[min(i/5, i%3)].api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "stepq", Worker: "w", Max: 1,
+			Lease: durationpb.New(time.Minute), Wait: durationpb.New(200 * time.Millisecond)}))
+		if err == nil && len(resp.Msg.Tasks) == 1 {
+			got = resp.Msg.Tasks[0]
+		}
+	}
+	if got == nil {
+		t.Fatal("the task was not claimed again within 20 s")
+	}
+	if early := backoff - time.Since(failed); early > testSkew {
+		t.Fatalf("claimed again %s early (granted by %s), beyond the %s skew buffer", early, nodeIDAt(ms, got.Leader), testSkew)
+	}
+	if l := nodeIDAt(ms, got.Leader); l == "n1" {
+		t.Fatalf("granted by n1, whose clock is a minute off")
+	}
+}
