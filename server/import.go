@@ -94,6 +94,24 @@ func (sv *Server) importFromAPI(field string, t *nornv1.Task) (*crdt.Task, error
 	}
 	spec.CreatedAt = crdt.Timestamp{WallMs: created}
 	out := &crdt.Task{ID: t.GetId(), Spec: spec}
+	// Errors with an attempt are the failed attempts' (retries): kept
+	// as one failure of the import's claim (the attempts' claims belong
+	// to the exporting cluster); the others are the terminal event's.
+	var ended []*nornv1.TaskError
+	var failed []crdt.TaskError
+	for _, e := range t.GetErrors() {
+		if e.GetAttempt() == 0 {
+			ended = append(ended, e)
+			continue
+		}
+		failed = append(failed, crdt.TaskError{Code: e.GetCode(), Description: e.GetDescription(), Args: e.GetArgs()})
+	}
+	if len(failed) > 0 {
+		out.Failures = []crdt.Failure{{Claim: ImportClaimID, At: crdt.Timestamp{WallMs: created}, Errors: failed}}
+		if err := (&crdt.Task{ID: out.ID, Failures: out.Failures}).Validate(sv.cfg.Limits); err != nil {
+			return nil, apierr.From(prefixField(field, err))
+		}
+	}
 	var kind crdt.TerminalKind
 	switch t.GetStatus() {
 	case nornv1.TaskStatus_TASK_STATUS_COMPLETED:
@@ -102,6 +120,8 @@ func (sv *Server) importFromAPI(field string, t *nornv1.Task) (*crdt.Task, error
 		kind = crdt.Aborted
 	case nornv1.TaskStatus_TASK_STATUS_CANCELLED:
 		kind = crdt.Cancelled
+	case nornv1.TaskStatus_TASK_STATUS_DEAD:
+		kind = crdt.Dead
 	case nornv1.TaskStatus_TASK_STATUS_UNSPECIFIED, nornv1.TaskStatus_TASK_STATUS_READY,
 		nornv1.TaskStatus_TASK_STATUS_DELAYED, nornv1.TaskStatus_TASK_STATUS_CLAIMED:
 		// Not terminal: the spec alone (its claims and updates belong to
@@ -109,14 +129,14 @@ func (sv *Server) importFromAPI(field string, t *nornv1.Task) (*crdt.Task, error
 		switch {
 		case len(t.GetResult()) > 0:
 			return nil, apierr.Invalid(field+".result", "only a COMPLETED task has a result (status is %v)", t.GetStatus())
-		case len(t.GetErrors()) > 0:
-			return nil, apierr.Invalid(field+".errors", "only an ABORTED task has errors (status is %v)", t.GetStatus())
+		case len(ended) > 0:
+			return nil, apierr.Invalid(field+".errors", "only an ABORTED or DEAD task has errors without an attempt (status is %v)", t.GetStatus())
 		}
 		return out, nil
 	default:
 		return nil, apierr.Invalid(field+".status", "unknown status %d", t.GetStatus())
 	}
-	ev, err := importTerminal(field, t, kind, now)
+	ev, err := importTerminal(field, t, ended, kind, now)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +177,8 @@ func (sv *Server) importFromAPI(field string, t *nornv1.Task) (*crdt.Task, error
 }
 
 // importTerminal is the terminal event of an imported task of kind.
-func importTerminal(field string, t *nornv1.Task, kind crdt.TerminalKind, now time.Time) (crdt.Terminal, error) {
+// errs are its errors without an attempt.
+func importTerminal(field string, t *nornv1.Task, errs []*nornv1.TaskError, kind crdt.TerminalKind, now time.Time) (crdt.Terminal, error) {
 	tsField, ts := field+".finishedAt", t.GetFinishedAt()
 	if ts == nil {
 		tsField, ts = field+".updatedAt", t.GetUpdatedAt()
@@ -176,15 +197,15 @@ func importTerminal(field string, t *nornv1.Task, kind crdt.TerminalKind, now ti
 	switch {
 	case kind != crdt.Completed && len(t.GetResult()) > 0:
 		return ev, apierr.Invalid(field+".result", "only a COMPLETED task has a result (status is %v)", t.GetStatus())
-	case kind != crdt.Aborted && len(t.GetErrors()) > 0:
-		return ev, apierr.Invalid(field+".errors", "only an ABORTED task has errors (status is %v)", t.GetStatus())
-	case kind == crdt.Aborted && len(t.GetErrors()) == 0:
+	case kind != crdt.Aborted && kind != crdt.Dead && len(errs) > 0:
+		return ev, apierr.Invalid(field+".errors", "only an ABORTED or DEAD task has errors without an attempt (status is %v)", t.GetStatus())
+	case kind == crdt.Aborted && len(errs) == 0:
 		return ev, apierr.Invalid(field+".errors", "an ABORTED task needs at least one error")
 	}
 	if len(t.GetResult()) > 0 {
 		ev.Result = t.GetResult()
 	}
-	for _, e := range t.GetErrors() {
+	for _, e := range errs {
 		ev.Errors = append(ev.Errors, crdt.TaskError{Code: e.GetCode(), Description: e.GetDescription(), Args: e.GetArgs()})
 	}
 	return ev, nil

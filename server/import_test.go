@@ -54,6 +54,17 @@ func TestImportFromAPI(t *testing.T) {
 			Updates: updates, Progress: 0.7, CurrentClaim: &nornv1.ClaimInfo{ClaimId: 9}},
 			&crdt.Task{ID: 7, Spec: cspec}},
 		{"no status: the spec alone", &nornv1.Task{Id: 7, Spec: spec, CreatedAt: ts(-time.Hour)}, &crdt.Task{ID: 7, Spec: cspec}},
+		{"dead: the attempts' errors as one failure", &nornv1.Task{Id: 7, Spec: spec, CreatedAt: ts(-time.Hour), Status: nornv1.TaskStatus_TASK_STATUS_DEAD,
+			FinishedAt: ts(-time.Minute), Errors: []*nornv1.TaskError{{Code: "boom", Attempt: 1}, {Code: "lease_expired", Attempt: 2}, {Code: "max_attempts_exceeded", Args: []string{"2"}}}},
+			&crdt.Task{ID: 7, Spec: cspec,
+				Terminals: []crdt.Terminal{{At: crdt.Timestamp{WallMs: ms(-time.Minute)}, Kind: crdt.Dead, Claim: ImportClaimID,
+					Errors: []crdt.TaskError{{Code: "max_attempts_exceeded", Args: []string{"2"}}}}},
+				Failures: []crdt.Failure{{Claim: ImportClaimID, At: crdt.Timestamp{WallMs: ms(-time.Hour)},
+					Errors: []crdt.TaskError{{Code: "boom"}, {Code: "lease_expired"}}}}}},
+		{"delayed after a failed attempt", &nornv1.Task{Id: 7, Spec: spec, CreatedAt: ts(-time.Hour), Status: nornv1.TaskStatus_TASK_STATUS_DELAYED,
+			Errors: []*nornv1.TaskError{{Code: "boom", Attempt: 1}}},
+			&crdt.Task{ID: 7, Spec: cspec, Failures: []crdt.Failure{{Claim: ImportClaimID, At: crdt.Timestamp{WallMs: ms(-time.Hour)},
+				Errors: []crdt.TaskError{{Code: "boom"}}}}}},
 	}
 	for _, tc := range good {
 		t.Run(tc.name, func(t *testing.T) {

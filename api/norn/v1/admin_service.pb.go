@@ -33,9 +33,10 @@ const (
 // import"): `id` (required, not 0) and `spec` (required, validated as
 // Enqueue's) and `created_at` (required) are written as they are; the
 // spec's dependencies need not exist. `status` COMPLETED (with `result`),
-// ABORTED (with `errors`, at least one) or CANCELLED makes the task
+// ABORTED (with `errors`, at least one), CANCELLED or DEAD makes the task
 // terminal at `finished_at` (else `updated_at`; one of them is required),
-// and its `updates` are kept as its history. Any other status (READY,
+// and its `updates` are kept as its history. `errors` with an `attempt`
+// (failed attempts, any status) are kept as the task's attempts' errors. Any other status (READY,
 // DELAYED, CLAIMED, or unset) imports the spec alone: the task is
 // claimable again (or DELAYED by its not_before or dependencies), and
 // its claims, updates and progress are left out, because claim ids are
