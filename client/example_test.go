@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/client"
@@ -80,4 +83,67 @@ func ExampleWorker() {
 	// Output:
 	// handling world
 	// TASK_STATUS_COMPLETED "hello, world"
+}
+
+// A handler's error fails the attempt: the task is claimed again after
+// its backoff (here none: the example's stand-in node has no clock to
+// wait on) until its retry policy's attempts run out, then it is DEAD.
+// An error wrapped in client.Permanent aborts it for good instead.
+func ExampleWorker_retries() {
+	node := newFake() // stands in for a nornd node
+	defer node.Close()
+	c, err := client.New(node.addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	id, err := c.Enqueue(ctx, &nornv1.TaskSpec{Queue: "webhooks", Payload: []byte("https://example.com/hook"),
+		Retry: &nornv1.RetryPolicy{MaxAttempts: 3, InitialBackoff: durationpb.New(time.Second), Multiplier: 2, MaxBackoff: durationpb.New(time.Minute)}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	runCtx, shutdown := context.WithCancel(ctx)
+	w, err := client.NewWorker(c, client.WorkerConfig{
+		Queue: "webhooks",
+		Handler: func(ctx context.Context, t *client.Task) ([]byte, error) {
+			attempt := t.Info.GetFailedAttempts() + 1
+			fmt.Println("attempt", attempt)
+			if attempt < 3 {
+				return nil, fmt.Errorf("POST %s: 503 Service Unavailable", t.Payload) // retried
+			}
+			return nil, client.Permanent(&client.TaskError{Code: "gone", Description: "the hook was removed"})
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() { // shut the worker down once the task has ended
+		for {
+			if task, err := c.GetTask(ctx, id); err == nil && task.GetStatus() == nornv1.TaskStatus_TASK_STATUS_ABORTED {
+				shutdown()
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	if err := w.Run(runCtx); err != nil {
+		log.Fatal(err)
+	}
+	task, err := c.GetTask(ctx, id)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(task.GetStatus(), task.GetFailedAttempts())
+	for _, e := range task.GetErrors() {
+		fmt.Println(e.GetAttempt(), e.GetCode())
+	}
+	// Output:
+	// attempt 1
+	// attempt 2
+	// attempt 3
+	// TASK_STATUS_ABORTED 2
+	// 1 handler_error
+	// 2 handler_error
+	// 0 gone
 }

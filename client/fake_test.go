@@ -69,6 +69,7 @@ type fakeTask struct {
 	result   []byte
 	progress float64
 	created  time.Time
+	failed   uint32 // failed attempts (Abort{retry})
 }
 
 func newFake() *fakeServer {
@@ -178,7 +179,7 @@ func (t *fakeTask) view() *nornv1.Task {
 	v := &nornv1.Task{
 		Id: t.id, Spec: t.spec, Status: t.status, Progress: t.progress,
 		CreatedAt: timestamppb.New(t.created), Claims: t.claims, Updates: t.updates,
-		Errors: t.errors, Result: t.result,
+		Errors: t.errors, Result: t.result, FailedAttempts: t.failed,
 	}
 	if t.status == nornv1.TaskStatus_TASK_STATUS_CLAIMED {
 		v.CurrentClaim = t.claims[len(t.claims)-1]
@@ -497,12 +498,33 @@ func (f *fakeServer) Abort(_ context.Context, r *connect.Request[nornv1.AbortReq
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if r.Msg.GetRetry() {
+		// A failed attempt: READY again at once (the fake has no
+		// backoff), or DEAD after the spec's max attempts.
+		t, err := f.liveClaimLocked(r.Msg.GetId(), r.Msg.GetClaimId())
+		if err != nil {
+			return nil, err
+		}
+		t.endClaim(nornv1.ClaimEnd_CLAIM_END_FAILED)
+		t.failed++
+		for _, e := range r.Msg.GetErrors() {
+			e = proto.CloneOf(e)
+			e.Attempt = t.claims[len(t.claims)-1].GetSeq()
+			t.errors = append(t.errors, e)
+		}
+		t.status = nornv1.TaskStatus_TASK_STATUS_READY
+		if m := t.spec.GetRetry().GetMaxAttempts(); m > 0 && t.failed >= m {
+			t.status = nornv1.TaskStatus_TASK_STATUS_DEAD
+		}
+		f.notifyLocked()
+		return connect.NewResponse(&nornv1.AbortResponse{Acks: 1}), nil
+	}
 	t, err := f.endLocked(r.Msg.GetId(), r.Msg.GetClaimId(), nornv1.TaskStatus_TASK_STATUS_ABORTED, nornv1.ClaimEnd_CLAIM_END_ABORTED)
 	if err != nil {
 		return nil, err
 	}
 	if t != nil {
-		t.errors = r.Msg.GetErrors()
+		t.errors = append(t.errors, r.Msg.GetErrors()...) // after the failed attempts'
 	}
 	return connect.NewResponse(&nornv1.AbortResponse{Acks: 1}), nil
 }

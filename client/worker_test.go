@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -118,11 +119,14 @@ func TestWorkerCompletes(t *testing.T) {
 func TestWorkerSettles(t *testing.T) {
 	f := newFakeT(t)
 	c := newClient(t, f.addr)
+	// One attempt each: a failed attempt makes the task DEAD at once.
+	once := func(s *nornv1.TaskSpec) *nornv1.TaskSpec { s.Retry = &nornv1.RetryPolicy{MaxAttempts: 1}; return s }
 	// Higher priority first: the panic comes before the rest, which shows
 	// the worker carries on after it.
-	panicID := enqueue(t, c, &nornv1.TaskSpec{Queue: "q", Payload: []byte("panic"), Priority: 9})
-	plainID := enqueue(t, c, spec("plain"))
-	typedID := enqueue(t, c, spec("typed"))
+	panicID := enqueue(t, c, once(&nornv1.TaskSpec{Queue: "q", Payload: []byte("panic"), Priority: 9}))
+	plainID := enqueue(t, c, once(spec("plain")))
+	typedID := enqueue(t, c, once(spec("typed")))
+	permanentID := enqueue(t, c, once(spec("permanent")))
 	yieldID := enqueue(t, c, spec("yield"))
 	startWorker(t, c, client.WorkerConfig{
 		Handler: func(ctx context.Context, task *client.Task) ([]byte, error) {
@@ -133,6 +137,8 @@ func TestWorkerSettles(t *testing.T) {
 				return nil, errors.New("boom")
 			case "typed":
 				return nil, &client.TaskError{Code: "bad_input", Description: "no good", Args: []string{"a"}}
+			case "permanent":
+				return nil, fmt.Errorf("parsing: %w", client.Permanent(&client.TaskError{Code: "bad_input", Description: "for good"}))
 			case "yield":
 				if len(task.Info.GetClaims()) == 1 {
 					task.Progress(ctx, 0.3, "")
@@ -143,19 +149,26 @@ func TestWorkerSettles(t *testing.T) {
 		},
 	})
 
-	task := waitStatus(t, f, panicID, nornv1.TaskStatus_TASK_STATUS_ABORTED)
+	// A handler's error, typed or not, or a panic fails the attempt (a
+	// retryable abort): with one attempt allowed, the task is DEAD.
+	task := waitStatus(t, f, panicID, nornv1.TaskStatus_TASK_STATUS_DEAD)
 	if e := task.GetErrors()[0]; e.GetCode() != client.CodeHandlerPanic || !strings.Contains(e.GetDescription(), "kaboom") ||
-		!strings.Contains(e.GetDescription(), "goroutine") {
+		!strings.Contains(e.GetDescription(), "goroutine") || e.GetAttempt() != 1 {
 		t.Errorf("panic: errors = %v", task.GetErrors())
 	}
-	task = waitStatus(t, f, plainID, nornv1.TaskStatus_TASK_STATUS_ABORTED)
+	task = waitStatus(t, f, plainID, nornv1.TaskStatus_TASK_STATUS_DEAD)
 	if e := task.GetErrors()[0]; e.GetCode() != client.CodeHandlerError || e.GetDescription() != "boom" {
 		t.Errorf("plain error: errors = %v", task.GetErrors())
 	}
-	task = waitStatus(t, f, typedID, nornv1.TaskStatus_TASK_STATUS_ABORTED)
-	want := &nornv1.TaskError{Code: "bad_input", Description: "no good", Args: []string{"a"}}
+	task = waitStatus(t, f, typedID, nornv1.TaskStatus_TASK_STATUS_DEAD)
+	want := &nornv1.TaskError{Code: "bad_input", Description: "no good", Args: []string{"a"}, Attempt: 1}
 	if !proto.Equal(task.GetErrors()[0], want) {
 		t.Errorf("TaskError: errors = %v", task.GetErrors())
+	}
+	// Permanent aborts for good, with the TaskError it wraps.
+	task = waitStatus(t, f, permanentID, nornv1.TaskStatus_TASK_STATUS_ABORTED)
+	if e := task.GetErrors()[0]; e.GetCode() != "bad_input" || e.GetDescription() != "for good" || task.GetFailedAttempts() != 0 {
+		t.Errorf("Permanent: %v", task)
 	}
 	task = waitStatus(t, f, yieldID, nornv1.TaskStatus_TASK_STATUS_COMPLETED)
 	if cs := task.GetClaims(); len(cs) != 2 || cs[0].GetEndReason() != nornv1.ClaimEnd_CLAIM_END_YIELDED {

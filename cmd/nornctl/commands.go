@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -20,7 +21,13 @@ The payload is the second argument, or the contents of --payload-file
 -o json prints the EnqueueResponse ({"id": "..."}).
 
   nornctl enqueue emails '{"to":"a@b.c"}' --priority 5 --not-before 10m
-  nornctl enqueue reports --payload-file - --depends-on 1234,5678 < job.json`
+  nornctl enqueue reports --payload-file - --depends-on 1234,5678 < job.json
+  nornctl enqueue webhooks '{"url":"..."}' --max-attempts 8 --backoff 1s --backoff-multiplier 2 --max-backoff 10m --jitter 0.2
+
+A retry flag gives the task a retry policy (docs/API.md, "Retries"):
+--max-attempts failed attempts make it DEAD; after the n-th it waits
+--backoff x --backoff-multiplier^(n-1), at most --max-backoff, less up
+to --jitter of it.`
 
 func runEnqueue(e *env, cmd *command, args []string) error {
 	fs := e.flagSet(cmd)
@@ -28,6 +35,11 @@ func runEnqueue(e *env, cmd *command, args []string) error {
 	notBefore := fs.String("not-before", "", "earliest claim time: RFC 3339, or a duration from now such as 5m")
 	dependsOn := fs.String("depends-on", "", "comma-separated ids of tasks that must be COMPLETED first")
 	maxClaims := fs.Uint("max-claims", 0, "abort the task after this many claims ended by lease expiry (0: unlimited)")
+	maxAttempts := fs.Uint("max-attempts", 0, "retry policy: failed attempts after which the task is DEAD (0: unlimited)")
+	backoff := fs.Duration("backoff", 0, "retry policy: the wait after the first failed attempt")
+	maxBackoff := fs.Duration("max-backoff", 0, "retry policy: the longest wait (default: --backoff)")
+	multiplier := fs.Float64("backoff-multiplier", 0, "retry policy: each wait's growth over the last, 1 to 100 (default 1)")
+	jitter := fs.Float64("jitter", 0, "retry policy: the largest share of a wait taken off it, 0 to 1")
 	idFlag := fs.String("id", "", "store the task under this id, for an idempotent retry (default: the server assigns one)")
 	quorum := fs.Uint("w", 0, "write quorum: replicas that must store the task (0: the server's default, a majority)")
 	payloadFile := fs.String("payload-file", "", "read the payload from this file (-: standard input)")
@@ -38,10 +50,20 @@ func runEnqueue(e *env, cmd *command, args []string) error {
 	if *priority < math.MinInt32 || *priority > math.MaxInt32 {
 		return usagef(cmd, "--priority %d: out of the int32 range", *priority)
 	}
-	if *maxClaims > math.MaxUint32 || *quorum > math.MaxUint32 {
-		return usagef(cmd, "--max-claims or --w: out of the uint32 range")
+	if *maxClaims > math.MaxUint32 || *quorum > math.MaxUint32 || *maxAttempts > math.MaxUint32 {
+		return usagef(cmd, "--max-claims, --max-attempts or --w: out of the uint32 range")
 	}
 	spec := &nornv1.TaskSpec{Queue: pos[0], Priority: int32(*priority), MaxClaims: uint32(*maxClaims)}
+	if *maxAttempts != 0 || *backoff != 0 || *maxBackoff != 0 || *multiplier != 0 || *jitter != 0 {
+		// The server checks the policy and names the field it refuses.
+		spec.Retry = &nornv1.RetryPolicy{MaxAttempts: uint32(*maxAttempts), Multiplier: *multiplier, Jitter: *jitter}
+		if *backoff != 0 {
+			spec.Retry.InitialBackoff = durationpb.New(*backoff)
+		}
+		if *maxBackoff != 0 {
+			spec.Retry.MaxBackoff = durationpb.New(*maxBackoff)
+		}
+	}
 	nb, err := parseNotBefore(*notBefore, time.Now())
 	if err != nil {
 		return usagef(cmd, "%v", err)
@@ -333,6 +355,7 @@ func runAbort(e *env, cmd *command, args []string) error {
 	fs := e.flagSet(cmd)
 	code := fs.String("code", "", "machine-readable error code, for example bad_payload (required)")
 	description := fs.String("description", "", "human-readable description")
+	retry := fs.Bool("retry", false, "fail the attempt instead: the task is retried after its backoff (DEAD after its last attempt)")
 	var errArgs stringList
 	fs.Var(&errArgs, "arg", "a value the description refers to (repeatable)")
 	pos, err := e.parse(cmd, fs, args, 2, 2)
@@ -351,6 +374,14 @@ func runAbort(e *env, cmd *command, args []string) error {
 		return err
 	}
 	te := &nornv1.TaskError{Code: *code, Description: *description, Args: errArgs}
+	if *retry {
+		if err := c.Fail(e.ctx, id, claimID, te); err != nil {
+			return err
+		}
+		return e.emit(&nornv1.AbortResponse{}, func(w io.Writer) {
+			fmt.Fprintf(w, "failed the attempt of task %d: it is retried after its backoff, or DEAD after its last attempt\n", id)
+		})
+	}
 	if err := c.Abort(e.ctx, id, claimID, te); err != nil {
 		return err
 	}

@@ -134,7 +134,7 @@ var commands = []*command{
 	{name: "renew", args: "<id> <claim-id>", summary: "extend a claim's lease", run: runRenew},
 	{name: "update", args: "<id> <claim-id>", summary: "report progress under a claim", help: updateHelp, run: runUpdate},
 	{name: "complete", args: "<id> <claim-id>", summary: "end a claim and its task as COMPLETED", run: runComplete},
-	{name: "abort", args: "<id> <claim-id>", summary: "end a claim and its task as ABORTED", run: runAbort},
+	{name: "abort", args: "<id> <claim-id>", summary: "end a claim and its task as ABORTED (--retry: fail the attempt, retried after its backoff)", run: runAbort},
 	{name: "yield", args: "<id> <claim-id>", summary: "give a claimed task back (READY again)", run: runYield},
 	{name: "cancel", args: "<id>", summary: "end a task as CANCELLED", run: runCancel},
 	{name: "status", summary: "show the node and its partitions", run: runStatus},

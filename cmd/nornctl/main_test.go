@@ -345,3 +345,25 @@ func TestBench(t *testing.T) {
 	mustContain(t, "bench table", table, "enqueue", "claim+complete", "complete", "P99",
 		"COMPLETED tasks after claim-complete: 200, want 200: ok")
 }
+
+// TestRetries: enqueue with a retry policy, fail an attempt (abort
+// --retry), see it DELAYED with its error and attempt, and a bad policy
+// refused naming its field.
+func TestRetries(t *testing.T) {
+	addr := startNornd(t)
+	out := ok(t, addr, "enqueue", "hooks", "x", "--max-attempts", "3", "--backoff", "1h", "--backoff-multiplier", "2", "--max-backoff", "4h", "--jitter", "0.1")
+	ids := strings.TrimSpace(out)
+	mustContain(t, "get", ok(t, addr, "get", ids), "RETRY:", "3 attempts, 1h0m0s x2 up to 4h0m0s, jitter 0.1")
+	var claimed nornv1.ClaimResponse
+	okJSON(t, addr, &claimed, "claim", "hooks", "--lease", "30s")
+	if len(claimed.GetTasks()) != 1 {
+		t.Fatalf("claim: %v", claimed.GetTasks())
+	}
+	claimID := strconv.FormatUint(claimed.GetTasks()[0].GetClaimId(), 10)
+	mustContain(t, "abort --retry", ok(t, addr, "abort", ids, claimID, "--retry", "--code", "downstream_503"), "failed the attempt")
+	mustContain(t, "get after the failure", ok(t, addr, "get", ids), "DELAYED", "FAILED ATTEMPTS:", "RETRY AT:", "FAILED", "ATTEMPT", "downstream_503")
+	r := nornctl(t, addr, "", "enqueue", "hooks", "--backoff", "1m", "--max-backoff", "1s")
+	if r.code != 1 || !strings.Contains(r.stderr, "task.retry.maxBackoff") {
+		t.Fatalf("a max backoff below the backoff: exit %d: %s", r.code, r.stderr)
+	}
+}

@@ -76,6 +76,15 @@ func writeTask(w io.Writer, t *nornv1.Task) {
 	if s.GetMaxClaims() > 0 {
 		fmt.Fprintf(w, "MAX CLAIMS:\t%d\n", s.GetMaxClaims())
 	}
+	if r := s.GetRetry(); r != nil {
+		fmt.Fprintf(w, "RETRY:\t%s\n", formatRetry(r))
+	}
+	if t.GetFailedAttempts() > 0 {
+		fmt.Fprintf(w, "FAILED ATTEMPTS:\t%d\n", t.GetFailedAttempts())
+	}
+	if t.GetRetryAt() != nil {
+		fmt.Fprintf(w, "RETRY AT:\t%s\n", formatTS(t.GetRetryAt()))
+	}
 	fmt.Fprintf(w, "CREATED:\t%s\n", formatTS(t.GetCreatedAt()))
 	fmt.Fprintf(w, "UPDATED:\t%s\n", formatTS(t.GetUpdatedAt()))
 	if cc := t.GetCurrentClaim(); cc != nil {
@@ -106,11 +115,35 @@ func writeTask(w io.Writer, t *nornv1.Task) {
 	}
 	if len(t.GetErrors()) > 0 {
 		fmt.Fprintf(w, "\nERRORS\n")
-		fmt.Fprintf(w, "CODE\tDESCRIPTION\tARGS\n")
+		fmt.Fprintf(w, "ATTEMPT\tCODE\tDESCRIPTION\tARGS\n")
 		for _, e := range t.GetErrors() {
-			fmt.Fprintf(w, "%s\t%s\t%s\n", e.GetCode(), dash(oneLine(e.GetDescription())), dash(strings.Join(e.GetArgs(), ", ")))
+			attempt := "-"
+			if e.GetAttempt() > 0 {
+				attempt = strconv.FormatUint(uint64(e.GetAttempt()), 10)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", attempt, e.GetCode(), dash(oneLine(e.GetDescription())), dash(strings.Join(e.GetArgs(), ", ")))
 		}
 	}
+}
+
+// formatRetry is a retry policy on one line: "5 attempts, 1s x2 up to
+// 1h0m0s, jitter 0.2".
+func formatRetry(r *nornv1.RetryPolicy) string {
+	attempts := "unlimited attempts"
+	if r.GetMaxAttempts() > 0 {
+		attempts = fmt.Sprintf("%d attempts", r.GetMaxAttempts())
+	}
+	if r.GetInitialBackoff() == nil {
+		return attempts + ", no wait"
+	}
+	s := fmt.Sprintf("%s, %s", attempts, r.GetInitialBackoff().AsDuration())
+	if m := r.GetMultiplier(); m > 1 {
+		s += fmt.Sprintf(" x%g up to %s", m, r.GetMaxBackoff().AsDuration())
+	}
+	if j := r.GetJitter(); j > 0 {
+		s += fmt.Sprintf(", jitter %g", j)
+	}
+	return s
 }
 
 // writeTaskList prints one row per task.
