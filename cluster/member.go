@@ -48,7 +48,23 @@ type NodeMeta struct {
 	// node started without the settings the others have shows. Zero from
 	// a node that predates it.
 	Security SecurityMeta `json:"sec,omitzero"`
+	// Features are the Feature bits of what the node's build can apply
+	// (Raft entries, records and task encodings of a newer kind). A
+	// leader uses a feature only once every ring member says it has it,
+	// so that a rolling upgrade never feeds a node what it cannot read.
+	// Zero from a node that predates them all.
+	Features uint64 `json:"feat,omitempty"`
 }
+
+// Features (NodeMeta.Features).
+const (
+	// FeatureRetries: retry policies, retryable aborts and DEAD tasks
+	// (claim FSM entries and records of version 2, the task encoding's
+	// retry policy, failures and DEAD kind; issue 43).
+	FeatureRetries uint64 = 1 << 0
+	// FeaturesBuilt are the features this build has.
+	FeaturesBuilt = FeatureRetries
+)
 
 // SecurityMeta is what a node gossips about its security settings.
 type SecurityMeta struct {

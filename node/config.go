@@ -256,6 +256,11 @@ type Config struct {
 	// gossip (replicas.Config.HoldRing), as a node cut off from both;
 	// in-process tests hold a node on an old ring with it.
 	HoldRing func() bool
+
+	// olderBuild makes the node gossip no features
+	// (cluster.NodeMeta.Features), as a node of a build from before them:
+	// the tests of the feature gates.
+	olderBuild bool
 }
 
 // DefaultWALMinSyncInterval is Config.WALMinSyncInterval's default: with 8
@@ -425,3 +430,12 @@ func (c *Config) Validate() error {
 
 // DefaultLimits returns the default request field limits.
 func DefaultLimits() crdt.Limits { return crdt.DefaultLimits }
+
+// features are the features the node gossips: this build's, none for an
+// olderBuild test node.
+func (c *Config) features() uint64 {
+	if c.olderBuild {
+		return 0
+	}
+	return cluster.FeaturesBuilt
+}

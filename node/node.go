@@ -217,7 +217,7 @@ func New(cfg Config) (*Node, error) {
 		NodeID: cfg.NodeID, DataDir: cfg.DataDir, Partitions: cfg.Partitions,
 		APIAddr: cfg.APIAddr, RaftAddr: cfg.RaftAddr, GossipAddr: cfg.GossipAddr, GossipLAN: cfg.GossipLAN,
 		Join: cfg.Join, BootstrapExpect: cfg.BootstrapExpect, Replication: cfg.Replication,
-		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Incarnation: incarnation, SkewBuffer: cfg.SkewBuffer, Clock: cfg.Clock, TLS: cfg.TLS, GossipKey: cfg.GossipKey,
+		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Incarnation: incarnation, SkewBuffer: cfg.SkewBuffer, Features: cfg.features(), Clock: cfg.Clock, TLS: cfg.TLS, GossipKey: cfg.GossipKey,
 		Logger: cfg.logger("replicas"), RaftLogger: cfg.RaftLogger,
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck, ActNoFence: cfg.TestBugs.ActNoFence,
 		RetryNoBackoff: cfg.TestBugs.RetryNoBackoff,

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,5 +77,29 @@ func TestRetryBackoffClockStep(t *testing.T) {
 	}
 	if l := nodeIDAt(ms, got.Leader); l == "n1" {
 		t.Fatalf("granted by n1, whose clock is a minute off")
+	}
+}
+
+// TestRetriesWaitForEveryNode: while a ring member has not said it
+// applies retries (a node of an older build, in a rolling upgrade), a
+// retry policy and a retryable abort are refused, naming it, and the rest
+// works as before: the gate keeps entries that node cannot read out of
+// its groups.
+func TestRetriesWaitForEveryNode(t *testing.T) {
+	ms := testClusterWith(t, 3, func(i int, cfg *Config) { cfg.olderBuild = i == 2 })
+	ctx := context.Background()
+	_, err := ms[0].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "gate",
+		Retry: &nornv1.RetryPolicy{MaxAttempts: 2}}}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "task.retry") || !strings.Contains(err.Error(), "n3") {
+		t.Fatalf("an enqueue with a retry policy in a mixed cluster: %v", err)
+	}
+	id, _ := enqueueEverywhere(t, ms, "gate")
+	c := claimOne(t, ms[0], "gate")
+	_, err = ms[0].api.Abort(ctx, connect.NewRequest(&nornv1.AbortRequest{Id: id, ClaimId: c, Retry: true}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "n3") {
+		t.Fatalf("a retryable abort in a mixed cluster: %v", err)
+	}
+	if _, err := ms[0].api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: c})); err != nil {
+		t.Fatalf("the claim after the refused retry: %v", err)
 	}
 }

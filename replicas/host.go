@@ -69,6 +69,11 @@ type Config struct {
 	// (cluster.CheckIncarnation) before this node's Raft groups take part.
 	Incarnation string
 
+	// Features are what this node gossips it can apply
+	// (cluster.NodeMeta.Features): cluster.FeaturesBuilt, but for tests
+	// that play a node of an older build.
+	Features uint64
+
 	// TLS, when set, secures the Raft port: TLS 1.3 with node
 	// certificates on both ends (transport.MuxConfig.TLS). Nil: cleartext.
 	TLS *transport.Certs
@@ -234,6 +239,29 @@ func largestSkewBuffer(own time.Duration, members []cluster.Member) time.Duratio
 	return own
 }
 
+// Lacking returns the ring's nodes (not dead) that have not said they
+// have feature (cluster.NodeMeta.Features, as gossip last carried it; a
+// node gossip has not seen counts as lacking), sorted; nil when every one
+// has. A feature is used only when none lacks it (a rolling upgrade under
+// way, a node of an older build).
+func (h *Host) Lacking(feature uint64) []string {
+	r := h.Ring()
+	if r == nil {
+		return nil
+	}
+	has := map[string]bool{}
+	for _, m := range h.members.Members() {
+		has[m.ID] = m.Features&feature == feature
+	}
+	var out []string
+	for _, n := range r.Nodes {
+		if n.Role != cluster.RoleDead && !has[n.ID] {
+			out = append(out, n.ID)
+		}
+	}
+	return out
+}
+
 // Up reports whether gossip sees node id alive or suspect.
 func (h *Host) Up(id string) bool {
 	for _, m := range h.members.Members() {
@@ -309,7 +337,7 @@ func (h *Host) startCluster() error {
 		}
 	}
 	meta := cluster.NodeMeta{ID: h.cfg.NodeID, APIAddr: h.cfg.APIAddr, RaftAddr: h.raftAddr, Version: h.cfg.Version,
-		SkewBufferMs: h.cfg.SkewBuffer.Milliseconds(), Incarnation: h.cfg.Incarnation}
+		SkewBufferMs: h.cfg.SkewBuffer.Milliseconds(), Incarnation: h.cfg.Incarnation, Features: h.cfg.Features}
 	if r != nil {
 		meta.RingEpoch, meta.ClusterID = r.Epoch, r.ClusterID
 	}

@@ -2,21 +2,26 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"strings"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/dispatch"
 )
 
 // retryFromAPI validates and converts the RetryPolicy of the spec at
 // parent (its path in the request, "task"); nil for none.
-func retryFromAPI(parent string, r *nornv1.RetryPolicy) (*crdt.RetryPolicy, error) {
+func (sv *Server) retryFromAPI(parent string, r *nornv1.RetryPolicy) (*crdt.RetryPolicy, error) {
 	if r == nil {
 		return nil, nil
 	}
@@ -67,7 +72,25 @@ func retryFromAPI(parent string, r *nornv1.RetryPolicy) (*crdt.RetryPolicy, erro
 	if err := p.Validate(); err != nil { // the bounds above cover it; a second guard
 		return nil, apierr.Invalid(field, "%v", err)
 	}
-	return p, nil
+	return p, sv.retriesGate(field)
+}
+
+// retriesGate refuses retries (FAILED_PRECONDITION naming field) while
+// a ring member has not said it applies them (cluster.FeatureRetries): a
+// node of an older build cannot read their Raft entries, records or task
+// encodings, and would stop on the first one (a rolling upgrade under
+// way: finish it).
+func (sv *Server) retriesGate(field string) error {
+	if sv.host == nil {
+		return nil
+	}
+	lacking := sv.host.Lacking(cluster.FeatureRetries)
+	if len(lacking) == 0 {
+		return nil
+	}
+	return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+		"%s: retries need every node of the cluster on a build that has them; %s not (yet: a rolling upgrade under way?), as gossip last saw",
+		field, strings.Join(lacking, ", ")))
 }
 
 // retryPolicyOf is the policy a retryable abort of a task with spec
@@ -91,6 +114,9 @@ func (sv *Server) retryPolicyOf(spec *crdt.Spec) *crdt.RetryPolicy {
 // dead. It returns the acks and the task's queue.
 func (sv *Server) failAttempt(ctx context.Context, id, claimID uint64, w uint32, ev crdt.Terminal) (uint32, string, error) {
 	if err := requireClaim(id, claimID); err != nil {
+		return 0, "", err
+	}
+	if err := sv.retriesGate("retry"); err != nil {
 		return 0, "", err
 	}
 	ev.Claim = claimID
