@@ -58,6 +58,10 @@ func (t *Task) AppendEncode(dst []byte) []byte {
 	if len(t.Failures) > 0 {
 		flags |= flagFailures
 	}
+	lives := t.hasLives()
+	if lives {
+		flags |= flagLives
+	}
 	dst = append(dst, flags)
 	if t.Spec != nil {
 		dst = appendSpec(dst, t.Spec)
@@ -69,6 +73,9 @@ func (t *Task) AppendEncode(dst []byte) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(t.Terminals)))
 	for i := range t.Terminals {
 		dst = appendTerminal(dst, &t.Terminals[i])
+		if lives {
+			dst = binary.AppendUvarint(dst, uint64(t.Terminals[i].Life))
+		}
 	}
 	if len(t.Failures) > 0 {
 		dst = binary.AppendUvarint(dst, uint64(len(t.Failures)))
@@ -76,7 +83,28 @@ func (t *Task) AppendEncode(dst []byte) []byte {
 			dst = appendFailure(dst, &t.Failures[i])
 		}
 	}
+	if lives {
+		dst = binary.AppendUvarint(dst, uint64(len(t.Revivals)))
+		for _, r := range t.Revivals {
+			dst = binary.AppendUvarint(dst, uint64(r.Life))
+			dst = appendTimestamp(dst, r.At)
+		}
+	}
 	return dst
+}
+
+// hasLives reports whether t has more than its first life: a revival, or
+// a terminal event of a later life (flagLives).
+func (t *Task) hasLives() bool {
+	if len(t.Revivals) > 0 {
+		return true
+	}
+	for i := range t.Terminals {
+		if t.Terminals[i].Life != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // The flags byte's bits.
@@ -84,6 +112,7 @@ const (
 	flagSpec     = 0x01
 	flagRetry    = 0x02
 	flagFailures = 0x04
+	flagLives    = 0x08 // terminals carry their lives; revivals follow the failures
 )
 
 // Digest is the xxhash of an encoding. Equal states have equal digests.
@@ -194,7 +223,10 @@ func Decode(b []byte) (*Task, error) {
 // it is not canonical (Encode would not give b back).
 func DecodeHead(b []byte) (*Task, error) {
 	r := reader{buf: b}
-	t, _ := r.idAndSpec(false)
+	t, flags := r.idAndSpec(false)
+	if r.err == nil && flags&flagLives != 0 {
+		return decodeHeadOfLives(b) // the deciding event may be any of them
+	}
 	for n := r.count(13); n > 0 && r.err == nil; n-- {
 		r.uvarint() // claim
 		r.uvarint() // seq
@@ -341,7 +373,7 @@ func (r *reader) idAndSpec(payload bool) (*Task, byte) {
 	flags := r.byte()
 	switch {
 	case r.err != nil:
-	case flags&^(flagSpec|flagRetry|flagFailures) != 0:
+	case flags&^(flagSpec|flagRetry|flagFailures|flagLives) != 0:
 		r.fail("unknown flags %#x", flags)
 	case flags&flagRetry != 0 && flags&flagSpec == 0:
 		r.fail("flags %#x: a retry policy without a spec", flags)
@@ -366,6 +398,9 @@ func (r *reader) task() *Task {
 		t.Terminals = make([]Terminal, n)
 		for i := range t.Terminals {
 			r.terminal(&t.Terminals[i])
+			if flags&flagLives != 0 {
+				t.Terminals[i].Life = r.uint32()
+			}
 			if i > 0 && r.err == nil && compareTerminalKey(&t.Terminals[i-1], &t.Terminals[i]) >= 0 {
 				r.fail("terminals not sorted by (at, kind, claim) or repeated")
 			}
@@ -384,6 +419,23 @@ func (r *reader) task() *Task {
 					r.fail("failures not sorted by claim or repeated")
 				}
 			}
+		}
+	}
+	if flags&flagLives != 0 {
+		if n := r.count(4); n > 0 {
+			t.Revivals = make([]Revival, n)
+			for i := range t.Revivals {
+				t.Revivals[i] = Revival{Life: r.uint32(), At: r.timestamp()}
+				if r.err == nil && t.Revivals[i].Life == 0 {
+					r.fail("revival of life 0")
+				}
+				if i > 0 && r.err == nil && t.Revivals[i-1].Life >= t.Revivals[i].Life {
+					r.fail("revivals not sorted by life or repeated")
+				}
+			}
+		}
+		if r.err == nil && !t.hasLives() {
+			r.fail("the lives flag without a life")
 		}
 	}
 	return t
@@ -498,4 +550,24 @@ func uvarintLen(v uint64) int {
 		n++
 	}
 	return n
+}
+
+// decodeHeadOfLives is DecodeHead of a task with more than one life: the
+// event that decides its status is the first of its current life, which
+// may come after others, so every event is read.
+func decodeHeadOfLives(b []byte) (*Task, error) {
+	x, err := Decode(b)
+	if err != nil {
+		return nil, err
+	}
+	h := &Task{ID: x.ID}
+	if x.Spec != nil {
+		s := *x.Spec
+		s.Payload = nil
+		h.Spec = &s
+	}
+	if ev, ok := x.Terminal(); ok {
+		h.Terminals = []Terminal{{At: ev.At, Kind: ev.Kind, Claim: ev.Claim, Life: ev.Life}}
+	}
+	return h, nil
 }

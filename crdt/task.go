@@ -67,14 +67,27 @@ type TaskError struct {
 	Args        []string
 }
 
-// Terminal is a terminal event: a completion, abort or cancel. Events are
-// keyed by (At, Kind, Claim); the smallest key is the visible outcome.
+// Terminal is a terminal event: a completion, abort, cancel or death.
+// Events are keyed by (At, Kind, Claim, Life); the smallest key of the
+// task's current life is the visible outcome.
 type Terminal struct {
 	At     Timestamp
 	Kind   TerminalKind
 	Claim  uint64 // claim that ended the task; 0 for a cancel
 	Errors []TaskError
 	Result []byte
+	// Life is the life of the task the event ends: 0 for its first, L
+	// for the one a Revival of life L began (Task.Life).
+	Life uint32
+}
+
+// Revival begins a new life of a terminal task (a Retry of a dead,
+// aborted or cancelled task): its terminal events of earlier lives no
+// longer decide its status. Revivals are keyed by Life (1, 2, ...), each
+// decided once by the task's partition leader.
+type Revival struct {
+	Life uint32 // the life it begins; at least 1
+	At   Timestamp
 }
 
 // Failure is one failed attempt of a task that is retried (or died of
@@ -99,6 +112,7 @@ type Task struct {
 	Updates   []Update
 	Terminals []Terminal
 	Failures  []Failure // sorted by Claim, each Claim once
+	Revivals  []Revival // sorted by Life, each Life once
 }
 
 // ErrIDMismatch is returned by Join for states of different tasks.
@@ -131,6 +145,7 @@ func Join(a, b *Task) (j *Task, specConflict bool, err error) {
 	j.Updates = normalizeUpdates(slices.Concat(a.Updates, b.Updates))
 	j.Terminals = normalizeTerminals(slices.Concat(a.Terminals, b.Terminals))
 	j.Failures = normalizeFailures(slices.Concat(a.Failures, b.Failures))
+	j.Revivals = normalizeRevivals(slices.Concat(a.Revivals, b.Revivals))
 	return j, specConflict, nil
 }
 
@@ -151,15 +166,40 @@ func (t *Task) Normalize() {
 	t.Updates = normalizeUpdates(t.Updates)
 	t.Terminals = normalizeTerminals(t.Terminals)
 	t.Failures = normalizeFailures(t.Failures)
+	t.Revivals = normalizeRevivals(t.Revivals)
 }
 
 // Terminal returns the event that decides the task's terminal state: the
-// earliest by (At, Kind, Claim). ok is false while the task is not terminal.
+// earliest by (At, Kind, Claim) of its current life (Life). ok is false
+// while the task is not terminal in it.
 func (t *Task) Terminal() (ev Terminal, ok bool) {
 	if len(t.Terminals) == 0 {
 		return Terminal{}, false
 	}
-	return t.Terminals[0], true
+	life := t.Life()
+	if life == 0 {
+		return t.Terminals[0], true // one life: every task never retried
+	}
+	for _, ev := range t.Terminals {
+		if ev.Life == life {
+			return ev, true
+		}
+	}
+	return Terminal{}, false
+}
+
+// Life is the task's current life: the highest life of its revivals and
+// of its terminal events (an event of life L shows that L began, even
+// before its revival arrives), 0 while it has none.
+func (t *Task) Life() uint32 {
+	var l uint32
+	for _, r := range t.Revivals {
+		l = max(l, r.Life)
+	}
+	for _, ev := range t.Terminals {
+		l = max(l, ev.Life)
+	}
+	return l
 }
 
 // LastUpdate returns the update with the greatest (Claim, Seq), the one whose
@@ -185,7 +225,10 @@ func compareTerminalKey(x, y *Terminal) int {
 	if c := cmp.Compare(x.Kind, y.Kind); c != 0 {
 		return c
 	}
-	return cmp.Compare(x.Claim, y.Claim)
+	if c := cmp.Compare(x.Claim, y.Claim); c != 0 {
+		return c
+	}
+	return cmp.Compare(x.Life, y.Life)
 }
 
 // normalizeUpdates sorts by key and keeps one entry per key: the one with
@@ -229,4 +272,18 @@ func normalizeFailures(fs []Failure) []Failure {
 		return bytes.Compare(appendFailure(nil, &x), appendFailure(nil, &y))
 	})
 	return slices.CompactFunc(fs, func(x, y Failure) bool { return x.Claim == y.Claim })
+}
+
+// normalizeRevivals is normalizeUpdates for revivals, keyed by life.
+func normalizeRevivals(rs []Revival) []Revival {
+	if len(rs) == 0 {
+		return nil
+	}
+	slices.SortFunc(rs, func(x, y Revival) int {
+		if c := cmp.Compare(x.Life, y.Life); c != 0 {
+			return c
+		}
+		return x.At.Compare(y.At)
+	})
+	return slices.CompactFunc(rs, func(x, y Revival) bool { return x.Life == y.Life })
 }

@@ -17,6 +17,7 @@ type universe struct {
 	updates   []Update
 	terminals []Terminal
 	failures  []Failure
+	revivals  []Revival
 }
 
 func randBytes(r *rand.Rand, max int) []byte {
@@ -72,7 +73,13 @@ func newUniverse(r *rand.Rand) *universe {
 			t.Errors = []TaskError{{Code: "E1", Description: "boom", Args: []string{"x"}}}
 		}
 		t.Result = randBytes(r, 4)
+		if r.IntN(3) == 0 {
+			t.Life = r.Uint32N(3) // lives 0-2: events of later lives, before or without their revival
+		}
 		u.terminals = append(u.terminals, t)
+	}
+	for range r.IntN(3) {
+		u.revivals = append(u.revivals, Revival{Life: r.Uint32N(2) + 1, At: randTS(r)}) // lives collide
 	}
 	for range r.IntN(5) {
 		f := Failure{Claim: r.Uint64N(3) + 1, At: randTS(r), Expired: r.IntN(2) == 0} // claims collide
@@ -107,6 +114,11 @@ func (u *universe) draw(r *rand.Rand) *Task {
 	for _, x := range u.failures {
 		if r.IntN(2) == 0 {
 			t.Failures = append(t.Failures, x)
+		}
+	}
+	for _, x := range u.revivals {
+		if r.IntN(2) == 0 {
+			t.Revivals = append(t.Revivals, x)
 		}
 	}
 	t.Normalize()
@@ -205,7 +217,7 @@ func headOf(x *Task) *Task {
 		h.Spec = &s
 	}
 	if ev, ok := x.Terminal(); ok {
-		h.Terminals = []Terminal{{At: ev.At, Kind: ev.Kind, Claim: ev.Claim}}
+		h.Terminals = []Terminal{{At: ev.At, Kind: ev.Kind, Claim: ev.Claim, Life: ev.Life}}
 	}
 	return h
 }

@@ -197,6 +197,11 @@ func (t *Task) Validate(lim Limits) error {
 			return err
 		}
 	}
+	for i, r := range t.Revivals {
+		if r.Life == 0 {
+			return invalid(fmt.Sprintf("revivals[%d].life", i), "must be at least 1")
+		}
+	}
 	for i := range t.Failures {
 		f := &t.Failures[i]
 		if f.Claim == 0 {

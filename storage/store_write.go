@@ -354,7 +354,7 @@ func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 // caller's slices.
 func cloneNormalized(t *crdt.Task) *crdt.Task {
 	c := &crdt.Task{ID: t.ID, Spec: t.Spec,
-		Updates: slices.Clone(t.Updates), Terminals: slices.Clone(t.Terminals), Failures: slices.Clone(t.Failures)}
+		Updates: slices.Clone(t.Updates), Terminals: slices.Clone(t.Terminals), Failures: slices.Clone(t.Failures), Revivals: slices.Clone(t.Revivals)}
 	c.Normalize()
 	return c
 }
