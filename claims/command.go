@@ -29,7 +29,12 @@ func (cmd *Command) usesRetry() bool {
 			return true
 		}
 	}
-	return false
+	for _, e := range cmd.Ends {
+		if e.Life != 0 {
+			return true
+		}
+	}
+	return cmd.Op == OpRevive
 }
 
 // Encode returns cmd's binary encoding (the Raft log entry's data).
@@ -66,6 +71,9 @@ func (cmd *Command) Encode() []byte {
 			b = binary.AppendUvarint(b, e.ID)
 			b = binary.AppendUvarint(b, e.Token)
 			b = append(b, byte(e.Reason))
+			if v2 {
+				b = binary.AppendUvarint(b, uint64(e.Life))
+			}
 		}
 	case OpExpire:
 		b = binary.AppendUvarint(b, cmd.ID)
@@ -76,6 +84,9 @@ func (cmd *Command) Encode() []byte {
 		b = appendIDs(b, cmd.IDs)
 	case OpForget:
 		b = appendIDs(b, cmd.IDs)
+	case OpRevive:
+		b = binary.AppendUvarint(b, cmd.ID)
+		b = binary.AppendUvarint(b, uint64(cmd.Life))
 	case OpAct:
 		b = binary.AppendUvarint(b, uint64(len(cmd.Acts)))
 		for _, act := range cmd.Acts {
@@ -129,6 +140,9 @@ func DecodeCommand(b []byte) (*Command, error) {
 			cmd.Ends = make([]End, n)
 			for i := range cmd.Ends {
 				cmd.Ends[i] = End{ID: d.uvarint(), Token: d.uvarint(), Reason: EndReason(d.byte())}
+				if v2 {
+					cmd.Ends[i].Life = d.uint32()
+				}
 			}
 		}
 	case OpExpire:
@@ -138,6 +152,11 @@ func DecodeCommand(b []byte) (*Command, error) {
 		cmd.IDs = d.ids()
 	case OpForget:
 		cmd.IDs = d.ids()
+	case OpRevive:
+		if !v2 {
+			d.fail("revive in a version 1 command")
+		}
+		cmd.ID, cmd.Life = d.uvarint(), d.uint32()
 	case OpAct:
 		if n := d.count(4); n > 0 {
 			cmd.Acts = make([]Act, n)

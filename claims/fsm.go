@@ -41,6 +41,9 @@ const (
 	// every replica merges the Act's State into the task (Change.Merge):
 	// the claim's end and the task's terminal state are one decision.
 	OpAct Op = 8
+	// OpRevive begins life Life of the terminal task ID (a Retry of it;
+	// revive.go).
+	OpRevive Op = 9
 )
 
 func (o Op) String() string {
@@ -61,6 +64,8 @@ func (o Op) String() string {
 		return "forget"
 	case OpAct:
 		return "act"
+	case OpRevive:
+		return "revive"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -90,6 +95,7 @@ type Command struct {
 	IDs         []uint64    // OpExtend, OpForget
 	Ends        []End       // OpEnd
 	Acts        []Act       // OpAct
+	Life        uint32      // OpRevive
 }
 
 // Act is one thing a worker did under its claim, in an OpAct.
@@ -116,6 +122,7 @@ type End struct {
 	ID     uint64
 	Token  uint64 // the claim that ended it; 0 if none
 	Reason EndReason
+	Life   uint32 // the life of the task the event ends (crdt.Terminal.Life)
 }
 
 // Errors of a command, in Outcome.Err. They are values the FSM returns, not
@@ -242,6 +249,8 @@ func ApplyWithBugs(index uint64, cmd *Command, get Getter, bugs Bugs) ([]Outcome
 				break
 			}
 		}
+	case OpRevive:
+		err = a.revive(cmd.ID, cmd.Life)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -288,6 +297,10 @@ func validate(cmd *Command) error {
 			case act.End != EndNone && act.End != EndCompleted && act.End != EndAborted && act.End != EndYielded && act.End != EndFailed:
 				return fmt.Errorf("%w: act end %v of task %d", ErrBadCommand, act.End, act.ID)
 			}
+		}
+	case OpRevive:
+		if cmd.Life == 0 {
+			return fmt.Errorf("%w: revive of task %d to life 0", ErrBadCommand, cmd.ID)
 		}
 	case OpYield, OpExtend, OpForget:
 	default:
@@ -470,8 +483,10 @@ func (a *applier) end(e End) error {
 	if err != nil {
 		return err
 	}
-	if r.Terminal != EndNone {
-		a.fail(e.ID, ErrTaskTerminal) // already recorded: idempotent
+	if r.Terminal != EndNone || e.Life != r.Life {
+		// Already recorded (idempotent), or the end of another life: one
+		// before a revival (a cancel of the life that was retried).
+		a.fail(e.ID, ErrTaskTerminal)
 		return nil
 	}
 	c, live := r.Live()
@@ -517,7 +532,7 @@ func (a *applier) act(act Act) error {
 		return nil
 	}
 	if act.State != nil {
-		a.merge(act.ID, act.State)
+		a.merge(act.ID, stampLife(act.State, r.Life))
 	}
 	if act.End == EndFailed && live {
 		if r.Retry == nil && act.Retry != nil {

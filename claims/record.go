@@ -96,6 +96,9 @@ type Record struct {
 	// RetryAtMs is when the backoff after the last failed attempt ends
 	// (leader's clock, Unix ms): no claim is granted before it. 0: none.
 	RetryAtMs int64
+	// Life is the task's current life: 0 for its first, L after the
+	// revival that began life L (OpRevive).
+	Life uint32
 }
 
 // FailedAttempts is how many attempts of the task failed: expiries and
@@ -156,7 +159,7 @@ const (
 
 // Encode returns r's binary encoding.
 func (r *Record) Encode() []byte {
-	v2 := r.Failed != 0 || r.Retry != nil || r.RetryAtMs != 0
+	v2 := r.Failed != 0 || r.Retry != nil || r.RetryAtMs != 0 || r.Life != 0
 	b := []byte{recordVersion}
 	if v2 {
 		b[0] = recordVersionV2
@@ -179,6 +182,7 @@ func (r *Record) Encode() []byte {
 		b = binary.AppendUvarint(b, uint64(r.Failed))
 		b = appendPolicy(b, r.Retry)
 		b = binary.AppendVarint(b, r.RetryAtMs)
+		b = binary.AppendUvarint(b, uint64(r.Life))
 	}
 	return b
 }
@@ -243,7 +247,7 @@ func DecodeRecord(b []byte) (*Record, error) {
 		}
 	}
 	if v == recordVersionV2 {
-		r.Failed, r.Retry, r.RetryAtMs = d.uint32(), d.policy(), d.varint()
+		r.Failed, r.Retry, r.RetryAtMs, r.Life = d.uint32(), d.policy(), d.varint(), d.uint32()
 	}
 	return r, d.finish()
 }

@@ -34,7 +34,7 @@ func (a *applier) failAttempt(id uint64, r *Record, c *Claim, why EndReason) {
 	if p.MaxAttempts > 0 && n >= p.MaxAttempts {
 		r.Dead = true
 		o.Dead = true
-		o.Died = DeadEvent(id, c.Token, a.cmd.NowMs, p.MaxAttempts)
+		o.Died = DeadEvent(id, c.Token, r.Life, a.cmd.NowMs, p.MaxAttempts)
 		a.merge(id, o.Died.Encode())
 		return
 	}
@@ -64,11 +64,11 @@ func ExpiryFailure(id, token uint64, nowMs int64) *crdt.Task {
 	return &crdt.Task{ID: id, Failures: []crdt.Failure{{Claim: token, At: crdt.Timestamp{WallMs: nowMs}, Expired: true}}}
 }
 
-// DeadEvent is the DEAD terminal event of task id, whose attempt under
-// claim token was the last of limit, decided at nowMs (leader's clock):
-// a pure function of the entry, like ExpiryFailure.
-func DeadEvent(id, token uint64, nowMs int64, limit uint32) *crdt.Task {
-	return &crdt.Task{ID: id, Terminals: []crdt.Terminal{{At: crdt.Timestamp{WallMs: nowMs}, Kind: crdt.Dead, Claim: token,
+// DeadEvent is the DEAD terminal event of life of task id, whose attempt
+// under claim token was the last of limit, decided at nowMs (leader's
+// clock): a pure function of the entry, like ExpiryFailure.
+func DeadEvent(id, token uint64, life uint32, nowMs int64, limit uint32) *crdt.Task {
+	return &crdt.Task{ID: id, Terminals: []crdt.Terminal{{At: crdt.Timestamp{WallMs: nowMs}, Kind: crdt.Dead, Claim: token, Life: life,
 		Errors: []crdt.TaskError{{Code: CodeMaxAttempts, Description: "the task failed its last allowed attempt",
 			Args: []string{strconv.FormatUint(uint64(limit), 10)}}}}}}
 }

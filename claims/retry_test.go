@@ -91,7 +91,7 @@ func TestRetryBackoffAndDeath(t *testing.T) {
 	if outs[0].Err != nil || !outs[0].Dead || outs[0].Died == nil || changes[0].DelayUntilMs != 0 || len(changes[0].Merges) != 2 {
 		t.Fatalf("last failure: %+v %+v", outs, changes)
 	}
-	if !bytes.Equal(changes[0].Merges[1], DeadEvent(1, tok, 4100, 3).Encode()) {
+	if !bytes.Equal(changes[0].Merges[1], DeadEvent(1, tok, 0, 4100, 3).Encode()) {
 		t.Fatalf("DEAD event merged: %x", changes[0].Merges[1])
 	}
 	if r := m.rec(t, 1); !r.Dead || !r.Done() {

@@ -70,6 +70,7 @@ type fakeTask struct {
 	progress float64
 	created  time.Time
 	failed   uint32 // failed attempts (Abort{retry})
+	life     uint32 // Retry calls taken
 }
 
 func newFake() *fakeServer {
@@ -179,7 +180,7 @@ func (t *fakeTask) view() *nornv1.Task {
 	v := &nornv1.Task{
 		Id: t.id, Spec: t.spec, Status: t.status, Progress: t.progress,
 		CreatedAt: timestamppb.New(t.created), Claims: t.claims, Updates: t.updates,
-		Errors: t.errors, Result: t.result, FailedAttempts: t.failed,
+		Errors: t.errors, Result: t.result, FailedAttempts: t.failed, Life: t.life,
 	}
 	if t.status == nornv1.TaskStatus_TASK_STATUS_CLAIMED {
 		v.CurrentClaim = t.claims[len(t.claims)-1]
@@ -563,6 +564,25 @@ func (f *fakeServer) Cancel(_ context.Context, r *connect.Request[nornv1.CancelR
 	t.status = nornv1.TaskStatus_TASK_STATUS_CANCELLED
 	f.notifyLocked()
 	return connect.NewResponse(&nornv1.CancelResponse{Acks: 1}), nil
+}
+
+func (f *fakeServer) Retry(_ context.Context, r *connect.Request[nornv1.RetryRequest]) (*connect.Response[nornv1.RetryResponse], error) {
+	if err := f.begin("Retry", r.Msg); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.tasks[r.Msg.GetId()]
+	switch {
+	case !ok:
+		return nil, connect.NewError(connect.CodeNotFound, errors.New("id: no such task"))
+	case t.status != nornv1.TaskStatus_TASK_STATUS_DEAD && t.status != nornv1.TaskStatus_TASK_STATUS_ABORTED &&
+		t.status != nornv1.TaskStatus_TASK_STATUS_CANCELLED:
+		return nil, failedPrecondition("id: task is not DEAD, ABORTED or CANCELLED")
+	}
+	t.status, t.failed, t.life = nornv1.TaskStatus_TASK_STATUS_READY, 0, t.life+1
+	f.notifyLocked()
+	return connect.NewResponse(&nornv1.RetryResponse{Life: t.life, Acks: 1}), nil
 }
 
 func (f *fakeServer) Status(_ context.Context, r *connect.Request[nornv1.StatusRequest]) (*connect.Response[nornv1.StatusResponse], error) {

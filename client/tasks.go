@@ -446,6 +446,25 @@ func (c *Client) Fail(ctx context.Context, id, claimID uint64, errs ...*nornv1.T
 	})
 }
 
+// Retry gives a DEAD, ABORTED or CANCELLED task a new life: it is READY
+// again with a fresh budget of attempts, its history kept. life is the
+// life the caller read terminal (Task.Life): a Retry of a life retried
+// already succeeds without change, so the call is retried safely. It
+// returns the task's life now. A COMPLETED task, or one that is not
+// terminal, is FAILED_PRECONDITION.
+func (c *Client) Retry(ctx context.Context, id uint64, life uint32) (uint32, error) {
+	req := &nornv1.RetryRequest{Id: id, Life: &life, W: c.w}
+	var now uint32
+	err := c.call(ctx, "retry", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		r, err := ep.tasks.Retry(ctx, connect.NewRequest(req))
+		if err == nil {
+			now = r.Msg.GetLife()
+		}
+		return err
+	})
+	return now, err
+}
+
 // Yield ends the claim and puts the task back to READY, with progress (0
 // to 1) as its progress. Retried on UNAVAILABLE: a retry of a yield that
 // took effect fails with ErrSuperseded, which then means the claim ended

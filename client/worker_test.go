@@ -508,3 +508,28 @@ func TestWorkerRenewsAtOnceAfterALongPoll(t *testing.T) {
 	}
 	waitFor(t, "the completion", func() bool { return f.count("Complete")+f.count("CompleteBatch") > 0 })
 }
+
+// Client.Retry gives a dead task a new life.
+func TestClientRetry(t *testing.T) {
+	f := newFakeT(t)
+	c := newClient(t, f.addr)
+	id := enqueue(t, c, &nornv1.TaskSpec{Queue: "q", Retry: &nornv1.RetryPolicy{MaxAttempts: 1}})
+	ctx := context.Background()
+	if _, err := c.Retry(ctx, id, 0); !client.IsSuperseded(err) {
+		t.Fatalf("retry of a READY task: %v", err)
+	}
+	claimed, err := c.Claim(ctx, client.ClaimRequest{Queue: "q"})
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %v, %v", claimed, err)
+	}
+	if err := c.Fail(ctx, id, claimed[0].ClaimId); err != nil {
+		t.Fatal(err)
+	}
+	if life, err := c.Retry(ctx, id, 0); err != nil || life != 1 {
+		t.Fatalf("retry of the dead task: %d, %v", life, err)
+	}
+	task, err := c.GetTask(ctx, id)
+	if err != nil || task.GetStatus() != nornv1.TaskStatus_TASK_STATUS_READY || task.GetLife() != 1 {
+		t.Fatalf("after the retry: %v, %v", task, err)
+	}
+}

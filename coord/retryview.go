@@ -55,3 +55,14 @@ func failureErrors(t *crdt.Task, rec *claims.Record) []*nornv1.TaskError {
 }
 
 func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
+
+// Life is the task's current life as this state knows it: its CRDT's
+// (crdt.Task.Life) or its claim record's, the later; new terminal events
+// are stamped with it.
+func (ts *TaskState) Life() uint32 {
+	l := ts.Task.Life()
+	if ts.Claims != nil {
+		l = max(l, ts.Claims.Life)
+	}
+	return l
+}

@@ -116,6 +116,7 @@ func (c *Coordinator) View(ts *TaskState) *nornv1.Task {
 		},
 		Status:    ts.Status(c.cfg.Clock.Now().UnixMilli(), c.cfg.DepsDone),
 		CreatedAt: msTime(spec.CreatedAt.WallMs),
+		Life:      ts.Life(),
 	}
 	if _, terminal := t.Terminal(); ts.NoLeader && !terminal {
 		v.ClaimStateUnknown = true

@@ -144,3 +144,40 @@ func actError(id, claimID uint64, err error) error {
 	}
 	return apierr.From(err)
 }
+
+// Revive begins life of task id (a Retry of it, claims.OpRevive) through
+// its partition's group, which this node must lead (UNAVAILABLE
+// otherwise), and returns the revival state the group merged into the
+// task's replicas, for the caller's quorum write; repeated when the task
+// had reached life already (a retried Retry: nothing changed, and the
+// state is nil). A task that is not terminal, or was completed, is
+// FAILED_PRECONDITION.
+func (d *Dispatcher) Revive(id uint64, life uint32) (state *crdt.Task, repeated bool, err error) {
+	p := d.host.Partition(id)
+	g := d.host.Group(p)
+	if g == nil || !g.IsLeader() {
+		return nil, false, connect.NewError(connect.CodeUnavailable, fmt.Errorf(
+			"partition %d has no reachable leader here: a Retry must be decided by it (retry)", p))
+	}
+	now := d.cfg.Clock.Now().UnixMilli()
+	outs, err := g.Propose(&claims.Command{Op: claims.OpRevive, NowMs: now, ID: id, Life: life}, replicas.ProposeTimeout)
+	if err != nil {
+		return nil, false, apierr.From(err)
+	}
+	o, ok := nthOutcome(outs, id, 0)
+	switch {
+	case !ok:
+		return nil, false, connect.NewError(connect.CodeInternal, fmt.Errorf("no outcome for task %d", id))
+	case errors.Is(o.Err, claims.ErrCompleted):
+		return nil, false, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+			"task %d was COMPLETED: its result was accepted, so it is not retried (enqueue it again)", id))
+	case errors.Is(o.Err, claims.ErrNotTerminal):
+		return nil, false, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+			"task %d is not terminal: only a DEAD, ABORTED or CANCELLED task is retried", id))
+	case o.Err != nil:
+		return nil, false, apierr.From(o.Err)
+	case o.Repeated:
+		return nil, true, nil
+	}
+	return claims.RevivalEvent(id, life, now), false, nil
+}

@@ -222,7 +222,7 @@ func (d *Dispatcher) EndNow(id uint64, ev crdt.Terminal) {
 	p := d.host.Partition(id)
 	if g := d.host.Group(p); g != nil && g.IsLeader() {
 		cmd := &claims.Command{Op: claims.OpEnd, NowMs: d.cfg.Clock.Now().UnixMilli(),
-			Ends: []claims.End{{ID: id, Token: ev.Claim, Reason: coord.EndReason(ev.Kind)}}}
+			Ends: []claims.End{{ID: id, Token: ev.Claim, Reason: coord.EndReason(ev.Kind), Life: ev.Life}}}
 		if _, err := g.Propose(cmd, replicas.ProposeTimeout); err == nil {
 			return
 		}
@@ -237,7 +237,7 @@ func (d *Dispatcher) EndNow(id uint64, ev crdt.Terminal) {
 // the terminal event first. If the proposal fails (or the node dies
 // first), the monitor ends the claim when its lease runs out.
 func (d *Dispatcher) endClaim(id uint64, ev crdt.Terminal) {
-	d.ender.add(d.host.Partition(id), claims.End{ID: id, Token: ev.Claim, Reason: coord.EndReason(ev.Kind)})
+	d.ender.add(d.host.Partition(id), claims.End{ID: id, Token: ev.Claim, Reason: coord.EndReason(ev.Kind), Life: ev.Life})
 }
 
 // LoadClaimed loads task id for a Renew under claim claimID (the other

@@ -227,7 +227,7 @@ func (d *Dispatcher) abortDead(ts *coord.TaskState, limit uint32) {
 // task is not claimed by anyone, or its claim just ended) and ends the
 // claim FSM's record of it.
 func (d *Dispatcher) abortTask(ts *coord.TaskState, e *nornv1.TaskError) {
-	ev := crdt.Terminal{At: d.cfg.HLC.Now(), Kind: crdt.Aborted,
+	ev := crdt.Terminal{At: d.cfg.HLC.Now(), Kind: crdt.Aborted, Life: ts.Life(),
 		Errors: []crdt.TaskError{{Code: e.Code, Description: e.Description, Args: e.Args}}}
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.WriteTimeout)
 	defer cancel()

@@ -176,3 +176,82 @@ func TestRetryPolicyValidation(t *testing.T) {
 		t.Errorf("max_claims unlike max_attempts: %v", err)
 	}
 }
+
+// Retry gives a DEAD or CANCELLED task a new life: READY again with a
+// fresh budget, its history kept; a second Retry of the same life changes
+// nothing; a COMPLETED or live task is refused.
+func TestRetryRevivesTerminalTasks(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	ctx := context.Background()
+	retry := func(id uint64, life *uint32) (*nornv1.RetryResponse, error) {
+		r, err := h.api.Retry(ctx, connect.NewRequest(&nornv1.RetryRequest{Id: id, Life: life}))
+		if err != nil {
+			return nil, err
+		}
+		return r.Msg, nil
+	}
+	id := h.enqueue(&nornv1.TaskSpec{Queue: "q", Retry: &nornv1.RetryPolicy{MaxAttempts: 1}})
+	c := h.claim("q", 1, time.Minute)
+	h.fail(id, c[0].ClaimId, "boom")
+	if got := h.get(id); got.Status != nornv1.TaskStatus_TASK_STATUS_DEAD || got.Life != 0 {
+		t.Fatalf("before the retry: %v", got)
+	}
+	if _, err := retry(id+1<<20, nil); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("retry of a task that does not exist: %v", err)
+	}
+	r, err := retry(id, nil)
+	if err != nil || r.Life != 1 {
+		t.Fatalf("retry of the dead task: %v, %v", r, err)
+	}
+	got := h.get(id)
+	if got.Status != nornv1.TaskStatus_TASK_STATUS_READY || got.Life != 1 || got.FailedAttempts != 0 || got.FinishedAt != nil ||
+		len(got.Errors) != 1 || got.Errors[0].Code != "boom" || len(got.Claims) != 1 {
+		t.Fatalf("after the retry: %v", got)
+	}
+	zero := uint32(0)
+	if r, err := retry(id, &zero); err != nil || r.Life != 1 {
+		t.Fatalf("the retry again (life 0): %v, %v", r, err)
+	}
+	if _, err := retry(id, nil); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("retry of a READY task: %v", err)
+	}
+	if got := h.get(id); got.Life != 1 {
+		t.Fatalf("a refused retry changed the life: %v", got)
+	}
+	c = h.claim("q", 1, time.Minute)
+	if len(c) != 1 || c[0].Task.Id != id {
+		t.Fatalf("claim of the retried task: %v", c)
+	}
+	if _, err := h.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: c[0].ClaimId})); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.get(id); got.Status != nornv1.TaskStatus_TASK_STATUS_COMPLETED || got.Life != 1 {
+		t.Fatalf("completed in its second life: %v", got)
+	}
+	if _, err := retry(id, nil); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "COMPLETED") {
+		t.Fatalf("retry of a completed task: %v", err)
+	}
+	// A task cancelled before any claim (the claim FSM has no record of
+	// it yet) is retried too.
+	cancelled := h.enqueue(&nornv1.TaskSpec{Queue: "c"})
+	if _, err := h.api.Cancel(ctx, connect.NewRequest(&nornv1.CancelRequest{Id: cancelled})); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := retry(cancelled, nil); err != nil || r.Life != 1 {
+		t.Fatalf("retry of a cancelled task: %v, %v", r, err)
+	}
+	if c := h.claim("c", 1, time.Minute); len(c) != 1 || c[0].Task.Id != cancelled {
+		t.Fatalf("claim of the retried cancelled task: %v", c)
+	}
+	counts, err := h.api.CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{}))
+	if err != nil || counts.Msg.ByStatus["DEAD"] != 0 || counts.Msg.ByStatus["CANCELLED"] != 0 || counts.Msg.ByStatus["COMPLETED"] != 1 || counts.Msg.ByStatus["CLAIMED"] != 1 {
+		t.Fatalf("counts after the retries: %v, %v", counts, err)
+	}
+	// Across a restart the lives hold.
+	clock := h.clock
+	h.close()
+	h = newHarness(t, h.dir, clock)
+	if got := h.get(id); got.Status != nornv1.TaskStatus_TASK_STATUS_COMPLETED || got.Life != 1 {
+		t.Fatalf("after a restart: %v", got)
+	}
+}

@@ -31,6 +31,7 @@ var procRoles = map[string][]string{
 	nornv1connect.TaskServiceEnqueueProcedure:       {access.RoleAdmin, access.RoleProducer},
 	nornv1connect.TaskServiceEnqueueBatchProcedure:  {access.RoleAdmin, access.RoleProducer},
 	nornv1connect.TaskServiceCancelProcedure:        {access.RoleAdmin, access.RoleProducer},
+	nornv1connect.TaskServiceRetryProcedure:         {access.RoleAdmin, access.RoleProducer, access.RoleWorker},
 	nornv1connect.TaskServiceGetTaskProcedure:       {access.RoleAdmin, access.RoleProducer, access.RoleWorker, access.RoleReader},
 	nornv1connect.TaskServiceListTasksProcedure:     {access.RoleAdmin, access.RoleProducer, access.RoleReader},
 	nornv1connect.TaskServiceCountTasksProcedure:    {access.RoleAdmin, access.RoleProducer, access.RoleReader},
@@ -266,6 +267,8 @@ func callScope(msg any) (queues []string, ids, deps []uint64, all bool) {
 	case *nornv1.GetTaskRequest:
 		return nil, []uint64{m.GetId()}, nil, false
 	case *nornv1.CancelRequest:
+		return nil, []uint64{m.GetId()}, nil, false
+	case *nornv1.RetryRequest:
 		return nil, []uint64{m.GetId()}, nil, false
 	case *nornv1.RenewRequest:
 		return nil, []uint64{m.GetId()}, nil, false

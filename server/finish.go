@@ -85,6 +85,13 @@ func (sv *Server) decide(ctx context.Context, acts []dispatch.Act, w uint32) ([]
 		missing[i] = errors.Is(err, storage.ErrNotFound)
 		if err == nil {
 			out[i].queue = queueOf(ts.Task)
+			if life := ts.Life(); life != 0 && a.State != nil {
+				// The act ends the life its claim was granted in (the
+				// claim FSM stamps the decided copy the same way).
+				for k := range a.State.Terminals {
+					a.State.Terminals[k].Life = life
+				}
+			}
 			if err := refuseTerminal(ts, a); err != nil {
 				sv.dispatch.EndIfTerminal(ts)
 				out[i].err = err

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -12,11 +13,14 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/apierr"
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/cluster"
+	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/dispatch"
+	"github.com/norn-dev/norn/storage"
 )
 
 // retryFromAPI validates and converts the RetryPolicy of the spec at
@@ -134,4 +138,68 @@ func (sv *Server) failAttempt(ctx context.Context, id, claimID uint64, w uint32,
 		return 0, "", err
 	}
 	return res[0].acks, res[0].queue, res[0].err
+}
+
+func (s taskService) Retry(ctx context.Context, req *connect.Request[nornv1.RetryRequest]) (*connect.Response[nornv1.RetryResponse], error) {
+	sv, m := s.sv, req.Msg
+	if m.GetId() == 0 {
+		return nil, apierr.Invalid("id", "required")
+	}
+	if _, err := sv.coord.Quorum(m.GetW()); err != nil {
+		return nil, err
+	}
+	if resp, done, err := coord.Forward(sv.coord, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Retry); done {
+		return resp, err
+	}
+	if err := sv.retriesGate("id"); err != nil {
+		return nil, err
+	}
+	ts, err := sv.coord.Load(m.GetId())
+	if errors.Is(err, storage.ErrNotFound) {
+		ts, err = sv.coord.Read(ctx, m.GetId(), 0) // only a majority can say it does not exist
+	}
+	if err != nil {
+		return nil, apierr.From(err)
+	}
+	life := ts.Life()
+	if m.Life != nil {
+		switch want := m.GetLife(); {
+		case want > life:
+			return nil, apierr.Invalid("life", "%d is ahead of the task's life %d", want, life)
+		case want < life:
+			// Retried already: its state is written again (so that it
+			// reaches the quorum the first answer may have missed).
+			acks, err := sv.coord.Write(ctx, []*crdt.Task{ts.Task}, m.GetW(), []uint64{m.GetId()})
+			if err != nil {
+				return nil, err
+			}
+			return connect.NewResponse(&nornv1.RetryResponse{Life: life, Acks: acks}), nil
+		}
+	}
+	prev, terminal := ts.Task.Terminal()
+	switch {
+	case !terminal:
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+			"task %d is not terminal (%v): only a DEAD, ABORTED or CANCELLED task is retried", m.GetId(), ts.Status(sv.cfg.Clock.Now().UnixMilli(), nil)))
+	case prev.Kind == crdt.Completed:
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+			"task %d was COMPLETED: its result was accepted, so it is not retried (enqueue it again)", m.GetId()))
+	}
+	if ts.Claims == nil || !ts.Claims.Done() {
+		// The claim FSM learns the end first (a cancel it has not
+		// recorded yet), so that it agrees the task is terminal.
+		sv.dispatch.EndNow(m.GetId(), prev)
+	}
+	state, repeated, err := sv.dispatch.Revive(m.GetId(), life+1)
+	if err != nil {
+		return nil, err
+	}
+	if repeated {
+		state = ts.Task
+	}
+	acks, err := sv.coord.Write(ctx, []*crdt.Task{state}, m.GetW(), []uint64{m.GetId()})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&nornv1.RetryResponse{Life: life + 1, Acks: acks}), nil
 }

@@ -220,7 +220,7 @@ func (s taskService) Cancel(ctx context.Context, req *connect.Request[nornv1.Can
 		}
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is already %v", m.GetId(), prev.Kind))
 	}
-	ev := crdt.Terminal{At: sv.hlc.Now(), Kind: crdt.Cancelled}
+	ev := crdt.Terminal{At: sv.hlc.Now(), Kind: crdt.Cancelled, Life: ts.Life()}
 	acks, err := sv.coord.Write(ctx, []*crdt.Task{{ID: m.GetId(), Terminals: []crdt.Terminal{ev}}}, m.GetW(), []uint64{m.GetId()})
 	if err != nil {
 		return nil, err

@@ -438,6 +438,49 @@ func runCancel(e *env, cmd *command, args []string) error {
 	})
 }
 
+const retryHelp = `
+The task is READY again (or DELAYED by its not-before time) with a fresh
+budget of attempts; its claims, updates and errors stay. --life names the
+life retried (the LIFE of nornctl get): run again, the command then
+succeeds without retrying twice. A COMPLETED task is not retried.
+
+  nornctl retry 153915228713648141
+  nornctl retry 153915228713648141 --life 0`
+
+func runRetry(e *env, cmd *command, args []string) error {
+	fs := e.flagSet(cmd)
+	life := fs.Int64("life", -1, "the life retried (nornctl get's LIFE); default: the task's current one")
+	pos, err := e.parse(cmd, fs, args, 1, 1)
+	if err != nil {
+		return err
+	}
+	id, err := parseID("id", pos[0])
+	if err != nil {
+		return usagef(cmd, "%v", err)
+	}
+	if *life < -1 || *life > math.MaxUint32 {
+		return usagef(cmd, "--life %d: out of the uint32 range", *life)
+	}
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	if *life < 0 {
+		t, err := c.GetTask(e.ctx, id)
+		if err != nil {
+			return err
+		}
+		*life = int64(t.GetLife())
+	}
+	now, err := c.Retry(e.ctx, id, uint32(*life))
+	if err != nil {
+		return err
+	}
+	return e.emit(&nornv1.RetryResponse{Life: now}, func(w io.Writer) {
+		fmt.Fprintf(w, "task %d is in its life %d\n", id, now)
+	})
+}
+
 func runStatus(e *env, cmd *command, args []string) error {
 	fs := e.flagSet(cmd)
 	if _, err := e.parse(cmd, fs, args, 0, 0); err != nil {

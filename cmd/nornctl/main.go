@@ -137,6 +137,7 @@ var commands = []*command{
 	{name: "abort", args: "<id> <claim-id>", summary: "end a claim and its task as ABORTED (--retry: fail the attempt, retried after its backoff)", run: runAbort},
 	{name: "yield", args: "<id> <claim-id>", summary: "give a claimed task back (READY again)", run: runYield},
 	{name: "cancel", args: "<id>", summary: "end a task as CANCELLED", run: runCancel},
+	{name: "retry", args: "<id>", summary: "give a DEAD, ABORTED or CANCELLED task a new life (READY again)", help: retryHelp, run: runRetry},
 	{name: "status", summary: "show the node and its partitions", run: runStatus},
 	{name: "health", summary: "exit 0 if the node is ready (/healthz), or alive with --live (/livez)", help: healthHelp, run: runHealth},
 	{name: "join", args: "<node>", summary: "make a started node a member of the cluster", help: joinHelp, run: runJoin},

@@ -362,6 +362,17 @@ func TestRetries(t *testing.T) {
 	claimID := strconv.FormatUint(claimed.GetTasks()[0].GetClaimId(), 10)
 	mustContain(t, "abort --retry", ok(t, addr, "abort", ids, claimID, "--retry", "--code", "downstream_503"), "failed the attempt")
 	mustContain(t, "get after the failure", ok(t, addr, "get", ids), "DELAYED", "FAILED ATTEMPTS:", "RETRY AT:", "FAILED", "ATTEMPT", "downstream_503")
+	// Failed for good, then retried: READY again in its life 1.
+	okJSON(t, addr, &claimed, "claim", "hooks", "--lease", "30s", "--max", "5")
+	if len(claimed.GetTasks()) != 0 {
+		t.Fatalf("claimed during the backoff: %v", claimed.GetTasks())
+	}
+	other := strings.TrimSpace(ok(t, addr, "enqueue", "hooks2", "y"))
+	okJSON(t, addr, &claimed, "claim", "hooks2", "--lease", "30s")
+	ok(t, addr, "abort", other, strconv.FormatUint(claimed.GetTasks()[0].GetClaimId(), 10), "--code", "bad")
+	mustContain(t, "retry", ok(t, addr, "retry", other), "life 1")
+	mustContain(t, "retry again", ok(t, addr, "retry", other, "--life", "0"), "life 1")
+	mustContain(t, "get after the retry", ok(t, addr, "get", other), "READY", "LIFE:")
 	r := nornctl(t, addr, "", "enqueue", "hooks", "--backoff", "1m", "--max-backoff", "1s")
 	if r.code != 1 || !strings.Contains(r.stderr, "task.retry.maxBackoff") {
 		t.Fatalf("a max backoff below the backoff: exit %d: %s", r.code, r.stderr)

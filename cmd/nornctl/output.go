@@ -82,6 +82,9 @@ func writeTask(w io.Writer, t *nornv1.Task) {
 	if t.GetFailedAttempts() > 0 {
 		fmt.Fprintf(w, "FAILED ATTEMPTS:\t%d\n", t.GetFailedAttempts())
 	}
+	if t.GetLife() > 0 {
+		fmt.Fprintf(w, "LIFE:\t%d (retried %d times)\n", t.GetLife(), t.GetLife())
+	}
 	if t.GetRetryAt() != nil {
 		fmt.Fprintf(w, "RETRY AT:\t%s\n", formatTS(t.GetRetryAt()))
 	}

@@ -470,7 +470,12 @@ type Task struct {
 	// While the task waits out a retry's backoff (status DELAYED): when it
 	// may be claimed again, on the partition leader's clock. Unset
 	// otherwise.
-	RetryAt       *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
+	RetryAt *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
+	// The task's life: 0 for its first, n after its n-th Retry
+	// (TaskService.Retry). Its status, errors of the end and finished_at
+	// are those of this life; claims, updates and the attempts' errors of
+	// every life stay.
+	Life          uint32 `protobuf:"varint,16,opt,name=life,proto3" json:"life,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -608,6 +613,13 @@ func (x *Task) GetRetryAt() *timestamppb.Timestamp {
 		return x.RetryAt
 	}
 	return nil
+}
+
+func (x *Task) GetLife() uint32 {
+	if x != nil {
+		return x.Life
+	}
+	return 0
 }
 
 // ClaimInfo is one claim (lease) of a task by a worker.
@@ -997,7 +1009,7 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"multiplier\x18\x04 \x01(\x01R\n" +
 	"multiplier\x12\x16\n" +
-	"\x06jitter\x18\x05 \x01(\x01R\x06jitter\"\xa1\x05\n" +
+	"\x06jitter\x18\x05 \x01(\x01R\x06jitter\"\xb5\x05\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12%\n" +
 	"\x04spec\x18\x02 \x01(\v2\x11.norn.v1.TaskSpecR\x04spec\x12+\n" +
@@ -1017,7 +1029,8 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"finishedAt\x12.\n" +
 	"\x13claim_state_unknown\x18\r \x01(\bR\x11claimStateUnknown\x12'\n" +
 	"\x0ffailed_attempts\x18\x0e \x01(\rR\x0efailedAttempts\x125\n" +
-	"\bretry_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\"\x9f\x02\n" +
+	"\bretry_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\aretryAt\x12\x12\n" +
+	"\x04life\x18\x10 \x01(\rR\x04life\"\x9f\x02\n" +
 	"\tClaimInfo\x12\x19\n" +
 	"\bclaim_id\x18\x01 \x01(\x04R\aclaimId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\rR\x03seq\x12\x16\n" +

@@ -1686,6 +1686,128 @@ func (x *CancelResponse) GetAcks() uint32 {
 	return 0
 }
 
+// RetryRequest is the request of TaskService.Retry.
+type RetryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task's id. Required.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The life to end (Task.life as the caller read it, terminal). Set:
+	// when the task has gone past it, the Retry succeeds without change (a
+	// retried Retry); it must not be ahead of the task's. Unset: the
+	// task's current life, which must be terminal.
+	Life *uint32 `protobuf:"varint,2,opt,name=life,proto3,oneof" json:"life,omitempty"`
+	// Write quorum of the revival's write, as in EnqueueRequest.w.
+	W             uint32 `protobuf:"varint,3,opt,name=w,proto3" json:"w,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetryRequest) Reset() {
+	*x = RetryRequest{}
+	mi := &file_norn_v1_task_service_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryRequest) ProtoMessage() {}
+
+func (x *RetryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_task_service_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryRequest.ProtoReflect.Descriptor instead.
+func (*RetryRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RetryRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *RetryRequest) GetLife() uint32 {
+	if x != nil && x.Life != nil {
+		return *x.Life
+	}
+	return 0
+}
+
+func (x *RetryRequest) GetW() uint32 {
+	if x != nil {
+		return x.W
+	}
+	return 0
+}
+
+// RetryResponse is the response of TaskService.Retry.
+type RetryResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task's life now: the one the Retry began (or had begun).
+	Life uint32 `protobuf:"varint,1,opt,name=life,proto3" json:"life,omitempty"`
+	// Replicas that stored the revival durably before the answer.
+	Acks          uint32 `protobuf:"varint,2,opt,name=acks,proto3" json:"acks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetryResponse) Reset() {
+	*x = RetryResponse{}
+	mi := &file_norn_v1_task_service_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryResponse) ProtoMessage() {}
+
+func (x *RetryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_task_service_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryResponse.ProtoReflect.Descriptor instead.
+func (*RetryResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RetryResponse) GetLife() uint32 {
+	if x != nil {
+		return x.Life
+	}
+	return 0
+}
+
+func (x *RetryResponse) GetAcks() uint32 {
+	if x != nil {
+		return x.Acks
+	}
+	return 0
+}
+
 var File_norn_v1_task_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_task_service_proto_rawDesc = "" +
@@ -1784,7 +1906,15 @@ const file_norn_v1_task_service_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\f\n" +
 	"\x01w\x18\x02 \x01(\rR\x01w\"$\n" +
 	"\x0eCancelResponse\x12\x12\n" +
-	"\x04acks\x18\x01 \x01(\rR\x04acks2\xc8\x06\n" +
+	"\x04acks\x18\x01 \x01(\rR\x04acks\"N\n" +
+	"\fRetryRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x17\n" +
+	"\x04life\x18\x02 \x01(\rH\x00R\x04life\x88\x01\x01\x12\f\n" +
+	"\x01w\x18\x03 \x01(\rR\x01wB\a\n" +
+	"\x05_life\"7\n" +
+	"\rRetryResponse\x12\x12\n" +
+	"\x04life\x18\x01 \x01(\rR\x04life\x12\x12\n" +
+	"\x04acks\x18\x02 \x01(\rR\x04acks2\x80\a\n" +
 	"\vTaskService\x12<\n" +
 	"\aEnqueue\x12\x17.norn.v1.EnqueueRequest\x1a\x18.norn.v1.EnqueueResponse\x12K\n" +
 	"\fEnqueueBatch\x12\x1c.norn.v1.EnqueueBatchRequest\x1a\x1d.norn.v1.EnqueueBatchResponse\x12<\n" +
@@ -1799,7 +1929,8 @@ const file_norn_v1_task_service_proto_rawDesc = "" +
 	"\rCompleteBatch\x12\x1d.norn.v1.CompleteBatchRequest\x1a\x1e.norn.v1.CompleteBatchResponse\x126\n" +
 	"\x05Abort\x12\x15.norn.v1.AbortRequest\x1a\x16.norn.v1.AbortResponse\x126\n" +
 	"\x05Yield\x12\x15.norn.v1.YieldRequest\x1a\x16.norn.v1.YieldResponse\x129\n" +
-	"\x06Cancel\x12\x16.norn.v1.CancelRequest\x1a\x17.norn.v1.CancelResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"\x06Cancel\x12\x16.norn.v1.CancelRequest\x1a\x17.norn.v1.CancelResponse\x126\n" +
+	"\x05Retry\x12\x15.norn.v1.RetryRequest\x1a\x16.norn.v1.RetryResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_task_service_proto_rawDescOnce sync.Once
@@ -1813,7 +1944,7 @@ func file_norn_v1_task_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_task_service_proto_rawDescData
 }
 
-var file_norn_v1_task_service_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_norn_v1_task_service_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_norn_v1_task_service_proto_goTypes = []any{
 	(*EnqueueRequest)(nil),        // 0: norn.v1.EnqueueRequest
 	(*EnqueueResponse)(nil),       // 1: norn.v1.EnqueueResponse
@@ -1842,30 +1973,32 @@ var file_norn_v1_task_service_proto_goTypes = []any{
 	(*YieldResponse)(nil),         // 24: norn.v1.YieldResponse
 	(*CancelRequest)(nil),         // 25: norn.v1.CancelRequest
 	(*CancelResponse)(nil),        // 26: norn.v1.CancelResponse
-	nil,                           // 27: norn.v1.CountTasksResponse.ByStatusEntry
-	(*TaskSpec)(nil),              // 28: norn.v1.TaskSpec
-	(*Task)(nil),                  // 29: norn.v1.Task
-	(TaskStatus)(0),               // 30: norn.v1.TaskStatus
-	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
-	(*ClaimedTask)(nil),           // 32: norn.v1.ClaimedTask
-	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
-	(*TaskError)(nil),             // 34: norn.v1.TaskError
+	(*RetryRequest)(nil),          // 27: norn.v1.RetryRequest
+	(*RetryResponse)(nil),         // 28: norn.v1.RetryResponse
+	nil,                           // 29: norn.v1.CountTasksResponse.ByStatusEntry
+	(*TaskSpec)(nil),              // 30: norn.v1.TaskSpec
+	(*Task)(nil),                  // 31: norn.v1.Task
+	(TaskStatus)(0),               // 32: norn.v1.TaskStatus
+	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
+	(*ClaimedTask)(nil),           // 34: norn.v1.ClaimedTask
+	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
+	(*TaskError)(nil),             // 36: norn.v1.TaskError
 }
 var file_norn_v1_task_service_proto_depIdxs = []int32{
-	28, // 0: norn.v1.EnqueueRequest.task:type_name -> norn.v1.TaskSpec
-	28, // 1: norn.v1.EnqueueBatchRequest.tasks:type_name -> norn.v1.TaskSpec
-	29, // 2: norn.v1.GetTaskResponse.task:type_name -> norn.v1.Task
-	30, // 3: norn.v1.ListTasksRequest.status:type_name -> norn.v1.TaskStatus
-	29, // 4: norn.v1.ListTasksResponse.tasks:type_name -> norn.v1.Task
-	27, // 5: norn.v1.CountTasksResponse.by_status:type_name -> norn.v1.CountTasksResponse.ByStatusEntry
-	31, // 6: norn.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
-	31, // 7: norn.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	32, // 8: norn.v1.ClaimResponse.tasks:type_name -> norn.v1.ClaimedTask
-	31, // 9: norn.v1.RenewRequest.lease:type_name -> google.protobuf.Duration
-	33, // 10: norn.v1.RenewResponse.expiry:type_name -> google.protobuf.Timestamp
+	30, // 0: norn.v1.EnqueueRequest.task:type_name -> norn.v1.TaskSpec
+	30, // 1: norn.v1.EnqueueBatchRequest.tasks:type_name -> norn.v1.TaskSpec
+	31, // 2: norn.v1.GetTaskResponse.task:type_name -> norn.v1.Task
+	32, // 3: norn.v1.ListTasksRequest.status:type_name -> norn.v1.TaskStatus
+	31, // 4: norn.v1.ListTasksResponse.tasks:type_name -> norn.v1.Task
+	29, // 5: norn.v1.CountTasksResponse.by_status:type_name -> norn.v1.CountTasksResponse.ByStatusEntry
+	33, // 6: norn.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	33, // 7: norn.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	34, // 8: norn.v1.ClaimResponse.tasks:type_name -> norn.v1.ClaimedTask
+	33, // 9: norn.v1.RenewRequest.lease:type_name -> google.protobuf.Duration
+	35, // 10: norn.v1.RenewResponse.expiry:type_name -> google.protobuf.Timestamp
 	16, // 11: norn.v1.CompleteBatchRequest.completions:type_name -> norn.v1.CompleteRequest
 	20, // 12: norn.v1.CompleteBatchResponse.results:type_name -> norn.v1.CompletionResult
-	34, // 13: norn.v1.AbortRequest.errors:type_name -> norn.v1.TaskError
+	36, // 13: norn.v1.AbortRequest.errors:type_name -> norn.v1.TaskError
 	0,  // 14: norn.v1.TaskService.Enqueue:input_type -> norn.v1.EnqueueRequest
 	2,  // 15: norn.v1.TaskService.EnqueueBatch:input_type -> norn.v1.EnqueueBatchRequest
 	4,  // 16: norn.v1.TaskService.GetTask:input_type -> norn.v1.GetTaskRequest
@@ -1879,21 +2012,23 @@ var file_norn_v1_task_service_proto_depIdxs = []int32{
 	21, // 24: norn.v1.TaskService.Abort:input_type -> norn.v1.AbortRequest
 	23, // 25: norn.v1.TaskService.Yield:input_type -> norn.v1.YieldRequest
 	25, // 26: norn.v1.TaskService.Cancel:input_type -> norn.v1.CancelRequest
-	1,  // 27: norn.v1.TaskService.Enqueue:output_type -> norn.v1.EnqueueResponse
-	3,  // 28: norn.v1.TaskService.EnqueueBatch:output_type -> norn.v1.EnqueueBatchResponse
-	5,  // 29: norn.v1.TaskService.GetTask:output_type -> norn.v1.GetTaskResponse
-	7,  // 30: norn.v1.TaskService.ListTasks:output_type -> norn.v1.ListTasksResponse
-	9,  // 31: norn.v1.TaskService.CountTasks:output_type -> norn.v1.CountTasksResponse
-	11, // 32: norn.v1.TaskService.Claim:output_type -> norn.v1.ClaimResponse
-	13, // 33: norn.v1.TaskService.Renew:output_type -> norn.v1.RenewResponse
-	15, // 34: norn.v1.TaskService.Update:output_type -> norn.v1.UpdateResponse
-	17, // 35: norn.v1.TaskService.Complete:output_type -> norn.v1.CompleteResponse
-	19, // 36: norn.v1.TaskService.CompleteBatch:output_type -> norn.v1.CompleteBatchResponse
-	22, // 37: norn.v1.TaskService.Abort:output_type -> norn.v1.AbortResponse
-	24, // 38: norn.v1.TaskService.Yield:output_type -> norn.v1.YieldResponse
-	26, // 39: norn.v1.TaskService.Cancel:output_type -> norn.v1.CancelResponse
-	27, // [27:40] is the sub-list for method output_type
-	14, // [14:27] is the sub-list for method input_type
+	27, // 27: norn.v1.TaskService.Retry:input_type -> norn.v1.RetryRequest
+	1,  // 28: norn.v1.TaskService.Enqueue:output_type -> norn.v1.EnqueueResponse
+	3,  // 29: norn.v1.TaskService.EnqueueBatch:output_type -> norn.v1.EnqueueBatchResponse
+	5,  // 30: norn.v1.TaskService.GetTask:output_type -> norn.v1.GetTaskResponse
+	7,  // 31: norn.v1.TaskService.ListTasks:output_type -> norn.v1.ListTasksResponse
+	9,  // 32: norn.v1.TaskService.CountTasks:output_type -> norn.v1.CountTasksResponse
+	11, // 33: norn.v1.TaskService.Claim:output_type -> norn.v1.ClaimResponse
+	13, // 34: norn.v1.TaskService.Renew:output_type -> norn.v1.RenewResponse
+	15, // 35: norn.v1.TaskService.Update:output_type -> norn.v1.UpdateResponse
+	17, // 36: norn.v1.TaskService.Complete:output_type -> norn.v1.CompleteResponse
+	19, // 37: norn.v1.TaskService.CompleteBatch:output_type -> norn.v1.CompleteBatchResponse
+	22, // 38: norn.v1.TaskService.Abort:output_type -> norn.v1.AbortResponse
+	24, // 39: norn.v1.TaskService.Yield:output_type -> norn.v1.YieldResponse
+	26, // 40: norn.v1.TaskService.Cancel:output_type -> norn.v1.CancelResponse
+	28, // 41: norn.v1.TaskService.Retry:output_type -> norn.v1.RetryResponse
+	28, // [28:42] is the sub-list for method output_type
+	14, // [14:28] is the sub-list for method input_type
 	14, // [14:14] is the sub-list for extension type_name
 	14, // [14:14] is the sub-list for extension extendee
 	0,  // [0:14] is the sub-list for field type_name
@@ -1905,13 +2040,14 @@ func file_norn_v1_task_service_proto_init() {
 		return
 	}
 	file_norn_v1_task_proto_init()
+	file_norn_v1_task_service_proto_msgTypes[27].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_task_service_proto_rawDesc), len(file_norn_v1_task_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -64,6 +64,8 @@ const (
 	TaskServiceYieldProcedure = "/norn.v1.TaskService/Yield"
 	// TaskServiceCancelProcedure is the fully-qualified name of the TaskService's Cancel RPC.
 	TaskServiceCancelProcedure = "/norn.v1.TaskService/Cancel"
+	// TaskServiceRetryProcedure is the fully-qualified name of the TaskService's Retry RPC.
+	TaskServiceRetryProcedure = "/norn.v1.TaskService/Retry"
 )
 
 // TaskServiceClient is a client for the norn.v1.TaskService service.
@@ -111,6 +113,15 @@ type TaskServiceClient interface {
 	// it learns of it on its next Renew (FAILED_PRECONDITION). Cancelling a
 	// cancelled task succeeds and changes nothing, so retries are safe.
 	Cancel(context.Context, *connect.Request[v1.CancelRequest]) (*connect.Response[v1.CancelResponse], error)
+	// Retry gives a DEAD, ABORTED or CANCELLED task a new life (Task.life):
+	// it is READY again (or DELAYED by its not_before), with a fresh budget
+	// of attempts, keeping its history (claims, updates, errors). Decided by
+	// the task's partition leader, so two Retry calls cannot make two
+	// lives. A COMPLETED task is not retried (its result was accepted:
+	// enqueue it again): FAILED_PRECONDITION, as for a task that is not
+	// terminal. With `life` set, a Retry of a life that was retried already
+	// succeeds and changes nothing, so retries are safe.
+	Retry(context.Context, *connect.Request[v1.RetryRequest]) (*connect.Response[v1.RetryResponse], error)
 }
 
 // NewTaskServiceClient constructs a client for the norn.v1.TaskService service. By default, it uses
@@ -202,6 +213,12 @@ func NewTaskServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(taskServiceMethods.ByName("Cancel")),
 			connect.WithClientOptions(opts...),
 		),
+		retry: connect.NewClient[v1.RetryRequest, v1.RetryResponse](
+			httpClient,
+			baseURL+TaskServiceRetryProcedure,
+			connect.WithSchema(taskServiceMethods.ByName("Retry")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -220,6 +237,7 @@ type taskServiceClient struct {
 	abort         *connect.Client[v1.AbortRequest, v1.AbortResponse]
 	yield         *connect.Client[v1.YieldRequest, v1.YieldResponse]
 	cancel        *connect.Client[v1.CancelRequest, v1.CancelResponse]
+	retry         *connect.Client[v1.RetryRequest, v1.RetryResponse]
 }
 
 // Enqueue calls norn.v1.TaskService.Enqueue.
@@ -287,6 +305,11 @@ func (c *taskServiceClient) Cancel(ctx context.Context, req *connect.Request[v1.
 	return c.cancel.CallUnary(ctx, req)
 }
 
+// Retry calls norn.v1.TaskService.Retry.
+func (c *taskServiceClient) Retry(ctx context.Context, req *connect.Request[v1.RetryRequest]) (*connect.Response[v1.RetryResponse], error) {
+	return c.retry.CallUnary(ctx, req)
+}
+
 // TaskServiceHandler is an implementation of the norn.v1.TaskService service.
 type TaskServiceHandler interface {
 	// Enqueue stores one new task and returns its id.
@@ -332,6 +355,15 @@ type TaskServiceHandler interface {
 	// it learns of it on its next Renew (FAILED_PRECONDITION). Cancelling a
 	// cancelled task succeeds and changes nothing, so retries are safe.
 	Cancel(context.Context, *connect.Request[v1.CancelRequest]) (*connect.Response[v1.CancelResponse], error)
+	// Retry gives a DEAD, ABORTED or CANCELLED task a new life (Task.life):
+	// it is READY again (or DELAYED by its not_before), with a fresh budget
+	// of attempts, keeping its history (claims, updates, errors). Decided by
+	// the task's partition leader, so two Retry calls cannot make two
+	// lives. A COMPLETED task is not retried (its result was accepted:
+	// enqueue it again): FAILED_PRECONDITION, as for a task that is not
+	// terminal. With `life` set, a Retry of a life that was retried already
+	// succeeds and changes nothing, so retries are safe.
+	Retry(context.Context, *connect.Request[v1.RetryRequest]) (*connect.Response[v1.RetryResponse], error)
 }
 
 // NewTaskServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -419,6 +451,12 @@ func NewTaskServiceHandler(svc TaskServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(taskServiceMethods.ByName("Cancel")),
 		connect.WithHandlerOptions(opts...),
 	)
+	taskServiceRetryHandler := connect.NewUnaryHandler(
+		TaskServiceRetryProcedure,
+		svc.Retry,
+		connect.WithSchema(taskServiceMethods.ByName("Retry")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/norn.v1.TaskService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case TaskServiceEnqueueProcedure:
@@ -447,6 +485,8 @@ func NewTaskServiceHandler(svc TaskServiceHandler, opts ...connect.HandlerOption
 			taskServiceYieldHandler.ServeHTTP(w, r)
 		case TaskServiceCancelProcedure:
 			taskServiceCancelHandler.ServeHTTP(w, r)
+		case TaskServiceRetryProcedure:
+			taskServiceRetryHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -506,4 +546,8 @@ func (UnimplementedTaskServiceHandler) Yield(context.Context, *connect.Request[v
 
 func (UnimplementedTaskServiceHandler) Cancel(context.Context, *connect.Request[v1.CancelRequest]) (*connect.Response[v1.CancelResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.TaskService.Cancel is not implemented"))
+}
+
+func (UnimplementedTaskServiceHandler) Retry(context.Context, *connect.Request[v1.RetryRequest]) (*connect.Response[v1.RetryResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.TaskService.Retry is not implemented"))
 }
