@@ -203,6 +203,9 @@ type Bugs struct {
 	// RetryNoBackoff makes a failed attempt's task claimable again at
 	// once, whatever its retry policy's backoff.
 	RetryNoBackoff bool
+	// ReviveCompleted revives a COMPLETED task (OpRevive), whose result
+	// was accepted: it is handed out again.
+	ReviveCompleted bool
 }
 
 // ApplyWithBugs is Apply with the seeded bugs bugs.

@@ -67,6 +67,9 @@ type Scenario struct {
 	// of tasks with a retry policy and of fails among the ops on them
 	// (retryShare, failShare).
 	RetryShare, FailShare float64
+	// ReviveShare, when set, replaces the workload's share of Retry ops
+	// (reviveShare).
+	ReviveShare float64
 }
 
 // The workload's retries in every scenario: a share of the tasks have a
@@ -79,6 +82,9 @@ const (
 	failShare     = 0.07
 	retryAttempts = 3
 	retryBackoff  = 3500 * time.Millisecond
+	// reviveShare of a client's ops without a claim Retry a task it saw
+	// cancelled or completed (the completed must be refused).
+	reviveShare = 0.03
 )
 
 // prioritySettle is how long a task must have been claimable before the
@@ -132,6 +138,8 @@ var Scenarios = []Scenario{
 		Nodes: 3, NeedsHooks: true, Bugs: []string{"claim-local-first"}, Nemesis: nemesisNone, Priorities: true, EnqueueShare: 0.6, Short: true},
 	{Name: "bug-retry-no-backoff", Desc: "self-test: seeded bug retry-no-backoff (a task whose attempt failed is claimable again at once, whatever its backoff), no faults, every task with a retry policy; must fail a checker",
 		Nodes: 3, NeedsHooks: true, Bugs: []string{"retry-no-backoff"}, Nemesis: nemesisNone, RetryShare: 1, FailShare: 0.2, Short: true},
+	{Name: "bug-retry-completed", Desc: "self-test: seeded bug retry-completed (a Retry of a COMPLETED task is taken: the task is handed out again), no faults, Retry at 15% of the ops; must fail a checker",
+		Nodes: 3, NeedsHooks: true, Bugs: []string{"retry-completed"}, Nemesis: nemesisNone, ReviveShare: 0.15, Short: true},
 	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write, no faults, anti-entropy off (every 1h) so that nothing repairs the dropped writes; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Args: []string{"-antientropy-interval", "1h"}, Nemesis: nemesisNone},
 }
 
@@ -362,6 +370,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	w.RetryShare, w.FailShare = cmp.Or(sc.RetryShare, retryShare), cmp.Or(sc.FailShare, failShare)
 	w.RetryAttempts, w.RetryBackoff = retryAttempts, retryBackoff
+	w.ReviveShare = cmp.Or(sc.ReviveShare, reviveShare)
 	w.init()
 	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks,
 		Churn: &Churn{}, Rogue: &Rogue{}}

@@ -52,6 +52,11 @@ type Workload struct {
 	RetryAttempts uint32
 	RetryBackoff  time.Duration
 	FailShare     float64
+	// ReviveShare is the share of a client's ops (holding no claim)
+	// that Retry a task whose cancel (W=N) or complete it saw acked:
+	// the cancelled ones come back to life, the completed ones must be
+	// refused.
+	ReviveShare float64
 
 	// stall, when set for a client, makes it hold its next short claim
 	// without renewing for this long (the worker-pause nemesis).
@@ -66,6 +71,7 @@ type Workload struct {
 
 	mu       sync.Mutex
 	enqueued []uint64 // acked task ids (cancel targets)
+	ended    []uint64 // tasks with an acked complete or cancel (W=N): Retry targets
 	seq      atomic.Int64
 }
 
@@ -198,7 +204,13 @@ func (w *Workload) client(ctx context.Context, i int) {
 			o = w.enqueue(ctx, n, proc, i)
 		case r < w.EnqueueShare:
 			o = w.enqueue(ctx, n, proc, i)
-		case r < w.EnqueueShare+0.07:
+		case r < w.EnqueueShare+w.ReviveShare:
+			id := w.endedTask(rng)
+			if id == 0 {
+				continue
+			}
+			o = w.revive(ctx, n, proc, i, id)
+		case r < w.EnqueueShare+w.ReviveShare+0.07:
 			id := w.ackedTask(rng)
 			if id == 0 {
 				continue
@@ -223,12 +235,39 @@ func (w *Workload) client(ctx context.Context, i int) {
 			return
 		}
 		w.H.Add(o)
+		if o.Type == "ok" && (o.F == "complete" || o.F == "cancel") {
+			w.mu.Lock()
+			w.ended = append(w.ended, o.Task)
+			w.mu.Unlock()
+		}
 		if o.Type == "info" {
 			proc = w.H.NewProcess()
 			h = nil
 		}
 		time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
 	}
+}
+
+// endedTask returns a random task with an acked complete or cancel, 0
+// when none has one yet.
+func (w *Workload) endedTask(rng *rand.Rand) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.ended) == 0 {
+		return 0
+	}
+	return w.ended[rng.IntN(len(w.ended))]
+}
+
+// revive gives a task a new life (TaskService.Retry of its current life).
+func (w *Workload) revive(ctx context.Context, n *Node, proc, client int, id uint64) *check.Op {
+	o := &check.Op{Process: proc, Client: client, F: "retry", Node: n.ID, Task: id, Call: w.H.Now()}
+	cctx, cancel := w.opCtx(ctx)
+	defer cancel()
+	_, err := n.Connect.Retry(cctx, connect.NewRequest(&nornv1.RetryRequest{Id: id}))
+	o.Return = w.H.Now()
+	o.Type, o.Err = classify(err)
+	return o
 }
 
 // ackedTask returns a random acked task id, 0 when none is acked yet.

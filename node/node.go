@@ -220,7 +220,7 @@ func New(cfg Config) (*Node, error) {
 		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Incarnation: incarnation, SkewBuffer: cfg.SkewBuffer, Features: cfg.features(), Clock: cfg.Clock, TLS: cfg.TLS, GossipKey: cfg.GossipKey,
 		Logger: cfg.logger("replicas"), RaftLogger: cfg.RaftLogger,
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck, ActNoFence: cfg.TestBugs.ActNoFence,
-		RetryNoBackoff: cfg.TestBugs.RetryNoBackoff,
+		RetryNoBackoff: cfg.TestBugs.RetryNoBackoff, ReviveCompleted: cfg.TestBugs.RetryCompleted,
 		// A task a partition's claim FSM made terminal may unblock its
 		// dependants, in any queue.
 		OnEnded:       func(uint16, []uint64) { n.waiters.NotifyAll() },
@@ -275,7 +275,7 @@ func New(cfg Config) (*Node, error) {
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
 		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard, Heartbeats: heartbeats,
 		Auth:     cfg.Auth,
-		ActLocal: cfg.TestBugs.ActLocal, EndAfterWrite: cfg.TestBugs.EndAfterWrite,
+		ActLocal: cfg.TestBugs.ActLocal, EndAfterWrite: cfg.TestBugs.EndAfterWrite, RetryCompleted: cfg.TestBugs.RetryCompleted,
 		Events:   n.metrics.tasks,
 		Security: server.SecurityStatus{TLS: cfg.TLS != nil, GossipEncrypted: cfg.GossipKey != nil, Insecure: cfg.Insecure},
 		Build:    cfg.Build, DataDir: cfg.DataDir, Backup: n.Backup,

@@ -37,6 +37,10 @@ type TestBugs struct {
 	// whose attempt failed claimable again at once, whatever its retry
 	// policy's backoff (claims.Bugs.RetryNoBackoff).
 	RetryNoBackoff bool
+	// RetryCompleted ("retry-completed"): a Retry of a COMPLETED task
+	// is taken, by the API and by the claim FSM
+	// (claims.Bugs.ReviveCompleted): a finished task is handed out again.
+	RetryCompleted bool
 	// ActLocal ("act-local"): a node that does not lead a task's
 	// partition decides a complete, abort, yield or update under a claim
 	// from its own copy of the claim state and writes it at the call's w
@@ -77,6 +81,7 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"tls-any-client":        func(b *TestBugs) *bool { return &b.TLSAnyClient },
 	"act-no-fence":          func(b *TestBugs) *bool { return &b.ActNoFence },
 	"retry-no-backoff":      func(b *TestBugs) *bool { return &b.RetryNoBackoff },
+	"retry-completed":       func(b *TestBugs) *bool { return &b.RetryCompleted },
 	"act-local":             func(b *TestBugs) *bool { return &b.ActLocal },
 	"end-after-write":       func(b *TestBugs) *bool { return &b.EndAfterWrite },
 	"skew-one-offset":       func(b *TestBugs) *bool { return &b.SkewOneOffset },

@@ -84,9 +84,9 @@ type Config struct {
 	Store *storage.Store
 	// Peers reaches other nodes' APIs (to pull a newer ring).
 	Peers *transport.Peers
-	// ClaimNoCheck, ActNoFence and RetryNoBackoff are the seeded bugs
-	// claims.Bugs.ClaimNoCheck, ActNoFence and RetryNoBackoff.
-	ClaimNoCheck, ActNoFence, RetryNoBackoff bool
+	// ClaimNoCheck, ActNoFence, RetryNoBackoff and ReviveCompleted are the
+	// seeded bugs of the same names in claims.Bugs.
+	ClaimNoCheck, ActNoFence, RetryNoBackoff, ReviveCompleted bool
 	// OnEnded and OnFatal are every partition group's
 	// claims.GroupConfig.OnEnded (with the partition) and OnFatal.
 	// OnFatal also gets the refusal of a ring that lists this node with

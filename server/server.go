@@ -63,9 +63,10 @@ type Config struct {
 	// AdminService call needs a user whose grants allow it
 	// (AuthInterceptor, AuthorizeFramed).
 	Auth *access.Rules
-	// ActLocal and EndAfterWrite are the seeded bugs
-	// node.TestBugs.ActLocal and EndAfterWrite, test-only.
-	ActLocal, EndAfterWrite bool
+	// ActLocal, EndAfterWrite and RetryCompleted are the seeded bugs
+	// node.TestBugs.ActLocal, EndAfterWrite and RetryCompleted,
+	// test-only.
+	ActLocal, EndAfterWrite, RetryCompleted bool
 	// Events, when set, is told of what the API does to tasks (metrics).
 	Events TaskEvents
 	// Build is the node's build (Status's build); nil leaves it out.

@@ -34,6 +34,17 @@ func Exclusion(ops []*Op) Verdict {
 		}
 	}
 	for _, o := range ops { // in call order
+		if o.F == "cancel" && o.Type == "ok" {
+			// A cancel ends the task's claim (its worker learns at its
+			// next renew): a Retry may give the task to another worker
+			// next, which is not two workers at once.
+			for _, w := range claims[o.Task] {
+				if w.op.Call < o.Call && o.Call < w.end {
+					w.end = o.Call
+				}
+			}
+			continue
+		}
 		w := claims[o.Task][o.Claim]
 		if w == nil || o.F == "claim" {
 			continue
@@ -75,23 +86,40 @@ func Exclusion(ops []*Op) Verdict {
 
 // Terminal checks that no claim of a task was granted after a complete
 // of it was acked (at any w: the partition's group decides a complete),
-// or a cancel of it acked by every replica.
+// or a cancel of it acked by every replica, unless a Retry (a new life)
+// of the cancelled task was acked in between: a completed task is never
+// retried.
 func Terminal(ops []*Op, replication uint32) Verdict {
 	v := Verdict{Checker: "terminal-stable", Counts: map[string]int{}}
 	term := map[uint64]*Op{}
+	retries := map[uint64][]*Op{}
 	for _, o := range ops {
 		if o.Type == "ok" && (o.F == "complete" || (o.F == "cancel" && o.W >= replication)) {
 			if t := term[o.Task]; t == nil || o.Return < t.Return {
 				term[o.Task] = o
 			}
 		}
+		if o.F == "retry" && o.Type != "fail" {
+			retries[o.Task] = append(retries[o.Task], o)
+		}
 	}
 	v.Counts["terminal"] = len(term)
+	revived := func(t, claim *Op) bool {
+		if t.F != "cancel" {
+			return false
+		}
+		for _, r := range retries[t.Task] {
+			if r.Call < claim.Ret() && r.Ret() > t.Call {
+				return true
+			}
+		}
+		return false
+	}
 	for _, o := range ops {
 		if o.F != "claim" || o.Type != "ok" {
 			continue
 		}
-		if t := term[o.Task]; t != nil && o.Call > t.Return {
+		if t := term[o.Task]; t != nil && o.Call > t.Return && !revived(t, o) {
 			v.Counts["claims-after-terminal"]++
 			v.Addf("task %d: %s acked w=%d at %.3fs, claimed again (claim %d) at %.3fs", o.Task, t.F, t.W,
 				float64(t.Return)/1e9, o.Claim, float64(o.Call)/1e9)

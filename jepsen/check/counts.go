@@ -50,6 +50,12 @@ func CountsProblems(ops []*Op, obs CountsObservation) []string {
 	attempted := map[string]bool{}
 	acked := map[uint64]bool{}
 	ended := map[uint64]bool{}
+	revived := map[uint64]bool{} // a Retry may have made them live again
+	for _, o := range ops {
+		if o.F == "retry" && o.Type != "fail" {
+			revived[o.Task] = true
+		}
+	}
 	for _, o := range ops {
 		switch {
 		case o.F == "enqueue" && o.Type != "fail":
@@ -57,7 +63,7 @@ func CountsProblems(ops []*Op, obs CountsObservation) []string {
 			if o.Type == "ok" {
 				acked[o.Task] = true
 			}
-		case (o.F == "complete" || o.F == "cancel") && o.Type == "ok":
+		case (o.F == "complete" || o.F == "cancel") && o.Type == "ok" && !revived[o.Task]:
 			ended[o.Task] = true
 		}
 	}

@@ -91,6 +91,23 @@ func taskModel(replication uint32) porcupine.Model {
 				return []any{retried, dead}
 			}
 			return []any{s, retried, dead}
+		case "retry":
+			// A Retry gives a cancelled (or dead) task a new life: it is
+			// claimable again, its claim ids still growing. A completed
+			// task is never retried: its result was accepted.
+			legal := s.Terminal && s.TermBy == 0
+			revived := taskState{Last: s.Last, Failed: s.Failed}
+			switch {
+			case o.Type == "fail":
+				return []any{s}
+			case o.Type == "ok" && !legal:
+				return nil
+			case o.Type == "ok":
+				return []any{revived}
+			case legal:
+				return []any{s, revived}
+			}
+			return []any{s}
 		case "complete", "cancel":
 			// A complete is fenced (DESIGN 4, 7.3a): it takes effect only
 			// under the live claim, and then the task is terminal at any
@@ -180,7 +197,7 @@ func Linearizable(ops []*Op, replication uint32, timeout time.Duration, dir stri
 	tasks := map[uint64]bool{}
 	for _, o := range ops {
 		switch o.F {
-		case "claim", "renew", "yield", "complete", "cancel", "fail":
+		case "claim", "renew", "yield", "complete", "cancel", "fail", "retry":
 		default:
 			continue
 		}

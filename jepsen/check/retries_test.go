@@ -54,3 +54,33 @@ func TestLinearizableFail(t *testing.T) {
 		t.Fatal("a fail of a superseded claim passed")
 	}
 }
+
+// A Retry of a cancelled task is legal and makes it claimable again; one
+// of a completed task is not, and the claim after it breaks terminal
+// stability.
+func TestRetryOfTerminalTasks(t *testing.T) {
+	ops := []*Op{
+		{Process: 0, F: "claim", Task: 7, Claim: 10, LeaseMS: 2500, Type: "ok", Call: 1 * sec, Return: 2 * sec},
+		{Process: 1, F: "cancel", Task: 7, W: 3, Type: "ok", Call: 2 * sec, Return: 3 * sec},
+		{Process: 1, F: "retry", Task: 7, Type: "ok", Call: 3 * sec, Return: 4 * sec},
+		{Process: 2, F: "claim", Task: 7, Claim: 14, LeaseMS: 2500, Type: "ok", Call: 4 * sec, Return: 5 * sec},
+	}
+	for _, v := range []Verdict{Linearizable(ops, 3, 10*time.Second, ""), Terminal(ops, 3), Exclusion(ops)} {
+		if !v.Valid {
+			t.Fatalf("claim, cancel, retry, claim: %+v", v)
+		}
+	}
+	ops[1].F, ops[1].Claim, ops[1].W = "complete", 10, 2
+	if v := Linearizable(ops, 3, 10*time.Second, ""); v.Valid {
+		t.Fatal("a retry of a completed task passed")
+	}
+	if v := Terminal(ops, 3); v.Valid {
+		t.Fatal("a claim after a complete and a retry passed")
+	}
+	// Refused (the clean build): the task stays completed.
+	ops[2].Type = "fail"
+	ops = ops[:3]
+	if v := Linearizable(ops, 3, 10*time.Second, ""); !v.Valid {
+		t.Fatalf("a refused retry of a completed task: %+v", v)
+	}
+}
