@@ -418,9 +418,21 @@ func runYield(e *env, cmd *command, args []string) error {
 
 func runCancel(e *env, cmd *command, args []string) error {
 	fs := e.flagSet(cmd)
-	pos, err := e.parse(cmd, fs, args, 1, 1)
+	filter := bulkFlags(fs)
+	pos, err := e.parse(cmd, fs, args, 0, 1)
 	if err != nil {
 		return err
+	}
+	if filter.set() {
+		if len(pos) != 0 {
+			return usagef(cmd, "give a task id or --queue filters, not both")
+		}
+		return e.bulk(cmd, "cancel", filter, func(c *client.Client, t *nornv1.Task) error {
+			return c.Cancel(e.ctx, t.GetId())
+		})
+	}
+	if len(pos) != 1 {
+		return usagef(cmd, "a task id, or --queue filters, is required")
 	}
 	id, err := parseID("id", pos[0])
 	if err != nil {
@@ -445,14 +457,33 @@ life retried (the LIFE of nornctl get): run again, the command then
 succeeds without retrying twice. A COMPLETED task is not retried.
 
   nornctl retry 153915228713648141
-  nornctl retry 153915228713648141 --life 0`
+  nornctl retry 153915228713648141 --life 0
+
+With --queue (and --status, --created-after, --created-before,
+--error-contains) instead of an id, it retries every task that matches,
+page by page, with progress on stderr; run again, it does nothing twice.
+
+  nornctl retry --queue webhooks --status dead --error-contains 503`
 
 func runRetry(e *env, cmd *command, args []string) error {
 	fs := e.flagSet(cmd)
 	life := fs.Int64("life", -1, "the life retried (nornctl get's LIFE); default: the task's current one")
-	pos, err := e.parse(cmd, fs, args, 1, 1)
+	filter := bulkFlags(fs)
+	pos, err := e.parse(cmd, fs, args, 0, 1)
 	if err != nil {
 		return err
+	}
+	if filter.set() {
+		if len(pos) != 0 {
+			return usagef(cmd, "give a task id or --queue filters, not both")
+		}
+		return e.bulk(cmd, "retry", filter, func(c *client.Client, t *nornv1.Task) error {
+			_, err := c.Retry(e.ctx, t.GetId(), t.GetLife())
+			return err
+		})
+	}
+	if len(pos) != 1 {
+		return usagef(cmd, "a task id, or --queue filters, is required")
 	}
 	id, err := parseID("id", pos[0])
 	if err != nil {

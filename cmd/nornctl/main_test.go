@@ -378,3 +378,37 @@ func TestRetries(t *testing.T) {
 		t.Fatalf("a max backoff below the backoff: exit %d: %s", r.code, r.stderr)
 	}
 }
+
+// TestBulkRetryAndCancel: retry and cancel by filter, safe to run twice.
+func TestBulkRetryAndCancel(t *testing.T) {
+	addr := startNornd(t)
+	for i := range 3 {
+		id := strings.TrimSpace(ok(t, addr, "enqueue", "bulk", fmt.Sprint(i)))
+		var claimed nornv1.ClaimResponse
+		okJSON(t, addr, &claimed, "claim", "bulk", "--lease", "30s")
+		code := "timeout"
+		if i == 2 {
+			code = "bad_input"
+		}
+		ok(t, addr, "abort", id, strconv.FormatUint(claimed.GetTasks()[0].GetClaimId(), 10), "--code", code)
+	}
+	mustContain(t, "bulk retry", ok(t, addr, "retry", "--queue", "bulk", "--status", "aborted", "--error-contains", "timeout"), "2 tasks matched, 2 done")
+	mustContain(t, "bulk retry again", ok(t, addr, "retry", "--queue", "bulk", "--status", "aborted", "--error-contains", "timeout"), "0 tasks matched")
+	var count nornv1.CountTasksResponse
+	okJSON(t, addr, &count, "count", "--queue", "bulk")
+	if count.GetByStatus()["READY"] != 2 || count.GetByStatus()["ABORTED"] != 1 {
+		t.Fatalf("after the bulk retry: %v", &count)
+	}
+	var res map[string]any
+	if err := json.Unmarshal([]byte(ok(t, addr, "-o", "json", "cancel", "--queue", "bulk", "--status", "ready")), &res); err != nil ||
+		res["done"] != float64(2) || res["matched"] != float64(2) {
+		t.Fatalf("bulk cancel -o json: %v, %v", res, err)
+	}
+	okJSON(t, addr, &count, "count", "--queue", "bulk")
+	if count.GetByStatus()["CANCELLED"] != 2 {
+		t.Fatalf("after the bulk cancel: %v", &count)
+	}
+	if r := nornctl(t, addr, "", "retry", "--status", "dead"); r.code != 2 || !strings.Contains(r.stderr, "--queue") {
+		t.Fatalf("a bulk retry without --queue: exit %d: %s", r.code, r.stderr)
+	}
+}
