@@ -266,52 +266,6 @@ func ApplyWithBugs(index uint64, cmd *Command, get Getter, bugs Bugs) ([]Outcome
 	return a.outcomes, a.changes(), nil
 }
 
-func validate(cmd *Command) error {
-	switch cmd.Op {
-	case OpClaim:
-		if cmd.LeaseMs <= 0 || len(cmd.Candidates) == 0 {
-			return fmt.Errorf("%w: claim needs a positive lease and candidates", ErrBadCommand)
-		}
-	case OpRenew:
-		if cmd.LeaseMs <= 0 {
-			return fmt.Errorf("%w: renew needs a positive lease", ErrBadCommand)
-		}
-	case OpEnd:
-		if len(cmd.Ends) == 0 {
-			return fmt.Errorf("%w: end without ends", ErrBadCommand)
-		}
-		for _, e := range cmd.Ends {
-			if !e.Reason.terminal() {
-				return fmt.Errorf("%w: end reason %v of task %d is not terminal", ErrBadCommand, e.Reason, e.ID)
-			}
-		}
-	case OpExpire:
-		if cmd.SkewMs < 0 {
-			return fmt.Errorf("%w: negative skew", ErrBadCommand)
-		}
-	case OpAct:
-		if len(cmd.Acts) == 0 {
-			return fmt.Errorf("%w: act without acts", ErrBadCommand)
-		}
-		for _, act := range cmd.Acts {
-			switch {
-			case act.Token == 0:
-				return fmt.Errorf("%w: act on task %d without a claim", ErrBadCommand, act.ID)
-			case act.End != EndNone && act.End != EndCompleted && act.End != EndAborted && act.End != EndYielded && act.End != EndFailed:
-				return fmt.Errorf("%w: act end %v of task %d", ErrBadCommand, act.End, act.ID)
-			}
-		}
-	case OpRevive:
-		if cmd.Life == 0 {
-			return fmt.Errorf("%w: revive of task %d to life 0", ErrBadCommand, cmd.ID)
-		}
-	case OpYield, OpExtend, OpForget:
-	default:
-		return fmt.Errorf("%w: unknown op %d", ErrBadCommand, cmd.Op)
-	}
-	return nil
-}
-
 // applier accumulates one command's effects; a task named twice in one
 // command sees its own earlier changes.
 type applier struct {
