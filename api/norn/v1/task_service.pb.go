@@ -588,7 +588,8 @@ type CountTasksResponse struct {
 	Total uint64 `protobuf:"varint,1,opt,name=total,proto3" json:"total,omitempty"`
 	// Number of tasks per status, keyed by the status name without its
 	// prefix: "READY", "DELAYED", "CLAIMED", "COMPLETED", "ABORTED",
-	// "CANCELLED". A status with no task may be missing. Values are JSON
+	// "CANCELLED", "DEAD". A status with no task may be missing. A task in
+	// a retry's backoff counts as DELAYED. Values are JSON
 	// strings.
 	ByStatus      map[string]uint64 `protobuf:"bytes,2,rep,name=by_status,json=byStatus,proto3" json:"by_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
