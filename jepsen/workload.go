@@ -152,7 +152,10 @@ func (w *Workload) client(ctx context.Context, i int) {
 		r := rng.Float64()
 		var o *check.Op
 		switch {
-		case h != nil && !h.long && w.stall[i].Load() > 0:
+		case h != nil && !h.long && h.backoffMS == 0 && w.stall[i].Load() > 0:
+			// A stall holds a task without a retry policy: the faults
+			// that stall want the task granted again at the expiry, not
+			// after a backoff.
 			d := time.Duration(w.stall[i].Swap(0))
 			if w.TL != nil {
 				w.TL.Log("start", "worker-pause", fmt.Sprintf("client %d holds claim %d of task %d (granted by %s) %s without renewing", i, h.claim, h.task, h.op.Leader, d), nil)

@@ -1,6 +1,7 @@
 package check
 
 import (
+	"slices"
 	"sort"
 	"time"
 )
@@ -13,13 +14,19 @@ import (
 // the next claim is granted on a leader's clock, before its return: with
 // clocks within the bound, an earlier return is an early grant. A fail
 // of unknown outcome (info) is checked only when a later claim shows it
-// took effect (the next claim of the task after it).
+// took effect (the next claim of the task after it). A Retry of the task
+// (a new life, after a cancel) between the fail and the claim starts
+// afresh: its claim is not checked.
 func Retries(ops []*Op, tolerance time.Duration) Verdict {
 	v := Verdict{Checker: "retries", Counts: map[string]int{}}
 	claims := map[uint64][]*Op{} // task -> its ok claims, by claim id
+	revived := map[uint64][]*Op{}
 	for _, o := range ops {
 		if o.F == "claim" && o.Type == "ok" && o.Task != 0 {
 			claims[o.Task] = append(claims[o.Task], o)
+		}
+		if o.F == "retry" && o.Type != "fail" {
+			revived[o.Task] = append(revived[o.Task], o)
 		}
 	}
 	for _, cs := range claims {
@@ -37,6 +44,10 @@ func Retries(ops []*Op, tolerance time.Duration) Verdict {
 			continue // never claimed again (dead, or the run ended)
 		}
 		next := cs[i]
+		if slices.ContainsFunc(revived[f.Task], func(r *Op) bool { return r.Call < next.Return && r.Ret() > f.Call }) {
+			v.Counts["revived"]++
+			continue
+		}
 		v.Counts["retried"]++
 		earliest := f.Call + f.BackoffMS*int64(time.Millisecond) - int64(tolerance)
 		if next.Return < earliest {

@@ -20,6 +20,11 @@ func TestRetriesCatchesEarlyClaim(t *testing.T) {
 	if v := Linearizable(ops, 3, 10*time.Second, ""); !v.Valid {
 		t.Fatalf("claim, fail, claim not linearizable: %+v", v)
 	}
+	// A Retry (a new life, after a cancel) in between starts afresh.
+	revived := append(ops[:2:2], &Op{Process: 2, F: "retry", Task: 7, Type: "ok", Call: 3*sec + 1e8, Return: 3*sec + 2e8}, ops[2])
+	if v := Retries(revived, 2*time.Second); !v.Valid || v.Counts["revived"] != 1 {
+		t.Fatalf("a claim after a fail and a Retry: %+v", v)
+	}
 	ops[2].Call, ops[2].Return = 4*sec+6e8, 4*sec+7e8 // within the tolerance
 	if v := Retries(ops, 2*time.Second); !v.Valid || v.Counts["retried"] != 1 {
 		t.Fatalf("a claim within the tolerance failed: %+v", v)
