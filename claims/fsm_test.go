@@ -30,22 +30,7 @@ func (m *memFSM) get(id uint64) (*Record, error) {
 
 func (m *memFSM) apply(t testing.TB, cmd Command) []Outcome {
 	t.Helper()
-	m.index++
-	dec, err := DecodeCommand(cmd.Encode())
-	if err != nil {
-		t.Fatalf("decode(encode(%+v)): %v", cmd, err)
-	}
-	outs, changes, err := ApplyWithBugs(m.index, dec, m.get, m.bugs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range changes {
-		if c.Record == nil {
-			delete(m.recs, c.ID)
-			continue
-		}
-		m.recs[c.ID] = c.Record.Encode()
-	}
+	outs, _ := m.applyAll(t, cmd)
 	return outs
 }
 

@@ -10,7 +10,7 @@ import (
 	"github.com/norn-dev/norn/testhooks"
 )
 
-// applyAll is memFSM.apply returning the changes too.
+// applyAll applies cmd as memFSM.apply does and returns the changes too.
 func (m *memFSM) applyAll(t testing.TB, cmd Command) ([]Outcome, []Change) {
 	t.Helper()
 	m.index++

@@ -131,3 +131,21 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 	}
 	return t, nil
 }
+
+// idOrBulk starts a command that takes one task id or bulk filters: with
+// filters it runs the bulk action what (done), else it parses the id.
+func (e *env) idOrBulk(cmd *command, f bulkFilter, pos []string, what string, act func(c *client.Client, t *nornv1.Task) error) (id uint64, done bool, err error) {
+	switch {
+	case f.set() && len(pos) != 0:
+		return 0, true, usagef(cmd, "give a task id or --queue filters, not both")
+	case f.set():
+		return 0, true, e.bulk(cmd, what, f, act)
+	case len(pos) != 1:
+		return 0, true, usagef(cmd, "a task id, or --queue filters, is required")
+	}
+	id, err = parseID("id", pos[0])
+	if err != nil {
+		return 0, true, usagef(cmd, "%v", err)
+	}
+	return id, false, nil
+}

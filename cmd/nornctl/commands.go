@@ -423,20 +423,11 @@ func runCancel(e *env, cmd *command, args []string) error {
 	if err != nil {
 		return err
 	}
-	if filter.set() {
-		if len(pos) != 0 {
-			return usagef(cmd, "give a task id or --queue filters, not both")
-		}
-		return e.bulk(cmd, "cancel", filter, func(c *client.Client, t *nornv1.Task) error {
-			return c.Cancel(e.ctx, t.GetId())
-		})
-	}
-	if len(pos) != 1 {
-		return usagef(cmd, "a task id, or --queue filters, is required")
-	}
-	id, err := parseID("id", pos[0])
-	if err != nil {
-		return usagef(cmd, "%v", err)
+	id, done, err := e.idOrBulk(cmd, filter, pos, "cancel", func(c *client.Client, t *nornv1.Task) error {
+		return c.Cancel(e.ctx, t.GetId())
+	})
+	if done || err != nil {
+		return err
 	}
 	c, err := e.client()
 	if err != nil {
@@ -473,21 +464,12 @@ func runRetry(e *env, cmd *command, args []string) error {
 	if err != nil {
 		return err
 	}
-	if filter.set() {
-		if len(pos) != 0 {
-			return usagef(cmd, "give a task id or --queue filters, not both")
-		}
-		return e.bulk(cmd, "retry", filter, func(c *client.Client, t *nornv1.Task) error {
-			_, err := c.Retry(e.ctx, t.GetId(), t.GetLife())
-			return err
-		})
-	}
-	if len(pos) != 1 {
-		return usagef(cmd, "a task id, or --queue filters, is required")
-	}
-	id, err := parseID("id", pos[0])
-	if err != nil {
-		return usagef(cmd, "%v", err)
+	id, done, err := e.idOrBulk(cmd, filter, pos, "retry", func(c *client.Client, t *nornv1.Task) error {
+		_, err := c.Retry(e.ctx, t.GetId(), t.GetLife())
+		return err
+	})
+	if done || err != nil {
+		return err
 	}
 	if *life < -1 || *life > math.MaxUint32 {
 		return usagef(cmd, "--life %d: out of the uint32 range", *life)
