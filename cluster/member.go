@@ -54,6 +54,10 @@ type NodeMeta struct {
 	// so that a rolling upgrade never feeds a node what it cannot read.
 	// Zero from a node that predates them all.
 	Features uint64 `json:"feat,omitempty"`
+	// QueuesVersion is the version of the queue settings table the node
+	// applies (Queues.Version): a node that sees a newer one pulls it.
+	// Zero before any queue has settings.
+	QueuesVersion uint64 `json:"qv,omitempty"`
 }
 
 // Features (NodeMeta.Features).
@@ -62,8 +66,11 @@ const (
 	// (claim FSM entries and records of version 2, the task encoding's
 	// retry policy, failures and DEAD kind; issue 43).
 	FeatureRetries uint64 = 1 << 0
+	// FeatureQueues: queue settings in the meta group (meta entries and
+	// snapshots with a queue table; queues.go).
+	FeatureQueues uint64 = 1 << 1
 	// FeaturesBuilt are the features this build has.
-	FeaturesBuilt = FeatureRetries
+	FeaturesBuilt = FeatureRetries | FeatureQueues
 )
 
 // SecurityMeta is what a node gossips about its security settings.

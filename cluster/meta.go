@@ -11,6 +11,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+
+	"github.com/norn-dev/norn/crdt"
 )
 
 // MetaConfig configures this node's replica of the meta Raft group.
@@ -33,6 +35,9 @@ type MetaConfig struct {
 	// block for long. Rings come in epoch order, but a restart replays
 	// old ones: compare epochs.
 	OnRing func(*Ring)
+	// OnQueues is called like OnRing with every queue table the group
+	// applies (and the one a snapshot restores), versions in order.
+	OnQueues func(*Queues)
 	// RaftLogger receives hashicorp/raft's logs. Default: warnings to
 	// standard error.
 	RaftLogger hclog.Logger
@@ -67,7 +72,7 @@ func StartMeta(cfg MetaConfig) (*Meta, error) {
 	if rc.Logger == nil {
 		rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft-meta", Level: hclog.Warn})
 	}
-	f := &metaFSM{onRing: cfg.OnRing}
+	f := &metaFSM{onRing: cfg.OnRing, onQueues: cfg.OnQueues}
 	r, err := raft.NewRaft(rc, f, cfg.Log, cfg.Stable, cfg.Snapshots, cfg.Transport)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start meta group: %w", err)
@@ -92,9 +97,18 @@ func (m *Meta) Bootstrap(voters []RingNode) error {
 	return m.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
 }
 
-// metaCommand is a meta group log entry.
+// metaCommand is a meta group log entry: a ring, or one queue's
+// settings. A node built before queue settings refuses a queue entry (its
+// Apply answers an error and changes nothing), so the leader proposes
+// them only once every ring member has FeatureQueues.
 type metaCommand struct {
-	Ring *Ring `json:"ring"`
+	Ring  *Ring         `json:"ring,omitempty"`
+	Queue *queueCommand `json:"queue,omitempty"`
+}
+
+type queueCommand struct {
+	Name     string        `json:"name"`
+	Settings QueueSettings `json:"settings"`
 }
 
 // ProposeRing replaces the ring with r, whose epoch must be the current
@@ -117,6 +131,37 @@ func (m *Meta) ProposeRing(r *Ring, timeout time.Duration) error {
 		return err
 	}
 	return nil
+}
+
+// ProposeQueue sets queue's settings to s (the zero value removes them)
+// and returns the table's new version. Only the leader can propose.
+func (m *Meta) ProposeQueue(queue string, s QueueSettings, timeout time.Duration) (uint64, error) {
+	if err := crdt.ValidateQueue("queue", queue); err != nil {
+		return 0, err
+	}
+	if err := s.Validate(); err != nil {
+		return 0, err
+	}
+	b, err := json.Marshal(metaCommand{Queue: &queueCommand{Name: queue, Settings: s}})
+	if err != nil {
+		return 0, err
+	}
+	fut := m.raft.Apply(b, timeout)
+	if err := fut.Error(); err != nil {
+		return 0, err
+	}
+	if err, ok := fut.Response().(error); ok {
+		return 0, err
+	}
+	return fut.Index(), nil
+}
+
+// Queues returns the queue table this replica has applied (nil before
+// any change). The caller must not modify it.
+func (m *Meta) Queues() *Queues {
+	m.fsm.mu.Lock()
+	defer m.fsm.mu.Unlock()
+	return m.fsm.queues
 }
 
 // Ring returns the ring this replica has applied, nil before the first.
@@ -255,18 +300,24 @@ func (m *Meta) Stats() map[string]string { return m.raft.Stats() }
 // Shutdown stops the replica; the caller closes its transport afterwards.
 func (m *Meta) Shutdown() error { return m.raft.Shutdown().Error() }
 
-// metaFSM holds the ring in memory; snapshots and the log rebuild it.
+// metaFSM holds the ring and the queue table in memory; snapshots and
+// the log rebuild them.
 type metaFSM struct {
-	onRing func(*Ring)
+	onRing   func(*Ring)
+	onQueues func(*Queues)
 
-	mu   sync.Mutex
-	ring *Ring
+	mu     sync.Mutex
+	ring   *Ring
+	queues *Queues
 }
 
 func (f *metaFSM) Apply(l *raft.Log) any {
 	var cmd metaCommand
-	if err := json.Unmarshal(l.Data, &cmd); err != nil || cmd.Ring == nil {
-		return fmt.Errorf("cluster: meta entry %d is not a ring command", l.Index)
+	if err := json.Unmarshal(l.Data, &cmd); err != nil || (cmd.Ring == nil) == (cmd.Queue == nil) {
+		return fmt.Errorf("cluster: meta entry %d is not a ring or queue command", l.Index)
+	}
+	if cmd.Queue != nil {
+		return f.applyQueue(cmd.Queue, l.Index)
 	}
 	r := cmd.Ring
 	if err := r.Validate(); err != nil {
@@ -293,36 +344,98 @@ func (f *metaFSM) Apply(l *raft.Log) any {
 	return nil
 }
 
+// applyQueue applies one queue's settings at log index.
+func (f *metaFSM) applyQueue(c *queueCommand, index uint64) any {
+	if err := crdt.ValidateQueue("queue", c.Name); err != nil {
+		return err
+	}
+	if err := c.Settings.Validate(); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	if f.ring == nil {
+		f.mu.Unlock()
+		return errors.New("cluster: queue settings before the first ring")
+	}
+	if _, ok := f.queues.ByNameOK(c.Name); !ok && !c.Settings.IsZero() && len(f.queues.Names()) >= MaxQueues {
+		f.mu.Unlock()
+		return fmt.Errorf("%w: %d queues have settings already, at most %d", ErrBadSettings, MaxQueues, MaxQueues)
+	}
+	q := f.queues.with(f.ring.ClusterID, c.Name, c.Settings, index)
+	f.queues = q
+	f.mu.Unlock()
+	if f.onQueues != nil {
+		f.onQueues(q)
+	}
+	return nil
+}
+
 func (f *metaFSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return metaSnapshot{ring: f.ring}, nil
+	return metaSnapshot{ring: f.ring, queues: f.queues}, nil
+}
+
+// metaSnapshotV2 is a snapshot with a queue table. A snapshot without one
+// is the ring alone, as before queue settings, so that a node of an
+// older build can still restore what a group that never had settings
+// sends it.
+type metaSnapshotV2 struct {
+	Format int     `json:"meta_snapshot_format"`
+	Ring   *Ring   `json:"ring"`
+	Queues *Queues `json:"queues"`
 }
 
 func (f *metaFSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	var r *Ring
-	if err := json.NewDecoder(rc).Decode(&r); err != nil {
+	var raw json.RawMessage
+	if err := json.NewDecoder(rc).Decode(&raw); err != nil {
 		return fmt.Errorf("cluster: meta snapshot: %w", err)
+	}
+	var v2 metaSnapshotV2
+	if err := json.Unmarshal(raw, &v2); err != nil {
+		return fmt.Errorf("cluster: meta snapshot: %w", err)
+	}
+	r, q := v2.Ring, v2.Queues
+	if v2.Format == 0 {
+		r, q = nil, nil
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return fmt.Errorf("cluster: meta snapshot: %w", err)
+		}
 	}
 	if r != nil {
 		if err := r.Validate(); err != nil {
 			return fmt.Errorf("cluster: meta snapshot: %w", err)
 		}
 	}
+	if q != nil {
+		if err := q.Validate(); err != nil {
+			return fmt.Errorf("cluster: meta snapshot: %w", err)
+		}
+	}
 	f.mu.Lock()
-	f.ring = r
+	f.ring, f.queues = r, q
 	f.mu.Unlock()
 	if r != nil && f.onRing != nil {
 		f.onRing(r)
 	}
+	if q != nil && f.onQueues != nil {
+		f.onQueues(q)
+	}
 	return nil
 }
 
-type metaSnapshot struct{ ring *Ring }
+type metaSnapshot struct {
+	ring   *Ring
+	queues *Queues
+}
 
 func (s metaSnapshot) Persist(sink raft.SnapshotSink) error {
-	if err := json.NewEncoder(sink).Encode(s.ring); err != nil {
+	var v any = s.ring
+	if s.queues != nil {
+		v = metaSnapshotV2{Format: 2, Ring: s.ring, Queues: s.queues}
+	}
+	if err := json.NewEncoder(sink).Encode(v); err != nil {
 		sink.Cancel()
 		return err
 	}

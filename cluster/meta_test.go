@@ -396,21 +396,24 @@ func (*bufferSink) ID() string    { return "test" }
 func (*bufferSink) Close() error  { return nil }
 func (*bufferSink) Cancel() error { return nil }
 
+// persist returns f's snapshot as it is written.
+func persist(t *testing.T, f *metaFSM) string {
+	t.Helper()
+	s, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink bufferSink
+	if err := s.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	return sink.String()
+}
+
 // Restore takes a snapshot's ring, or none, and refuses a broken one.
 func TestMetaFSMRestore(t *testing.T) {
 	r1 := firstRing(t)
-	snapshot := func(f *metaFSM) string {
-		t.Helper()
-		s, err := f.Snapshot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var sink bufferSink
-		if err := s.Persist(&sink); err != nil {
-			t.Fatal(err)
-		}
-		return sink.String()
-	}
+	snapshot := func(f *metaFSM) string { return persist(t, f) }
 	var got []*Ring
 	f := &metaFSM{onRing: func(r *Ring) { got = append(got, r) }}
 	full, empty := snapshot(&metaFSM{ring: r1}), snapshot(&metaFSM{})

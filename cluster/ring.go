@@ -252,7 +252,13 @@ func SaveRing(dir string, r *Ring) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, ringFile+".tmp")
+	return writeDurably(dir, ringFile, b)
+}
+
+// writeDurably writes b to dir/name atomically and durably (write a
+// temporary file, fsync, rename, fsync the dir).
+func writeDurably(dir, name string, b []byte) error {
+	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.Create(tmp)
 	if err != nil {
 		return err
@@ -265,7 +271,7 @@ func SaveRing(dir string, r *Ring) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, ringFile))
+		err = os.Rename(tmp, filepath.Join(dir, name))
 	}
 	if err != nil {
 		os.Remove(tmp) // leave no half-written file behind

@@ -7,6 +7,7 @@ package coord
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -25,11 +26,33 @@ import (
 // here to tell READY from DELAYED by its dependencies' outcomes, as
 // GetTask does.
 func (c *Coordinator) CountPartition(p uint16, queue string) (map[string]uint64, error) {
+	byQueue, err := c.countPartition(p, queue, false)
+	if err != nil {
+		return nil, err
+	}
+	if byQueue[""] == nil {
+		return map[string]uint64{}, nil
+	}
+	return byQueue[""], nil
+}
+
+// countPartition is CountPartition, by queue when byQueue is set (keyed
+// by queue name; "" holds them all otherwise).
+func (c *Coordinator) countPartition(p uint16, queue string, byQueue bool) (map[string]map[string]uint64, error) {
 	entries, err := c.store.Counts(p, queue)
 	if err != nil {
 		return nil, err
 	}
-	counts := map[string]uint64{}
+	out := map[string]map[string]uint64{}
+	add := func(q string, status string, n uint64) {
+		if !byQueue {
+			q = ""
+		}
+		if out[q] == nil {
+			out[q] = map[string]uint64{}
+		}
+		out[q][status] += n
+	}
 	waiting := false
 	for _, e := range entries {
 		if e.N < 0 {
@@ -39,10 +62,10 @@ func (c *Coordinator) CountPartition(p uint16, queue string) (map[string]uint64,
 			waiting = true
 			continue
 		}
-		counts[statusName(classStatus[e.Class])] += uint64(e.N)
+		add(e.Queue, statusName(classStatus[e.Class]), uint64(e.N))
 	}
 	if !waiting {
-		return counts, nil
+		return out, nil
 	}
 	err = c.store.ScanWaiting(p, func(t *crdt.Task) error {
 		if t.Spec == nil || (queue != "" && t.Spec.Queue != queue) {
@@ -55,10 +78,10 @@ func (c *Coordinator) CountPartition(p uint16, queue string) (map[string]uint64,
 		if c.cfg.DepsDone != nil && !c.cfg.DepsDone(t.Spec.DependsOn) {
 			s = nornv1.TaskStatus_TASK_STATUS_DELAYED
 		}
-		counts[statusName(s)]++
+		add(t.Spec.Queue, statusName(s), 1)
 		return nil
 	})
-	return counts, err
+	return out, err
 }
 
 // classStatus is the status of each counted class but ClassWaiting.
@@ -82,7 +105,7 @@ func statusName(s nornv1.TaskStatus) string {
 // nodes, one CountPartitions call per node in parallel, and asks the
 // next replica of the partitions whose call failed. It returns one count
 // per partition.
-func (c *Coordinator) countRemote(ctx context.Context, parts []uint16, queue string) ([]map[string]uint64, error) {
+func (c *Coordinator) countRemote(ctx context.Context, parts []uint16, queue string, byQueue bool) ([]map[string]map[string]uint64, error) {
 	// Each partition's replicas in the order to ask them; a partition
 	// without a known leader goes to a node already asked for another,
 	// so that few nodes get one call each.
@@ -102,7 +125,7 @@ func (c *Coordinator) countRemote(ctx context.Context, parts []uint16, queue str
 	}
 	tried := map[uint16]int{}
 	lastErr := map[uint16]error{}
-	var out []map[string]uint64
+	var out []map[string]map[string]uint64
 	for pending := parts; len(pending) > 0; {
 		plan := map[string][]uint16{}
 		nodes := map[string]cluster.RingNode{}
@@ -119,7 +142,7 @@ func (c *Coordinator) countRemote(ctx context.Context, parts []uint16, queue str
 		answers := make(chan answer, len(plan))
 		for id, ps := range plan {
 			go func() {
-				counts, err := c.askCount(ctx, nodes[id], ps, queue)
+				counts, err := c.askCount(ctx, nodes[id], ps, queue, byQueue)
 				answers <- answer{ps, counts, err}
 			}()
 		}
@@ -135,7 +158,14 @@ func (c *Coordinator) countRemote(ctx context.Context, parts []uint16, queue str
 			}
 			for i, pc := range a.counts {
 				c.hints.set(a.parts[i], pc.GetLeader())
-				out = append(out, pc.GetByStatus())
+				m := map[string]map[string]uint64{"": pc.GetByStatus()}
+				if byQueue {
+					m = map[string]map[string]uint64{}
+					for _, qc := range pc.GetQueues() {
+						m[qc.GetQueue()] = qc.GetByStatus()
+					}
+				}
+				out = append(out, m)
 			}
 		}
 		slices.Sort(pending)
@@ -145,10 +175,10 @@ func (c *Coordinator) countRemote(ctx context.Context, parts []uint16, queue str
 
 // askCount asks node nd to count partitions ps and checks that it
 // answered for exactly those.
-func (c *Coordinator) askCount(ctx context.Context, nd cluster.RingNode, ps []uint16, queue string) ([]*nornv1.PartitionCount, error) {
+func (c *Coordinator) askCount(ctx context.Context, nd cluster.RingNode, ps []uint16, queue string, byQueue bool) ([]*nornv1.PartitionCount, error) {
 	cctx, cancel := context.WithTimeout(ctx, countTimeout)
 	defer cancel()
-	req := &nornv1.CountPartitionsRequest{Queue: queue}
+	req := &nornv1.CountPartitionsRequest{Queue: queue, ByQueue: byQueue}
 	for _, p := range ps {
 		req.Partitions = append(req.Partitions, uint32(p))
 	}
@@ -157,6 +187,9 @@ func (c *Coordinator) askCount(ctx context.Context, nd cluster.RingNode, ps []ui
 		return nil, err
 	}
 	counts := resp.Msg.GetCounts()
+	if byQueue && slices.ContainsFunc(counts, func(c *nornv1.PartitionCount) bool { return len(c.GetByStatus()) > 0 }) {
+		return nil, fmt.Errorf("node %s cannot count by queue (a build that predates it): upgrade it", nd.ID)
+	}
 	if !slices.EqualFunc(counts, req.Partitions, func(c *nornv1.PartitionCount, p uint32) bool { return c.GetPartition() == p }) {
 		return nil, fmt.Errorf("node %s did not answer for partitions %v", nd.ID, ps)
 	}
@@ -170,6 +203,46 @@ func (c *Coordinator) Count(ctx context.Context, m *nornv1.CountTasksRequest) (*
 	if err != nil {
 		return nil, err
 	}
+	parts, err := c.countAll(ctx, f.queue, false)
+	if err != nil {
+		return nil, err
+	}
+	resp := &nornv1.CountTasksResponse{ByStatus: map[string]uint64{}}
+	for _, pc := range parts {
+		for k, v := range pc[""] {
+			resp.ByStatus[k] += v
+			resp.Total += v
+		}
+	}
+	return resp, nil
+}
+
+// CountQueues counts every queue's tasks by status across the cluster
+// (QueueService.ListQueues), keyed by queue: as Count, one counter read
+// per partition.
+func (c *Coordinator) CountQueues(ctx context.Context) (map[string]map[string]uint64, error) {
+	parts, err := c.countAll(ctx, "", true)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]map[string]uint64{}
+	for _, pc := range parts {
+		for q, counts := range pc {
+			if out[q] == nil {
+				out[q] = map[string]uint64{}
+			}
+			for k, v := range counts {
+				out[q][k] += v
+			}
+		}
+	}
+	return out, nil
+}
+
+// countAll counts every partition (of queue, or all; by queue when
+// byQueue), from this node's replicas and, for the partitions it does not
+// replicate, the other nodes'.
+func (c *Coordinator) countAll(ctx context.Context, queue string, byQueue bool) ([]map[string]map[string]uint64, error) {
 	if c.host.Ring() == nil {
 		return nil, apierr.NotFormed
 	}
@@ -182,19 +255,19 @@ func (c *Coordinator) Count(ctx context.Context, m *nornv1.CountTasksRequest) (*
 		}
 	}
 	// The other nodes count while this one does.
-	var remoteCounts []map[string]uint64
+	var remoteCounts []map[string]map[string]uint64
 	var remoteErr error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if len(remote) > 0 {
-			remoteCounts, remoteErr = c.countRemote(ctx, remote, f.queue)
+			remoteCounts, remoteErr = c.countRemote(ctx, remote, queue, byQueue)
 		}
 	}()
 	var localErr error
-	counts := make([]map[string]uint64, 0, c.cfg.Partitions)
+	counts := make([]map[string]map[string]uint64, 0, c.cfg.Partitions)
 	for _, p := range local {
-		pc, err := c.CountPartition(p, f.queue)
+		pc, err := c.countPartition(p, queue, byQueue)
 		if err != nil {
 			localErr = apierr.From(err)
 			break
@@ -208,14 +281,7 @@ func (c *Coordinator) Count(ctx context.Context, m *nornv1.CountTasksRequest) (*
 	if remoteErr != nil {
 		return nil, remoteErr
 	}
-	resp := &nornv1.CountTasksResponse{ByStatus: map[string]uint64{}}
-	for _, pc := range append(counts, remoteCounts...) {
-		for k, v := range pc {
-			resp.ByStatus[k] += v
-			resp.Total += v
-		}
-	}
-	return resp, nil
+	return append(counts, remoteCounts...), nil
 }
 
 // CountPartitions answers PeerService.CountPartitions from this node's
@@ -243,11 +309,18 @@ func (c *Coordinator) CountPartitions(m *nornv1.CountPartitionsRequest) (*nornv1
 	}
 	out := make([]*nornv1.PartitionCount, len(ps))
 	for i, p := range ps {
-		counts, err := c.CountPartition(uint16(p), f.queue)
+		counts, err := c.countPartition(uint16(p), f.queue, m.GetByQueue())
 		if err != nil {
 			return nil, apierr.From(err)
 		}
-		out[i] = &nornv1.PartitionCount{Partition: p, ByStatus: counts, Leader: string(groups[i].Leader())}
+		out[i] = &nornv1.PartitionCount{Partition: p, Leader: string(groups[i].Leader())}
+		if !m.GetByQueue() {
+			out[i].ByStatus = counts[""]
+			continue
+		}
+		for _, q := range slices.Sorted(maps.Keys(counts)) {
+			out[i].Queues = append(out[i].Queues, &nornv1.QueueCount{Queue: q, ByStatus: counts[q]})
+		}
 	}
 	return &nornv1.CountPartitionsResponse{Counts: out}, nil
 }

@@ -105,6 +105,23 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 	}()
 	for {
 		woken := d.waiters.wait(m.GetQueue()) // before trying: no lost wake-up
+		if d.paused(m.GetQueue()) {
+			// Paused: nothing to claim until it is resumed (every node
+			// wakes its waiters when it applies new settings).
+			if wait <= 0 {
+				return nil, nil
+			}
+			select {
+			case <-woken:
+			case <-timer.C:
+				wait = 0
+			case <-ctx.Done():
+				return nil, nil
+			case <-d.draining:
+				return nil, nil
+			}
+			continue
+		}
 		a.timeout = claimProposeTimeout(ctx)
 		got, view, err := d.tryClaim(ctx, a, limit)
 		var reach claimReach
@@ -162,6 +179,9 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 // maxSettle bounds the looks after one wake-up that found nothing (see
 // Claim): at one, two, four and eight monitor intervals.
 const maxSettle = 8
+
+// paused reports whether queue is paused (Config.Paused).
+func (d *Dispatcher) paused(queue string) bool { return d.cfg.Paused != nil && d.cfg.Paused(queue) }
 
 // leadsAny reports whether this node leads some partition.
 func (d *Dispatcher) leadsAny() bool {
@@ -341,6 +361,9 @@ func (d *Dispatcher) leading() []uint16 {
 // a.timeout.
 func (d *Dispatcher) claimRound(ctx context.Context, a claimArgs, limit int, rivals []*rival) (out []*nornv1.ClaimedTask, contended bool, err error) {
 	queue := a.msg.GetQueue()
+	if d.paused(queue) {
+		return nil, false, nil // paused since the claim began, or a forwarded claim
+	}
 	heads, err := newHeadMerger(d.store, queue, d.leading())
 	if err != nil {
 		return nil, false, apierr.From(err)

@@ -72,6 +72,10 @@ type Config struct {
 	// events the API does not see (metrics). The queue is "" when this
 	// replica does not hold the task's spec. They must be cheap.
 	OnExpired, OnAborted func(queue string)
+	// Paused reports whether a queue is paused (its settings, as this
+	// node applies them; nil: none is): its claims get nothing, here and
+	// when forwarded, and long polls wait for Waiters.NotifyAll.
+	Paused func(queue string) bool
 }
 
 // Dispatcher hands tasks to workers on one node: it picks the best ready

@@ -83,12 +83,15 @@ func (d *Dispatcher) ReadyHeads(queue string, max int) (*nornv1.ReadyHeadsRespon
 	if d.host.Ring() == nil {
 		return nil, apierr.NotFormed
 	}
+	out := &nornv1.ReadyHeadsResponse{}
+	if d.paused(queue) {
+		return out, nil // nothing of it is claimable here
+	}
 	heads, err := newHeadMerger(d.store, queue, d.leading())
 	if err != nil {
 		return nil, apierr.From(err)
 	}
 	now := d.cfg.Clock.Now().UnixMilli()
-	out := &nornv1.ReadyHeadsResponse{}
 	// Look past max as claimRound does: heads blocked by dependencies
 	// are skipped, but not without bound.
 	for examined := 0; len(out.Heads) < max && examined < 4*max+256; examined++ {

@@ -43,8 +43,8 @@ const (
 // the 5-byte prefix of its one envelope.
 const grpcEnvelope = 5
 
-// edge wraps the API's mux: for every TaskService, AdminService and
-// PeerService call it finds the caller from the connection's verified
+// edge wraps the API's mux: for every TaskService, AdminService,
+// QueueService and PeerService call it finds the caller from the connection's verified
 // certificate (passed on in the context; over TLS a PeerService call's
 // node header is set from it: emptied for a user's certificate or none),
 // refuses at once, before any byte of the body is read, a caller who may
@@ -62,6 +62,7 @@ func (n *Node) edge(next http.Handler) http.Handler {
 	peerPrefix := "/" + nornv1connect.PeerServiceName + "/"
 	taskPrefix := "/" + nornv1connect.TaskServiceName + "/"
 	adminPrefix := "/" + nornv1connect.AdminServiceName + "/"
+	queuePrefix := "/" + nornv1connect.QueueServiceName + "/"
 	errs := connect.NewErrorWriter()
 	tlsOn := n.cfg.TLS != nil
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -83,7 +84,7 @@ func (n *Node) edge(next http.Handler) http.Handler {
 			}
 			err = n.server.AdmitPeer(r.RemoteAddr, r.Header)
 			budget, limit = n.peerBudget, PeerMaxRequestBytes
-		case strings.HasPrefix(path, taskPrefix), strings.HasPrefix(path, adminPrefix):
+		case strings.HasPrefix(path, taskPrefix), strings.HasPrefix(path, adminPrefix), strings.HasPrefix(path, queuePrefix):
 			err = n.server.AdmitClient(path, id, r.Header.Get("Authorization"))
 			budget, limit = n.clientBudget, int64(n.cfg.MaxRequestBytes)
 		default:

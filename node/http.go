@@ -50,6 +50,7 @@ func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(nornv1connect.NewTaskServiceHandler(n.server.TaskService(), opts...))
 	mux.Handle(nornv1connect.NewAdminServiceHandler(n.server.AdminService(), opts...))
+	mux.Handle(nornv1connect.NewQueueServiceHandler(n.server.QueueService(), opts...))
 	// Replication batches many tasks in one call (up to maxReplicate):
 	// a larger limit, read only for callers admitted as nodes (edge).
 	mux.Handle(nornv1connect.NewPeerServiceHandler(n.server.PeerService(),

@@ -440,7 +440,7 @@ func framedFrame(id uint64, m transport.RPCMethod, size int) []byte {
 }
 
 // TestRefusedBeforeBody: over TLS, every method of TaskService,
-// AdminService and PeerService, over gRPC, gRPC-Web and Connect (the
+// AdminService, QueueService and PeerService, over gRPC, gRPC-Web and Connect (the
 // connect client, its bytes counted as they leave), and every framed
 // client call, refuses a caller who may not call it before reading its
 // large body: the answer comes while the client has sent a small part of
@@ -461,7 +461,7 @@ func TestRefusedBeforeBody(t *testing.T) {
 	}
 	var rows []row
 	for _, f := range []protoreflect.FileDescriptor{nornv1.File_norn_v1_task_service_proto,
-		nornv1.File_norn_v1_admin_service_proto, nornv1.File_norn_v1_peer_service_proto} {
+		nornv1.File_norn_v1_admin_service_proto, nornv1.File_norn_v1_queue_service_proto, nornv1.File_norn_v1_peer_service_proto} {
 		s := f.Services().Get(0)
 		for i := range s.Methods().Len() {
 			proc := "/" + string(s.FullName()) + "/" + string(s.Methods().Get(i).Name())
@@ -478,7 +478,7 @@ func TestRefusedBeforeBody(t *testing.T) {
 	// The control: a caller admitted, a body within the limit (which
 	// does not decode as the method's request).
 	rows = append(rows, row{nornv1connect.TaskServiceEnqueueProcedure, "alice", "grpc", connect.CodeInvalidArgument, true})
-	if len(rows) < 3*(13+8)+6*10+1 {
+	if len(rows) < 3*(13+8+3)+6*10+1 {
 		t.Fatalf("%d rows: a service lost its methods", len(rows))
 	}
 	payload := &wrapperspb.BytesValue{Value: make([]byte, size)}

@@ -239,7 +239,9 @@ func New(cfg Config) (*Node, error) {
 		OnLeaderChange: n.waiters.NotifyAll,
 		OnMetaRing:     n.rebalance.Kick,
 		OnPlacement:    n.ae.Kick,
-		HoldRing:       holdRing,
+		// A queue resumed: its waiting claims look again.
+		OnQueues: n.waiters.NotifyAll,
+		HoldRing: holdRing,
 	})
 	if err != nil {
 		n.peers.Close()
@@ -266,6 +268,7 @@ func New(cfg Config) (*Node, error) {
 		ExpiryNoSkew: cfg.TestBugs.ExpiryNoSkew, ClaimLocalFirst: cfg.TestBugs.ClaimLocalFirst,
 		OnExpired: n.metrics.tasks.Expired,
 		OnAborted: n.metrics.tasks.Aborted,
+		Paused:    func(q string) bool { return n.host.Queues().Get(q).Paused },
 	})
 	n.dispatch.Start()
 	n.server = server.New(server.Config{

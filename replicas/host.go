@@ -119,6 +119,9 @@ type Config struct {
 	// of replicas changed (anti-entropy compares with every peer now).
 	// Neither may block.
 	OnMetaRing, OnPlacement func()
+	// OnQueues runs when this node adopts a newer queue settings table
+	// (Queues): waiting claims look again. It may not block.
+	OnQueues func()
 
 	// HoldRing is a test hook (the node sets it only in a testhooks
 	// build; nil in production): while it returns true the reconcile
@@ -159,6 +162,7 @@ type Host struct {
 	refusals      map[string]string // node -> reason its addresses were last refused (recordAddresses only)
 	reconcileKick chan struct{}
 	leaders       *LeaderBalancer // spreads this node's leaderships (BalanceLeaders)
+	queues        queueTable      // the queue settings this node applies (queues.go)
 
 	stop    chan struct{}
 	stopped sync.WaitGroup
@@ -321,6 +325,11 @@ func (h *Host) startCluster() error {
 			h.KickReconcile()
 			h.cfg.OnMetaRing()
 		},
+		OnQueues: func(q *cluster.Queues) {
+			if err := h.AdoptQueues(q); err != nil {
+				h.cfg.Logger.Error("cannot keep the meta group's queue settings", "err", err)
+			}
+		},
 		RaftLogger: h.raftLogger().Named("meta"),
 	})
 	if err != nil {
@@ -329,6 +338,9 @@ func (h *Host) startCluster() error {
 
 	r, err := cluster.LoadRing(h.cfg.DataDir)
 	if err != nil {
+		return err
+	}
+	if err := h.loadQueues(); err != nil {
 		return err
 	}
 	if r != nil {
@@ -341,6 +353,7 @@ func (h *Host) startCluster() error {
 	if r != nil {
 		meta.RingEpoch, meta.ClusterID = r.Epoch, r.ClusterID
 	}
+	meta.QueuesVersion = h.Queues().VersionOf()
 	h.members, err = cluster.StartMembership(cluster.MembershipConfig{Meta: meta, BindAddr: h.cfg.GossipAddr,
 		Logger: h.raftLogger().Named("gossip"), LAN: h.cfg.GossipLAN, Clock: h.cfg.Clock, SecretKey: h.cfg.GossipKey})
 	if err != nil {

@@ -216,6 +216,7 @@ func (h *Host) reconcileOnce() {
 	}
 	if cur != nil {
 		h.followAddresses(members)
+		h.reconcileQueues(cur, members)
 	}
 	if alive == 0 {
 		if err := h.joinSeeds(); err != nil {

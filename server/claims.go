@@ -37,7 +37,7 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	if w := m.GetWorker(); w == "" || len(w) > maxWorkerLen {
 		return nil, apierr.Invalid("worker", "must be 1-%d bytes, got %d", maxWorkerLen, len(w))
 	}
-	lease, err := sv.leaseArg(m.GetLease())
+	lease, err := sv.leaseOf(m.GetQueue(), m.GetLease())
 	if err != nil {
 		return nil, err
 	}
@@ -76,20 +76,34 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	return connect.NewResponse(&nornv1.ClaimResponse{Tasks: got}), err
 }
 
-// leaseArg validates a lease duration; nil means the default.
-func (sv *Server) leaseArg(d *durationpb.Duration) (time.Duration, error) {
+// leaseOf is the lease a claim or renew of queue asks for with d: d
+// validated, or when nil the queue's default lease (bounded by this
+// node's maximum), or the node's.
+func (sv *Server) leaseOf(queue string, d *durationpb.Duration) (time.Duration, error) {
+	if d != nil {
+		return sv.leaseArg("lease", d)
+	}
+	if ms := sv.queueSettings(queue).DefaultLeaseMs; ms > 0 {
+		return min(time.Duration(ms)*time.Millisecond, sv.cfg.MaxLease), nil
+	}
+	return sv.cfg.DefaultLease, nil
+}
+
+// leaseArg validates the lease duration d at field; nil means the
+// node's default.
+func (sv *Server) leaseArg(field string, d *durationpb.Duration) (time.Duration, error) {
 	if d == nil {
 		return sv.cfg.DefaultLease, nil
 	}
 	if err := d.CheckValid(); err != nil {
-		return 0, apierr.Invalid("lease", "%v", err)
+		return 0, apierr.Invalid(field, "%v", err)
 	}
 	l := d.AsDuration()
 	if l <= 0 || l > sv.cfg.MaxLease {
-		return 0, apierr.Invalid("lease", "must be in (0, %s], got %s", apierr.Duration(sv.cfg.MaxLease), apierr.Duration(l))
+		return 0, apierr.Invalid(field, "must be in (0, %s], got %s", apierr.Duration(sv.cfg.MaxLease), apierr.Duration(l))
 	}
 	if l < time.Millisecond {
-		return 0, apierr.Invalid("lease", "must be at least 0.001s, got %s", apierr.Duration(l))
+		return 0, apierr.Invalid(field, "must be at least 0.001s, got %s", apierr.Duration(l))
 	}
 	return l, nil
 }
@@ -112,14 +126,14 @@ func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.Rene
 	if resp, done, err := coord.Forward(sv.coord, ctx, req, m.GetId(), nornv1connect.TaskServiceClient.Renew); done {
 		return resp, err
 	}
-	lease, err := sv.leaseArg(m.GetLease())
-	if err != nil {
+	if _, err := sv.leaseArg("lease", m.GetLease()); err != nil {
 		return nil, err
 	}
 	ts, err := sv.dispatch.LoadClaimed(ctx, m.GetId(), m.GetClaimId())
 	if err != nil {
 		return nil, apierr.From(err)
 	}
+	lease, _ := sv.leaseOf(queueOf(ts.Task), m.GetLease()) // validated above
 	if sv.dispatch.EndIfTerminal(ts) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
 	}

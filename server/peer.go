@@ -142,6 +142,13 @@ func (s peerService) GetRing(_ context.Context, req *connect.Request[nornv1.GetR
 		}
 		resp.Ring = b
 	}
+	if q := sv.host.Queues(); q != nil {
+		b, err := json.Marshal(q)
+		if err != nil {
+			return nil, connect.NewError(connect.CodeInternal, err)
+		}
+		resp.Queues = b
+	}
 	return connect.NewResponse(resp), nil
 }
 

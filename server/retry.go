@@ -24,13 +24,12 @@ import (
 	"github.com/norn-dev/norn/testhooks"
 )
 
-// retryFromAPI validates and converts the RetryPolicy of the spec at
-// parent (its path in the request, "task"); nil for none.
-func (sv *Server) retryFromAPI(parent string, r *nornv1.RetryPolicy) (*crdt.RetryPolicy, error) {
+// retryFromAPI validates and converts the RetryPolicy at field (its path
+// in the request, "task.retry"); nil for none.
+func (sv *Server) retryFromAPI(field string, r *nornv1.RetryPolicy) (*crdt.RetryPolicy, error) {
 	if r == nil {
 		return nil, nil
 	}
-	field := parent + ".retry" // built only for a task with a policy
 	p := &crdt.RetryPolicy{MaxAttempts: r.GetMaxAttempts(), MultiplierMilli: 1000}
 	ms := func(name string, d *durationpb.Duration) (int64, error) {
 		if d == nil {

@@ -37,7 +37,7 @@ func (sv *Server) specFromAPI(field string, s *nornv1.TaskSpec) (*crdt.Spec, err
 		}
 		spec.NotBeforeMs = nb.AsTime().UnixMilli()
 	}
-	retry, err := sv.retryFromAPI(field, s.GetRetry())
+	retry, err := sv.retryFromAPI(field+".retry", s.GetRetry())
 	if err != nil {
 		return nil, err
 	}
@@ -53,6 +53,18 @@ func (sv *Server) specFromAPI(field string, s *nornv1.TaskSpec) (*crdt.Spec, err
 		spec.Payload = nil
 	}
 	return spec, nil
+}
+
+// queueDefaults gives an enqueued spec that names no retry policy its
+// queue's default one (QueueSettings.default_retry), if it has one.
+func (sv *Server) queueDefaults(spec *crdt.Spec) {
+	if spec.Retry != nil {
+		return
+	}
+	if p := sv.queueSettings(spec.Queue).DefaultRetry; p != nil {
+		cp := *p
+		spec.Retry = &cp
+	}
 }
 
 // queueOf is t's queue, "" when its spec is not known here.
@@ -109,6 +121,7 @@ func (s taskService) Enqueue(ctx context.Context, req *connect.Request[nornv1.En
 	if err != nil {
 		return nil, err
 	}
+	sv.queueDefaults(spec)
 	t, err := sv.prepareEnqueue(ctx, "task", spec, m.GetId())
 	if err != nil {
 		return nil, err
@@ -150,6 +163,7 @@ func (s taskService) EnqueueBatch(ctx context.Context, req *connect.Request[norn
 		if err != nil {
 			return nil, err
 		}
+		sv.queueDefaults(spec)
 		var id uint64
 		if len(m.GetIds()) > 0 {
 			id = m.GetIds()[i]

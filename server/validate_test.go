@@ -52,14 +52,14 @@ func TestSpecFromAPI(t *testing.T) {
 
 func TestLeaseArg(t *testing.T) {
 	sv := New(Config{DefaultLease: 30 * time.Second, MaxLease: time.Hour})
-	if l, err := sv.leaseArg(nil); err != nil || l != 30*time.Second {
+	if l, err := sv.leaseArg("lease", nil); err != nil || l != 30*time.Second {
 		t.Fatalf("no lease: %v, %v; want the default", l, err)
 	}
-	if l, err := sv.leaseArg(durationpb.New(time.Minute)); err != nil || l != time.Minute {
+	if l, err := sv.leaseArg("lease", durationpb.New(time.Minute)); err != nil || l != time.Minute {
 		t.Fatalf("1m: %v, %v", l, err)
 	}
 	for _, d := range []time.Duration{0, -time.Second, time.Microsecond, 2 * time.Hour} {
-		if _, err := sv.leaseArg(durationpb.New(d)); connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "lease:") {
+		if _, err := sv.leaseArg("lease", durationpb.New(d)); connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "lease:") {
 			t.Errorf("lease %v: %v, want INVALID_ARGUMENT naming lease", d, err)
 		}
 	}

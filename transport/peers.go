@@ -38,6 +38,7 @@ type Peer struct {
 	Peer  nornv1connect.PeerServiceClient
 	Tasks nornv1connect.TaskServiceClient
 	Admin nornv1connect.AdminServiceClient
+	Queue nornv1connect.QueueServiceClient
 }
 
 // PeersConfig configures a node's Peers.
@@ -146,6 +147,7 @@ func (s *Peers) Get(addr string) *Peer {
 		Peer:  nornv1connect.NewPeerServiceClient(s.hc, base, opts...),
 		Tasks: nornv1connect.NewTaskServiceClient(s.hc, base, opts...),
 		Admin: nornv1connect.NewAdminServiceClient(s.hc, base, opts...),
+		Queue: nornv1connect.NewQueueServiceClient(s.hc, base, opts...),
 	}
 	s.peers[addr] = p
 	return p

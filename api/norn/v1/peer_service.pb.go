@@ -1177,7 +1177,10 @@ func (*GetRingRequest) Descriptor() ([]byte, []int) {
 type GetRingResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The ring as JSON (cluster.Ring); empty before the cluster is formed.
-	Ring          []byte `protobuf:"bytes,1,opt,name=ring,proto3" json:"ring,omitempty"`
+	Ring []byte `protobuf:"bytes,1,opt,name=ring,proto3" json:"ring,omitempty"`
+	// The queue settings table as JSON (cluster.Queues); empty before any
+	// queue has settings, and from a node that predates them.
+	Queues        []byte `protobuf:"bytes,2,opt,name=queues,proto3" json:"queues,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1215,6 +1218,13 @@ func (*GetRingResponse) Descriptor() ([]byte, []int) {
 func (x *GetRingResponse) GetRing() []byte {
 	if x != nil {
 		return x.Ring
+	}
+	return nil
+}
+
+func (x *GetRingResponse) GetQueues() []byte {
+	if x != nil {
+		return x.Queues
 	}
 	return nil
 }
@@ -1418,7 +1428,10 @@ type CountPartitionsRequest struct {
 	Partitions []uint32 `protobuf:"varint,1,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
 	// Only tasks of this queue. Empty: every queue. Otherwise a valid
 	// queue name (see TaskSpec.queue).
-	Queue         string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	Queue string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Count each queue apart (PartitionCount.queues) rather than all
+	// together (PartitionCount.by_status).
+	ByQueue       bool `protobuf:"varint,3,opt,name=by_queue,json=byQueue,proto3" json:"by_queue,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1465,6 +1478,13 @@ func (x *CountPartitionsRequest) GetQueue() string {
 		return x.Queue
 	}
 	return ""
+}
+
+func (x *CountPartitionsRequest) GetByQueue() bool {
+	if x != nil {
+		return x.ByQueue
+	}
+	return false
 }
 
 // CountPartitionsResponse is the response of PeerService.CountPartitions.
@@ -1521,7 +1541,10 @@ type PartitionCount struct {
 	// Number of tasks per status name, as in CountTasksResponse.by_status.
 	ByStatus map[string]uint64 `protobuf:"bytes,2,rep,name=by_status,json=byStatus,proto3" json:"by_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// The partition's leader as the receiver knows it ("" when none).
-	Leader        string `protobuf:"bytes,3,opt,name=leader,proto3" json:"leader,omitempty"`
+	Leader string `protobuf:"bytes,3,opt,name=leader,proto3" json:"leader,omitempty"`
+	// With by_queue: each queue's count, in name order (by_status is then
+	// empty). A receiver that predates by_queue fills by_status instead.
+	Queues        []*QueueCount `protobuf:"bytes,4,rep,name=queues,proto3" json:"queues,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1575,6 +1598,160 @@ func (x *PartitionCount) GetLeader() string {
 		return x.Leader
 	}
 	return ""
+}
+
+func (x *PartitionCount) GetQueues() []*QueueCount {
+	if x != nil {
+		return x.Queues
+	}
+	return nil
+}
+
+// QueueCount is one queue's count in one partition.
+type QueueCount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The queue.
+	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Number of tasks per status name, as in CountTasksResponse.by_status.
+	ByStatus      map[string]uint64 `protobuf:"bytes,2,rep,name=by_status,json=byStatus,proto3" json:"by_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueueCount) Reset() {
+	*x = QueueCount{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueueCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueueCount) ProtoMessage() {}
+
+func (x *QueueCount) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueueCount.ProtoReflect.Descriptor instead.
+func (*QueueCount) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *QueueCount) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *QueueCount) GetByStatus() map[string]uint64 {
+	if x != nil {
+		return x.ByStatus
+	}
+	return nil
+}
+
+// AdoptQueuesRequest is the request of PeerService.AdoptQueues.
+type AdoptQueuesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The table as JSON (cluster.Queues).
+	Queues        []byte `protobuf:"bytes,1,opt,name=queues,proto3" json:"queues,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptQueuesRequest) Reset() {
+	*x = AdoptQueuesRequest{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptQueuesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptQueuesRequest) ProtoMessage() {}
+
+func (x *AdoptQueuesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptQueuesRequest.ProtoReflect.Descriptor instead.
+func (*AdoptQueuesRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *AdoptQueuesRequest) GetQueues() []byte {
+	if x != nil {
+		return x.Queues
+	}
+	return nil
+}
+
+// AdoptQueuesResponse is the response of PeerService.AdoptQueues.
+type AdoptQueuesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The version of the table the receiver applies now.
+	Version       uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptQueuesResponse) Reset() {
+	*x = AdoptQueuesResponse{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptQueuesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptQueuesResponse) ProtoMessage() {}
+
+func (x *AdoptQueuesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptQueuesResponse.ProtoReflect.Descriptor instead.
+func (*AdoptQueuesResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *AdoptQueuesResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
 }
 
 var File_norn_v1_peer_service_proto protoreflect.FileDescriptor
@@ -1649,9 +1826,10 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x05state\x18\x01 \x01(\fR\x05state\x12!\n" +
 	"\fclaim_record\x18\x02 \x01(\fR\vclaimRecord\x12\x16\n" +
 	"\x06leader\x18\x03 \x01(\bR\x06leader\"\x10\n" +
-	"\x0eGetRingRequest\"%\n" +
+	"\x0eGetRingRequest\"=\n" +
 	"\x0fGetRingResponse\x12\x12\n" +
-	"\x04ring\x18\x01 \x01(\fR\x04ring\"\xdb\x01\n" +
+	"\x04ring\x18\x01 \x01(\fR\x04ring\x12\x16\n" +
+	"\x06queues\x18\x02 \x01(\fR\x06queues\"\xdb\x01\n" +
 	"\x14ListPartitionRequest\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05queue\x18\x02 \x01(\tR\x05queue\x12+\n" +
@@ -1665,21 +1843,34 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\ascanned\x18\x02 \x01(\rR\ascanned\x12\x12\n" +
 	"\x04more\x18\x03 \x01(\bR\x04more\x12\x12\n" +
 	"\x04next\x18\x04 \x01(\x04R\x04next\x12\x16\n" +
-	"\x06leader\x18\x05 \x01(\tR\x06leader\"N\n" +
+	"\x06leader\x18\x05 \x01(\tR\x06leader\"i\n" +
 	"\x16CountPartitionsRequest\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x03(\rR\n" +
 	"partitions\x12\x14\n" +
-	"\x05queue\x18\x02 \x01(\tR\x05queue\"J\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x12\x19\n" +
+	"\bby_queue\x18\x03 \x01(\bR\abyQueue\"J\n" +
 	"\x17CountPartitionsResponse\x12/\n" +
-	"\x06counts\x18\x01 \x03(\v2\x17.norn.v1.PartitionCountR\x06counts\"\xc7\x01\n" +
+	"\x06counts\x18\x01 \x03(\v2\x17.norn.v1.PartitionCountR\x06counts\"\xf4\x01\n" +
 	"\x0ePartitionCount\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12B\n" +
 	"\tby_status\x18\x02 \x03(\v2%.norn.v1.PartitionCount.ByStatusEntryR\bbyStatus\x12\x16\n" +
-	"\x06leader\x18\x03 \x01(\tR\x06leader\x1a;\n" +
+	"\x06leader\x18\x03 \x01(\tR\x06leader\x12+\n" +
+	"\x06queues\x18\x04 \x03(\v2\x13.norn.v1.QueueCountR\x06queues\x1a;\n" +
 	"\rByStatusEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xac\x06\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x9f\x01\n" +
+	"\n" +
+	"QueueCount\x12\x14\n" +
+	"\x05queue\x18\x01 \x01(\tR\x05queue\x12>\n" +
+	"\tby_status\x18\x02 \x03(\v2!.norn.v1.QueueCount.ByStatusEntryR\bbyStatus\x1a;\n" +
+	"\rByStatusEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\",\n" +
+	"\x12AdoptQueuesRequest\x12\x16\n" +
+	"\x06queues\x18\x01 \x01(\fR\x06queues\"/\n" +
+	"\x13AdoptQueuesResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion2\xf6\x06\n" +
 	"\vPeerService\x12B\n" +
 	"\tReplicate\x12\x19.norn.v1.ReplicateRequest\x1a\x1a.norn.v1.ReplicateResponse\x123\n" +
 	"\x04Read\x12\x14.norn.v1.ReadRequest\x1a\x15.norn.v1.ReadResponse\x12<\n" +
@@ -1692,7 +1883,8 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\vChangeGroup\x12\x1b.norn.v1.ChangeGroupRequest\x1a\x1c.norn.v1.ChangeGroupResponse\x12T\n" +
 	"\x0fReplicaProgress\x12\x1f.norn.v1.ReplicaProgressRequest\x1a .norn.v1.ReplicaProgressResponse\x12E\n" +
 	"\n" +
-	"ReadyHeads\x12\x1a.norn.v1.ReadyHeadsRequest\x1a\x1b.norn.v1.ReadyHeadsResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"ReadyHeads\x12\x1a.norn.v1.ReadyHeadsRequest\x1a\x1b.norn.v1.ReadyHeadsResponse\x12H\n" +
+	"\vAdoptQueues\x12\x1b.norn.v1.AdoptQueuesRequest\x1a\x1c.norn.v1.AdoptQueuesResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_peer_service_proto_rawDescOnce sync.Once
@@ -1706,7 +1898,7 @@ func file_norn_v1_peer_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_peer_service_proto_rawDescData
 }
 
-var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_norn_v1_peer_service_proto_goTypes = []any{
 	(*ReadyHeadsRequest)(nil),       // 0: norn.v1.ReadyHeadsRequest
 	(*ReadyHeadsResponse)(nil),      // 1: norn.v1.ReadyHeadsResponse
@@ -1734,45 +1926,53 @@ var file_norn_v1_peer_service_proto_goTypes = []any{
 	(*CountPartitionsRequest)(nil),  // 23: norn.v1.CountPartitionsRequest
 	(*CountPartitionsResponse)(nil), // 24: norn.v1.CountPartitionsResponse
 	(*PartitionCount)(nil),          // 25: norn.v1.PartitionCount
-	nil,                             // 26: norn.v1.PartitionCount.ByStatusEntry
-	(TaskStatus)(0),                 // 27: norn.v1.TaskStatus
-	(*Task)(nil),                    // 28: norn.v1.Task
+	(*QueueCount)(nil),              // 26: norn.v1.QueueCount
+	(*AdoptQueuesRequest)(nil),      // 27: norn.v1.AdoptQueuesRequest
+	(*AdoptQueuesResponse)(nil),     // 28: norn.v1.AdoptQueuesResponse
+	nil,                             // 29: norn.v1.PartitionCount.ByStatusEntry
+	nil,                             // 30: norn.v1.QueueCount.ByStatusEntry
+	(TaskStatus)(0),                 // 31: norn.v1.TaskStatus
+	(*Task)(nil),                    // 32: norn.v1.Task
 }
 var file_norn_v1_peer_service_proto_depIdxs = []int32{
 	2,  // 0: norn.v1.ReadyHeadsResponse.heads:type_name -> norn.v1.ReadyHead
 	5,  // 1: norn.v1.ChangeGroupResponse.servers:type_name -> norn.v1.GroupServer
 	18, // 2: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
-	27, // 3: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
-	28, // 4: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
+	31, // 3: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
+	32, // 4: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
 	25, // 5: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
-	26, // 6: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
-	14, // 7: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
-	16, // 8: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
-	19, // 9: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
-	21, // 10: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
-	23, // 11: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
-	8,  // 12: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
-	10, // 13: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
-	12, // 14: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
-	3,  // 15: norn.v1.PeerService.ChangeGroup:input_type -> norn.v1.ChangeGroupRequest
-	6,  // 16: norn.v1.PeerService.ReplicaProgress:input_type -> norn.v1.ReplicaProgressRequest
-	0,  // 17: norn.v1.PeerService.ReadyHeads:input_type -> norn.v1.ReadyHeadsRequest
-	15, // 18: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
-	17, // 19: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
-	20, // 20: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
-	22, // 21: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
-	24, // 22: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
-	9,  // 23: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
-	11, // 24: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
-	13, // 25: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
-	4,  // 26: norn.v1.PeerService.ChangeGroup:output_type -> norn.v1.ChangeGroupResponse
-	7,  // 27: norn.v1.PeerService.ReplicaProgress:output_type -> norn.v1.ReplicaProgressResponse
-	1,  // 28: norn.v1.PeerService.ReadyHeads:output_type -> norn.v1.ReadyHeadsResponse
-	18, // [18:29] is the sub-list for method output_type
-	7,  // [7:18] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	29, // 6: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
+	26, // 7: norn.v1.PartitionCount.queues:type_name -> norn.v1.QueueCount
+	30, // 8: norn.v1.QueueCount.by_status:type_name -> norn.v1.QueueCount.ByStatusEntry
+	14, // 9: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
+	16, // 10: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
+	19, // 11: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
+	21, // 12: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
+	23, // 13: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
+	8,  // 14: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
+	10, // 15: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
+	12, // 16: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
+	3,  // 17: norn.v1.PeerService.ChangeGroup:input_type -> norn.v1.ChangeGroupRequest
+	6,  // 18: norn.v1.PeerService.ReplicaProgress:input_type -> norn.v1.ReplicaProgressRequest
+	0,  // 19: norn.v1.PeerService.ReadyHeads:input_type -> norn.v1.ReadyHeadsRequest
+	27, // 20: norn.v1.PeerService.AdoptQueues:input_type -> norn.v1.AdoptQueuesRequest
+	15, // 21: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
+	17, // 22: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
+	20, // 23: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
+	22, // 24: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
+	24, // 25: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
+	9,  // 26: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
+	11, // 27: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
+	13, // 28: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
+	4,  // 29: norn.v1.PeerService.ChangeGroup:output_type -> norn.v1.ChangeGroupResponse
+	7,  // 30: norn.v1.PeerService.ReplicaProgress:output_type -> norn.v1.ReplicaProgressResponse
+	1,  // 31: norn.v1.PeerService.ReadyHeads:output_type -> norn.v1.ReadyHeadsResponse
+	28, // 32: norn.v1.PeerService.AdoptQueues:output_type -> norn.v1.AdoptQueuesResponse
+	21, // [21:33] is the sub-list for method output_type
+	9,  // [9:21] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_peer_service_proto_init() }
@@ -1787,7 +1987,7 @@ func file_norn_v1_peer_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_peer_service_proto_rawDesc), len(file_norn_v1_peer_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -63,6 +63,8 @@ const (
 	PeerServiceReplicaProgressProcedure = "/norn.v1.PeerService/ReplicaProgress"
 	// PeerServiceReadyHeadsProcedure is the fully-qualified name of the PeerService's ReadyHeads RPC.
 	PeerServiceReadyHeadsProcedure = "/norn.v1.PeerService/ReadyHeads"
+	// PeerServiceAdoptQueuesProcedure is the fully-qualified name of the PeerService's AdoptQueues RPC.
+	PeerServiceAdoptQueuesProcedure = "/norn.v1.PeerService/AdoptQueues"
 )
 
 // PeerServiceClient is a client for the norn.v1.PeerService service.
@@ -110,6 +112,10 @@ type PeerServiceClient interface {
 	// priority is strict across the cluster (docs/ARCHITECTURE.md,
 	// dispatch).
 	ReadyHeads(context.Context, *connect.Request[v1.ReadyHeadsRequest]) (*connect.Response[v1.ReadyHeadsResponse], error)
+	// AdoptQueues gives the receiver the queue settings table (the node
+	// that changed a queue pushes it to every live node before it
+	// answers); the receiver keeps it when it is newer than its own.
+	AdoptQueues(context.Context, *connect.Request[v1.AdoptQueuesRequest]) (*connect.Response[v1.AdoptQueuesResponse], error)
 }
 
 // NewPeerServiceClient constructs a client for the norn.v1.PeerService service. By default, it uses
@@ -189,6 +195,12 @@ func NewPeerServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(peerServiceMethods.ByName("ReadyHeads")),
 			connect.WithClientOptions(opts...),
 		),
+		adoptQueues: connect.NewClient[v1.AdoptQueuesRequest, v1.AdoptQueuesResponse](
+			httpClient,
+			baseURL+PeerServiceAdoptQueuesProcedure,
+			connect.WithSchema(peerServiceMethods.ByName("AdoptQueues")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -205,6 +217,7 @@ type peerServiceClient struct {
 	changeGroup     *connect.Client[v1.ChangeGroupRequest, v1.ChangeGroupResponse]
 	replicaProgress *connect.Client[v1.ReplicaProgressRequest, v1.ReplicaProgressResponse]
 	readyHeads      *connect.Client[v1.ReadyHeadsRequest, v1.ReadyHeadsResponse]
+	adoptQueues     *connect.Client[v1.AdoptQueuesRequest, v1.AdoptQueuesResponse]
 }
 
 // Replicate calls norn.v1.PeerService.Replicate.
@@ -262,6 +275,11 @@ func (c *peerServiceClient) ReadyHeads(ctx context.Context, req *connect.Request
 	return c.readyHeads.CallUnary(ctx, req)
 }
 
+// AdoptQueues calls norn.v1.PeerService.AdoptQueues.
+func (c *peerServiceClient) AdoptQueues(ctx context.Context, req *connect.Request[v1.AdoptQueuesRequest]) (*connect.Response[v1.AdoptQueuesResponse], error) {
+	return c.adoptQueues.CallUnary(ctx, req)
+}
+
 // PeerServiceHandler is an implementation of the norn.v1.PeerService service.
 type PeerServiceHandler interface {
 	// Replicate merges task states into the receiver's replicas with the
@@ -307,6 +325,10 @@ type PeerServiceHandler interface {
 	// priority is strict across the cluster (docs/ARCHITECTURE.md,
 	// dispatch).
 	ReadyHeads(context.Context, *connect.Request[v1.ReadyHeadsRequest]) (*connect.Response[v1.ReadyHeadsResponse], error)
+	// AdoptQueues gives the receiver the queue settings table (the node
+	// that changed a queue pushes it to every live node before it
+	// answers); the receiver keeps it when it is newer than its own.
+	AdoptQueues(context.Context, *connect.Request[v1.AdoptQueuesRequest]) (*connect.Response[v1.AdoptQueuesResponse], error)
 }
 
 // NewPeerServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -382,6 +404,12 @@ func NewPeerServiceHandler(svc PeerServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(peerServiceMethods.ByName("ReadyHeads")),
 		connect.WithHandlerOptions(opts...),
 	)
+	peerServiceAdoptQueuesHandler := connect.NewUnaryHandler(
+		PeerServiceAdoptQueuesProcedure,
+		svc.AdoptQueues,
+		connect.WithSchema(peerServiceMethods.ByName("AdoptQueues")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/norn.v1.PeerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case PeerServiceReplicateProcedure:
@@ -406,6 +434,8 @@ func NewPeerServiceHandler(svc PeerServiceHandler, opts ...connect.HandlerOption
 			peerServiceReplicaProgressHandler.ServeHTTP(w, r)
 		case PeerServiceReadyHeadsProcedure:
 			peerServiceReadyHeadsHandler.ServeHTTP(w, r)
+		case PeerServiceAdoptQueuesProcedure:
+			peerServiceAdoptQueuesHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -457,4 +487,8 @@ func (UnimplementedPeerServiceHandler) ReplicaProgress(context.Context, *connect
 
 func (UnimplementedPeerServiceHandler) ReadyHeads(context.Context, *connect.Request[v1.ReadyHeadsRequest]) (*connect.Response[v1.ReadyHeadsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.ReadyHeads is not implemented"))
+}
+
+func (UnimplementedPeerServiceHandler) AdoptQueues(context.Context, *connect.Request[v1.AdoptQueuesRequest]) (*connect.Response[v1.AdoptQueuesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.AdoptQueues is not implemented"))
 }
