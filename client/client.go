@@ -303,6 +303,7 @@ func New(addrs string, opts ...Option) (*Client, error) {
 			base:  base,
 			tasks: tasks,
 			admin: nornv1connect.NewAdminServiceClient(hc, base, copts...),
+			queue: nornv1connect.NewQueueServiceClient(hc, base, copts...),
 		}
 	})
 	if linger, maxBatch, on := o.enqueueB.settings(); on {

@@ -31,6 +31,7 @@ type endpoint struct {
 	base  string // "http://host:port"
 	tasks nornv1connect.TaskServiceClient
 	admin nornv1connect.AdminServiceClient
+	queue nornv1connect.QueueServiceClient
 
 	// Health, guarded by the endpoints' mu.
 	failures  int       // failures in a row that marked it down

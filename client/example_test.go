@@ -147,3 +147,70 @@ func ExampleWorker_retries() {
 	// 2 handler_error
 	// 0 gone
 }
+
+func ExampleClient_PauseQueue() {
+	node := newFake() // stands in for a nornd node
+	defer node.Close()
+	c, err := client.New(node.addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	if _, err := c.Enqueue(ctx, &nornv1.TaskSpec{Queue: "payments"}); err != nil {
+		log.Fatal(err)
+	}
+
+	// During an incident downstream: workers get nothing, producers go on.
+	if err := c.PauseQueue(ctx, "payments"); err != nil {
+		log.Fatal(err)
+	}
+	got, err := c.Claim(ctx, client.ClaimRequest{Queue: "payments", Worker: "w1", Max: 10})
+	if err != nil {
+		log.Fatal(err)
+	}
+	q, err := c.GetQueue(ctx, "payments")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("paused:", q.GetSettings().GetPaused(), "claimed:", len(got), "ready:", q.GetByStatus()["READY"])
+
+	if err := c.ResumeQueue(ctx, "payments"); err != nil {
+		log.Fatal(err)
+	}
+	got, err = c.Claim(ctx, client.ClaimRequest{Queue: "payments", Worker: "w1", Max: 10})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("resumed, claimed:", len(got))
+	// Output:
+	// paused: true claimed: 0 ready: 1
+	// resumed, claimed: 1
+}
+
+func ExampleClient_SetQueueDefaults() {
+	node := newFake() // stands in for a nornd node
+	defer node.Close()
+	c, err := client.New(node.addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	// Tasks of "webhooks" that name no retry policy or lease get these.
+	err = c.SetQueueDefaults(ctx, "webhooks", client.QueueDefaults{
+		Retry: &nornv1.RetryPolicy{MaxAttempts: 8, InitialBackoff: durationpb.New(time.Second), Multiplier: 2, MaxBackoff: durationpb.New(10 * time.Minute)},
+		Lease: 2 * time.Minute,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	qs, err := c.ListQueues(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, q := range qs {
+		fmt.Println(q.GetName(), q.GetSettings().GetDefaultRetry().GetMaxAttempts(), q.GetSettings().GetDefaultLease().AsDuration())
+	}
+	// Output: webhooks 8 2m0s
+}

@@ -39,14 +39,15 @@ type fakeServer struct {
 	tasks     map[uint64]*fakeTask
 	changed   chan struct{} // closed and replaced on every change
 	calls     map[string]int
-	batches   []int                  // sizes of EnqueueBatch requests
-	reqIDs    [][]uint64             // ids of every Enqueue / EnqueueBatch request
-	renews    map[uint64][]time.Time // renew times per task
-	claimedAt map[uint64]time.Time   // claim time per task
-	notH2     int                    // requests not made over HTTP/2
-	acceptEnc []string               // Grpc-Accept-Encoding of every request
-	nodes     []*nornv1.NodeStatus   // what Status lists (setNodes)
-	leader    bool                   // claims name this node as the tasks' leader
+	batches   []int                            // sizes of EnqueueBatch requests
+	reqIDs    [][]uint64                       // ids of every Enqueue / EnqueueBatch request
+	renews    map[uint64][]time.Time           // renew times per task
+	claimedAt map[uint64]time.Time             // claim time per task
+	notH2     int                              // requests not made over HTTP/2
+	acceptEnc []string                         // Grpc-Accept-Encoding of every request
+	nodes     []*nornv1.NodeStatus             // what Status lists (setNodes)
+	leader    bool                             // claims name this node as the tasks' leader
+	queues    map[string]*nornv1.QueueSettings // SetQueue's (fake_queues_test.go)
 
 	// inject, when set, runs before every call (without mu) with the
 	// method name and request message; a non-nil error is the answer. It
@@ -86,6 +87,7 @@ func newFake() *fakeServer {
 	mux := http.NewServeMux()
 	mux.Handle(nornv1connect.NewTaskServiceHandler(f))
 	mux.Handle(nornv1connect.NewAdminServiceHandler(f))
+	mux.Handle(nornv1connect.NewQueueServiceHandler(fakeQueues{f}))
 	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		if r.ProtoMajor != 2 {
@@ -340,7 +342,7 @@ func (f *fakeServer) Claim(ctx context.Context, r *connect.Request[nornv1.ClaimR
 		f.mu.Lock()
 		var ready []*fakeTask
 		for _, t := range f.tasks {
-			if t.status == nornv1.TaskStatus_TASK_STATUS_READY && t.spec.GetQueue() == r.Msg.GetQueue() {
+			if t.status == nornv1.TaskStatus_TASK_STATUS_READY && t.spec.GetQueue() == r.Msg.GetQueue() && !f.queues[t.spec.GetQueue()].GetPaused() {
 				ready = append(ready, t)
 			}
 		}

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -35,11 +34,7 @@ func runEnqueue(e *env, cmd *command, args []string) error {
 	notBefore := fs.String("not-before", "", "earliest claim time: RFC 3339, or a duration from now such as 5m")
 	dependsOn := fs.String("depends-on", "", "comma-separated ids of tasks that must be COMPLETED first")
 	maxClaims := fs.Uint("max-claims", 0, "abort the task after this many claims ended by lease expiry (0: unlimited)")
-	maxAttempts := fs.Uint("max-attempts", 0, "retry policy: failed attempts after which the task is DEAD (0: unlimited)")
-	backoff := fs.Duration("backoff", 0, "retry policy: the wait after the first failed attempt")
-	maxBackoff := fs.Duration("max-backoff", 0, "retry policy: the longest wait (default: --backoff)")
-	multiplier := fs.Float64("backoff-multiplier", 0, "retry policy: each wait's growth over the last, 1 to 100 (default 1)")
-	jitter := fs.Float64("jitter", 0, "retry policy: the largest share of a wait taken off it, 0 to 1")
+	retry := retryFlags(fs)
 	idFlag := fs.String("id", "", "store the task under this id, for an idempotent retry (default: the server assigns one)")
 	quorum := fs.Uint("w", 0, "write quorum: replicas that must store the task (0: the server's default, a majority)")
 	payloadFile := fs.String("payload-file", "", "read the payload from this file (-: standard input)")
@@ -50,19 +45,12 @@ func runEnqueue(e *env, cmd *command, args []string) error {
 	if *priority < math.MinInt32 || *priority > math.MaxInt32 {
 		return usagef(cmd, "--priority %d: out of the int32 range", *priority)
 	}
-	if *maxClaims > math.MaxUint32 || *quorum > math.MaxUint32 || *maxAttempts > math.MaxUint32 {
-		return usagef(cmd, "--max-claims, --max-attempts or --w: out of the uint32 range")
+	if *maxClaims > math.MaxUint32 || *quorum > math.MaxUint32 {
+		return usagef(cmd, "--max-claims or --w: out of the uint32 range")
 	}
 	spec := &nornv1.TaskSpec{Queue: pos[0], Priority: int32(*priority), MaxClaims: uint32(*maxClaims)}
-	if *maxAttempts != 0 || *backoff != 0 || *maxBackoff != 0 || *multiplier != 0 || *jitter != 0 {
-		// The server checks the policy and names the field it refuses.
-		spec.Retry = &nornv1.RetryPolicy{MaxAttempts: uint32(*maxAttempts), Multiplier: *multiplier, Jitter: *jitter}
-		if *backoff != 0 {
-			spec.Retry.InitialBackoff = durationpb.New(*backoff)
-		}
-		if *maxBackoff != 0 {
-			spec.Retry.MaxBackoff = durationpb.New(*maxBackoff)
-		}
+	if spec.Retry, err = retry.policy(); err != nil {
+		return usagef(cmd, "%v", err)
 	}
 	nb, err := parseNotBefore(*notBefore, time.Now())
 	if err != nil {
