@@ -42,6 +42,10 @@ type ClaimRequest struct {
 	// forwarding node weighed this node's heads against the others'
 	// and asks for those that made the cut (remote.go).
 	Floor *int32
+	// Hops is how often the claim was forwarded so far: a claim of a
+	// limited queue on its way to the queue's owner (limits.go) is not
+	// Proxied.
+	Hops int
 }
 
 // claimArgs is what every round of one claim works with.
@@ -70,14 +74,26 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 	if proxied {
 		wait = 0
 	}
+	lim := d.limitsOf(m.GetQueue())
+	owner := false
+	if lim.active() && !proxied {
+		got, forwarded, err := d.claimViaOwner(ctx, req)
+		if forwarded {
+			return got, err
+		}
+		owner = true
+	}
 	a := claimArgs{msg: m, lease: req.Lease, floor: req.Floor, across: !proxied && len(r.Nodes) > 1}
 	// Tasks of partitions this node does not replicate wake no local
 	// waiter, and a task can become ready at its leader without a
 	// wake-up here (a delayed task promoted there after this node
 	// promoted it, before this claim came): a waiting claim looks across
 	// the cluster again every ClaimRecheck.
+	// The owner of a limited queue at its cap learns of ends elsewhere
+	// from the other leaders' reports, and of its own without a wake-up:
+	// it looks again every ClaimRecheck too.
 	var recheck <-chan time.Time
-	if !proxied && len(r.Nodes) > 1 && wait > 0 {
+	if !proxied && (len(r.Nodes) > 1 || owner) && wait > 0 {
 		t := time.NewTicker(d.cfg.ClaimRecheck)
 		defer t.Stop()
 		recheck = t.C
@@ -123,10 +139,25 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 			continue
 		}
 		a.timeout = claimProposeTimeout(ctx)
-		got, view, err := d.tryClaim(ctx, a, limit)
+		n, lmt := limit, (*limiter)(nil)
+		if owner {
+			var err error
+			if n, lmt, err = d.acquire(ctx, m.GetQueue(), lim, limit); err != nil {
+				return nil, apierr.From(err)
+			}
+		}
+		var got []*nornv1.ClaimedTask
+		var view *headsView
+		var err error
 		var reach claimReach
-		if a.across && err == nil {
-			got, reach = d.claimOlder(ctx, m, limit, got, view)
+		if n > 0 {
+			got, view, err = d.tryClaim(ctx, a, n)
+			if a.across && err == nil {
+				got, reach = d.claimOlder(ctx, m, n, got, view)
+			}
+		}
+		if lmt != nil {
+			d.release(lmt, n, got)
 		}
 		if err != nil || len(got) > 0 {
 			return got, err

@@ -76,6 +76,13 @@ type Config struct {
 	// node applies them; nil: none is): its claims get nothing, here and
 	// when forwarded, and long polls wait for Waiters.NotifyAll.
 	Paused func(queue string) bool
+	// Limits returns a queue's claim limits (nil: none has any;
+	// limits.go).
+	Limits func(queue string) Limits
+	// CapStaleCount is the seeded bug TestBugs.CapStaleCount: a capped
+	// queue's owner checks the cap against a count read at most once a
+	// second, blind to the claims under way.
+	CapStaleCount bool
 }
 
 // Dispatcher hands tasks to workers on one node: it picks the best ready
@@ -96,6 +103,7 @@ type Dispatcher struct {
 	ender    *ender       // coalesced claim ends of finished tasks
 	deps     *depChecker  // dependencies of blocked tasks (deps.go)
 	remote   *remoteHeads // the other leaders' heads (remote.go)
+	limits   limiterSet   // limited queues this node owns (limits.go)
 
 	// monitorMu serializes monitor passes; extended[p] is the Raft term
 	// of p whose leadership has extended the live claims (0: none), so a

@@ -79,11 +79,18 @@ func remoteFirst(r, l storage.ReadyEntry) bool {
 // this node leads, in the order its claims take them; when there is none,
 // the partitions replicated here whose ready index holds tasks of queue
 // while they have no reachable leader (see stranded).
-func (d *Dispatcher) ReadyHeads(queue string, max int) (*nornv1.ReadyHeadsResponse, error) {
+func (d *Dispatcher) ReadyHeads(queue string, max int, countClaimed bool) (*nornv1.ReadyHeadsResponse, error) {
 	if d.host.Ring() == nil {
 		return nil, apierr.NotFormed
 	}
 	out := &nornv1.ReadyHeadsResponse{}
+	if countClaimed {
+		n, err := d.claimedHere(queue)
+		if err != nil {
+			return nil, apierr.From(err)
+		}
+		out.Claimed = new(uint64(n))
+	}
 	if d.paused(queue) {
 		return out, nil // nothing of it is claimable here
 	}
@@ -153,6 +160,9 @@ type peerHeads struct {
 	more     bool                 // it reported as many as asked: it may hold more
 	asked    int
 	at       time.Time // when it answered; zero: ask again
+	sent     time.Time // when the call of that answer was sent
+	claimed  int64     // its claimed tasks of the queue, when counted
+	counted  bool      // claimed was reported (a limited queue's call)
 	gen      uint64    // which answer heads come from
 	stranded []uint16
 	err      error // the last call failed
@@ -361,9 +371,12 @@ func (rh *remoteHeads) fetch(queue string, q *queueHeads, ids []string, n int) {
 		err  error
 	}
 	answers := make(chan answer, len(ids))
+	sent := time.Now()
+	count := rh.d.limitsOf(queue).active()
 	for i, id := range ids {
 		go func() {
-			resp, err := rh.d.peers.Get(addrs[i]).Peer.ReadyHeads(ctx, transport.Request(rh.d.peers, &nornv1.ReadyHeadsRequest{Queue: queue, Max: uint32(n)}))
+			resp, err := rh.d.peers.Get(addrs[i]).Peer.ReadyHeads(ctx, transport.Request(rh.d.peers,
+				&nornv1.ReadyHeadsRequest{Queue: queue, Max: uint32(n), CountClaimed: count}))
 			a := answer{id: id, err: err}
 			if err == nil {
 				a.resp = resp.Msg
@@ -380,16 +393,19 @@ func (rh *remoteHeads) fetch(queue string, q *queueHeads, ids []string, n int) {
 		rh.mu.Lock()
 		p := q.peers[a.id]
 		if p != nil {
-			p.record(a.resp, a.err, n)
+			p.record(a.resp, a.err, n, sent)
 		}
 		rh.mu.Unlock()
 	}
 }
 
 // record keeps one answer of a leader to a ReadyHeads call for n heads.
-func (p *peerHeads) record(resp *nornv1.ReadyHeadsResponse, err error, n int) {
+func (p *peerHeads) record(resp *nornv1.ReadyHeadsResponse, err error, n int, sent time.Time) {
 	p.at, p.gen = time.Now(), p.gen+1
 	p.heads, p.stranded, p.more, p.asked = nil, nil, false, n
+	if err == nil && resp.Claimed != nil {
+		p.claimed, p.counted, p.sent = int64(resp.GetClaimed()), true, sent
+	}
 	p.legacy, p.err = false, err
 	if err != nil {
 		p.legacy = connect.CodeOf(err) == connect.CodeUnimplemented

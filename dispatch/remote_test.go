@@ -77,7 +77,7 @@ func TestRemoteHeadsBookkeeping(t *testing.T) {
 	if !p.at.IsZero() || !stale(1) {
 		t.Fatal("a leader that gave fewer than it reported is not asked again")
 	}
-	p.record(nil, errors.New("unreachable"), 16)
+	p.record(nil, errors.New("unreachable"), 16, time.Now())
 	if ask, must := rh.stale(q, 1, time.Now()); len(ask) > 0 || must {
 		t.Fatal("a leader that just failed is asked again before headsRetry")
 	}
@@ -90,7 +90,7 @@ func TestRemoteHeadsBookkeeping(t *testing.T) {
 	}
 	// An answer past half its TTL is asked for again in the background;
 	// past its TTL, a claim waits for the new one.
-	p.record(&nornv1.ReadyHeadsResponse{Heads: []*nornv1.ReadyHead{{Id: 9, Priority: 1}}}, nil, 16)
+	p.record(&nornv1.ReadyHeadsResponse{Heads: []*nornv1.ReadyHead{{Id: 9, Priority: 1}}}, nil, 16, time.Now())
 	p.at = time.Now().Add(-d.cfg.HeadsTTL/2 - time.Millisecond)
 	if ask, must := rh.stale(q, 1, time.Now()); len(ask) != 1 || must {
 		t.Fatalf("past half its TTL: asked %v, must wait %v", ask, must)

@@ -139,7 +139,7 @@ func BenchmarkReadyHeads(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for b.Loop() {
-				resp, err := h.node.dispatch.ReadyHeads("bench", 16)
+				resp, err := h.node.dispatch.ReadyHeads("bench", 16, false)
 				if err != nil || len(resp.Heads) != 16 {
 					b.Fatalf("ReadyHeads: %d heads, %v", len(resp.GetHeads()), err)
 				}

@@ -269,6 +269,11 @@ func New(cfg Config) (*Node, error) {
 		OnExpired: n.metrics.tasks.Expired,
 		OnAborted: n.metrics.tasks.Aborted,
 		Paused:    func(q string) bool { return n.host.Queues().Get(q).Paused },
+		Limits: func(q string) dispatch.Limits {
+			s := n.host.Queues().Get(q)
+			return dispatch.Limits{MaxClaimed: s.MaxClaimed, ClaimRate: s.ClaimRate}
+		},
+		CapStaleCount: cfg.TestBugs.CapStaleCount,
 	})
 	n.dispatch.Start()
 	n.server = server.New(server.Config{

@@ -69,6 +69,11 @@ type TestBugs struct {
 	// left, without weighing their heads (dispatch.Config.ClaimLocalFirst),
 	// as before priority was strict across the cluster.
 	ClaimLocalFirst bool
+	// CapStaleCount ("cap-stale-count"): a capped queue's owner checks
+	// the cap against a count it reads at most once a second, blind to
+	// the claims under way (dispatch.Config.CapStaleCount): concurrent
+	// claims overshoot the cap.
+	CapStaleCount bool
 }
 
 // testBugs maps the names of -test-bug to their fields.
@@ -86,6 +91,7 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"end-after-write":       func(b *TestBugs) *bool { return &b.EndAfterWrite },
 	"skew-one-offset":       func(b *TestBugs) *bool { return &b.SkewOneOffset },
 	"claim-local-first":     func(b *TestBugs) *bool { return &b.ClaimLocalFirst },
+	"cap-stale-count":       func(b *TestBugs) *bool { return &b.CapStaleCount },
 }
 
 // TestBugNames returns the names ParseTestBugs accepts, sorted.

@@ -59,7 +59,10 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	if dl, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(dl)-100*time.Millisecond)
 	}
-	proxied := transport.Hops(req) > 0
+	// A claim another node proxied (a partial claim of what this node
+	// leads), unless it is a worker's claim of a limited queue passed
+	// on toward the queue's owner.
+	proxied := transport.Hops(req) > 0 && req.Header().Get(transport.HeaderClaimOwner) == ""
 	var floor *int32
 	if f := req.Header().Get(transport.HeaderClaimFloor); f != "" && proxied {
 		v, err := strconv.ParseInt(f, 10, 32)
@@ -69,8 +72,8 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 		floor = new(int32(v))
 	}
 	got, err := sv.dispatch.Claim(ctx, dispatch.ClaimRequest{Msg: m, Lease: lease, Max: limit, Wait: wait,
-		Proxied: proxied, Floor: floor})
-	if err == nil && !proxied {
+		Proxied: proxied, Floor: floor, Hops: transport.Hops(req)})
+	if err == nil && transport.Hops(req) == 0 {
 		sv.events.Claimed(m.GetQueue(), got, sv.cfg.Clock.Now(), time.Since(start))
 	}
 	return connect.NewResponse(&nornv1.ClaimResponse{Tasks: got}), err

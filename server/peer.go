@@ -238,7 +238,7 @@ func (s peerService) ReadyHeads(_ context.Context, req *connect.Request[nornv1.R
 	if n := m.GetMax(); n == 0 || n > maxClaimBatch {
 		return nil, apierr.Invalid("max", "must be 1-%d, got %d", maxClaimBatch, n)
 	}
-	resp, err := s.sv.dispatch.ReadyHeads(m.GetQueue(), int(m.GetMax()))
+	resp, err := s.sv.dispatch.ReadyHeads(m.GetQueue(), int(m.GetMax()), m.GetCountClaimed())
 	if err != nil {
 		return nil, err
 	}

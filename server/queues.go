@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -97,7 +98,7 @@ func (s queueService) ListQueues(ctx context.Context, _ *connect.Request[nornv1.
 }
 
 // clearable are the settings SetQueueRequest.clear may name.
-var clearable = []string{"paused", "default_retry", "default_lease"}
+var clearable = []string{"paused", "default_retry", "default_lease", "max_claimed", "claim_rate"}
 
 func (s queueService) SetQueue(ctx context.Context, req *connect.Request[nornv1.SetQueueRequest]) (*connect.Response[nornv1.SetQueueResponse], error) {
 	sv, m := s.sv, req.Msg
@@ -228,7 +229,21 @@ func (sv *Server) settingsChange(cur cluster.QueueSettings, m *nornv1.SetQueueRe
 		}
 		next.DefaultLeaseMs = l.Milliseconds()
 	}
-	isSet := map[string]bool{"paused": (set != nil && set.Paused != nil), "default_retry": set.GetDefaultRetry() != nil, "default_lease": set.GetDefaultLease() != nil}
+	if set != nil && set.MaxClaimed != nil {
+		if set.GetMaxClaimed() == 0 {
+			return cur, apierr.Invalid("settings.maxClaimed", "must be at least 1, got 0 (clear it for no cap, or pause the queue)")
+		}
+		next.MaxClaimed = set.GetMaxClaimed()
+	}
+	if set != nil && set.ClaimRate != nil {
+		r := set.GetClaimRate()
+		if math.IsNaN(r) || r <= 0 || r > cluster.MaxClaimRate {
+			return cur, apierr.Invalid("settings.claimRate", "must be in (0, %v] claims per second, got %v (clear it for no limit)", float64(cluster.MaxClaimRate), r)
+		}
+		next.ClaimRate = r
+	}
+	isSet := map[string]bool{"paused": set != nil && set.Paused != nil, "default_retry": set.GetDefaultRetry() != nil,
+		"default_lease": set.GetDefaultLease() != nil, "max_claimed": set != nil && set.MaxClaimed != nil, "claim_rate": set != nil && set.ClaimRate != nil}
 	for i, name := range m.GetClear() {
 		field := fmt.Sprintf("clear[%d]", i)
 		switch {
@@ -244,6 +259,10 @@ func (sv *Server) settingsChange(cur cluster.QueueSettings, m *nornv1.SetQueueRe
 			next.DefaultRetry = nil
 		case "default_lease":
 			next.DefaultLeaseMs = 0
+		case "max_claimed":
+			next.MaxClaimed = 0
+		case "claim_rate":
+			next.ClaimRate = 0
 		}
 	}
 	if err := next.Validate(); err != nil {
@@ -260,6 +279,12 @@ func settingsToAPI(s cluster.QueueSettings) *nornv1.QueueSettings {
 	}
 	if s.DefaultLeaseMs > 0 {
 		out.DefaultLease = durationpb.New(time.Duration(s.DefaultLeaseMs) * time.Millisecond)
+	}
+	if s.MaxClaimed > 0 {
+		out.MaxClaimed = new(s.MaxClaimed)
+	}
+	if s.ClaimRate > 0 {
+		out.ClaimRate = new(s.ClaimRate)
 	}
 	return out
 }

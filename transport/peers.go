@@ -30,6 +30,10 @@ const (
 	// HeaderClaimFloor is the lowest priority a forwarded claim takes
 	// (the forwarding node weighed the leaders' heads).
 	HeaderClaimFloor = "Norn-Claim-Floor"
+	// HeaderClaimOwner marks a worker's claim of a limited queue passed
+	// on toward the queue's owner (dispatch, limits.go): not a proxied
+	// claim, it claims across the cluster and waits.
+	HeaderClaimOwner = "Norn-Claim-Owner"
 )
 
 // Peer is a node's connection to another node's API.

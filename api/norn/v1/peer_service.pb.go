@@ -31,7 +31,9 @@ type ReadyHeadsRequest struct {
 	// The queue. Required; a valid queue name.
 	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
 	// Most heads to return: 1 to 1,000.
-	Max           uint32 `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
+	Max uint32 `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
+	// Also count the queue's claimed tasks (ReadyHeadsResponse.claimed).
+	CountClaimed  bool `protobuf:"varint,3,opt,name=count_claimed,json=countClaimed,proto3" json:"count_claimed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -80,6 +82,13 @@ func (x *ReadyHeadsRequest) GetMax() uint32 {
 	return 0
 }
 
+func (x *ReadyHeadsRequest) GetCountClaimed() bool {
+	if x != nil {
+		return x.CountClaimed
+	}
+	return false
+}
+
 // ReadyHeadsResponse is the response of PeerService.ReadyHeads.
 type ReadyHeadsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -89,7 +98,11 @@ type ReadyHeadsResponse struct {
 	// When heads is empty: the partitions the receiver replicates whose
 	// ready index holds tasks of the queue while they have no reachable
 	// leader (an election, a dead leader).
-	Stranded      []uint32 `protobuf:"varint,2,rep,packed,name=stranded,proto3" json:"stranded,omitempty"`
+	Stranded []uint32 `protobuf:"varint,2,rep,packed,name=stranded,proto3" json:"stranded,omitempty"`
+	// With count_claimed: the tasks of the queue claimed now in the
+	// partitions the receiver leads (a capped queue's owner adds them up).
+	// Unset from a node that predates it.
+	Claimed       *uint64 `protobuf:"varint,3,opt,name=claimed,proto3,oneof" json:"claimed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -136,6 +149,13 @@ func (x *ReadyHeadsResponse) GetStranded() []uint32 {
 		return x.Stranded
 	}
 	return nil
+}
+
+func (x *ReadyHeadsResponse) GetClaimed() uint64 {
+	if x != nil && x.Claimed != nil {
+		return *x.Claimed
+	}
+	return 0
 }
 
 // ReadyHead is one claimable task of ReadyHeadsResponse.
@@ -1758,13 +1778,17 @@ var File_norn_v1_peer_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1anorn/v1/peer_service.proto\x12\anorn.v1\x1a\x12norn/v1/task.proto\";\n" +
+	"\x1anorn/v1/peer_service.proto\x12\anorn.v1\x1a\x12norn/v1/task.proto\"`\n" +
 	"\x11ReadyHeadsRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x10\n" +
-	"\x03max\x18\x02 \x01(\rR\x03max\"Z\n" +
+	"\x03max\x18\x02 \x01(\rR\x03max\x12#\n" +
+	"\rcount_claimed\x18\x03 \x01(\bR\fcountClaimed\"\x85\x01\n" +
 	"\x12ReadyHeadsResponse\x12(\n" +
 	"\x05heads\x18\x01 \x03(\v2\x12.norn.v1.ReadyHeadR\x05heads\x12\x1a\n" +
-	"\bstranded\x18\x02 \x03(\rR\bstranded\"7\n" +
+	"\bstranded\x18\x02 \x03(\rR\bstranded\x12\x1d\n" +
+	"\aclaimed\x18\x03 \x01(\x04H\x00R\aclaimed\x88\x01\x01B\n" +
+	"\n" +
+	"\b_claimed\"7\n" +
 	"\tReadyHead\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x05R\bpriority\"y\n" +
@@ -1981,6 +2005,7 @@ func file_norn_v1_peer_service_proto_init() {
 		return
 	}
 	file_norn_v1_task_proto_init()
+	file_norn_v1_peer_service_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

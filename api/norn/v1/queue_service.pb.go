@@ -40,7 +40,16 @@ type QueueSettings struct {
 	// The lease of a claim of this queue that names none
 	// (ClaimRequest.lease). Positive, at most the server's maximum lease.
 	// Unset: 30 s.
-	DefaultLease  *durationpb.Duration `protobuf:"bytes,3,opt,name=default_lease,json=defaultLease,proto3" json:"default_lease,omitempty"`
+	DefaultLease *durationpb.Duration `protobuf:"bytes,3,opt,name=default_lease,json=defaultLease,proto3" json:"default_lease,omitempty"`
+	// The most tasks of the queue claimed at once, cluster wide; a claim
+	// gets at most what is left (possibly nothing: it waits, or answers
+	// empty). At least 1. Unset: no cap. See docs/JOBQUEUE.md ("Limits")
+	// for how it holds across nodes and what a leader change may let by.
+	MaxClaimed *uint32 `protobuf:"varint,4,opt,name=max_claimed,json=maxClaimed,proto3,oneof" json:"max_claimed,omitempty"`
+	// The most claims granted per second, cluster wide (tasks, not calls),
+	// with a burst of one second's worth (at least 1). Positive, at most
+	// 1,000,000; fractions allowed (0.5: one every 2 s). Unset: no limit.
+	ClaimRate     *float64 `protobuf:"fixed64,5,opt,name=claim_rate,json=claimRate,proto3,oneof" json:"claim_rate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -94,6 +103,20 @@ func (x *QueueSettings) GetDefaultLease() *durationpb.Duration {
 		return x.DefaultLease
 	}
 	return nil
+}
+
+func (x *QueueSettings) GetMaxClaimed() uint32 {
+	if x != nil && x.MaxClaimed != nil {
+		return *x.MaxClaimed
+	}
+	return 0
+}
+
+func (x *QueueSettings) GetClaimRate() float64 {
+	if x != nil && x.ClaimRate != nil {
+		return *x.ClaimRate
+	}
+	return 0
 }
 
 // Queue is one queue as QueueService shows it.
@@ -368,7 +391,8 @@ type SetQueueRequest struct {
 	// The settings to change: only the fields set.
 	Settings *QueueSettings `protobuf:"bytes,2,opt,name=settings,proto3" json:"settings,omitempty"`
 	// Settings to take back to their defaults, by field name:
-	// "paused", "default_retry", "default_lease". An unknown name, or one
+	// "paused", "default_retry", "default_lease", "max_claimed",
+	// "claim_rate". An unknown name, or one
 	// also set in `settings`, is INVALID_ARGUMENT.
 	Clear         []string `protobuf:"bytes,3,rep,name=clear,proto3" json:"clear,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -486,12 +510,18 @@ var File_norn_v1_queue_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_queue_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1bnorn/v1/queue_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x12norn/v1/task.proto\"\xb2\x01\n" +
+	"\x1bnorn/v1/queue_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x12norn/v1/task.proto\"\x9b\x02\n" +
 	"\rQueueSettings\x12\x1b\n" +
 	"\x06paused\x18\x01 \x01(\bH\x00R\x06paused\x88\x01\x01\x129\n" +
 	"\rdefault_retry\x18\x02 \x01(\v2\x14.norn.v1.RetryPolicyR\fdefaultRetry\x12>\n" +
-	"\rdefault_lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\fdefaultLeaseB\t\n" +
-	"\a_paused\"\x88\x02\n" +
+	"\rdefault_lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\fdefaultLease\x12$\n" +
+	"\vmax_claimed\x18\x04 \x01(\rH\x01R\n" +
+	"maxClaimed\x88\x01\x01\x12\"\n" +
+	"\n" +
+	"claim_rate\x18\x05 \x01(\x01H\x02R\tclaimRate\x88\x01\x01B\t\n" +
+	"\a_pausedB\x0e\n" +
+	"\f_max_claimedB\r\n" +
+	"\v_claim_rate\"\x88\x02\n" +
 	"\x05Queue\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\bsettings\x18\x02 \x01(\v2\x16.norn.v1.QueueSettingsR\bsettings\x12)\n" +
