@@ -61,7 +61,8 @@ cluster's meta group and every node keeps them across restarts
   nornctl queue pause emails          claims get nothing (long polls wait); enqueues go on
   nornctl queue resume emails
   nornctl queue set emails --default-lease 2m --max-attempts 5 --backoff 10s --backoff-multiplier 2
-  nornctl queue set emails --clear default_retry,default_lease
+  nornctl queue set emails --max-claimed 20 --claim-rate 50   at most 20 held at once, 50 claims a second
+  nornctl queue set emails --clear default_retry,default_lease,max_claimed
 
 A change answers once every live node applies it; nodes that had not
 are named (they apply it from gossip). -o json prints the Queue, the
@@ -76,10 +77,14 @@ func runQueue(e *env, cmd *command, args []string) error {
 	var retry retryPolicyFlags
 	var lease *time.Duration
 	var clear *string
+	var maxClaimed *uint
+	var rate *float64
 	if sub == "set" {
 		retry = retryFlags(fs)
 		lease = fs.Duration("default-lease", 0, "the lease of a claim that names none")
-		clear = fs.String("clear", "", "comma-separated settings back to their defaults: paused, default_retry, default_lease")
+		maxClaimed = fs.Uint("max-claimed", 0, "the most tasks of the queue claimed at once, cluster wide (clear max_claimed for no cap)")
+		rate = fs.Float64("claim-rate", 0, "the most claims granted per second, cluster wide (clear claim_rate for no limit)")
+		clear = fs.String("clear", "", "comma-separated settings back to their defaults: paused, default_retry, default_lease, max_claimed, claim_rate")
 	}
 	want := 1
 	switch sub {
@@ -122,6 +127,15 @@ func runQueue(e *env, cmd *command, args []string) error {
 		if *lease != 0 {
 			req.Settings.DefaultLease = durationpb.New(*lease)
 		}
+		if *maxClaimed > math.MaxUint32 {
+			return usagef(cmd, "--max-claimed %d: out of the uint32 range", *maxClaimed)
+		}
+		if *maxClaimed != 0 {
+			req.Settings.MaxClaimed = new(uint32(*maxClaimed))
+		}
+		if *rate != 0 {
+			req.Settings.ClaimRate = rate
+		}
 		if *clear != "" {
 			req.Clear = strings.Split(*clear, ",")
 		}
@@ -141,10 +155,14 @@ func runQueue(e *env, cmd *command, args []string) error {
 
 // writeQueues prints one row per queue.
 func writeQueues(w io.Writer, qs []*nornv1.Queue) {
-	fmt.Fprintf(w, "QUEUE\tPAUSED\tREADY\tDELAYED\tCLAIMED\tCOMPLETED\tDEAD\tABORTED\tCANCELLED\tTOTAL\n")
+	fmt.Fprintf(w, "QUEUE\tPAUSED\tMAX CLAIMED\tREADY\tDELAYED\tCLAIMED\tCOMPLETED\tDEAD\tABORTED\tCANCELLED\tTOTAL\n")
 	for _, q := range qs {
 		b := q.GetByStatus()
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", q.GetName(), yesNo(q.GetSettings().GetPaused()),
+		maxClaimed := "-"
+		if q.GetSettings().MaxClaimed != nil {
+			maxClaimed = fmt.Sprint(q.GetSettings().GetMaxClaimed())
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", q.GetName(), yesNo(q.GetSettings().GetPaused()), maxClaimed,
 			b["READY"], b["DELAYED"], b["CLAIMED"], b["COMPLETED"], b["DEAD"], b["ABORTED"], b["CANCELLED"], q.GetTotal())
 	}
 }
@@ -164,6 +182,14 @@ func writeQueue(w io.Writer, q *nornv1.Queue) {
 		retry = formatRetry(p)
 	}
 	fmt.Fprintf(w, "DEFAULT RETRY\t%s\n", retry)
+	limit := func(set bool, v string) string {
+		if !set {
+			return "none"
+		}
+		return v
+	}
+	fmt.Fprintf(w, "MAX CLAIMED\t%s\n", limit(s.MaxClaimed != nil, fmt.Sprint(s.GetMaxClaimed())))
+	fmt.Fprintf(w, "CLAIM RATE\t%s\n", limit(s.ClaimRate != nil, fmt.Sprintf("%g/s", s.GetClaimRate())))
 	fmt.Fprintf(w, "SETTINGS VERSION\t%d\n", q.GetSettingsVersion())
 	for _, st := range sortedStatuses(q.GetByStatus()) {
 		fmt.Fprintf(w, "%s\t%d\n", st, q.GetByStatus()[st])

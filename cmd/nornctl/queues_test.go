@@ -49,6 +49,13 @@ func TestQueueCommands(t *testing.T) {
 	out = ok(t, addr, "queue", "set", "hooks", "--clear", "default_lease")
 	row(t, "clear", out, "DEFAULT LEASE", "the node's")
 	row(t, "clear", out, "DEFAULT RETRY", "5 attempts")
+	out = ok(t, addr, "queue", "set", "hooks", "--max-claimed", "4", "--claim-rate", "2.5")
+	row(t, "limits", out, "MAX CLAIMED", "4")
+	row(t, "limits", out, "CLAIM RATE", "2.5/s")
+	r0 := nornctl(t, addr, "", "queue", "set", "hooks", "--claim-rate", "-1")
+	if r0.code != 1 || !strings.Contains(r0.stderr, "settings.claimRate") {
+		t.Errorf("a negative rate: exit %d, stderr %q", r0.code, r0.stderr)
+	}
 
 	r := nornctl(t, addr, "", "queue", "set", "hooks", "--backoff-multiplier", "0.5")
 	if r.code != 1 || !strings.Contains(r.stderr, "settings.defaultRetry.multiplier") {
