@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -24,21 +25,25 @@ import (
 // leaders', which it asks for the tasks that made the cut), taking no more
 // than the cap leaves and the rate allows.
 //
-// What the owner counts (acquire): the queue's tasks claimed in the
-// partitions it leads (its replica's counters, which a grant or an end
-// reaches when it applies), plus, for each other leader, the count its
-// last heads report carried (ReadyHeadsResponse.claimed) and every grant
-// the owner got from it after that report's call was sent, plus the
-// claims under way here. An end at another leader reaches the count with
-// its next report (within the heads TTL while claims run): the count runs
-// high, never low, while leaderships hold still.
+// What the owner counts (acquire): per partition, the largest count of
+// the queue's claimed tasks among its own replica's counters (which a
+// grant or an end reaches when it applies) and what the other nodes'
+// last heads reports carried for the partitions they replicate
+// (ReadyHeadsResponse.claimed_by_partition); plus every grant the owner
+// got from another leader after that leader's last report was sent;
+// plus the claims under way here. An end elsewhere reaches the count
+// with the next reports (within the heads TTL while claims run), and a
+// replica that lags counts what it has not seen end: the count runs
+// high, never low. A leadership that moves keeps its partition counted
+// (the old leader's replica still holds the claims).
 //
 // What may let more through, bounded (the overshoot the docs state):
 //   - a change of owner: the old owner's claims under way when it lost
-//     its leadership, at most the cap;
-//   - a change of another partition's leader: the claims held in that
-//     partition may be in neither leader's report for one TTL, at most
-//     what the old leader held;
+//     its leadership, at most the cap (the new owner counts what every
+//     replica reports, not what the old one had in flight);
+//   - a node that never answered the owner's reports (down, cut off, an
+//     older build): the claims held in partitions no answering node
+//     replicates;
 //   - a node that has not applied the queue's limits yet (SetQueue's
 //     pending_nodes) claims on its own until it does;
 //   - the rate's bucket starts full at a new owner: one second's worth.
@@ -109,14 +114,45 @@ func (s *limiterSet) get(queue string) *limiter {
 func (d *Dispatcher) claimedHere(queue string) (int64, error) {
 	var n int64
 	for _, p := range d.leading() {
-		entries, err := d.store.Counts(p, queue)
+		c, err := d.claimedIn(p, queue)
 		if err != nil {
 			return 0, err
 		}
-		for _, e := range entries {
-			if e.Class == storage.ClassClaimed {
-				n += e.N
-			}
+		n += c
+	}
+	return n, nil
+}
+
+// claimedByPartition counts queue's claimed tasks in each partition this
+// node replicates, as its replica has applied them (partitions without
+// any left out).
+func (d *Dispatcher) claimedByPartition(queue string) (map[uint16]int64, error) {
+	out := map[uint16]int64{}
+	for p, g := range d.host.Groups() {
+		if g == nil {
+			continue
+		}
+		c, err := d.claimedIn(uint16(p), queue)
+		if err != nil {
+			return nil, err
+		}
+		if c > 0 {
+			out[uint16(p)] = c
+		}
+	}
+	return out, nil
+}
+
+// claimedIn counts queue's claimed tasks in partition p.
+func (d *Dispatcher) claimedIn(p uint16, queue string) (int64, error) {
+	entries, err := d.store.Counts(p, queue)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, e := range entries {
+		if e.Class == storage.ClassClaimed {
+			n += e.N
 		}
 	}
 	return n, nil
@@ -136,23 +172,20 @@ func (d *Dispatcher) acquire(ctx context.Context, queue string, lim Limits, want
 	k := want
 	if lim.MaxClaimed > 0 {
 		var held int64
-		if d.cfg.CapStaleCount {
-			// The seeded bug: a count read at most once a second, blind
-			// to the claims under way.
-			if now.Sub(l.staleAt) > time.Second {
-				here, err := d.claimedHere(queue)
-				if err != nil {
-					return 0, l, err
-				}
-				l.stale, l.staleAt = here+d.remote.claimedElsewhere(queue, l), now
-			}
-			held = l.stale
-		} else {
-			here, err := d.claimedHere(queue)
+		if !d.cfg.CapStaleCount || now.Sub(l.staleAt) > time.Second {
+			here, err := d.claimedByPartition(queue)
 			if err != nil {
 				return 0, l, err
 			}
-			held = here + d.remote.claimedElsewhere(queue, l) + int64(l.reserved)
+			held = d.remote.claimedTotal(queue, l, here)
+			l.stale, l.staleAt = held, now
+		}
+		if d.cfg.CapStaleCount {
+			// The seeded bug: a count read at most once a second, blind
+			// to the claims under way.
+			held = l.stale
+		} else {
+			held += int64(l.reserved)
 		}
 		k = int(min(int64(k), max(0, int64(lim.MaxClaimed)-held)))
 	}
@@ -194,23 +227,31 @@ func (d *Dispatcher) release(l *limiter, k int, got []*nornv1.ClaimedTask) {
 	}
 }
 
-// claimedElsewhere is the other leaders' claimed tasks of queue as this
-// owner knows them: each one's last report, plus l's grants of it since
-// that report's call was sent (grants a later report holds are dropped).
-// The caller holds l.mu.
-func (rh *remoteHeads) claimedElsewhere(queue string, l *limiter) int64 {
+// claimedTotal is queue's claimed tasks across the cluster as this owner
+// knows them: per partition, the largest count among this node's
+// replica (here) and the other nodes' last reports; plus l's grants by
+// another leader that its last report may not hold (its call was sent
+// before the grant's answer came; those a later report holds are
+// dropped). The caller holds l.mu.
+func (rh *remoteHeads) claimedTotal(queue string, l *limiter, here map[uint16]int64) int64 {
 	rh.mu.Lock()
 	defer rh.mu.Unlock()
-	q := rh.queues[queue]
+	most := maps.Clone(here)
 	byAddr := map[string]*peerHeads{}
-	var n int64
-	if q != nil {
+	if q := rh.queues[queue]; q != nil {
 		for _, p := range q.peers {
 			byAddr[p.addr] = p
-			if p.counted {
-				n += p.claimed
+			if !p.counted {
+				continue
+			}
+			for part, n := range p.byPartition {
+				most[part] = max(most[part], n)
 			}
 		}
+	}
+	var n int64
+	for _, c := range most {
+		n += c
 	}
 	kept := l.grants[:0]
 	for _, g := range l.grants {

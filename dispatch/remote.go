@@ -3,7 +3,9 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"maps"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -90,6 +92,13 @@ func (d *Dispatcher) ReadyHeads(queue string, max int, countClaimed bool) (*norn
 			return nil, apierr.From(err)
 		}
 		out.Claimed = new(uint64(n))
+		byPart, err := d.claimedByPartition(queue)
+		if err != nil {
+			return nil, apierr.From(err)
+		}
+		for _, p := range slices.Sorted(maps.Keys(byPart)) {
+			out.ClaimedByPartition = append(out.ClaimedByPartition, &nornv1.PartitionClaimed{Partition: uint32(p), Claimed: uint64(byPart[p])})
+		}
 	}
 	if d.paused(queue) {
 		return out, nil // nothing of it is claimable here
@@ -155,18 +164,20 @@ type queueHeads struct {
 
 // peerHeads is what one leader reported of one queue.
 type peerHeads struct {
-	addr     string
-	heads    []storage.ReadyEntry // in its claim order, less what this node's claims took
-	more     bool                 // it reported as many as asked: it may hold more
-	asked    int
-	at       time.Time // when it answered; zero: ask again
-	sent     time.Time // when the call of that answer was sent
-	claimed  int64     // its claimed tasks of the queue, when counted
-	counted  bool      // claimed was reported (a limited queue's call)
-	gen      uint64    // which answer heads come from
-	stranded []uint16
-	err      error // the last call failed
-	legacy   bool  // it has no ReadyHeads
+	addr  string
+	heads []storage.ReadyEntry // in its claim order, less what this node's claims took
+	more  bool                 // it reported as many as asked: it may hold more
+	asked int
+	at    time.Time // when it answered; zero: ask again
+	sent  time.Time // when the call of that answer was sent
+	// byPartition is its replicas' claimed tasks of the queue per
+	// partition, when counted (a limited queue's call).
+	byPartition map[uint16]int64
+	counted     bool
+	gen         uint64 // which answer heads come from
+	stranded    []uint16
+	err         error // the last call failed
+	legacy      bool  // it has no ReadyHeads
 }
 
 // headsView is a claim's snapshot of the cache of one queue.
@@ -404,7 +415,10 @@ func (p *peerHeads) record(resp *nornv1.ReadyHeadsResponse, err error, n int, se
 	p.at, p.gen = time.Now(), p.gen+1
 	p.heads, p.stranded, p.more, p.asked = nil, nil, false, n
 	if err == nil && resp.Claimed != nil {
-		p.claimed, p.counted, p.sent = int64(resp.GetClaimed()), true, sent
+		p.byPartition, p.counted, p.sent = map[uint16]int64{}, true, sent
+		for _, pc := range resp.GetClaimedByPartition() {
+			p.byPartition[uint16(pc.GetPartition())] = int64(pc.GetClaimed())
+		}
 	}
 	p.legacy, p.err = false, err
 	if err != nil {

@@ -100,11 +100,16 @@ type ReadyHeadsResponse struct {
 	// leader (an election, a dead leader).
 	Stranded []uint32 `protobuf:"varint,2,rep,packed,name=stranded,proto3" json:"stranded,omitempty"`
 	// With count_claimed: the tasks of the queue claimed now in the
-	// partitions the receiver leads (a capped queue's owner adds them up).
-	// Unset from a node that predates it.
-	Claimed       *uint64 `protobuf:"varint,3,opt,name=claimed,proto3,oneof" json:"claimed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// partitions the receiver leads. Unset from a node that predates it.
+	Claimed *uint64 `protobuf:"varint,3,opt,name=claimed,proto3,oneof" json:"claimed,omitempty"`
+	// With count_claimed: the tasks of the queue claimed now in each
+	// partition the receiver replicates, as its replica has applied them
+	// (partitions without any left out). A capped queue's owner takes, per
+	// partition, the largest count its replicas report: a leadership that
+	// moves between two reports leaves the partition counted.
+	ClaimedByPartition []*PartitionClaimed `protobuf:"bytes,4,rep,name=claimed_by_partition,json=claimedByPartition,proto3" json:"claimed_by_partition,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ReadyHeadsResponse) Reset() {
@@ -158,6 +163,68 @@ func (x *ReadyHeadsResponse) GetClaimed() uint64 {
 	return 0
 }
 
+func (x *ReadyHeadsResponse) GetClaimedByPartition() []*PartitionClaimed {
+	if x != nil {
+		return x.ClaimedByPartition
+	}
+	return nil
+}
+
+// PartitionClaimed is one partition's claimed tasks of a queue.
+type PartitionClaimed struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The partition.
+	Partition uint32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Its claimed tasks of the queue.
+	Claimed       uint64 `protobuf:"varint,2,opt,name=claimed,proto3" json:"claimed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionClaimed) Reset() {
+	*x = PartitionClaimed{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionClaimed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionClaimed) ProtoMessage() {}
+
+func (x *PartitionClaimed) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionClaimed.ProtoReflect.Descriptor instead.
+func (*PartitionClaimed) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PartitionClaimed) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionClaimed) GetClaimed() uint64 {
+	if x != nil {
+		return x.Claimed
+	}
+	return 0
+}
+
 // ReadyHead is one claimable task of ReadyHeadsResponse.
 type ReadyHead struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -171,7 +238,7 @@ type ReadyHead struct {
 
 func (x *ReadyHead) Reset() {
 	*x = ReadyHead{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -183,7 +250,7 @@ func (x *ReadyHead) String() string {
 func (*ReadyHead) ProtoMessage() {}
 
 func (x *ReadyHead) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -196,7 +263,7 @@ func (x *ReadyHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadyHead.ProtoReflect.Descriptor instead.
 func (*ReadyHead) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{2}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ReadyHead) GetId() uint64 {
@@ -231,7 +298,7 @@ type ChangeGroupRequest struct {
 
 func (x *ChangeGroupRequest) Reset() {
 	*x = ChangeGroupRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -243,7 +310,7 @@ func (x *ChangeGroupRequest) String() string {
 func (*ChangeGroupRequest) ProtoMessage() {}
 
 func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -256,7 +323,7 @@ func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupRequest.ProtoReflect.Descriptor instead.
 func (*ChangeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{3}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ChangeGroupRequest) GetPartition() uint32 {
@@ -303,7 +370,7 @@ type ChangeGroupResponse struct {
 
 func (x *ChangeGroupResponse) Reset() {
 	*x = ChangeGroupResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -315,7 +382,7 @@ func (x *ChangeGroupResponse) String() string {
 func (*ChangeGroupResponse) ProtoMessage() {}
 
 func (x *ChangeGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -328,7 +395,7 @@ func (x *ChangeGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupResponse.ProtoReflect.Descriptor instead.
 func (*ChangeGroupResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{4}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ChangeGroupResponse) GetServers() []*GroupServer {
@@ -367,7 +434,7 @@ type GroupServer struct {
 
 func (x *GroupServer) Reset() {
 	*x = GroupServer{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -379,7 +446,7 @@ func (x *GroupServer) String() string {
 func (*GroupServer) ProtoMessage() {}
 
 func (x *GroupServer) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -392,7 +459,7 @@ func (x *GroupServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServer.ProtoReflect.Descriptor instead.
 func (*GroupServer) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{5}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GroupServer) GetId() string {
@@ -433,7 +500,7 @@ type ReplicaProgressRequest struct {
 
 func (x *ReplicaProgressRequest) Reset() {
 	*x = ReplicaProgressRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +512,7 @@ func (x *ReplicaProgressRequest) String() string {
 func (*ReplicaProgressRequest) ProtoMessage() {}
 
 func (x *ReplicaProgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +525,7 @@ func (x *ReplicaProgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaProgressRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaProgressRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{6}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReplicaProgressRequest) GetPartition() uint32 {
@@ -502,7 +569,7 @@ type ReplicaProgressResponse struct {
 
 func (x *ReplicaProgressResponse) Reset() {
 	*x = ReplicaProgressResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +581,7 @@ func (x *ReplicaProgressResponse) String() string {
 func (*ReplicaProgressResponse) ProtoMessage() {}
 
 func (x *ReplicaProgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +594,7 @@ func (x *ReplicaProgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaProgressResponse.ProtoReflect.Descriptor instead.
 func (*ReplicaProgressResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{7}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReplicaProgressResponse) GetRingEpoch() uint64 {
@@ -582,7 +649,7 @@ type TreeRootsRequest struct {
 
 func (x *TreeRootsRequest) Reset() {
 	*x = TreeRootsRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -594,7 +661,7 @@ func (x *TreeRootsRequest) String() string {
 func (*TreeRootsRequest) ProtoMessage() {}
 
 func (x *TreeRootsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -607,7 +674,7 @@ func (x *TreeRootsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeRootsRequest.ProtoReflect.Descriptor instead.
 func (*TreeRootsRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{8}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TreeRootsRequest) GetPartitions() []uint32 {
@@ -646,7 +713,7 @@ type TreeRootsResponse struct {
 
 func (x *TreeRootsResponse) Reset() {
 	*x = TreeRootsResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +725,7 @@ func (x *TreeRootsResponse) String() string {
 func (*TreeRootsResponse) ProtoMessage() {}
 
 func (x *TreeRootsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +738,7 @@ func (x *TreeRootsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeRootsResponse.ProtoReflect.Descriptor instead.
 func (*TreeRootsResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{9}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TreeRootsResponse) GetRoots() []uint64 {
@@ -704,7 +771,7 @@ type TreeNodesRequest struct {
 
 func (x *TreeNodesRequest) Reset() {
 	*x = TreeNodesRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +783,7 @@ func (x *TreeNodesRequest) String() string {
 func (*TreeNodesRequest) ProtoMessage() {}
 
 func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +796,7 @@ func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNodesRequest.ProtoReflect.Descriptor instead.
 func (*TreeNodesRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{10}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TreeNodesRequest) GetPartition() uint32 {
@@ -764,7 +831,7 @@ type TreeNodesResponse struct {
 
 func (x *TreeNodesResponse) Reset() {
 	*x = TreeNodesResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +843,7 @@ func (x *TreeNodesResponse) String() string {
 func (*TreeNodesResponse) ProtoMessage() {}
 
 func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +856,7 @@ func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNodesResponse.ProtoReflect.Descriptor instead.
 func (*TreeNodesResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{11}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TreeNodesResponse) GetHashes() []uint64 {
@@ -812,7 +879,7 @@ type SegmentEntriesRequest struct {
 
 func (x *SegmentEntriesRequest) Reset() {
 	*x = SegmentEntriesRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +891,7 @@ func (x *SegmentEntriesRequest) String() string {
 func (*SegmentEntriesRequest) ProtoMessage() {}
 
 func (x *SegmentEntriesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +904,7 @@ func (x *SegmentEntriesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentEntriesRequest.ProtoReflect.Descriptor instead.
 func (*SegmentEntriesRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{12}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SegmentEntriesRequest) GetPartition() uint32 {
@@ -868,7 +935,7 @@ type SegmentEntriesResponse struct {
 
 func (x *SegmentEntriesResponse) Reset() {
 	*x = SegmentEntriesResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +947,7 @@ func (x *SegmentEntriesResponse) String() string {
 func (*SegmentEntriesResponse) ProtoMessage() {}
 
 func (x *SegmentEntriesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +960,7 @@ func (x *SegmentEntriesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentEntriesResponse.ProtoReflect.Descriptor instead.
 func (*SegmentEntriesResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{13}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SegmentEntriesResponse) GetIds() []uint64 {
@@ -922,7 +989,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1001,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1014,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{14}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReplicateRequest) GetTasks() [][]byte {
@@ -966,7 +1033,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1045,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1058,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{15}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{16}
 }
 
 // ReadRequest is the request of PeerService.Read.
@@ -1005,7 +1072,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1084,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1097,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{16}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReadRequest) GetIds() []uint64 {
@@ -1052,7 +1119,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1131,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1144,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{17}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReadResponse) GetTasks() []*ReplicaTask {
@@ -1107,7 +1174,7 @@ type ReplicaTask struct {
 
 func (x *ReplicaTask) Reset() {
 	*x = ReplicaTask{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1186,7 @@ func (x *ReplicaTask) String() string {
 func (*ReplicaTask) ProtoMessage() {}
 
 func (x *ReplicaTask) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1199,7 @@ func (x *ReplicaTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaTask.ProtoReflect.Descriptor instead.
 func (*ReplicaTask) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{18}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReplicaTask) GetState() []byte {
@@ -1165,7 +1232,7 @@ type GetRingRequest struct {
 
 func (x *GetRingRequest) Reset() {
 	*x = GetRingRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1177,7 +1244,7 @@ func (x *GetRingRequest) String() string {
 func (*GetRingRequest) ProtoMessage() {}
 
 func (x *GetRingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1190,7 +1257,7 @@ func (x *GetRingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRingRequest.ProtoReflect.Descriptor instead.
 func (*GetRingRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{19}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{20}
 }
 
 // GetRingResponse is the response of PeerService.GetRing.
@@ -1207,7 +1274,7 @@ type GetRingResponse struct {
 
 func (x *GetRingResponse) Reset() {
 	*x = GetRingResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1286,7 @@ func (x *GetRingResponse) String() string {
 func (*GetRingResponse) ProtoMessage() {}
 
 func (x *GetRingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1299,7 @@ func (x *GetRingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRingResponse.ProtoReflect.Descriptor instead.
 func (*GetRingResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{20}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetRingResponse) GetRing() []byte {
@@ -1279,7 +1346,7 @@ type ListPartitionRequest struct {
 
 func (x *ListPartitionRequest) Reset() {
 	*x = ListPartitionRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1358,7 @@ func (x *ListPartitionRequest) String() string {
 func (*ListPartitionRequest) ProtoMessage() {}
 
 func (x *ListPartitionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1371,7 @@ func (x *ListPartitionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartitionRequest.ProtoReflect.Descriptor instead.
 func (*ListPartitionRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{21}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListPartitionRequest) GetPartition() uint32 {
@@ -1376,7 +1443,7 @@ type ListPartitionResponse struct {
 
 func (x *ListPartitionResponse) Reset() {
 	*x = ListPartitionResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +1455,7 @@ func (x *ListPartitionResponse) String() string {
 func (*ListPartitionResponse) ProtoMessage() {}
 
 func (x *ListPartitionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +1468,7 @@ func (x *ListPartitionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartitionResponse.ProtoReflect.Descriptor instead.
 func (*ListPartitionResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{22}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListPartitionResponse) GetTasks() []*Task {
@@ -1458,7 +1525,7 @@ type CountPartitionsRequest struct {
 
 func (x *CountPartitionsRequest) Reset() {
 	*x = CountPartitionsRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[23]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1470,7 +1537,7 @@ func (x *CountPartitionsRequest) String() string {
 func (*CountPartitionsRequest) ProtoMessage() {}
 
 func (x *CountPartitionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[23]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1483,7 +1550,7 @@ func (x *CountPartitionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountPartitionsRequest.ProtoReflect.Descriptor instead.
 func (*CountPartitionsRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{23}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CountPartitionsRequest) GetPartitions() []uint32 {
@@ -1518,7 +1585,7 @@ type CountPartitionsResponse struct {
 
 func (x *CountPartitionsResponse) Reset() {
 	*x = CountPartitionsResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[24]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1530,7 +1597,7 @@ func (x *CountPartitionsResponse) String() string {
 func (*CountPartitionsResponse) ProtoMessage() {}
 
 func (x *CountPartitionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[24]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1543,7 +1610,7 @@ func (x *CountPartitionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountPartitionsResponse.ProtoReflect.Descriptor instead.
 func (*CountPartitionsResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{24}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CountPartitionsResponse) GetCounts() []*PartitionCount {
@@ -1571,7 +1638,7 @@ type PartitionCount struct {
 
 func (x *PartitionCount) Reset() {
 	*x = PartitionCount{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[25]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1650,7 @@ func (x *PartitionCount) String() string {
 func (*PartitionCount) ProtoMessage() {}
 
 func (x *PartitionCount) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[25]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1663,7 @@ func (x *PartitionCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionCount.ProtoReflect.Descriptor instead.
 func (*PartitionCount) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{25}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PartitionCount) GetPartition() uint32 {
@@ -1640,7 +1707,7 @@ type QueueCount struct {
 
 func (x *QueueCount) Reset() {
 	*x = QueueCount{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[26]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1652,7 +1719,7 @@ func (x *QueueCount) String() string {
 func (*QueueCount) ProtoMessage() {}
 
 func (x *QueueCount) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[26]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1665,7 +1732,7 @@ func (x *QueueCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueCount.ProtoReflect.Descriptor instead.
 func (*QueueCount) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{26}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *QueueCount) GetQueue() string {
@@ -1693,7 +1760,7 @@ type AdoptQueuesRequest struct {
 
 func (x *AdoptQueuesRequest) Reset() {
 	*x = AdoptQueuesRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[27]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +1772,7 @@ func (x *AdoptQueuesRequest) String() string {
 func (*AdoptQueuesRequest) ProtoMessage() {}
 
 func (x *AdoptQueuesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[27]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +1785,7 @@ func (x *AdoptQueuesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptQueuesRequest.ProtoReflect.Descriptor instead.
 func (*AdoptQueuesRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{27}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AdoptQueuesRequest) GetQueues() []byte {
@@ -1739,7 +1806,7 @@ type AdoptQueuesResponse struct {
 
 func (x *AdoptQueuesResponse) Reset() {
 	*x = AdoptQueuesResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[28]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1751,7 +1818,7 @@ func (x *AdoptQueuesResponse) String() string {
 func (*AdoptQueuesResponse) ProtoMessage() {}
 
 func (x *AdoptQueuesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[28]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1764,7 +1831,7 @@ func (x *AdoptQueuesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptQueuesResponse.ProtoReflect.Descriptor instead.
 func (*AdoptQueuesResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{28}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *AdoptQueuesResponse) GetVersion() uint64 {
@@ -1782,13 +1849,17 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x11ReadyHeadsRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x10\n" +
 	"\x03max\x18\x02 \x01(\rR\x03max\x12#\n" +
-	"\rcount_claimed\x18\x03 \x01(\bR\fcountClaimed\"\x85\x01\n" +
+	"\rcount_claimed\x18\x03 \x01(\bR\fcountClaimed\"\xd2\x01\n" +
 	"\x12ReadyHeadsResponse\x12(\n" +
 	"\x05heads\x18\x01 \x03(\v2\x12.norn.v1.ReadyHeadR\x05heads\x12\x1a\n" +
 	"\bstranded\x18\x02 \x03(\rR\bstranded\x12\x1d\n" +
-	"\aclaimed\x18\x03 \x01(\x04H\x00R\aclaimed\x88\x01\x01B\n" +
+	"\aclaimed\x18\x03 \x01(\x04H\x00R\aclaimed\x88\x01\x01\x12K\n" +
+	"\x14claimed_by_partition\x18\x04 \x03(\v2\x19.norn.v1.PartitionClaimedR\x12claimedByPartitionB\n" +
 	"\n" +
-	"\b_claimed\"7\n" +
+	"\b_claimed\"J\n" +
+	"\x10PartitionClaimed\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x18\n" +
+	"\aclaimed\x18\x02 \x01(\x04R\aclaimed\"7\n" +
 	"\tReadyHead\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x05R\bpriority\"y\n" +
@@ -1922,81 +1993,83 @@ func file_norn_v1_peer_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_peer_service_proto_rawDescData
 }
 
-var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_norn_v1_peer_service_proto_goTypes = []any{
 	(*ReadyHeadsRequest)(nil),       // 0: norn.v1.ReadyHeadsRequest
 	(*ReadyHeadsResponse)(nil),      // 1: norn.v1.ReadyHeadsResponse
-	(*ReadyHead)(nil),               // 2: norn.v1.ReadyHead
-	(*ChangeGroupRequest)(nil),      // 3: norn.v1.ChangeGroupRequest
-	(*ChangeGroupResponse)(nil),     // 4: norn.v1.ChangeGroupResponse
-	(*GroupServer)(nil),             // 5: norn.v1.GroupServer
-	(*ReplicaProgressRequest)(nil),  // 6: norn.v1.ReplicaProgressRequest
-	(*ReplicaProgressResponse)(nil), // 7: norn.v1.ReplicaProgressResponse
-	(*TreeRootsRequest)(nil),        // 8: norn.v1.TreeRootsRequest
-	(*TreeRootsResponse)(nil),       // 9: norn.v1.TreeRootsResponse
-	(*TreeNodesRequest)(nil),        // 10: norn.v1.TreeNodesRequest
-	(*TreeNodesResponse)(nil),       // 11: norn.v1.TreeNodesResponse
-	(*SegmentEntriesRequest)(nil),   // 12: norn.v1.SegmentEntriesRequest
-	(*SegmentEntriesResponse)(nil),  // 13: norn.v1.SegmentEntriesResponse
-	(*ReplicateRequest)(nil),        // 14: norn.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),       // 15: norn.v1.ReplicateResponse
-	(*ReadRequest)(nil),             // 16: norn.v1.ReadRequest
-	(*ReadResponse)(nil),            // 17: norn.v1.ReadResponse
-	(*ReplicaTask)(nil),             // 18: norn.v1.ReplicaTask
-	(*GetRingRequest)(nil),          // 19: norn.v1.GetRingRequest
-	(*GetRingResponse)(nil),         // 20: norn.v1.GetRingResponse
-	(*ListPartitionRequest)(nil),    // 21: norn.v1.ListPartitionRequest
-	(*ListPartitionResponse)(nil),   // 22: norn.v1.ListPartitionResponse
-	(*CountPartitionsRequest)(nil),  // 23: norn.v1.CountPartitionsRequest
-	(*CountPartitionsResponse)(nil), // 24: norn.v1.CountPartitionsResponse
-	(*PartitionCount)(nil),          // 25: norn.v1.PartitionCount
-	(*QueueCount)(nil),              // 26: norn.v1.QueueCount
-	(*AdoptQueuesRequest)(nil),      // 27: norn.v1.AdoptQueuesRequest
-	(*AdoptQueuesResponse)(nil),     // 28: norn.v1.AdoptQueuesResponse
-	nil,                             // 29: norn.v1.PartitionCount.ByStatusEntry
-	nil,                             // 30: norn.v1.QueueCount.ByStatusEntry
-	(TaskStatus)(0),                 // 31: norn.v1.TaskStatus
-	(*Task)(nil),                    // 32: norn.v1.Task
+	(*PartitionClaimed)(nil),        // 2: norn.v1.PartitionClaimed
+	(*ReadyHead)(nil),               // 3: norn.v1.ReadyHead
+	(*ChangeGroupRequest)(nil),      // 4: norn.v1.ChangeGroupRequest
+	(*ChangeGroupResponse)(nil),     // 5: norn.v1.ChangeGroupResponse
+	(*GroupServer)(nil),             // 6: norn.v1.GroupServer
+	(*ReplicaProgressRequest)(nil),  // 7: norn.v1.ReplicaProgressRequest
+	(*ReplicaProgressResponse)(nil), // 8: norn.v1.ReplicaProgressResponse
+	(*TreeRootsRequest)(nil),        // 9: norn.v1.TreeRootsRequest
+	(*TreeRootsResponse)(nil),       // 10: norn.v1.TreeRootsResponse
+	(*TreeNodesRequest)(nil),        // 11: norn.v1.TreeNodesRequest
+	(*TreeNodesResponse)(nil),       // 12: norn.v1.TreeNodesResponse
+	(*SegmentEntriesRequest)(nil),   // 13: norn.v1.SegmentEntriesRequest
+	(*SegmentEntriesResponse)(nil),  // 14: norn.v1.SegmentEntriesResponse
+	(*ReplicateRequest)(nil),        // 15: norn.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),       // 16: norn.v1.ReplicateResponse
+	(*ReadRequest)(nil),             // 17: norn.v1.ReadRequest
+	(*ReadResponse)(nil),            // 18: norn.v1.ReadResponse
+	(*ReplicaTask)(nil),             // 19: norn.v1.ReplicaTask
+	(*GetRingRequest)(nil),          // 20: norn.v1.GetRingRequest
+	(*GetRingResponse)(nil),         // 21: norn.v1.GetRingResponse
+	(*ListPartitionRequest)(nil),    // 22: norn.v1.ListPartitionRequest
+	(*ListPartitionResponse)(nil),   // 23: norn.v1.ListPartitionResponse
+	(*CountPartitionsRequest)(nil),  // 24: norn.v1.CountPartitionsRequest
+	(*CountPartitionsResponse)(nil), // 25: norn.v1.CountPartitionsResponse
+	(*PartitionCount)(nil),          // 26: norn.v1.PartitionCount
+	(*QueueCount)(nil),              // 27: norn.v1.QueueCount
+	(*AdoptQueuesRequest)(nil),      // 28: norn.v1.AdoptQueuesRequest
+	(*AdoptQueuesResponse)(nil),     // 29: norn.v1.AdoptQueuesResponse
+	nil,                             // 30: norn.v1.PartitionCount.ByStatusEntry
+	nil,                             // 31: norn.v1.QueueCount.ByStatusEntry
+	(TaskStatus)(0),                 // 32: norn.v1.TaskStatus
+	(*Task)(nil),                    // 33: norn.v1.Task
 }
 var file_norn_v1_peer_service_proto_depIdxs = []int32{
-	2,  // 0: norn.v1.ReadyHeadsResponse.heads:type_name -> norn.v1.ReadyHead
-	5,  // 1: norn.v1.ChangeGroupResponse.servers:type_name -> norn.v1.GroupServer
-	18, // 2: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
-	31, // 3: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
-	32, // 4: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
-	25, // 5: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
-	29, // 6: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
-	26, // 7: norn.v1.PartitionCount.queues:type_name -> norn.v1.QueueCount
-	30, // 8: norn.v1.QueueCount.by_status:type_name -> norn.v1.QueueCount.ByStatusEntry
-	14, // 9: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
-	16, // 10: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
-	19, // 11: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
-	21, // 12: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
-	23, // 13: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
-	8,  // 14: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
-	10, // 15: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
-	12, // 16: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
-	3,  // 17: norn.v1.PeerService.ChangeGroup:input_type -> norn.v1.ChangeGroupRequest
-	6,  // 18: norn.v1.PeerService.ReplicaProgress:input_type -> norn.v1.ReplicaProgressRequest
-	0,  // 19: norn.v1.PeerService.ReadyHeads:input_type -> norn.v1.ReadyHeadsRequest
-	27, // 20: norn.v1.PeerService.AdoptQueues:input_type -> norn.v1.AdoptQueuesRequest
-	15, // 21: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
-	17, // 22: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
-	20, // 23: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
-	22, // 24: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
-	24, // 25: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
-	9,  // 26: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
-	11, // 27: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
-	13, // 28: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
-	4,  // 29: norn.v1.PeerService.ChangeGroup:output_type -> norn.v1.ChangeGroupResponse
-	7,  // 30: norn.v1.PeerService.ReplicaProgress:output_type -> norn.v1.ReplicaProgressResponse
-	1,  // 31: norn.v1.PeerService.ReadyHeads:output_type -> norn.v1.ReadyHeadsResponse
-	28, // 32: norn.v1.PeerService.AdoptQueues:output_type -> norn.v1.AdoptQueuesResponse
-	21, // [21:33] is the sub-list for method output_type
-	9,  // [9:21] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	3,  // 0: norn.v1.ReadyHeadsResponse.heads:type_name -> norn.v1.ReadyHead
+	2,  // 1: norn.v1.ReadyHeadsResponse.claimed_by_partition:type_name -> norn.v1.PartitionClaimed
+	6,  // 2: norn.v1.ChangeGroupResponse.servers:type_name -> norn.v1.GroupServer
+	19, // 3: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
+	32, // 4: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
+	33, // 5: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
+	26, // 6: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
+	30, // 7: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
+	27, // 8: norn.v1.PartitionCount.queues:type_name -> norn.v1.QueueCount
+	31, // 9: norn.v1.QueueCount.by_status:type_name -> norn.v1.QueueCount.ByStatusEntry
+	15, // 10: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
+	17, // 11: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
+	20, // 12: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
+	22, // 13: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
+	24, // 14: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
+	9,  // 15: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
+	11, // 16: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
+	13, // 17: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
+	4,  // 18: norn.v1.PeerService.ChangeGroup:input_type -> norn.v1.ChangeGroupRequest
+	7,  // 19: norn.v1.PeerService.ReplicaProgress:input_type -> norn.v1.ReplicaProgressRequest
+	0,  // 20: norn.v1.PeerService.ReadyHeads:input_type -> norn.v1.ReadyHeadsRequest
+	28, // 21: norn.v1.PeerService.AdoptQueues:input_type -> norn.v1.AdoptQueuesRequest
+	16, // 22: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
+	18, // 23: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
+	21, // 24: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
+	23, // 25: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
+	25, // 26: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
+	10, // 27: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
+	12, // 28: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
+	14, // 29: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
+	5,  // 30: norn.v1.PeerService.ChangeGroup:output_type -> norn.v1.ChangeGroupResponse
+	8,  // 31: norn.v1.PeerService.ReplicaProgress:output_type -> norn.v1.ReplicaProgressResponse
+	1,  // 32: norn.v1.PeerService.ReadyHeads:output_type -> norn.v1.ReadyHeadsResponse
+	29, // 33: norn.v1.PeerService.AdoptQueues:output_type -> norn.v1.AdoptQueuesResponse
+	22, // [22:34] is the sub-list for method output_type
+	10, // [10:22] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_peer_service_proto_init() }
@@ -2012,7 +2085,7 @@ func file_norn_v1_peer_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_peer_service_proto_rawDesc), len(file_norn_v1_peer_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
