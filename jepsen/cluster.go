@@ -82,6 +82,7 @@ type Node struct {
 	// framed): for calls that set headers (Norn-Hops).
 	Connect nornv1connect.TaskServiceClient
 	Admin   nornv1connect.AdminServiceClient
+	Queues  nornv1connect.QueueServiceClient
 	hc      *http.Client
 	sec     *security // nil: cleartext
 }
@@ -155,7 +156,9 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 		if c.sec != nil {
 			n.Tasks, n.Admin = c.sec.clients(hc, adminHC, n.API)
 			n.Connect = nornv1connect.NewTaskServiceClient(hc, "https://"+n.API)
+			n.Queues = nornv1connect.NewQueueServiceClient(adminHC, "https://"+n.API, client.BearerToken(c.sec.token))
 		} else {
+			n.Queues = nornv1connect.NewQueueServiceClient(hc, "http://"+n.API)
 			n.Connect = nornv1connect.NewTaskServiceClient(hc, "http://"+n.API)
 			// The hot calls travel framed, as the Go client sends them.
 			n.Tasks = client.NewFramedTaskService(nornv1connect.NewTaskServiceClient(hc, "http://"+n.API), n.API)

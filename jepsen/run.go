@@ -70,6 +70,13 @@ type Scenario struct {
 	// ReviveShare, when set, replaces the workload's share of Retry ops
 	// (reviveShare).
 	ReviveShare float64
+	// QueueCap, when set, caps the workload's queue at this many tasks
+	// claimed at once (QueueService.SetQueue max_claimed) before the
+	// workload starts, gives every claim a short lease (a long one
+	// abandoned by its client would hold the cap to the end), and adds
+	// the cap checker (check.Cap) with the overshoot the docs allow
+	// during a fault: the cap again (limits.go).
+	QueueCap uint32
 }
 
 // The workload's retries in every scenario: a share of the tasks have a
@@ -109,6 +116,8 @@ var Scenarios = []Scenario{
 		Nodes: 3, NeedsHooks: true, Nemesis: nemesisCompleteHandover, Args: completeHandoverArgs, EnqueueShare: 0.2, Short: true},
 	{Name: "priority", Desc: "no faults; tasks of 5 priorities, enqueued at w=3, every claim through n1 (a worker pool behind one address): no claim may pass over a task of higher priority claimable for 500 ms",
 		Nodes: 3, Nemesis: nemesisNone, Priorities: true, EnqueueShare: 0.6, Short: true},
+	{Name: "queue-limits", Desc: "the workload's queue capped at 3 tasks claimed at once (max_claimed), 8 clients claiming through every node, kill -9 a random node (the queue's owner among them) and restart it: outside the fault windows at most 3 claims surely held at once, within them at most 6",
+		Nodes: 3, Nemesis: nemesisKillRandom, QueueCap: 3, Clients: 8, Short: true},
 	{Name: "flaky", Desc: "iptables statistic: drop 20-40% of one node's packets each way", Nodes: 3, Nemesis: nemesisFlaky},
 	{Name: "isolate-converge", Desc: "cut one node off for the whole run while writes (W=2) skip it, heal, check convergence", Nodes: 3, Nemesis: nemesisIsolateConverge, Short: true},
 	{Name: "clock-bump", Desc: "test hooks: bump a node's clock by up to +-750ms (below the 2s buffer)", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockBump},
@@ -140,6 +149,8 @@ var Scenarios = []Scenario{
 		Nodes: 3, NeedsHooks: true, Bugs: []string{"retry-no-backoff"}, Nemesis: nemesisNone, RetryShare: 1, FailShare: 0.2, Short: true},
 	{Name: "bug-retry-completed", Desc: "self-test: seeded bug retry-completed (a Retry of a COMPLETED task is taken: the task is handed out again), no faults, Retry at 15% of the ops; must fail a checker",
 		Nodes: 3, NeedsHooks: true, Bugs: []string{"retry-completed"}, Nemesis: nemesisNone, ReviveShare: 0.15, Short: true},
+	{Name: "bug-cap-stale-count", Desc: "self-test: seeded bug cap-stale-count (a capped queue's owner checks the cap against a count a second old, blind to the claims under way), the queue-limits workload without faults; must fail a checker",
+		Nodes: 3, NeedsHooks: true, Bugs: []string{"cap-stale-count"}, Nemesis: nemesisNone, QueueCap: 3, Clients: 8, Short: true},
 	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write, no faults, anti-entropy off (every 1h) so that nothing repairs the dropped writes; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Args: []string{"-antientropy-interval", "1h"}, Nemesis: nemesisNone},
 }
 
@@ -371,7 +382,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	w.RetryShare, w.FailShare = cmp.Or(sc.RetryShare, retryShare), cmp.Or(sc.FailShare, failShare)
 	w.RetryAttempts, w.RetryBackoff = retryAttempts, retryBackoff
 	w.ReviveShare = cmp.Or(sc.ReviveShare, reviveShare)
+	w.ShortOnly = sc.QueueCap > 0
 	w.init()
+	if sc.QueueCap > 0 {
+		if err := setQueueCap(ctx, c, sc.QueueCap); err != nil {
+			return nil, err
+		}
+		tl.Log("note", "queue-capped", fmt.Sprint(sc.QueueCap), nil)
+	}
 	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks,
 		Churn: &Churn{}, Rogue: &Rogue{}}
 	minEnd := time.Now().Add(o.Time)
@@ -470,6 +488,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if sc.Priorities {
 		res.Verdicts = append(res.Verdicts, check.Priority(ops, prioritySettle))
+	}
+	if sc.QueueCap > 0 {
+		res.Verdicts = append(res.Verdicts, check.Cap(ops, int(sc.QueueCap), int(sc.QueueCap), faultWindows(tl.Events(), capSettle)))
 	}
 	res.Valid = true
 	for i, v := range res.Verdicts {

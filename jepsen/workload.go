@@ -57,6 +57,8 @@ type Workload struct {
 	// the cancelled ones come back to life, the completed ones must be
 	// refused.
 	ReviveShare float64
+	// ShortOnly gives every claim the short lease (a capped queue).
+	ShortOnly bool
 
 	// stall, when set for a client, makes it hold its next short claim
 	// without renewing for this long (the worker-pause nemesis).
@@ -220,7 +222,7 @@ func (w *Workload) client(ctx context.Context, i int) {
 			}
 			o = w.read(ctx, n, proc, i, id)
 		case r < 0.95:
-			long := rng.Float64() < 0.3
+			long := rng.Float64() < 0.3 && !w.ShortOnly
 			o, h = w.claim(ctx, w.claimNode(active, n), proc, i, long)
 		default:
 			id := w.ackedTask(rng)
