@@ -91,10 +91,14 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 	// the cluster again every ClaimRecheck.
 	// The owner of a limited queue at its cap learns of ends elsewhere
 	// from the other leaders' reports, and of its own without a wake-up:
-	// it looks again every ClaimRecheck too.
+	// it looks again every limitRecheck.
 	var recheck <-chan time.Time
 	if !proxied && (len(r.Nodes) > 1 || owner) && wait > 0 {
-		t := time.NewTicker(d.cfg.ClaimRecheck)
+		every := d.cfg.ClaimRecheck
+		if owner {
+			every = min(every, limitRecheck)
+		}
+		t := time.NewTicker(every)
 		defer t.Stop()
 		recheck = t.C
 	}

@@ -48,6 +48,11 @@ import (
 //     pending_nodes) claims on its own until it does;
 //   - the rate's bucket starts full at a new owner: one second's worth.
 
+// limitRecheck is how often a waiting claim at a limited queue's owner
+// looks again (the cap may have room, or the bucket tokens): about the
+// other leaders' report interval.
+const limitRecheck = 100 * time.Millisecond
+
 // Limits are a queue's claim limits (its settings, as this node applies
 // them): zero fields are no limit.
 type Limits struct {
