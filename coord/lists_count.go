@@ -19,6 +19,28 @@ import (
 	"github.com/norn-dev/norn/transport"
 )
 
+// Tally is one queue's tasks (or all queues') by status name, and the
+// id of its oldest ready task (0 when it has none ready; counted by
+// queue only).
+type Tally struct {
+	ByStatus map[string]uint64
+	Oldest   uint64
+}
+
+// add adds o to t.
+func (t *Tally) add(o *Tally) {
+	for k, v := range o.ByStatus {
+		t.ByStatus[k] += v
+	}
+	if o.Oldest != 0 && (t.Oldest == 0 || o.Oldest < t.Oldest) {
+		t.Oldest = o.Oldest
+	}
+}
+
+// partCounts is one partition's tallies by queue ("" for all queues
+// together).
+type partCounts map[string]*Tally
+
 // CountPartition counts partition p's tasks (of queue, or all) by status
 // name, from the replica's counters (storage.Counts): O(queues), not
 // O(tasks). The tasks that wait for dependencies are the exception: the
@@ -33,26 +55,31 @@ func (c *Coordinator) CountPartition(p uint16, queue string) (map[string]uint64,
 	if byQueue[""] == nil {
 		return map[string]uint64{}, nil
 	}
-	return byQueue[""], nil
+	return byQueue[""].ByStatus, nil
 }
 
 // countPartition is CountPartition, by queue when byQueue is set (keyed
-// by queue name; "" holds them all otherwise).
-func (c *Coordinator) countPartition(p uint16, queue string, byQueue bool) (map[string]map[string]uint64, error) {
+// by queue name, with each queue's oldest ready task; "" holds them all
+// otherwise).
+func (c *Coordinator) countPartition(p uint16, queue string, byQueue bool) (partCounts, error) {
 	entries, err := c.store.Counts(p, queue)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]map[string]uint64{}
-	add := func(q string, status string, n uint64) {
+	out := partCounts{}
+	tally := func(q string) *Tally {
 		if !byQueue {
 			q = ""
 		}
 		if out[q] == nil {
-			out[q] = map[string]uint64{}
+			out[q] = &Tally{ByStatus: map[string]uint64{}}
+			if byQueue {
+				out[q].Oldest, _ = c.store.OldestReady(p, q)
+			}
 		}
-		out[q][status] += n
+		return out[q]
 	}
+	add := func(q string, status string, n uint64) { tally(q).ByStatus[status] += n }
 	waiting := false
 	for _, e := range entries {
 		if e.N < 0 {
@@ -105,7 +132,7 @@ func statusName(s nornv1.TaskStatus) string {
 // nodes, one CountPartitions call per node in parallel, and asks the
 // next replica of the partitions whose call failed. It returns one count
 // per partition.
-func (c *Coordinator) countRemote(ctx context.Context, parts []uint16, queue string, byQueue bool) ([]map[string]map[string]uint64, error) {
+func (c *Coordinator) countRemote(ctx context.Context, parts []uint16, queue string, byQueue bool) ([]partCounts, error) {
 	// Each partition's replicas in the order to ask them; a partition
 	// without a known leader goes to a node already asked for another,
 	// so that few nodes get one call each.
@@ -125,7 +152,7 @@ func (c *Coordinator) countRemote(ctx context.Context, parts []uint16, queue str
 	}
 	tried := map[uint16]int{}
 	lastErr := map[uint16]error{}
-	var out []map[string]map[string]uint64
+	var out []partCounts
 	for pending := parts; len(pending) > 0; {
 		plan := map[string][]uint16{}
 		nodes := map[string]cluster.RingNode{}
@@ -158,11 +185,11 @@ func (c *Coordinator) countRemote(ctx context.Context, parts []uint16, queue str
 			}
 			for i, pc := range a.counts {
 				c.hints.set(a.parts[i], pc.GetLeader())
-				m := map[string]map[string]uint64{"": pc.GetByStatus()}
+				m := partCounts{"": {ByStatus: pc.GetByStatus()}}
 				if byQueue {
-					m = map[string]map[string]uint64{}
+					m = partCounts{}
 					for _, qc := range pc.GetQueues() {
-						m[qc.GetQueue()] = qc.GetByStatus()
+						m[qc.GetQueue()] = &Tally{ByStatus: qc.GetByStatus(), Oldest: qc.GetOldestReady()}
 					}
 				}
 				out = append(out, m)
@@ -209,31 +236,32 @@ func (c *Coordinator) Count(ctx context.Context, m *nornv1.CountTasksRequest) (*
 	}
 	resp := &nornv1.CountTasksResponse{ByStatus: map[string]uint64{}}
 	for _, pc := range parts {
-		for k, v := range pc[""] {
-			resp.ByStatus[k] += v
-			resp.Total += v
+		if t := pc[""]; t != nil {
+			for k, v := range t.ByStatus {
+				resp.ByStatus[k] += v
+				resp.Total += v
+			}
 		}
 	}
 	return resp, nil
 }
 
-// CountQueues counts every queue's tasks by status across the cluster
-// (QueueService.ListQueues), keyed by queue: as Count, one counter read
-// per partition.
-func (c *Coordinator) CountQueues(ctx context.Context) (map[string]map[string]uint64, error) {
-	parts, err := c.countAll(ctx, "", true)
+// CountQueues counts the tasks of queue (every queue when "") by status
+// across the cluster (QueueService), keyed by queue, with each queue's
+// oldest ready task: as Count, one counter read per partition, and the
+// ready index's head of each priority.
+func (c *Coordinator) CountQueues(ctx context.Context, queue string) (map[string]*Tally, error) {
+	parts, err := c.countAll(ctx, queue, true)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]map[string]uint64{}
+	out := map[string]*Tally{}
 	for _, pc := range parts {
-		for q, counts := range pc {
+		for q, t := range pc {
 			if out[q] == nil {
-				out[q] = map[string]uint64{}
+				out[q] = &Tally{ByStatus: map[string]uint64{}}
 			}
-			for k, v := range counts {
-				out[q][k] += v
-			}
+			out[q].add(t)
 		}
 	}
 	return out, nil
@@ -242,7 +270,7 @@ func (c *Coordinator) CountQueues(ctx context.Context) (map[string]map[string]ui
 // countAll counts every partition (of queue, or all; by queue when
 // byQueue), from this node's replicas and, for the partitions it does not
 // replicate, the other nodes'.
-func (c *Coordinator) countAll(ctx context.Context, queue string, byQueue bool) ([]map[string]map[string]uint64, error) {
+func (c *Coordinator) countAll(ctx context.Context, queue string, byQueue bool) ([]partCounts, error) {
 	if c.host.Ring() == nil {
 		return nil, apierr.NotFormed
 	}
@@ -255,7 +283,7 @@ func (c *Coordinator) countAll(ctx context.Context, queue string, byQueue bool) 
 		}
 	}
 	// The other nodes count while this one does.
-	var remoteCounts []map[string]map[string]uint64
+	var remoteCounts []partCounts
 	var remoteErr error
 	done := make(chan struct{})
 	go func() {
@@ -265,7 +293,7 @@ func (c *Coordinator) countAll(ctx context.Context, queue string, byQueue bool) 
 		}
 	}()
 	var localErr error
-	counts := make([]map[string]map[string]uint64, 0, c.cfg.Partitions)
+	counts := make([]partCounts, 0, c.cfg.Partitions)
 	for _, p := range local {
 		pc, err := c.countPartition(p, queue, byQueue)
 		if err != nil {
@@ -315,11 +343,13 @@ func (c *Coordinator) CountPartitions(m *nornv1.CountPartitionsRequest) (*nornv1
 		}
 		out[i] = &nornv1.PartitionCount{Partition: p, Leader: string(groups[i].Leader())}
 		if !m.GetByQueue() {
-			out[i].ByStatus = counts[""]
+			if t := counts[""]; t != nil {
+				out[i].ByStatus = t.ByStatus
+			}
 			continue
 		}
 		for _, q := range slices.Sorted(maps.Keys(counts)) {
-			out[i].Queues = append(out[i].Queues, &nornv1.QueueCount{Queue: q, ByStatus: counts[q]})
+			out[i].Queues = append(out[i].Queues, &nornv1.QueueCount{Queue: q, ByStatus: counts[q].ByStatus, OldestReady: counts[q].Oldest})
 		}
 	}
 	return &nornv1.CountPartitionsResponse{Counts: out}, nil

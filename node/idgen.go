@@ -3,9 +3,10 @@ package node
 import (
 	"fmt"
 	"sync/atomic"
-	"time"
 
 	"github.com/sony/sonyflake"
+
+	"github.com/norn-dev/norn/crdt"
 )
 
 // idGenerators is how many sonyflake generators a node runs. One generator
@@ -24,7 +25,7 @@ func newIDGen(machineBase uint16) (*idGen, error) {
 	for i := range uint16(idGenerators) {
 		mid := machineBase*idGenerators + i
 		sf, err := sonyflake.New(sonyflake.Settings{
-			StartTime: time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC),
+			StartTime: crdt.IDEpoch,
 			MachineID: func() (uint16, error) { return mid, nil },
 		})
 		if err != nil {

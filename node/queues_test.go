@@ -58,6 +58,22 @@ func TestQueuePauseAndResume(t *testing.T) {
 			t.Fatalf("a claim of a paused queue via %s got %d tasks", m.cfg.NodeID, len(got))
 		}
 	}
+	// The queue's oldest ready task, across the partitions of every node.
+	oldest := uint64(0)
+	for id := range ids {
+		if oldest == 0 || id < oldest {
+			oldest = id
+		}
+	}
+	for _, m := range ms {
+		resp, err := m.queues().GetQueue(context.Background(), connect.NewRequest(&nornv1.GetQueueRequest{Queue: "mail"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q := resp.Msg.Queue; q.GetOldestReadyId() != oldest || q.GetOldestReadyAge() == nil || q.GetOldestReadyAge().AsDuration() > time.Minute {
+			t.Fatalf("GetQueue via %s: oldest ready %d (%v), want %d", m.cfg.NodeID, q.GetOldestReadyId(), q.GetOldestReadyAge(), oldest)
+		}
+	}
 	// The task claimed before the pause: renewed and completed.
 	ct := held[0]
 	if _, err := ms[0].api.Renew(context.Background(), connect.NewRequest(&nornv1.RenewRequest{Id: ct.Task.Id, ClaimId: ct.ClaimId})); err != nil {

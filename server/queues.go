@@ -60,18 +60,34 @@ func (s queueService) GetQueue(ctx context.Context, req *connect.Request[nornv1.
 
 // queueView is queue as the API shows it: its settings and counts.
 func (sv *Server) queueView(ctx context.Context, queue string) (*nornv1.Queue, error) {
-	counts, err := sv.coord.Count(ctx, &nornv1.CountTasksRequest{Queue: queue})
+	counts, err := sv.coord.CountQueues(ctx, queue)
 	if err != nil {
 		return nil, err
 	}
-	tab := sv.host.Queues()
-	return &nornv1.Queue{Name: queue, Settings: settingsToAPI(tab.Get(queue)), SettingsVersion: tab.VersionOf(),
-		Total: counts.GetTotal(), ByStatus: counts.GetByStatus()}, nil
+	return sv.queueOfTally(queue, sv.host.Queues(), counts[queue]), nil
+}
+
+// queueOfTally is queue as the API shows it, with its settings from tab
+// and its counts t (nil: no task).
+func (sv *Server) queueOfTally(queue string, tab *cluster.Queues, t *coord.Tally) *nornv1.Queue {
+	v := &nornv1.Queue{Name: queue, Settings: settingsToAPI(tab.Get(queue)), SettingsVersion: tab.VersionOf(), ByStatus: map[string]uint64{}}
+	if t == nil {
+		return v
+	}
+	v.ByStatus = t.ByStatus
+	for _, n := range t.ByStatus {
+		v.Total += n
+	}
+	if t.Oldest != 0 {
+		v.OldestReadyId = t.Oldest
+		v.OldestReadyAge = durationpb.New(max(sv.cfg.Clock.Now().Sub(crdt.IDTime(t.Oldest)), 0))
+	}
+	return v
 }
 
 func (s queueService) ListQueues(ctx context.Context, _ *connect.Request[nornv1.ListQueuesRequest]) (*connect.Response[nornv1.ListQueuesResponse], error) {
 	sv := s.sv
-	counts, err := sv.coord.CountQueues(ctx)
+	counts, err := sv.coord.CountQueues(ctx, "")
 	if err != nil {
 		return nil, err
 	}
@@ -85,14 +101,7 @@ func (s queueService) ListQueues(ctx context.Context, _ *connect.Request[nornv1.
 	slices.Sort(names)
 	resp := &nornv1.ListQueuesResponse{}
 	for _, q := range names {
-		v := &nornv1.Queue{Name: q, Settings: settingsToAPI(tab.Get(q)), SettingsVersion: tab.VersionOf(), ByStatus: counts[q]}
-		for _, n := range counts[q] {
-			v.Total += n
-		}
-		if v.ByStatus == nil {
-			v.ByStatus = map[string]uint64{}
-		}
-		resp.Queues = append(resp.Queues, v)
+		resp.Queues = append(resp.Queues, sv.queueOfTally(q, tab, counts[q]))
 	}
 	return connect.NewResponse(resp), nil
 }

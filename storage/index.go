@@ -143,6 +143,19 @@ func (s *Store) ReadyHead(p uint16, queue string, limit int) ([]ReadyEntry, erro
 	return q.l.head(limit, make([]ReadyEntry, 0, min(limit, q.l.len()))), nil
 }
 
+// OldestReady returns the smallest id in queue's ready index in
+// partition p (the oldest ready task, ids growing with time), and false
+// when it holds none. It reads memory only, O(priorities).
+func (s *Store) OldestReady(p uint16, queue string) (uint64, bool) {
+	q := s.readyQueue(p, queue, false)
+	if q == nil {
+		return 0, false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.l.oldest()
+}
+
 // dropIndexes forgets partition p's in-memory indexes.
 func (s *Store) dropIndexes(p uint16) {
 	s.readyMu.Lock()

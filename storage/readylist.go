@@ -36,6 +36,18 @@ type readyLevel struct {
 // len returns how many tasks the list holds.
 func (l *readyList) len() int { return l.n }
 
+// oldest returns the smallest id the list holds (the oldest task, ids
+// growing with time), across priorities: O(priorities).
+func (l *readyList) oldest() (uint64, bool) {
+	var id uint64
+	for _, lv := range l.levels {
+		if first := lv.chunks[0][0]; id == 0 || first < id {
+			id = first
+		}
+	}
+	return id, id != 0
+}
+
 // level returns the index of prio's level, and whether it exists.
 func (l *readyList) level(prio int32) (int, bool) {
 	i := sort.Search(len(l.levels), func(i int) bool { return l.levels[i].prio <= prio })

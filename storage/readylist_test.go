@@ -87,6 +87,15 @@ func TestReadyListMatchesModel(t *testing.T) {
 			if got := l.head(len(want)+1, nil); !slices.Equal(got, want) {
 				t.Fatalf("step %d: list %v\nmodel %v", step, got, want)
 			}
+			var oldest uint64
+			for _, e := range want {
+				if oldest == 0 || e.ID < oldest {
+					oldest = e.ID
+				}
+			}
+			if got, ok := l.oldest(); got != oldest || ok != (len(want) > 0) {
+				t.Fatalf("step %d: oldest %d %v, model %d", step, got, ok, oldest)
+			}
 			checkReadyList(t, &l)
 		}
 	}

@@ -155,15 +155,15 @@ func runQueue(e *env, cmd *command, args []string) error {
 
 // writeQueues prints one row per queue.
 func writeQueues(w io.Writer, qs []*nornv1.Queue) {
-	fmt.Fprintf(w, "QUEUE\tPAUSED\tMAX CLAIMED\tREADY\tDELAYED\tCLAIMED\tCOMPLETED\tDEAD\tABORTED\tCANCELLED\tTOTAL\n")
+	fmt.Fprintf(w, "QUEUE\tPAUSED\tMAX CLAIMED\tREADY\tOLDEST READY\tDELAYED\tCLAIMED\tCOMPLETED\tDEAD\tABORTED\tCANCELLED\tTOTAL\n")
 	for _, q := range qs {
 		b := q.GetByStatus()
 		maxClaimed := "-"
 		if q.GetSettings().MaxClaimed != nil {
 			maxClaimed = fmt.Sprint(q.GetSettings().GetMaxClaimed())
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", q.GetName(), yesNo(q.GetSettings().GetPaused()), maxClaimed,
-			b["READY"], b["DELAYED"], b["CLAIMED"], b["COMPLETED"], b["DEAD"], b["ABORTED"], b["CANCELLED"], q.GetTotal())
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", q.GetName(), yesNo(q.GetSettings().GetPaused()), maxClaimed,
+			b["READY"], oldestReady(q), b["DELAYED"], b["CLAIMED"], b["COMPLETED"], b["DEAD"], b["ABORTED"], b["CANCELLED"], q.GetTotal())
 	}
 }
 
@@ -191,8 +191,19 @@ func writeQueue(w io.Writer, q *nornv1.Queue) {
 	fmt.Fprintf(w, "MAX CLAIMED\t%s\n", limit(s.MaxClaimed != nil, fmt.Sprint(s.GetMaxClaimed())))
 	fmt.Fprintf(w, "CLAIM RATE\t%s\n", limit(s.ClaimRate != nil, fmt.Sprintf("%g/s", s.GetClaimRate())))
 	fmt.Fprintf(w, "SETTINGS VERSION\t%d\n", q.GetSettingsVersion())
+	if q.GetOldestReadyId() != 0 {
+		fmt.Fprintf(w, "OLDEST READY\t%s ago (task %d)\n", oldestReady(q), q.GetOldestReadyId())
+	}
 	for _, st := range sortedStatuses(q.GetByStatus()) {
 		fmt.Fprintf(w, "%s\t%d\n", st, q.GetByStatus()[st])
 	}
 	fmt.Fprintf(w, "TOTAL\t%d\n", q.GetTotal())
+}
+
+// oldestReady is how long q's oldest ready task has waited, "-" for none.
+func oldestReady(q *nornv1.Queue) string {
+	if q.GetOldestReadyAge() == nil {
+		return "-"
+	}
+	return q.GetOldestReadyAge().AsDuration().Round(time.Second).String()
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -21,8 +22,8 @@ func TestQueueCommands(t *testing.T) {
 	}
 	var q nornv1.Queue
 	okJSON(t, addr, &q, "queue", "get", "mail")
-	if !q.GetSettings().GetPaused() || q.GetByStatus()["READY"] != 1 {
-		t.Fatalf("queue get: %v", &q)
+	if !q.GetSettings().GetPaused() || q.GetByStatus()["READY"] != 1 || strings.TrimSpace(id) != fmt.Sprint(q.GetOldestReadyId()) || q.GetOldestReadyAge() == nil {
+		t.Fatalf("queue get: %v (task %s)", &q, id)
 	}
 	row(t, "resume", ok(t, addr, "queue", "resume", "mail"), "PAUSED", "no")
 	okJSON(t, addr, &claimed, "claim", "mail")

@@ -1700,7 +1700,9 @@ type QueueCount struct {
 	// The queue.
 	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
 	// Number of tasks per status name, as in CountTasksResponse.by_status.
-	ByStatus      map[string]uint64 `protobuf:"bytes,2,rep,name=by_status,json=byStatus,proto3" json:"by_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	ByStatus map[string]uint64 `protobuf:"bytes,2,rep,name=by_status,json=byStatus,proto3" json:"by_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The id of its oldest task in the partition's ready index (0: none).
+	OldestReady   uint64 `protobuf:"varint,3,opt,name=oldest_ready,json=oldestReady,proto3" json:"oldest_ready,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1747,6 +1749,13 @@ func (x *QueueCount) GetByStatus() map[string]uint64 {
 		return x.ByStatus
 	}
 	return nil
+}
+
+func (x *QueueCount) GetOldestReady() uint64 {
+	if x != nil {
+		return x.OldestReady
+	}
+	return 0
 }
 
 // AdoptQueuesRequest is the request of PeerService.AdoptQueues.
@@ -1954,11 +1963,12 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x06queues\x18\x04 \x03(\v2\x13.norn.v1.QueueCountR\x06queues\x1a;\n" +
 	"\rByStatusEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x9f\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xc2\x01\n" +
 	"\n" +
 	"QueueCount\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12>\n" +
-	"\tby_status\x18\x02 \x03(\v2!.norn.v1.QueueCount.ByStatusEntryR\bbyStatus\x1a;\n" +
+	"\tby_status\x18\x02 \x03(\v2!.norn.v1.QueueCount.ByStatusEntryR\bbyStatus\x12!\n" +
+	"\foldest_ready\x18\x03 \x01(\x04R\voldestReady\x1a;\n" +
 	"\rByStatusEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\",\n" +

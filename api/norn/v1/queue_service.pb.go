@@ -134,7 +134,13 @@ type Queue struct {
 	// JSON string.
 	Total uint64 `protobuf:"varint,4,opt,name=total,proto3" json:"total,omitempty"`
 	// Its tasks by status, as CountTasksResponse.by_status.
-	ByStatus      map[string]uint64 `protobuf:"bytes,5,rep,name=by_status,json=byStatus,proto3" json:"by_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	ByStatus map[string]uint64 `protobuf:"bytes,5,rep,name=by_status,json=byStatus,proto3" json:"by_status,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// How long its oldest ready task has waited: from the time its id
+	// carries (its enqueue) to the answer. Unset when none is ready. The
+	// ready tasks include those waiting for dependencies.
+	OldestReadyAge *durationpb.Duration `protobuf:"bytes,6,opt,name=oldest_ready_age,json=oldestReadyAge,proto3" json:"oldest_ready_age,omitempty"`
+	// The oldest ready task's id (0 when none is ready). A JSON string.
+	OldestReadyId uint64 `protobuf:"varint,7,opt,name=oldest_ready_id,json=oldestReadyId,proto3" json:"oldest_ready_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -202,6 +208,20 @@ func (x *Queue) GetByStatus() map[string]uint64 {
 		return x.ByStatus
 	}
 	return nil
+}
+
+func (x *Queue) GetOldestReadyAge() *durationpb.Duration {
+	if x != nil {
+		return x.OldestReadyAge
+	}
+	return nil
+}
+
+func (x *Queue) GetOldestReadyId() uint64 {
+	if x != nil {
+		return x.OldestReadyId
+	}
+	return 0
 }
 
 // GetQueueRequest is the request of QueueService.GetQueue.
@@ -521,13 +541,15 @@ const file_norn_v1_queue_service_proto_rawDesc = "" +
 	"claim_rate\x18\x05 \x01(\x01H\x02R\tclaimRate\x88\x01\x01B\t\n" +
 	"\a_pausedB\x0e\n" +
 	"\f_max_claimedB\r\n" +
-	"\v_claim_rate\"\x88\x02\n" +
+	"\v_claim_rate\"\xf5\x02\n" +
 	"\x05Queue\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
 	"\bsettings\x18\x02 \x01(\v2\x16.norn.v1.QueueSettingsR\bsettings\x12)\n" +
 	"\x10settings_version\x18\x03 \x01(\x04R\x0fsettingsVersion\x12\x14\n" +
 	"\x05total\x18\x04 \x01(\x04R\x05total\x129\n" +
-	"\tby_status\x18\x05 \x03(\v2\x1c.norn.v1.Queue.ByStatusEntryR\bbyStatus\x1a;\n" +
+	"\tby_status\x18\x05 \x03(\v2\x1c.norn.v1.Queue.ByStatusEntryR\bbyStatus\x12C\n" +
+	"\x10oldest_ready_age\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0eoldestReadyAge\x12&\n" +
+	"\x0foldest_ready_id\x18\a \x01(\x04R\roldestReadyId\x1a;\n" +
 	"\rByStatusEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"'\n" +
@@ -582,21 +604,22 @@ var file_norn_v1_queue_service_proto_depIdxs = []int32{
 	10, // 1: norn.v1.QueueSettings.default_lease:type_name -> google.protobuf.Duration
 	0,  // 2: norn.v1.Queue.settings:type_name -> norn.v1.QueueSettings
 	8,  // 3: norn.v1.Queue.by_status:type_name -> norn.v1.Queue.ByStatusEntry
-	1,  // 4: norn.v1.GetQueueResponse.queue:type_name -> norn.v1.Queue
-	1,  // 5: norn.v1.ListQueuesResponse.queues:type_name -> norn.v1.Queue
-	0,  // 6: norn.v1.SetQueueRequest.settings:type_name -> norn.v1.QueueSettings
-	1,  // 7: norn.v1.SetQueueResponse.queue:type_name -> norn.v1.Queue
-	2,  // 8: norn.v1.QueueService.GetQueue:input_type -> norn.v1.GetQueueRequest
-	4,  // 9: norn.v1.QueueService.ListQueues:input_type -> norn.v1.ListQueuesRequest
-	6,  // 10: norn.v1.QueueService.SetQueue:input_type -> norn.v1.SetQueueRequest
-	3,  // 11: norn.v1.QueueService.GetQueue:output_type -> norn.v1.GetQueueResponse
-	5,  // 12: norn.v1.QueueService.ListQueues:output_type -> norn.v1.ListQueuesResponse
-	7,  // 13: norn.v1.QueueService.SetQueue:output_type -> norn.v1.SetQueueResponse
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	10, // 4: norn.v1.Queue.oldest_ready_age:type_name -> google.protobuf.Duration
+	1,  // 5: norn.v1.GetQueueResponse.queue:type_name -> norn.v1.Queue
+	1,  // 6: norn.v1.ListQueuesResponse.queues:type_name -> norn.v1.Queue
+	0,  // 7: norn.v1.SetQueueRequest.settings:type_name -> norn.v1.QueueSettings
+	1,  // 8: norn.v1.SetQueueResponse.queue:type_name -> norn.v1.Queue
+	2,  // 9: norn.v1.QueueService.GetQueue:input_type -> norn.v1.GetQueueRequest
+	4,  // 10: norn.v1.QueueService.ListQueues:input_type -> norn.v1.ListQueuesRequest
+	6,  // 11: norn.v1.QueueService.SetQueue:input_type -> norn.v1.SetQueueRequest
+	3,  // 12: norn.v1.QueueService.GetQueue:output_type -> norn.v1.GetQueueResponse
+	5,  // 13: norn.v1.QueueService.ListQueues:output_type -> norn.v1.ListQueuesResponse
+	7,  // 14: norn.v1.QueueService.SetQueue:output_type -> norn.v1.SetQueueResponse
+	12, // [12:15] is the sub-list for method output_type
+	9,  // [9:12] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_queue_service_proto_init() }
