@@ -225,7 +225,7 @@ func (sv *Server) settingsChange(cur cluster.QueueSettings, m *nornv1.SetQueueRe
 		next.Paused = set.GetPaused()
 	}
 	if set.GetDefaultRetry() != nil {
-		p, err := sv.retryFromAPI("settings.defaultRetry", set.GetDefaultRetry())
+		p, err := sv.retryFromAPI("settings", "defaultRetry", set.GetDefaultRetry())
 		if err != nil {
 			return cur, err
 		}

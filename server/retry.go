@@ -24,12 +24,13 @@ import (
 	"github.com/norn-dev/norn/testhooks"
 )
 
-// retryFromAPI validates and converts the RetryPolicy at field (its path
-// in the request, "task.retry"); nil for none.
-func (sv *Server) retryFromAPI(field string, r *nornv1.RetryPolicy) (*crdt.RetryPolicy, error) {
+// retryFromAPI validates and converts the RetryPolicy at parent.leaf (its
+// path in the request, "task" and "retry"); nil for none.
+func (sv *Server) retryFromAPI(parent, leaf string, r *nornv1.RetryPolicy) (*crdt.RetryPolicy, error) {
 	if r == nil {
 		return nil, nil
 	}
+	field := parent + "." + leaf // built only for a policy: an enqueue's hot path
 	p := &crdt.RetryPolicy{MaxAttempts: r.GetMaxAttempts(), MultiplierMilli: 1000}
 	ms := func(name string, d *durationpb.Duration) (int64, error) {
 		if d == nil {

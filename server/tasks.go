@@ -37,7 +37,7 @@ func (sv *Server) specFromAPI(field string, s *nornv1.TaskSpec) (*crdt.Spec, err
 		}
 		spec.NotBeforeMs = nb.AsTime().UnixMilli()
 	}
-	retry, err := sv.retryFromAPI(field+".retry", s.GetRetry())
+	retry, err := sv.retryFromAPI(field, "retry", s.GetRetry())
 	if err != nil {
 		return nil, err
 	}
