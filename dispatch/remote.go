@@ -137,13 +137,16 @@ type remoteHeads struct {
 	queues    map[string]*queueHeads
 	lastSweep time.Time
 
-	stats struct{ reports, reportFailures, forwarded, forwardedShort atomic.Uint64 }
+	stats struct{ reports, reportFailures, reportsLate, forwarded, forwardedShort atomic.Uint64 }
 }
 
 // ClaimStats count the cross-node side of claims (metrics).
 type ClaimStats struct {
 	Reports        uint64 // ReadyHeads calls made to other leaders
 	ReportFailures uint64 // of those, the ones that failed
+	// ReportsLate counts claims that went on without a report they
+	// waited for (past HeadsWait, or their deadline): a leader left out.
+	ReportsLate    uint64
 	Forwarded      uint64 // claims forwarded to other leaders for heads that made the cut
 	ForwardedShort uint64 // of those, the ones that got fewer tasks than reported, or failed
 }
@@ -151,7 +154,7 @@ type ClaimStats struct {
 // ClaimStats returns the counts so far.
 func (d *Dispatcher) ClaimStats() ClaimStats {
 	st := &d.remote.stats
-	return ClaimStats{Reports: st.reports.Load(), ReportFailures: st.reportFailures.Load(),
+	return ClaimStats{Reports: st.reports.Load(), ReportFailures: st.reportFailures.Load(), ReportsLate: st.reportsLate.Load(),
 		Forwarded: st.forwarded.Load(), ForwardedShort: st.forwardedShort.Load()}
 }
 
@@ -178,6 +181,12 @@ type peerHeads struct {
 	stranded    []uint16
 	err         error // the last call failed
 	legacy      bool  // it has no ReadyHeads
+	// taken is the priority of the last head this node's claims took of
+	// the answer (tookAny: some): once they took them all of a leader
+	// that may hold more, nothing below it may be taken until it
+	// answers again (floorOf).
+	taken   int32
+	tookAny bool
 }
 
 // headsView is a claim's snapshot of the cache of one queue.
@@ -197,6 +206,10 @@ type rival struct {
 	more       bool // the leader may hold more heads than these
 	i          int
 	floor      int32 // the lowest priority taken
+	// drained: every head it reported was taken by earlier claims and it
+	// may hold more, the last of them of priority taken.
+	drained bool
+	taken   int32
 }
 
 // floorOf returns the lowest priority a claim may take while rs are as
@@ -207,8 +220,11 @@ type rival struct {
 func floorOf(rs []*rival) int32 {
 	floor := int32(math.MinInt32)
 	for _, r := range rs {
-		if r.more && r.i == len(r.heads) && len(r.heads) > 0 {
+		switch {
+		case r.more && r.i == len(r.heads) && len(r.heads) > 0:
 			floor = max(floor, r.heads[len(r.heads)-1].Priority)
+		case r.drained:
+			floor = max(floor, r.taken)
 		}
 	}
 	return floor
@@ -277,8 +293,10 @@ func (rh *remoteHeads) view(ctx context.Context, queue string, need int) *headsV
 		case <-ch:
 		case <-t.C:
 			tries = 1 // take what is known
+			rh.stats.reportsLate.Add(1)
 		case <-ctx.Done():
 			tries = 1
+			rh.stats.reportsLate.Add(1)
 		}
 	}
 }
@@ -414,6 +432,7 @@ func (rh *remoteHeads) fetch(queue string, q *queueHeads, ids []string, n int) {
 func (p *peerHeads) record(resp *nornv1.ReadyHeadsResponse, err error, n int, sent time.Time) {
 	p.at, p.gen = time.Now(), p.gen+1
 	p.heads, p.stranded, p.more, p.asked = nil, nil, false, n
+	p.tookAny = false
 	if err == nil && resp.Claimed != nil {
 		p.byPartition, p.counted, p.sent = map[uint16]int64{}, true, sent
 		for _, pc := range resp.GetClaimedByPartition() {
@@ -450,6 +469,11 @@ func (q *queueHeads) snapshot() *headsView {
 			v.answered[id] = true
 			if len(p.heads) > 0 {
 				v.rivals = append(v.rivals, &rival{node: id, addr: p.addr, gen: p.gen, heads: p.heads, more: p.more, floor: p.heads[0].Priority})
+			} else if p.more && p.tookAny {
+				// Claims took all it reported, and it may hold more: a
+				// claim that cannot wait for its next answer still takes
+				// nothing below them (a late report is not a license).
+				v.rivals = append(v.rivals, &rival{node: id, addr: p.addr, gen: p.gen, more: true, drained: true, taken: p.taken})
 			} else if len(p.stranded) > 0 {
 				v.stranded = p.stranded
 			}
@@ -487,6 +511,9 @@ func (rh *remoteHeads) took(queue string, rv *rival, want, got int) {
 	if got < want || want > len(p.heads) {
 		p.at = time.Time{}
 		return
+	}
+	if want > 0 {
+		p.taken, p.tookAny = p.heads[want-1].Priority, true
 	}
 	p.heads = p.heads[want:]
 }

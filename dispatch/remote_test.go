@@ -120,6 +120,23 @@ func TestFloorOfRivals(t *testing.T) {
 	if f := floorOf(rs); f != math.MinInt32 {
 		t.Fatalf("rivals that reported all they hold set the floor %d", f)
 	}
+	// Earlier claims took all a leader reported, and it may hold more: a
+	// claim whose view has its answer (no fresher one came in time) keeps
+	// its floor (the large-batch claims of TestClusterClaimsStrictPriority
+	// took priority 1 over a 2 under load when it did not).
+	q := &queueHeads{peers: map[string]*peerHeads{"c": {addr: "c", at: time.Now(), more: true,
+		heads: []storage.ReadyEntry{{ID: 4, Priority: 2}, {ID: 5, Priority: 2}}}}}
+	d := &Dispatcher{}
+	rh := &remoteHeads{d: d, queues: map[string]*queueHeads{"q": q}}
+	rh.took("q", q.snapshot().rivals[0], 2, 2)
+	v := q.snapshot()
+	if len(v.rivals) != 1 || floorOf(v.rivals) != 2 || bestRival(v.rivals) != nil {
+		t.Fatalf("a drained leader that may hold more: %d rivals, floor %d", len(v.rivals), floorOf(v.rivals))
+	}
+	q.peers["c"].record(&nornv1.ReadyHeadsResponse{}, nil, 16, time.Now())
+	if v := q.snapshot(); len(v.rivals) != 0 {
+		t.Fatalf("a fresh empty answer still sets a floor: %d rivals", len(v.rivals))
+	}
 	if headsToAsk(1) != minHeadsAsked || headsToAsk(100) != 100 || headsToAsk(1000) != maxHeadsAsked {
 		t.Fatalf("headsToAsk: %d %d %d", headsToAsk(1), headsToAsk(100), headsToAsk(1000))
 	}

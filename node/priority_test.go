@@ -233,15 +233,17 @@ func leadership(m *member) []string {
 // claimStable is claimN, and whether the promise of strict priority
 // covers it: the leaderships held still across it, and no other leader
 // failed to report its heads or gave fewer tasks than it reported (the
-// exceptions docs/API.md states: a claim serves what it can reach; on a
-// loaded machine a forwarded claim can time out while m proposes its
+// exceptions docs/API.md states: a claim serves what it can reach, and
+// leaves out a leader whose report came later than ClaimHeadsWait; on
+// a loaded machine a forwarded claim can time out while m proposes its
 // own lower ones).
 func claimStable(t *testing.T, m *member, queue string, n uint32) ([]*nornv1.ClaimedTask, bool) {
 	t.Helper()
 	before, stats := leadership(m), m.node.dispatch.ClaimStats()
 	got := claimN(t, m, queue, n)
 	after := m.node.dispatch.ClaimStats()
-	reached := after.ReportFailures == stats.ReportFailures && after.ForwardedShort == stats.ForwardedShort
+	reached := after.ReportFailures == stats.ReportFailures && after.ForwardedShort == stats.ForwardedShort &&
+		after.ReportsLate == stats.ReportsLate
 	return got, slices.Equal(before, leadership(m)) && reached
 }
 
