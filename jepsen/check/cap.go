@@ -17,8 +17,10 @@ import (
 // the task that was not refused), and its lease's end counted from its
 // own call or its last acked renew's (the lease runs from a grant after
 // that call, and a leader expires it no earlier in real time: the skew
-// buffer covers the clocks' spread). Every other moment of a claim is
-// left out, so a count above the limit is a real overlap.
+// buffer covers the clocks' spread). A cancel of the task (not refused)
+// called before the claim's answer leaves it nothing: it may have landed
+// right after the grant. Every other moment of a claim is left out, so
+// a count above the limit is a real overlap.
 func Cap(ops []*Op, limit, overshoot int, windows [][2]int64) Verdict {
 	v := Verdict{Checker: "cap", Counts: map[string]int{}}
 	type key struct{ task, claim uint64 }
@@ -59,10 +61,12 @@ func Cap(ops []*Op, limit, overshoot int, windows [][2]int64) Verdict {
 	var edges []edge
 	for k, s := range spans {
 		s.to = min(s.to, leaseEnd[k])
+		// A cancel ends the claim where it lands, between its call and
+		// the claim's end; the task's counters (what the owner counts)
+		// leave CLAIMED then. So the claim is surely held only up to the
+		// later of the cancel's call and the claim's answer.
 		for _, c := range cancels[k.task] {
-			if c >= s.from {
-				s.to = min(s.to, c)
-			}
+			s.to = min(s.to, max(c, s.from))
 		}
 		if s.to <= s.from {
 			continue

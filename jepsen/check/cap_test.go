@@ -39,8 +39,19 @@ func TestCapCountsSurelyHeldClaims(t *testing.T) {
 		t.Fatalf("a renewed claim was not counted: %+v", v)
 	}
 	// A cancel of task 2 (acked or not) before the third claim ends it.
-	ops = append(ops, &Op{F: "cancel", Task: 2, Type: "info", Call: 3 * sec, Return: 6 * sec})
+	cancel := &Op{F: "cancel", Task: 2, Type: "info", Call: 3 * sec, Return: 6 * sec}
+	ops = append(ops, cancel)
 	if v := Cap(ops, 2, 0, nil); !v.Valid {
 		t.Fatalf("a claim whose task was cancelled counted: %+v", v)
+	}
+	// So does one called before task 2's claim answered: it may have
+	// landed right after the grant.
+	cancel.Call, cancel.Return = 1*sec+5e8, 2*sec+5e8
+	if v := Cap(ops, 2, 0, nil); !v.Valid || v.Counts["claims"] != 2 {
+		t.Fatalf("a claim whose task's cancel was under way counted: %+v", v)
+	}
+	cancel.Type = "fail" // refused: the task was not cancelled
+	if v := Cap(ops, 2, 0, nil); v.Valid {
+		t.Fatalf("a refused cancel ended a claim: %+v", v)
 	}
 }
