@@ -40,12 +40,12 @@ func (l *readyList) len() int { return l.n }
 // growing with time), across priorities: O(priorities).
 func (l *readyList) oldest() (uint64, bool) {
 	var id uint64
-	for _, lv := range l.levels {
-		if first := lv.chunks[0][0]; id == 0 || first < id {
+	for i, lv := range l.levels {
+		if first := lv.chunks[0][0]; i == 0 || first < id {
 			id = first
 		}
 	}
-	return id, id != 0
+	return id, len(l.levels) > 0
 }
 
 // level returns the index of prio's level, and whether it exists.

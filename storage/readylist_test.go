@@ -88,8 +88,8 @@ func TestReadyListMatchesModel(t *testing.T) {
 				t.Fatalf("step %d: list %v\nmodel %v", step, got, want)
 			}
 			var oldest uint64
-			for _, e := range want {
-				if oldest == 0 || e.ID < oldest {
+			for i, e := range want {
+				if i == 0 || e.ID < oldest {
 					oldest = e.ID
 				}
 			}
