@@ -59,7 +59,7 @@ func From(err error) error {
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	case errors.Is(err, storage.ErrNotFound):
 		return connect.NewError(connect.CodeNotFound, err)
-	case errors.Is(err, claims.ErrClaimSuperseded), errors.Is(err, claims.ErrTaskTerminal):
+	case errors.Is(err, claims.ErrClaimSuperseded), errors.Is(err, claims.ErrTaskTerminal), errors.Is(err, claims.ErrPastDeadline):
 		return connect.NewError(connect.CodeFailedPrecondition, err)
 	case errors.Is(err, claims.ErrNotLeader), errors.Is(err, storage.ErrPartitionDropped):
 		return connect.NewError(connect.CodeUnavailable, err)

@@ -9,13 +9,25 @@ import (
 // Encoding of a command: version, op, then the op's fields. Version 2
 // adds a retry policy to each claim candidate and act; a command that uses
 // no retry is written as version 1, which a node from before retries can
-// apply. A node that cannot decode version 2 stops on it (rather than
+// apply. Version 3 adds a deadline to each claim candidate, and
+// OpDeadline; only a command that uses deadlines is written so. A node that cannot decode version 2 stops on it (rather than
 // skip it), so a cluster that mixes versions fails loudly, not silently
 // (docs/OPERATIONS.md, upgrades).
 const (
 	commandVersion   = 1
 	commandVersionV2 = 2
+	commandVersionV3 = 3
 )
+
+// usesDeadlines reports whether cmd needs the version 3 encoding.
+func (cmd *Command) usesDeadlines() bool {
+	for _, c := range cmd.Candidates {
+		if c.DeadlineMs != 0 {
+			return true
+		}
+	}
+	return cmd.Op == OpDeadline
+}
 
 // usesRetry reports whether cmd needs the version 2 encoding.
 func (cmd *Command) usesRetry() bool {
@@ -39,9 +51,13 @@ func (cmd *Command) usesRetry() bool {
 
 // Encode returns cmd's binary encoding (the Raft log entry's data).
 func (cmd *Command) Encode() []byte {
-	v2 := cmd.usesRetry()
+	v3 := cmd.usesDeadlines()
+	v2 := v3 || cmd.usesRetry()
 	b := []byte{commandVersion, byte(cmd.Op)}
-	if v2 {
+	switch {
+	case v3:
+		b[0] = commandVersionV3
+	case v2:
 		b[0] = commandVersionV2
 	}
 	b = binary.AppendVarint(b, cmd.NowMs)
@@ -56,6 +72,9 @@ func (cmd *Command) Encode() []byte {
 			b = binary.AppendUvarint(b, uint64(c.MaxClaims))
 			if v2 {
 				b = appendPolicy(b, c.Retry)
+			}
+			if v3 {
+				b = binary.AppendVarint(b, c.DeadlineMs)
 			}
 		}
 	case OpRenew:
@@ -87,6 +106,14 @@ func (cmd *Command) Encode() []byte {
 	case OpRevive:
 		b = binary.AppendUvarint(b, cmd.ID)
 		b = binary.AppendUvarint(b, uint64(cmd.Life))
+	case OpDeadline:
+		b = binary.AppendUvarint(b, uint64(len(cmd.Deadlines)))
+		for _, dl := range cmd.Deadlines {
+			b = binary.AppendUvarint(b, dl.ID)
+			b = binary.AppendUvarint(b, uint64(dl.Life))
+			b = binary.AppendVarint(b, dl.DeadlineMs)
+			b = appendBytes(b, dl.State)
+		}
 	case OpAct:
 		b = binary.AppendUvarint(b, uint64(len(cmd.Acts)))
 		for _, act := range cmd.Acts {
@@ -114,10 +141,10 @@ func appendBytes(b, v []byte) []byte {
 func DecodeCommand(b []byte) (*Command, error) {
 	d := decoder{buf: b}
 	v := d.byte()
-	if d.err == nil && v != commandVersion && v != commandVersionV2 {
+	if d.err == nil && (v < commandVersion || v > commandVersionV3) {
 		d.fail("command version %d", v)
 	}
-	v2 := v == commandVersionV2
+	v2, v3 := v >= commandVersionV2, v == commandVersionV3
 	cmd := &Command{Op: Op(d.byte()), NowMs: d.varint()}
 	switch cmd.Op {
 	case OpClaim:
@@ -128,6 +155,9 @@ func DecodeCommand(b []byte) (*Command, error) {
 				cmd.Candidates[i] = Candidate{ID: d.uvarint(), NotBeforeMs: d.varint(), MaxClaims: d.uint32()}
 				if v2 {
 					cmd.Candidates[i].Retry = d.policy()
+				}
+				if v3 {
+					cmd.Candidates[i].DeadlineMs = d.varint()
 				}
 			}
 		}
@@ -157,6 +187,16 @@ func DecodeCommand(b []byte) (*Command, error) {
 			d.fail("revive in a version 1 command")
 		}
 		cmd.ID, cmd.Life = d.uvarint(), d.uint32()
+	case OpDeadline:
+		if !v3 {
+			d.fail("deadline in a version %d command", v)
+		}
+		if n := d.count(4); n > 0 {
+			cmd.Deadlines = make([]Deadline, n)
+			for i := range cmd.Deadlines {
+				cmd.Deadlines[i] = Deadline{ID: d.uvarint(), Life: d.uint32(), DeadlineMs: d.varint(), State: d.bytes()}
+			}
+		}
 	case OpAct:
 		if n := d.count(4); n > 0 {
 			cmd.Acts = make([]Act, n)

@@ -44,6 +44,10 @@ const (
 	// OpRevive begins life Life of the terminal task ID (a Retry of it;
 	// revive.go).
 	OpRevive Op = 9
+	// OpDeadline cancels each of Deadlines whose deadline has passed at
+	// NowMs and that is not terminal in its life, ending its live claim,
+	// and every replica merges the cancel (deadline.go).
+	OpDeadline Op = 10
 )
 
 func (o Op) String() string {
@@ -66,6 +70,8 @@ func (o Op) String() string {
 		return "act"
 	case OpRevive:
 		return "revive"
+	case OpDeadline:
+		return "deadline"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -79,6 +85,9 @@ type Candidate struct {
 	// Retry is the spec's retry policy (nil: none), taken into the
 	// record at the task's first claim.
 	Retry *crdt.RetryPolicy
+	// DeadlineMs is the spec's deadline (0: none): the task is not
+	// claimed at or after it (ErrPastDeadline).
+	DeadlineMs int64
 }
 
 // Command is one claim FSM command. Which fields matter depends on Op.
@@ -96,6 +105,7 @@ type Command struct {
 	Ends        []End       // OpEnd
 	Acts        []Act       // OpAct
 	Life        uint32      // OpRevive
+	Deadlines   []Deadline  // OpDeadline
 }
 
 // Act is one thing a worker did under its claim, in an OpAct.
@@ -206,6 +216,10 @@ type Bugs struct {
 	// ReviveCompleted revives a COMPLETED task (OpRevive), whose result
 	// was accepted: it is handed out again.
 	ReviveCompleted bool
+	// DeadlineUnfenced ignores deadlines in claims, renews and acts, as
+	// if the monitor's cancel alone enforced them (and the dispatcher
+	// skips its own checks: seeded bug deadline-unfenced).
+	DeadlineUnfenced bool
 }
 
 // ApplyWithBugs is Apply with the seeded bugs bugs.
@@ -254,6 +268,12 @@ func ApplyWithBugs(index uint64, cmd *Command, get Getter, bugs Bugs) ([]Outcome
 		}
 	case OpRevive:
 		err = a.revive(cmd.ID, cmd.Life)
+	case OpDeadline:
+		for _, dl := range cmd.Deadlines {
+			if err = a.deadline(dl); err != nil {
+				break
+			}
+		}
 	}
 	if err != nil {
 		return nil, nil, err
@@ -365,8 +385,12 @@ func (a *applier) claim(c Candidate) error {
 	case a.cmd.NowMs < r.RetryAtMs:
 		a.fail(c.ID, ErrNotYet)
 		return nil
+	case a.pastDeadline(max(c.DeadlineMs, r.DeadlineMs)):
+		a.fail(c.ID, ErrPastDeadline)
+		return nil
 	}
 	if r.Seq == 0 {
+		r.DeadlineMs = c.DeadlineMs
 		r.MaxClaims = c.MaxClaims
 		if c.Retry != nil {
 			p := *c.Retry
@@ -392,6 +416,8 @@ func (a *applier) withLive(id, token uint64, fn func(r *Record, c *Claim)) error
 	}
 	c, live := r.Live()
 	switch {
+	case live && c.Token == token && a.cmd.Op == OpRenew && a.pastDeadline(r.DeadlineMs):
+		a.fail(id, ErrPastDeadline)
 	case live && c.Token == token:
 		fn(r, c)
 	case r.Done():
@@ -477,6 +503,9 @@ func (a *applier) act(act Act) error {
 		fenced = true
 	}
 	switch {
+	case fenced && a.pastDeadline(r.DeadlineMs):
+		a.fail(act.ID, ErrPastDeadline)
+		return nil
 	case fenced:
 	case a.repeated(r, act):
 		a.outcomes = append(a.outcomes, Outcome{ID: act.ID, Repeated: true})

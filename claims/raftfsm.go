@@ -247,7 +247,7 @@ func (f *fsm) applyBatch(logs []*raft.Log) []any {
 				u.Merges = append(u.Merges, storage.FSMMerge{ID: c.ID, State: m})
 			}
 		}
-		if cmd.Op == OpAct || cmd.Op == OpEnd || cmd.Op == OpExpire {
+		if cmd.Op == OpAct || cmd.Op == OpEnd || cmd.Op == OpExpire || cmd.Op == OpDeadline {
 			for _, o := range outcomes {
 				if o.Err == nil && !o.Repeated && o.Record != nil && (o.Record.Terminal != EndNone || o.Died != nil) {
 					ended = append(ended, o.ID)

@@ -99,6 +99,10 @@ type Record struct {
 	// Life is the task's current life: 0 for its first, L after the
 	// revival that began life L (OpRevive).
 	Life uint32
+	// DeadlineMs is the task's deadline (its spec's, taken at the first
+	// claim; 0: none): at and after it no claim is granted or renewed
+	// and no act is taken (ErrPastDeadline); OpDeadline cancels it.
+	DeadlineMs int64
 }
 
 // FailedAttempts is how many attempts of the task failed: expiries and
@@ -151,17 +155,23 @@ func (r *Record) Done() bool { return r.Terminal != EndNone || r.Dead }
 var ErrCorrupt = errors.New("claims: corrupt encoding")
 
 // Record versions: 2 adds the retries' fields after the history; a record
-// without them is written as version 1.
+// without them is written as version 1. 3 adds the deadline after them,
+// written only for a task with one.
 const (
 	recordVersion   = 1
 	recordVersionV2 = 2
+	recordVersionV3 = 3
 )
 
 // Encode returns r's binary encoding.
 func (r *Record) Encode() []byte {
-	v2 := r.Failed != 0 || r.Retry != nil || r.RetryAtMs != 0 || r.Life != 0
+	v3 := r.DeadlineMs != 0
+	v2 := v3 || r.Failed != 0 || r.Retry != nil || r.RetryAtMs != 0 || r.Life != 0
 	b := []byte{recordVersion}
-	if v2 {
+	switch {
+	case v3:
+		b[0] = recordVersionV3
+	case v2:
 		b[0] = recordVersionV2
 	}
 	b = binary.AppendUvarint(b, r.Seq)
@@ -183,6 +193,9 @@ func (r *Record) Encode() []byte {
 		b = appendPolicy(b, r.Retry)
 		b = binary.AppendVarint(b, r.RetryAtMs)
 		b = binary.AppendUvarint(b, uint64(r.Life))
+	}
+	if v3 {
+		b = binary.AppendVarint(b, r.DeadlineMs)
 	}
 	return b
 }
@@ -220,7 +233,7 @@ func (d *decoder) policy() *crdt.RetryPolicy {
 func DecodeRecord(b []byte) (*Record, error) {
 	d := decoder{buf: b}
 	v := d.byte()
-	if d.err == nil && v != recordVersion && v != recordVersionV2 {
+	if d.err == nil && (v < recordVersion || v > recordVersionV3) {
 		d.fail("record version %d", v)
 	}
 	r := &Record{Seq: d.uvarint(), Expired: d.uint32(), MaxClaims: d.uint32()}
@@ -246,8 +259,13 @@ func DecodeRecord(b []byte) (*Record, error) {
 			}
 		}
 	}
-	if v == recordVersionV2 {
+	if v >= recordVersionV2 {
 		r.Failed, r.Retry, r.RetryAtMs, r.Life = d.uint32(), d.policy(), d.varint(), d.uint32()
+	}
+	if v == recordVersionV3 {
+		if r.DeadlineMs = d.varint(); d.err == nil && r.DeadlineMs <= 0 {
+			d.fail("deadline %d", r.DeadlineMs)
+		}
 	}
 	return r, d.finish()
 }

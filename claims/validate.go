@@ -43,6 +43,15 @@ func validate(cmd *Command) error {
 		if cmd.Life == 0 {
 			return fmt.Errorf("%w: revive of task %d to life 0", ErrBadCommand, cmd.ID)
 		}
+	case OpDeadline:
+		if len(cmd.Deadlines) == 0 {
+			return fmt.Errorf("%w: deadline without tasks", ErrBadCommand)
+		}
+		for _, dl := range cmd.Deadlines {
+			if dl.DeadlineMs <= 0 {
+				return fmt.Errorf("%w: deadline %d of task %d", ErrBadCommand, dl.DeadlineMs, dl.ID)
+			}
+		}
 	case OpYield, OpExtend, OpForget:
 	default:
 		return fmt.Errorf("%w: unknown op %d", ErrBadCommand, cmd.Op)

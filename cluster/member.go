@@ -69,8 +69,12 @@ const (
 	// FeatureQueues: queue settings in the meta group (meta entries and
 	// snapshots with a queue table; queues.go).
 	FeatureQueues uint64 = 1 << 1
+	// FeatureDeadlines: task deadlines (the task encoding's deadline,
+	// claim FSM entries of version 3: candidates with deadlines and
+	// OpDeadline).
+	FeatureDeadlines uint64 = 1 << 2
 	// FeaturesBuilt are the features this build has.
-	FeaturesBuilt = FeatureRetries | FeatureQueues
+	FeaturesBuilt = FeatureRetries | FeatureQueues | FeatureDeadlines
 )
 
 // SecurityMeta is what a node gossips about its security settings.

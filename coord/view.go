@@ -112,7 +112,7 @@ func (c *Coordinator) View(ts *TaskState) *nornv1.Task {
 		Spec: &nornv1.TaskSpec{
 			Queue: spec.Queue, Priority: spec.Priority, Payload: spec.Payload,
 			NotBefore: msTime(spec.NotBeforeMs), DependsOn: spec.DependsOn, MaxClaims: spec.MaxClaims,
-			Retry: RetryToAPI(spec.Retry),
+			Retry: RetryToAPI(spec.Retry), Deadline: msTime(spec.DeadlineMs),
 		},
 		Status:    ts.Status(c.cfg.Clock.Now().UnixMilli(), c.cfg.DepsDone),
 		CreatedAt: msTime(spec.CreatedAt.WallMs),
@@ -198,6 +198,13 @@ func MaxClaimsError(limit uint32) *nornv1.TaskError {
 func DependencyFailedError(dep uint64) *nornv1.TaskError {
 	return &nornv1.TaskError{Code: "dependency_failed",
 		Description: "a task this one depends on was aborted or cancelled", Args: []string{strconv.FormatUint(dep, 10)}}
+}
+
+// DeadlineError is the error of a task cancelled because its deadline
+// (Unix ms) passed.
+func DeadlineError(deadlineMs int64) *nornv1.TaskError {
+	return &nornv1.TaskError{Code: "deadline",
+		Description: "the task was not completed by its deadline", Args: []string{time.UnixMilli(deadlineMs).UTC().Format(time.RFC3339Nano)}}
 }
 
 // EndReason is the claim end a terminal event of kind k makes.

@@ -18,10 +18,12 @@ import (
 //	            [nFailures failure*]
 //	flags    := byte; bit 0 set when a spec follows, bit 1 when the spec
 //	            carries a retry policy (only with bit 0), bit 2 when
-//	            failures follow the terminals (then nFailures >= 1);
-//	            other bits zero
+//	            failures follow the terminals (then nFailures >= 1),
+//	            bit 3 when the task has lives (flagLives), bit 4 when the
+//	            spec carries a deadline (only with bit 0); other bits zero
 //	spec     := queue varint(priority) payload varint(notBeforeMs)
 //	            nDeps dep* maxClaims timestamp(createdAt) [retry]
+//	            [varint(deadlineMs), > 0]
 //	retry    := maxAttempts varint(initialMs) varint(maxMs) multiplierMilli jitterMilli
 //	update   := claim seq timestamp(at) progress(8 bytes, IEEE-754 big endian) message data
 //	terminal := timestamp(at) kind(byte) claim nErrors error* result
@@ -53,6 +55,9 @@ func (t *Task) AppendEncode(dst []byte) []byte {
 		flags |= flagSpec
 		if t.Spec.Retry != nil {
 			flags |= flagRetry
+		}
+		if t.Spec.DeadlineMs != 0 {
+			flags |= flagDeadline
 		}
 	}
 	if len(t.Failures) > 0 {
@@ -113,6 +118,7 @@ const (
 	flagRetry    = 0x02
 	flagFailures = 0x04
 	flagLives    = 0x08 // terminals carry their lives; revivals follow the failures
+	flagDeadline = 0x10 // the spec ends with its deadline
 )
 
 // Digest is the xxhash of an encoding. Equal states have equal digests.
@@ -154,6 +160,9 @@ func appendSpec(dst []byte, s *Spec) []byte {
 		dst = binary.AppendVarint(dst, p.MaxMs)
 		dst = binary.AppendUvarint(dst, uint64(p.MultiplierMilli))
 		dst = binary.AppendUvarint(dst, uint64(p.JitterMilli))
+	}
+	if s.DeadlineMs != 0 {
+		dst = binary.AppendVarint(dst, s.DeadlineMs)
 	}
 	return dst
 }
@@ -373,12 +382,12 @@ func (r *reader) idAndSpec(payload bool) (*Task, byte) {
 	flags := r.byte()
 	switch {
 	case r.err != nil:
-	case flags&^(flagSpec|flagRetry|flagFailures|flagLives) != 0:
+	case flags&^(flagSpec|flagRetry|flagFailures|flagLives|flagDeadline) != 0:
 		r.fail("unknown flags %#x", flags)
-	case flags&flagRetry != 0 && flags&flagSpec == 0:
-		r.fail("flags %#x: a retry policy without a spec", flags)
+	case flags&(flagRetry|flagDeadline) != 0 && flags&flagSpec == 0:
+		r.fail("flags %#x: a retry policy or deadline without a spec", flags)
 	case flags&flagSpec != 0:
-		t.Spec = r.spec(payload, flags&flagRetry != 0)
+		t.Spec = r.spec(payload, flags&flagRetry != 0, flags&flagDeadline != 0)
 	}
 	return t, flags
 }
@@ -459,7 +468,7 @@ func (r *reader) failure(f *Failure) {
 
 // spec reads a spec; without payload it skips the payload instead of
 // copying it.
-func (r *reader) spec(payload, retry bool) *Spec {
+func (r *reader) spec(payload, retry, deadline bool) *Spec {
 	s := &Spec{Queue: r.string()}
 	p := r.varint()
 	if p < math.MinInt32 || p > math.MaxInt32 {
@@ -489,6 +498,11 @@ func (r *reader) spec(payload, retry bool) *Spec {
 			}
 		}
 		s.Retry = p
+	}
+	if deadline {
+		if s.DeadlineMs = r.varint(); r.err == nil && s.DeadlineMs <= 0 {
+			r.fail("deadline %d is not after 1970", s.DeadlineMs)
+		}
 	}
 	return s
 }

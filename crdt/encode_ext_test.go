@@ -2,10 +2,12 @@ package crdt
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"math"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -86,6 +88,8 @@ func extTasks() []*Task {
 			},
 		},
 		{ID: 5, Terminals: []Terminal{{At: ts(4), Kind: Dead}}},
+		{ID: 6, Spec: &Spec{Queue: "q", NotBeforeMs: 5, DeadlineMs: 1_700_000_060_000, CreatedAt: ts(0)}},
+		{ID: 7, Spec: &Spec{Queue: "q", Retry: policy, DeadlineMs: math.MaxInt64}, Failures: []Failure{{Claim: 3, At: ts(1)}}},
 	}
 }
 
@@ -97,6 +101,9 @@ func TestEncodeExtRoundTrip(t *testing.T) {
 			want |= flagSpec
 			if x.Spec.Retry != nil {
 				want |= flagRetry
+			}
+			if x.Spec.DeadlineMs != 0 {
+				want |= flagDeadline
 			}
 		}
 		if len(x.Failures) > 0 {
@@ -130,10 +137,24 @@ func TestDecodeRejectsNonCanonicalExt(t *testing.T) {
 	// from the counts that follow, and runs out.
 	noPolicy := (&Task{ID: 1, Spec: spec}).Encode()
 	noPolicy[2] = flagSpec | flagRetry
+	// The deadline bit on a spec without a deadline (0) or with a
+	// negative one.
+	deadline := func(ms int64) []byte {
+		b := (&Task{ID: 1, Spec: &Spec{Queue: "q"}}).Encode()
+		b[2] |= flagDeadline
+		return slices.Insert(b, len(b)-2, binary.AppendVarint(nil, ms)...)
+	}
+	if x, err := Decode(deadline(7)); err != nil || x.Spec.DeadlineMs != 7 {
+		t.Fatalf("deadline 7: %+v, %v", x, err)
+	}
 	tests := []struct {
 		name string
 		b    []byte
 	}{
+		{"deadline bit without spec", []byte{1, 1, flagDeadline, 0, 0}},
+		{"deadline 0", deadline(0)},
+		{"negative deadline", deadline(-5)},
+		{"unknown flag bit 5", []byte{1, 1, 0x20, 0, 0}},
 		{"unknown flag bit 3", []byte{1, 1, 0x08, 0, 0}},
 		{"unknown flag bit 7", []byte{1, 1, 0x80, 0, 0}},
 		{"retry bit without spec", []byte{1, 1, flagRetry, 0, 0}},

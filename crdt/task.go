@@ -18,6 +18,9 @@ type Spec struct {
 	MaxClaims   uint32   // claims ended by expiry before the task is aborted; 0 = unlimited
 	CreatedAt   Timestamp
 	Retry       *RetryPolicy // TaskSpec.retry; nil when the task has none
+	// DeadlineMs is TaskSpec.deadline, Unix ms: a task not completed by
+	// then ends CANCELLED with the error code "deadline"; 0 = none.
+	DeadlineMs int64
 }
 
 // Update is one progress report of a worker, keyed by (Claim, Seq).

@@ -55,6 +55,9 @@ func newUniverse(r *rand.Rand) *universe {
 			s.Retry = &RetryPolicy{MaxAttempts: r.Uint32N(4), InitialMs: r.Int64N(3) * 100, MaxMs: 1000,
 				MultiplierMilli: 1000 + r.Uint32N(2)*1000, JitterMilli: r.Uint32N(2) * 200}
 		}
+		if r.IntN(3) == 0 { // a deadline; two specs may differ only in it
+			s.DeadlineMs = s.NotBeforeMs + 1 + r.Int64N(2)*1000
+		}
 		u.specs = append(u.specs, s)
 	}
 	for range r.IntN(8) {

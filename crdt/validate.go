@@ -83,6 +83,12 @@ func (s *Spec) Validate(lim Limits) error {
 	if s.NotBeforeMs < 0 {
 		return invalid("spec.notBefore", "must not be before 1970")
 	}
+	if s.DeadlineMs < 0 {
+		return invalid("spec.deadline", "must not be before 1970")
+	}
+	if s.DeadlineMs != 0 && s.DeadlineMs <= s.NotBeforeMs {
+		return invalid("spec.deadline", "must be after spec.notBefore: the task could never run")
+	}
 	if len(s.DependsOn) > lim.MaxDependsOn {
 		return tooLarge("spec.dependsOn", len(s.DependsOn), lim.MaxDependsOn)
 	}

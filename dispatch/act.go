@@ -141,6 +141,8 @@ func actError(id, claimID uint64, err error) error {
 			fmt.Errorf("claimId: %d is not the live claim of task %d (%w)", claimID, id, err))
 	case errors.Is(err, claims.ErrTaskTerminal):
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal: %w", id, err))
+	case errors.Is(err, claims.ErrPastDeadline):
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d passed its deadline (it is being cancelled): %w", id, err))
 	}
 	return apierr.From(err)
 }

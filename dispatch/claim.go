@@ -562,6 +562,9 @@ func (d *Dispatcher) candidate(id uint64, nowMs int64) (claims.Candidate, *coord
 	if spec.NotBeforeMs > nowMs {
 		return claims.Candidate{}, nil, false
 	}
+	if spec.DeadlineMs != 0 && nowMs >= spec.DeadlineMs && !(testhooks.Built && d.cfg.DeadlineUnfenced) {
+		return claims.Candidate{}, nil, false // the monitor cancels it
+	}
 	if len(spec.DependsOn) > 0 {
 		done, failed := d.depsState(spec.DependsOn)
 		if failed != 0 {
@@ -571,5 +574,5 @@ func (d *Dispatcher) candidate(id uint64, nowMs int64) (claims.Candidate, *coord
 			return claims.Candidate{}, nil, false
 		}
 	}
-	return claims.Candidate{ID: id, NotBeforeMs: spec.NotBeforeMs, MaxClaims: spec.MaxClaims, Retry: spec.Retry}, ts, true
+	return claims.Candidate{ID: id, NotBeforeMs: spec.NotBeforeMs, MaxClaims: spec.MaxClaims, Retry: spec.Retry, DeadlineMs: spec.DeadlineMs}, ts, true
 }

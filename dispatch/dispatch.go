@@ -83,6 +83,10 @@ type Config struct {
 	// queue's owner checks the cap against a count read at most once a
 	// second, blind to the claims under way.
 	CapStaleCount bool
+	// DeadlineUnfenced is the seeded bug TestBugs.DeadlineUnfenced: the
+	// dispatcher does not check candidates' deadlines, and the monitor
+	// cancels only the tasks past their deadline that are not claimed.
+	DeadlineUnfenced bool
 }
 
 // Dispatcher hands tasks to workers on one node: it picks the best ready

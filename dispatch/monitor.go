@@ -38,9 +38,9 @@ func (d *Dispatcher) every(period time.Duration, fn func()) {
 
 // MonitorOnce does one pass over the partitions this node leads: on a
 // new leadership it first extends every live claim to at least now +
-// lease grace; then it expires claims past expiry + skew buffer, deletes
-// terminal tasks past retention and promotes delayed tasks whose time has
-// come.
+// lease grace; then it expires claims past expiry + skew buffer, cancels
+// tasks past their deadline, deletes terminal tasks past retention and
+// promotes delayed tasks whose time has come.
 func (d *Dispatcher) MonitorOnce() {
 	d.monitorMu.Lock()
 	defer d.monitorMu.Unlock()
@@ -75,6 +75,7 @@ func (d *Dispatcher) MonitorOnce() {
 			extended[p] = term
 		}
 		d.expireClaims(uint16(p))
+		d.cancelPastDeadlines(uint16(p))
 		d.deleteExpiredTasks(uint16(p))
 	}
 	d.abortPendingDead()

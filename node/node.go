@@ -220,7 +220,7 @@ func New(cfg Config) (*Node, error) {
 		RaftTimeout: cfg.RaftTimeout, Version: cfg.Version, Incarnation: incarnation, SkewBuffer: cfg.SkewBuffer, Features: cfg.features(), Clock: cfg.Clock, TLS: cfg.TLS, GossipKey: cfg.GossipKey,
 		Logger: cfg.logger("replicas"), RaftLogger: cfg.RaftLogger,
 		Store: store, Peers: n.peers, ClaimNoCheck: cfg.TestBugs.ClaimNoCheck, ActNoFence: cfg.TestBugs.ActNoFence,
-		RetryNoBackoff: cfg.TestBugs.RetryNoBackoff, ReviveCompleted: cfg.TestBugs.RetryCompleted,
+		RetryNoBackoff: cfg.TestBugs.RetryNoBackoff, ReviveCompleted: cfg.TestBugs.RetryCompleted, DeadlineUnfenced: cfg.TestBugs.DeadlineUnfenced,
 		// A task a partition's claim FSM made terminal may unblock its
 		// dependants, in any queue.
 		OnEnded:       func(uint16, []uint64) { n.waiters.NotifyAll() },
@@ -273,7 +273,7 @@ func New(cfg Config) (*Node, error) {
 			s := n.host.Queues().Get(q)
 			return dispatch.Limits{MaxClaimed: s.MaxClaimed, ClaimRate: s.ClaimRate}
 		},
-		CapStaleCount: cfg.TestBugs.CapStaleCount,
+		CapStaleCount: cfg.TestBugs.CapStaleCount, DeadlineUnfenced: cfg.TestBugs.DeadlineUnfenced,
 	})
 	n.dispatch.Start()
 	n.server = server.New(server.Config{

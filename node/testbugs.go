@@ -74,6 +74,13 @@ type TestBugs struct {
 	// the claims under way (dispatch.Config.CapStaleCount): concurrent
 	// claims overshoot the cap.
 	CapStaleCount bool
+	// DeadlineUnfenced ("deadline-unfenced"): deadlines are enforced by
+	// the monitor's cancel of waiting tasks alone: claims, renews and
+	// acts past a deadline are taken (claims.Bugs.DeadlineUnfenced), the
+	// dispatcher does not check candidates, and the monitor leaves
+	// claimed tasks alone (dispatch.Config.DeadlineUnfenced): a task
+	// claimed before its deadline runs past it and completes.
+	DeadlineUnfenced bool
 }
 
 // testBugs maps the names of -test-bug to their fields.
@@ -92,6 +99,7 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"skew-one-offset":       func(b *TestBugs) *bool { return &b.SkewOneOffset },
 	"claim-local-first":     func(b *TestBugs) *bool { return &b.ClaimLocalFirst },
 	"cap-stale-count":       func(b *TestBugs) *bool { return &b.CapStaleCount },
+	"deadline-unfenced":     func(b *TestBugs) *bool { return &b.DeadlineUnfenced },
 }
 
 // TestBugNames returns the names ParseTestBugs accepts, sorted.

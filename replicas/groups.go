@@ -160,7 +160,8 @@ func (h *Host) openGroup(r *cluster.Ring, p int, bootstrap bool) error {
 		Tracer:         h.cfg.Tracer,
 		OnEnded:        onEnded,
 		OnFatal:        h.cfg.OnFatal,
-		Bugs:           claims.Bugs{ClaimNoCheck: h.cfg.ClaimNoCheck, ActNoFence: h.cfg.ActNoFence, RetryNoBackoff: h.cfg.RetryNoBackoff, ReviveCompleted: h.cfg.ReviveCompleted},
+		Bugs: claims.Bugs{ClaimNoCheck: h.cfg.ClaimNoCheck, ActNoFence: h.cfg.ActNoFence, RetryNoBackoff: h.cfg.RetryNoBackoff, ReviveCompleted: h.cfg.ReviveCompleted,
+			DeadlineUnfenced: h.cfg.DeadlineUnfenced},
 	})
 	if err != nil {
 		stream.Close()

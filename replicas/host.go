@@ -84,9 +84,10 @@ type Config struct {
 	Store *storage.Store
 	// Peers reaches other nodes' APIs (to pull a newer ring).
 	Peers *transport.Peers
-	// ClaimNoCheck, ActNoFence, RetryNoBackoff and ReviveCompleted are the
-	// seeded bugs of the same names in claims.Bugs.
-	ClaimNoCheck, ActNoFence, RetryNoBackoff, ReviveCompleted bool
+	// ClaimNoCheck, ActNoFence, RetryNoBackoff, ReviveCompleted and
+	// DeadlineUnfenced are the seeded bugs of the same names in
+	// claims.Bugs.
+	ClaimNoCheck, ActNoFence, RetryNoBackoff, ReviveCompleted, DeadlineUnfenced bool
 	// OnEnded and OnFatal are every partition group's
 	// claims.GroupConfig.OnEnded (with the partition) and OnFatal.
 	// OnFatal also gets the refusal of a ring that lists this node with

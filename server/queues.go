@@ -117,10 +117,8 @@ func (s queueService) SetQueue(ctx context.Context, req *connect.Request[nornv1.
 	if _, err := sv.settingsChange(cluster.QueueSettings{}, m); err != nil {
 		return nil, err // refused here, before it travels
 	}
-	if lacking := sv.host.Lacking(cluster.FeatureQueues); len(lacking) > 0 {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
-			"queue settings need every node of the cluster on a build that has them; %s not (yet: a rolling upgrade under way?), as gossip last saw",
-			strings.Join(lacking, ", ")))
+	if err := sv.featureGate("settings", cluster.FeatureQueues, "queue settings"); err != nil {
+		return nil, err
 	}
 	resp, err := rebalance.ToMetaLeader(sv.rebalance, ctx, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.SetQueueRequest]) (*connect.Response[nornv1.SetQueueResponse], error) {
 		return p.Queue.SetQueue

@@ -86,16 +86,23 @@ func (sv *Server) retryFromAPI(parent, leaf string, r *nornv1.RetryPolicy) (*crd
 // encodings, and would stop on the first one (a rolling upgrade under
 // way: finish it).
 func (sv *Server) retriesGate(field string) error {
+	return sv.featureGate(field, cluster.FeatureRetries, "retries")
+}
+
+// featureGate refuses a call that uses feature (what names it) with
+// FAILED_PRECONDITION naming field while a ring member has not said, in
+// gossip, that it has the feature.
+func (sv *Server) featureGate(field string, feature uint64, what string) error {
 	if sv.host == nil {
 		return nil
 	}
-	lacking := sv.host.Lacking(cluster.FeatureRetries)
+	lacking := sv.host.Lacking(feature)
 	if len(lacking) == 0 {
 		return nil
 	}
 	return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
-		"%s: retries need every node of the cluster on a build that has them; %s not (yet: a rolling upgrade under way?), as gossip last saw",
-		field, strings.Join(lacking, ", ")))
+		"%s: %s need every node of the cluster on a build that has them; %s not (yet: a rolling upgrade under way?), as gossip last saw",
+		field, what, strings.Join(lacking, ", ")))
 }
 
 // retryPolicyOf is the policy a retryable abort of a task with spec

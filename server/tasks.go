@@ -42,6 +42,11 @@ func (sv *Server) specFromAPI(field string, s *nornv1.TaskSpec) (*crdt.Spec, err
 		return nil, err
 	}
 	spec.Retry = retry
+	if dl := s.GetDeadline(); dl != nil {
+		if spec.DeadlineMs, err = sv.deadlineFromAPI(field+".deadline", dl); err != nil {
+			return nil, err
+		}
+	}
 	if err := spec.Validate(sv.cfg.Limits); err != nil {
 		var fe *crdt.FieldError
 		if errors.As(err, &fe) {
@@ -79,7 +84,7 @@ func queueOf(t *crdt.Task) string {
 func sameSpec(a, b *crdt.Spec) bool {
 	return a.Queue == b.Queue && a.Priority == b.Priority && bytes.Equal(a.Payload, b.Payload) &&
 		a.NotBeforeMs == b.NotBeforeMs && slices.Equal(a.DependsOn, b.DependsOn) && a.MaxClaims == b.MaxClaims &&
-		(a.Retry == nil) == (b.Retry == nil) && (a.Retry == nil || *a.Retry == *b.Retry)
+		(a.Retry == nil) == (b.Retry == nil) && (a.Retry == nil || *a.Retry == *b.Retry) && a.DeadlineMs == b.DeadlineMs
 }
 
 // prepareEnqueue turns a spec into a task state to merge, or reports that an

@@ -167,6 +167,7 @@ func (s *Store) dropIndexes(p uint16) {
 	}
 	delete(s.times, dueKey{p, tagDelayed})
 	delete(s.times, dueKey{p, tagClaimed})
+	delete(s.times, dueKey{p, tagDeadline})
 }
 
 // buildIndexes fills the in-memory indexes of partition p from its task
@@ -174,7 +175,8 @@ func (s *Store) dropIndexes(p uint16) {
 // it has none (row.meta), delayed or claimed when its meta key says so; a
 // claim recorded before its task arrived (a meta key without a task) is
 // claimed too. Open runs it for every partition before the store takes
-// writes; only the ready and delayed tasks are decoded.
+// writes; only the ready, delayed and claimed tasks are decoded (a
+// claimed task's deadline is in the deadline index).
 func (s *Store) buildIndexes(p uint16) error {
 	tlo, thi := tagSpan(p, tagTask)
 	tasks, err := s.db.NewIter(&pebble.IterOptions{LowerBound: tlo, UpperBound: thi})
@@ -220,7 +222,7 @@ func (s *Store) buildIndexes(p uint16) error {
 			}
 		}
 		var spec *crdt.Spec
-		if haveTask && (m.state == IndexReady || m.state == IndexDelayed) {
+		if haveTask && m.state != IndexNone {
 			v, err := tasks.ValueAndErr()
 			if err != nil {
 				return err
@@ -236,6 +238,9 @@ func (s *Store) buildIndexes(p uint16) error {
 		}
 		if tag, e, ok := timeEntry(id, m, spec); ok {
 			times = append(times, indexChange{p: p, tag: tag, due: e, insert: true})
+		}
+		if e, ok := deadlineEntry(id, m, spec); ok {
+			times = append(times, indexChange{p: p, tag: tagDeadline, due: e, insert: true})
 		}
 		if haveTask {
 			tok = tasks.Next()
@@ -271,6 +276,12 @@ func (s *Store) ClaimsExpiring(p uint16, ms int64, limit int) ([]DueEntry, error
 	return s.dueBefore(p, tagClaimed, ms, limit)
 }
 
+// DeadlinesDue returns up to limit tasks of partition p with a deadline
+// at or before ms that are not terminal here, earliest first.
+func (s *Store) DeadlinesDue(p uint16, ms int64, limit int) ([]DueEntry, error) {
+	return s.dueBefore(p, tagDeadline, ms, limit)
+}
+
 func (s *Store) dueBefore(p uint16, tag byte, ms int64, limit int) ([]DueEntry, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("storage: limit %d must be positive", limit)
@@ -278,7 +289,7 @@ func (s *Store) dueBefore(p uint16, tag byte, ms int64, limit int) ([]DueEntry, 
 	if ms < 0 {
 		return nil, nil
 	}
-	if tag == tagDelayed || tag == tagClaimed {
+	if tag == tagDelayed || tag == tagClaimed || tag == tagDeadline {
 		x := s.timeIndex(p, tag, false)
 		if x == nil {
 			return nil, nil

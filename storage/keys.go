@@ -24,6 +24,10 @@ const (
 	tagClaimFSM byte = 0x12 // reserved for the claim FSM (claims/)
 )
 
+// tagDeadline names the in-memory deadline index (deadline id), kept
+// beside the delayed and claimed indexes; it is never a key's tag.
+const tagDeadline byte = 0xd0
+
 // SegmentBits is the width of the anti-entropy segment number of the
 // segment index: 2^16 segments per partition, which any tree of up to 65536
 // leaves can group by prefix.

@@ -71,7 +71,8 @@ func decodeMeta(b []byte) (meta, bool) {
 
 // indexChange is a task entering (insert) or leaving one of the
 // in-memory indexes: a queue's ready index (tag tagReady, queue and e), or
-// the delayed or claimed index (tagDelayed, tagClaimed: due). It is
+// the delayed, claimed or deadline index (tagDelayed, tagClaimed,
+// tagDeadline: due). It is
 // applied once its batch is visible (applyIndex).
 type indexChange struct {
 	p      uint16
@@ -121,13 +122,22 @@ func indexMoves(p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, new
 	}
 	oldTag, oldDue, hadTime := timeEntry(id, old, oldSpec)
 	newTag, newDue, hasTime := timeEntry(id, new, newSpec)
-	if hadTime && hasTime && oldTag == newTag && oldDue == newDue {
+	changes = dueMoves(changes, p, oldTag, oldDue, hadTime, newTag, newDue, hasTime)
+	oldDl, hadDl := deadlineEntry(id, old, oldSpec)
+	newDl, hasDl := deadlineEntry(id, new, newSpec)
+	return dueMoves(changes, p, tagDeadline, oldDl, hadDl, tagDeadline, newDl, hasDl)
+}
+
+// dueMoves appends to changes the move of a task in a time index from
+// (oldTag, oldDue), if had, to (newTag, newDue), if has.
+func dueMoves(changes []indexChange, p uint16, oldTag byte, oldDue DueEntry, had bool, newTag byte, newDue DueEntry, has bool) []indexChange {
+	if had && has && oldTag == newTag && oldDue == newDue {
 		return changes
 	}
-	if hadTime {
+	if had {
 		changes = append(changes, indexChange{p: p, tag: oldTag, due: oldDue})
 	}
-	if hasTime {
+	if has {
 		changes = append(changes, indexChange{p: p, tag: newTag, due: newDue, insert: true})
 	}
 	return changes

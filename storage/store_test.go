@@ -242,6 +242,9 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 		if tag, e, ok := timeEntry(st.Task.ID, meta{st.Index, st.ExpiryMs, st.DueMs}, st.Task.Spec); ok {
 			wantTimes[tag] = append(wantTimes[tag], e)
 		}
+		if e, ok := deadlineEntry(st.Task.ID, meta{st.Index, st.ExpiryMs, st.DueMs}, st.Task.Spec); ok {
+			wantTimes[tagDeadline] = append(wantTimes[tagDeadline], e)
+		}
 		if k := terminalKey(p, st.Task); k != nil {
 			want[string(k)] = true
 		}
@@ -313,7 +316,7 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 		}
 	}
 	it.Close()
-	for _, tag := range []byte{tagDelayed, tagClaimed} {
+	for _, tag := range []byte{tagDelayed, tagClaimed, tagDeadline} {
 		var got []DueEntry
 		if x := s.timeIndex(p, tag, false); x != nil {
 			got = x.before(math.MaxInt64, math.MaxInt)

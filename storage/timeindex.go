@@ -8,8 +8,9 @@ import (
 	"github.com/norn-dev/norn/crdt"
 )
 
-// timeIndex is one partition's delayed index (not-before time, id) or
-// claimed index (lease expiry, id), in memory. Like the ready index it is
+// timeIndex is one partition's delayed index (not-before time, id),
+// claimed index (lease expiry, id) or deadline index (deadline, id: the
+// tasks with a deadline that are not terminal here), in memory. Like the ready index it is
 // built at Open from the task and meta keys (buildIndexes) and follows
 // every committed batch under the ids' stripe locks (applyIndex). The
 // claimed index stays a pure function of the claim FSM: its entries come
@@ -31,8 +32,8 @@ func dueLess(a, b DueEntry) bool {
 	return a.ID < b.ID
 }
 
-// timeIndex returns partition p's index for tag (tagDelayed or
-// tagClaimed), made when missing if create, nil otherwise.
+// timeIndex returns partition p's index for tag (tagDelayed, tagClaimed
+// or tagDeadline), made when missing if create, nil otherwise.
 func (s *Store) timeIndex(p uint16, tag byte, create bool) *timeIndex {
 	return lookupIndex(&s.readyMu, s.times, dueKey{p, tag}, create, func() *timeIndex {
 		return &timeIndex{t: btree.NewG(16, dueLess)}
@@ -73,4 +74,14 @@ func timeEntry(id uint64, m meta, spec *crdt.Spec) (tag byte, e DueEntry, ok boo
 		return tagDelayed, DueEntry{ID: id, AtMs: max(spec.NotBeforeMs, m.dueMs, 0)}, true
 	}
 	return 0, DueEntry{}, false
+}
+
+// deadlineEntry returns the deadline index entry of a task in state m
+// (spec: its spec, nil when not known here): one for a task with a
+// deadline that is ready, delayed or claimed.
+func deadlineEntry(id uint64, m meta, spec *crdt.Spec) (DueEntry, bool) {
+	if spec == nil || spec.DeadlineMs == 0 || m.state == IndexNone {
+		return DueEntry{}, false
+	}
+	return DueEntry{ID: id, AtMs: spec.DeadlineMs}, true
 }

@@ -233,7 +233,17 @@ type TaskSpec struct {
 	// set, or a lease that ran out. Unset: a retryable Abort uses the
 	// server's default policy (docs/API.md, "Retries"), and an expired
 	// lease makes the task READY again at once, as before retries existed.
-	Retry         *RetryPolicy `protobuf:"bytes,7,opt,name=retry,proto3" json:"retry,omitempty"`
+	Retry *RetryPolicy `protobuf:"bytes,7,opt,name=retry,proto3" json:"retry,omitempty"`
+	// Time by which the task must be completed: one not completed by then
+	// ends CANCELLED with the error code `deadline`, whether it is READY,
+	// DELAYED or CLAIMED (its worker learns at its next renew, which fails
+	// with FAILED_PRECONDITION; a complete decided first stands). The time
+	// is read on the clock of the task's partition leader. Unset (the
+	// default): none. Must be in the future when the task is enqueued and
+	// after `not_before` (INVALID_ARGUMENT naming `task.deadline`
+	// otherwise). Refused with FAILED_PRECONDITION until every node of the
+	// cluster runs a version that knows deadlines (docs/OPERATIONS.md).
+	Deadline      *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -313,6 +323,13 @@ func (x *TaskSpec) GetMaxClaims() uint32 {
 func (x *TaskSpec) GetRetry() *RetryPolicy {
 	if x != nil {
 		return x.Retry
+	}
+	return nil
+}
+
+func (x *TaskSpec) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
 	}
 	return nil
 }
@@ -989,7 +1006,7 @@ var File_norn_v1_task_proto protoreflect.FileDescriptor
 
 const file_norn_v1_task_proto_rawDesc = "" +
 	"\n" +
-	"\x12norn/v1/task.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfb\x01\n" +
+	"\x12norn/v1/task.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x02\n" +
 	"\bTaskSpec\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x05R\bpriority\x12\x18\n" +
@@ -1000,7 +1017,8 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"depends_on\x18\x05 \x03(\x04R\tdependsOn\x12\x1d\n" +
 	"\n" +
 	"max_claims\x18\x06 \x01(\rR\tmaxClaims\x12*\n" +
-	"\x05retry\x18\a \x01(\v2\x14.norn.v1.RetryPolicyR\x05retry\"\xe8\x01\n" +
+	"\x05retry\x18\a \x01(\v2\x14.norn.v1.RetryPolicyR\x05retry\x126\n" +
+	"\bdeadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"\xe8\x01\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x12B\n" +
 	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
@@ -1107,30 +1125,31 @@ var file_norn_v1_task_proto_goTypes = []any{
 var file_norn_v1_task_proto_depIdxs = []int32{
 	9,  // 0: norn.v1.TaskSpec.not_before:type_name -> google.protobuf.Timestamp
 	3,  // 1: norn.v1.TaskSpec.retry:type_name -> norn.v1.RetryPolicy
-	10, // 2: norn.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	10, // 3: norn.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
-	2,  // 4: norn.v1.Task.spec:type_name -> norn.v1.TaskSpec
-	0,  // 5: norn.v1.Task.status:type_name -> norn.v1.TaskStatus
-	9,  // 6: norn.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	9,  // 7: norn.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
-	5,  // 8: norn.v1.Task.current_claim:type_name -> norn.v1.ClaimInfo
-	5,  // 9: norn.v1.Task.claims:type_name -> norn.v1.ClaimInfo
-	6,  // 10: norn.v1.Task.updates:type_name -> norn.v1.TaskUpdate
-	7,  // 11: norn.v1.Task.errors:type_name -> norn.v1.TaskError
-	9,  // 12: norn.v1.Task.finished_at:type_name -> google.protobuf.Timestamp
-	9,  // 13: norn.v1.Task.retry_at:type_name -> google.protobuf.Timestamp
-	9,  // 14: norn.v1.ClaimInfo.start:type_name -> google.protobuf.Timestamp
-	9,  // 15: norn.v1.ClaimInfo.expiry:type_name -> google.protobuf.Timestamp
-	1,  // 16: norn.v1.ClaimInfo.end_reason:type_name -> norn.v1.ClaimEnd
-	9,  // 17: norn.v1.ClaimInfo.ended_at:type_name -> google.protobuf.Timestamp
-	9,  // 18: norn.v1.TaskUpdate.at:type_name -> google.protobuf.Timestamp
-	4,  // 19: norn.v1.ClaimedTask.task:type_name -> norn.v1.Task
-	9,  // 20: norn.v1.ClaimedTask.expiry:type_name -> google.protobuf.Timestamp
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	9,  // 2: norn.v1.TaskSpec.deadline:type_name -> google.protobuf.Timestamp
+	10, // 3: norn.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	10, // 4: norn.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	2,  // 5: norn.v1.Task.spec:type_name -> norn.v1.TaskSpec
+	0,  // 6: norn.v1.Task.status:type_name -> norn.v1.TaskStatus
+	9,  // 7: norn.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	9,  // 8: norn.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	5,  // 9: norn.v1.Task.current_claim:type_name -> norn.v1.ClaimInfo
+	5,  // 10: norn.v1.Task.claims:type_name -> norn.v1.ClaimInfo
+	6,  // 11: norn.v1.Task.updates:type_name -> norn.v1.TaskUpdate
+	7,  // 12: norn.v1.Task.errors:type_name -> norn.v1.TaskError
+	9,  // 13: norn.v1.Task.finished_at:type_name -> google.protobuf.Timestamp
+	9,  // 14: norn.v1.Task.retry_at:type_name -> google.protobuf.Timestamp
+	9,  // 15: norn.v1.ClaimInfo.start:type_name -> google.protobuf.Timestamp
+	9,  // 16: norn.v1.ClaimInfo.expiry:type_name -> google.protobuf.Timestamp
+	1,  // 17: norn.v1.ClaimInfo.end_reason:type_name -> norn.v1.ClaimEnd
+	9,  // 18: norn.v1.ClaimInfo.ended_at:type_name -> google.protobuf.Timestamp
+	9,  // 19: norn.v1.TaskUpdate.at:type_name -> google.protobuf.Timestamp
+	4,  // 20: norn.v1.ClaimedTask.task:type_name -> norn.v1.Task
+	9,  // 21: norn.v1.ClaimedTask.expiry:type_name -> google.protobuf.Timestamp
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_task_proto_init() }
