@@ -80,6 +80,12 @@ func TestDeadlineInEachState(t *testing.T) {
 		t.Fatalf("the task completed before its deadline is %v", got)
 	}
 	wantCode(t, renew(), connect.CodeFailedPrecondition)
+	// A retry would be cancelled at once: refused.
+	_, err = h.api.Retry(ctx, connect.NewRequest(&nornv1.RetryRequest{Id: ready}))
+	wantCode(t, err, connect.CodeFailedPrecondition)
+	if !strings.Contains(err.Error(), "deadline") {
+		t.Fatalf("the retry's refusal does not say why: %v", err)
+	}
 }
 
 // A deadline is refused, naming the field, when it is not in the future

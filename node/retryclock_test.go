@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 )
@@ -82,7 +83,7 @@ func TestRetryBackoffClockStep(t *testing.T) {
 
 // TestRetriesWaitForEveryNode: while a ring member has not said it
 // applies retries (a node of an older build, in a rolling upgrade), a
-// retry policy and a retryable abort are refused, naming it, and the rest
+// retry policy, a retryable abort and a deadline are refused, naming it, and the rest
 // works as before: the gate keeps entries that node cannot read out of
 // its groups.
 func TestRetriesWaitForEveryNode(t *testing.T) {
@@ -92,6 +93,13 @@ func TestRetriesWaitForEveryNode(t *testing.T) {
 		Retry: &nornv1.RetryPolicy{MaxAttempts: 2}}}))
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "task.retry") || !strings.Contains(err.Error(), "n3") {
 		t.Fatalf("an enqueue with a retry policy in a mixed cluster: %v", err)
+	}
+	// Deadlines too (FeatureDeadlines): that node cannot decode a task
+	// with one.
+	_, err = ms[1].api.Enqueue(ctx, connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "gate",
+		Deadline: timestamppb.New(time.Now().Add(time.Hour))}}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "task.deadline") || !strings.Contains(err.Error(), "n3") {
+		t.Fatalf("an enqueue with a deadline in a mixed cluster: %v", err)
 	}
 	id, _ := enqueueEverywhere(t, ms, "gate")
 	c := claimOne(t, ms[0], "gate")

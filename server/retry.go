@@ -192,6 +192,10 @@ func (s taskService) Retry(ctx context.Context, req *connect.Request[nornv1.Retr
 	case prev.Kind == crdt.Completed && !(testhooks.Built && sv.cfg.RetryCompleted):
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
 			"task %d was COMPLETED: its result was accepted, so it is not retried (enqueue it again)", m.GetId()))
+	case ts.Task.Spec != nil && ts.Task.Spec.DeadlineMs != 0 && sv.cfg.Clock.Now().UnixMilli() >= ts.Task.Spec.DeadlineMs:
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+			"task %d passed its deadline (%s): a retry would be cancelled at once (enqueue it again with a later one)",
+			m.GetId(), time.UnixMilli(ts.Task.Spec.DeadlineMs).UTC().Format(time.RFC3339Nano)))
 	}
 	if ts.Claims == nil || !ts.Claims.Done() {
 		// The claim FSM learns the end first (a cancel it has not

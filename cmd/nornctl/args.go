@@ -144,18 +144,25 @@ func parseIDs(what, s string) ([]uint64, error) {
 // (time.ParseDuration, not negative) counted from now. "" is the zero time
 // (no delay).
 func parseNotBefore(s string, now time.Time) (time.Time, error) {
+	return parseTimeFlag("--not-before", s, now)
+}
+
+// parseTimeFlag parses a time flag (name): an RFC 3339 time, or a
+// duration (time.ParseDuration, not negative) counted from now. "" is
+// the zero time.
+func parseTimeFlag(name, s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
 	}
 	if d, err := time.ParseDuration(s); err == nil {
 		if d < 0 {
-			return time.Time{}, fmt.Errorf("--not-before %q: negative duration", s)
+			return time.Time{}, fmt.Errorf("%s %q: negative duration", name, s)
 		}
 		return now.Add(d), nil
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("--not-before %q: want an RFC 3339 time (2006-01-02T15:04:05Z) or a duration (5m)", s)
+		return time.Time{}, fmt.Errorf("%s %q: want an RFC 3339 time (2006-01-02T15:04:05Z) or a duration (5m)", name, s)
 	}
 	return t, nil
 }

@@ -21,6 +21,7 @@ The payload is the second argument, or the contents of --payload-file
 
   nornctl enqueue emails '{"to":"a@b.c"}' --priority 5 --not-before 10m
   nornctl enqueue reports --payload-file - --depends-on 1234,5678 < job.json
+  nornctl enqueue invoices '{"n":7}' --deadline 1h   # CANCELLED (error deadline) if not completed within the hour
   nornctl enqueue webhooks '{"url":"..."}' --max-attempts 8 --backoff 1s --backoff-multiplier 2 --max-backoff 10m --jitter 0.2
 
 A retry flag gives the task a retry policy (docs/API.md, "Retries"):
@@ -32,6 +33,7 @@ func runEnqueue(e *env, cmd *command, args []string) error {
 	fs := e.flagSet(cmd)
 	priority := fs.Int("priority", 0, "priority: higher is claimed first; may be negative (int32)")
 	notBefore := fs.String("not-before", "", "earliest claim time: RFC 3339, or a duration from now such as 5m")
+	deadline := fs.String("deadline", "", "cancel the task if it is not completed by then: RFC 3339, or a duration from now such as 1h")
 	dependsOn := fs.String("depends-on", "", "comma-separated ids of tasks that must be COMPLETED first")
 	maxClaims := fs.Uint("max-claims", 0, "abort the task after this many claims ended by lease expiry (0: unlimited)")
 	retry := retryFlags(fs)
@@ -52,12 +54,20 @@ func runEnqueue(e *env, cmd *command, args []string) error {
 	if spec.Retry, err = retry.policy(); err != nil {
 		return usagef(cmd, "%v", err)
 	}
-	nb, err := parseNotBefore(*notBefore, time.Now())
+	now := time.Now()
+	nb, err := parseNotBefore(*notBefore, now)
 	if err != nil {
 		return usagef(cmd, "%v", err)
 	}
 	if !nb.IsZero() {
 		spec.NotBefore = timestamppb.New(nb)
+	}
+	dl, err := parseTimeFlag("--deadline", *deadline, now)
+	if err != nil {
+		return usagef(cmd, "%v", err)
+	}
+	if !dl.IsZero() {
+		spec.Deadline = timestamppb.New(dl)
 	}
 	if spec.DependsOn, err = parseIDs("--depends-on", *dependsOn); err != nil {
 		return usagef(cmd, "%v", err)

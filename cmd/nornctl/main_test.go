@@ -189,13 +189,13 @@ func mustContain(t *testing.T, what, got string, wants ...string) {
 func TestLifecycle(t *testing.T) {
 	addr := startNornd(t)
 
-	out := ok(t, addr, "enqueue", "emails", "hello", "--priority", "5")
+	out := ok(t, addr, "enqueue", "emails", "hello", "--priority", "5", "--deadline", "1h")
 	id, err := strconv.ParseUint(strings.TrimSpace(out), 10, 64)
 	if err != nil {
 		t.Fatalf("enqueue printed %q, want an id", out)
 	}
 	ids := strconv.FormatUint(id, 10)
-	mustContain(t, "get", ok(t, addr, "get", ids), "emails", "READY", `"hello"`)
+	mustContain(t, "get", ok(t, addr, "get", ids), "emails", "READY", `"hello"`, "DEADLINE:")
 
 	var claimed nornv1.ClaimResponse
 	okJSON(t, addr, &claimed, "claim", "emails", "--worker", "test-worker", "--lease", "30s", "--max", "5")
@@ -289,6 +289,7 @@ func TestErrors(t *testing.T) {
 		{"bad output", []string{"-o", "yaml", "status"}},
 		{"bad status", []string{"list", "--status", "SLEEPING"}},
 		{"bad not-before", []string{"enqueue", "q", "--not-before", "tomorrow"}},
+		{"bad deadline", []string{"enqueue", "q", "--deadline", "-5m"}},
 		{"payload twice", []string{"enqueue", "q", "x", "--payload-file", "-"}},
 		{"abort without code", []string{"abort", "1", "2"}},
 		{"seq 0", []string{"update", "1", "2", "--seq", "0"}},

@@ -70,6 +70,9 @@ func writeTask(w io.Writer, t *nornv1.Task) {
 	if s.GetNotBefore() != nil {
 		fmt.Fprintf(w, "NOT BEFORE:\t%s\n", formatTS(s.GetNotBefore()))
 	}
+	if s.GetDeadline() != nil {
+		fmt.Fprintf(w, "DEADLINE:\t%s\n", formatTS(s.GetDeadline()))
+	}
 	if len(s.GetDependsOn()) > 0 {
 		fmt.Fprintf(w, "DEPENDS ON:\t%s\n", joinIDs(s.GetDependsOn()))
 	}
