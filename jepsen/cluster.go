@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -85,6 +86,8 @@ type Node struct {
 	Queues  nornv1connect.QueueServiceClient
 	hc      *http.Client
 	sec     *security // nil: cleartext
+	// clockMoved is the cluster's (Cluster.ClockMoved).
+	clockMoved *atomic.Bool
 }
 
 // url is the address of path on n's API.
@@ -105,7 +108,15 @@ type Cluster struct {
 
 	mu     sync.Mutex
 	active []*Node // see Active
+	// clockMoved is set once a node's clock was set off the machine's
+	// (SetClock): checkers that compare the nodes' clocks with the
+	// history's then allow the skew buffer.
+	clockMoved atomic.Bool
 }
+
+// ClockMoved reports whether some node's clock was set off the
+// machine's during the run.
+func (c *Cluster) ClockMoved() bool { return c.clockMoved.Load() }
 
 // NodeIP is node i's loopback address.
 func NodeIP(i int) string { return fmt.Sprintf("127.0.0.%d", 10+i) }
@@ -149,7 +160,7 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 		hc, adminHC = c.sec.httpClient(), c.sec.adminHTTPClient()
 	}
 	for i := 1; i <= cfg.Nodes; i++ {
-		n := &Node{Index: i, ID: fmt.Sprintf("n%d", i), IP: NodeIP(i), UID: uidBase + i, cfg: &c.Cfg, hc: hc, sec: c.sec}
+		n := &Node{Index: i, ID: fmt.Sprintf("n%d", i), IP: NodeIP(i), UID: uidBase + i, cfg: &c.Cfg, hc: hc, sec: c.sec, clockMoved: &c.clockMoved}
 		n.API = fmt.Sprintf("%s:%d", n.IP, apiPort)
 		n.DataDir = filepath.Join(dataRoot, n.ID)
 		n.LogPath = filepath.Join(cfg.Dir, "logs", n.ID+".log")

@@ -25,6 +25,9 @@ func (n *Node) SetClock(offset time.Duration, rate float64) error {
 	if rate == 0 {
 		rate = 1
 	}
+	if (offset != 0 || rate != 1) && n.clockMoved != nil {
+		n.clockMoved.Store(true)
+	}
 	body, _ := json.Marshal(map[string]any{"offset_ms": offset.Milliseconds(), "rate": rate})
 	return n.post("/test/clock", string(body))
 }

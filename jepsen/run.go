@@ -77,6 +77,11 @@ type Scenario struct {
 	// the cap checker (check.Cap) with the overshoot the docs allow
 	// during a fault: the cap again (limits.go).
 	QueueCap uint32
+	// DeadlineShare, when set, gives that share of the enqueued tasks a
+	// deadline deadlineMin to deadlineMax away and adds the deadlines
+	// checker (check.Deadlines). Not with Priorities or QueueCap: their
+	// checkers see no op for a deadline's cancel.
+	DeadlineShare float64
 }
 
 // The workload's retries in every scenario: a share of the tasks have a
@@ -92,6 +97,19 @@ const (
 	// reviveShare of a client's ops without a claim Retry a task it saw
 	// cancelled or completed (the completed must be refused).
 	reviveShare = 0.03
+)
+
+// The workload's deadlines (Scenario.DeadlineShare): short enough that
+// many pass while their tasks wait or are held. deadlineSettle is how
+// long after its deadline a task must have ended (a monitor pass, its
+// proposal and the write, a margin for faults), deadlineTolerance how
+// late on the history's clock a claim or complete may be called and
+// still be taken when no node's clock was moved (rounding to ms).
+const (
+	deadlineMin       = 300 * time.Millisecond
+	deadlineMax       = 3 * time.Second
+	deadlineSettle    = 5 * time.Second
+	deadlineTolerance = 50 * time.Millisecond
 )
 
 // prioritySettle is how long a task must have been claimable before the
@@ -118,6 +136,8 @@ var Scenarios = []Scenario{
 		Nodes: 3, Nemesis: nemesisNone, Priorities: true, EnqueueShare: 0.6, Short: true},
 	{Name: "queue-limits", Desc: "the workload's queue capped at 3 tasks claimed at once (max_claimed), 8 clients claiming through every node, kill -9 a random node (the queue's owner among them) and restart it: outside the fault windows at most 3 claims surely held at once, within them at most 6",
 		Nodes: 3, Nemesis: nemesisKillRandom, QueueCap: 3, Clients: 8, Short: true},
+	{Name: "deadlines", Desc: "half the tasks with a deadline 0.3 to 3 s away, kill -9 a random node and restart it: no claim granted and no complete taken at or after a task's deadline, and every task past it ended (completed before, or cancelled)",
+		Nodes: 3, Nemesis: nemesisKillRandom, DeadlineShare: 0.5, Short: true},
 	{Name: "flaky", Desc: "iptables statistic: drop 20-40% of one node's packets each way", Nodes: 3, Nemesis: nemesisFlaky},
 	{Name: "isolate-converge", Desc: "cut one node off for the whole run while writes (W=2) skip it, heal, check convergence", Nodes: 3, Nemesis: nemesisIsolateConverge, Short: true},
 	{Name: "clock-bump", Desc: "test hooks: bump a node's clock by up to +-750ms (below the 2s buffer)", Nodes: 3, NeedsHooks: true, Nemesis: nemesisClockBump},
@@ -151,6 +171,8 @@ var Scenarios = []Scenario{
 		Nodes: 3, NeedsHooks: true, Bugs: []string{"retry-completed"}, Nemesis: nemesisNone, ReviveShare: 0.15, Short: true},
 	{Name: "bug-cap-stale-count", Desc: "self-test: seeded bug cap-stale-count (a capped queue's owner checks the cap against a count a second old, blind to the claims under way), the queue-limits workload without faults; must fail a checker",
 		Nodes: 3, NeedsHooks: true, Bugs: []string{"cap-stale-count"}, Nemesis: nemesisNone, QueueCap: 3, Clients: 8, Short: true},
+	{Name: "bug-deadline-unfenced", Desc: "self-test: seeded bug deadline-unfenced (deadlines enforced only by the monitor's cancel of waiting tasks: claims, renews and completes past a deadline are taken, a claimed task runs on), no faults, 60% of the tasks with a deadline; must fail a checker",
+		Nodes: 3, NeedsHooks: true, Bugs: []string{"deadline-unfenced"}, Nemesis: nemesisNone, DeadlineShare: 0.6, Short: true},
 	{Name: "bug-drop-replicated-write", Desc: "self-test: seeded bug drop-replicated-write, no faults, anti-entropy off (every 1h) so that nothing repairs the dropped writes; must fail a checker", Nodes: 3, NeedsHooks: true, Bugs: []string{"drop-replicated-write"}, Args: []string{"-antientropy-interval", "1h"}, Nemesis: nemesisNone},
 }
 
@@ -383,6 +405,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	w.RetryAttempts, w.RetryBackoff = retryAttempts, retryBackoff
 	w.ReviveShare = cmp.Or(sc.ReviveShare, reviveShare)
 	w.ShortOnly = sc.QueueCap > 0
+	w.DeadlineShare, w.DeadlineMin, w.DeadlineMax = sc.DeadlineShare, deadlineMin, deadlineMax
 	w.init()
 	if sc.QueueCap > 0 {
 		if err := setQueueCap(ctx, c, sc.QueueCap); err != nil {
@@ -466,6 +489,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			undelivered = append(undelivered, op.Task)
 		}
 	}
+	for id := range check.TaskDeadlines(ops) {
+		if delivered[id] {
+			undelivered = append(undelivered, id) // read too: has it ended?
+		}
+	}
+	finalAt := h.Now()
 	final := w.FinalRead(ctx, undelivered)
 	counts := CheckCounts(ctx, c, h, 30*time.Second)
 	tl.Log("note", "checked-counts", "", nil)
@@ -488,6 +517,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if sc.Priorities {
 		res.Verdicts = append(res.Verdicts, check.Priority(ops, prioritySettle))
+	}
+	if sc.DeadlineShare > 0 {
+		tolerance := time.Duration(deadlineTolerance)
+		if c.ClockMoved() {
+			tolerance = c.Cfg.SkewBuffer
+		}
+		res.Verdicts = append(res.Verdicts, check.Deadlines(ops, final, finalAt, tolerance, deadlineSettle))
 	}
 	if sc.QueueCap > 0 {
 		res.Verdicts = append(res.Verdicts, check.Cap(ops, int(sc.QueueCap), int(sc.QueueCap), faultWindows(tl.Events(), capSettle)))

@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/jepsen/check"
@@ -59,6 +60,10 @@ type Workload struct {
 	ReviveShare float64
 	// ShortOnly gives every claim the short lease (a capped queue).
 	ShortOnly bool
+	// DeadlineShare is the share of enqueued tasks with a deadline,
+	// DeadlineMin to DeadlineMax after the enqueue's call.
+	DeadlineShare            float64
+	DeadlineMin, DeadlineMax time.Duration
 
 	// stall, when set for a client, makes it hold its next short claim
 	// without renewing for this long (the worker-pause nemesis).
@@ -313,6 +318,11 @@ func (w *Workload) enqueue(ctx context.Context, n *Node, proc, client int) *chec
 	spec := &nornv1.TaskSpec{Queue: Queue, Payload: []byte(payload), Priority: pr}
 	if float64(uint64(seq)*0xBF58476D1CE4E5B9>>40)/float64(1<<24) < w.RetryShare {
 		spec.Retry = &nornv1.RetryPolicy{MaxAttempts: w.RetryAttempts, InitialBackoff: durationpb.New(w.RetryBackoff)}
+	}
+	if h := uint64(seq) * 0x94D049BB133111EB; float64(h>>40)/float64(1<<24) < w.DeadlineShare {
+		d := w.DeadlineMin + time.Duration(h>>8%uint64(max(w.DeadlineMax-w.DeadlineMin, 1)))
+		spec.Deadline = timestamppb.New(time.Now().Add(d))
+		o.Deadline = o.Call + int64(d)
 	}
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()

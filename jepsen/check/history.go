@@ -38,6 +38,9 @@ type Op struct {
 	// BackoffMS is a fail's (a retryable abort's) backoff: the task's
 	// retry policy's constant wait.
 	BackoffMS int64 `json:"backoff_ms,omitempty"`
+	// Deadline is an enqueued task's deadline (TaskSpec.deadline) on the
+	// history's clock, 0 for none.
+	Deadline int64 `json:"deadline_ns,omitempty"`
 }
 
 // Ret is the op's return time, with infinity for an info.

@@ -21,15 +21,24 @@ type taskState struct {
 	Failed   uint64 // the last claim whose attempt failed (a retryable abort took effect)
 }
 
+// deadlineSlack is how long before a task's deadline the model lets its
+// claim end without an op: more than the skew buffer a leader's clock
+// may run ahead.
+const deadlineSlack = 3 * time.Second
+
 // taskModel is the sequential specification of one task, nondeterministic
 // where the outcome of an indeterminate op or a short lease's expiry is
-// unknown.
-func taskModel(replication uint32) porcupine.Model {
+// unknown. deadlines are the tasks' deadlines (TaskDeadlines): from
+// deadlineSlack before one, a claim may end without an op (the leader
+// cancels the task; the deadlines checker judges the time).
+func taskModel(replication uint32, deadlines map[uint64]int64) porcupine.Model {
 	step := func(st any, in, _ any) []any {
 		s := st.(taskState)
 		o := in.(*Op)
 		c := o.Claim
 		legalEnd := func(t taskState) taskState { t.Live = 0; return t }
+		d, ok := deadlines[o.Task]
+		pastDeadline := ok && o.Ret() >= d-int64(deadlineSlack)
 		switch o.F {
 		case "claim":
 			if s.Terminal || c <= s.Last || (s.Live != 0 && s.Long) {
@@ -49,7 +58,7 @@ func taskModel(replication uint32) porcupine.Model {
 				return []any{s}
 			case "fail":
 				if s.Live == c && !s.Terminal {
-					if s.Long && !s.Soft {
+					if s.Long && !s.Soft && !pastDeadline {
 						return nil // a live long claim of a live task must be renewable
 					}
 					return []any{legalEnd(s)} // expired (short lease) or ended by a soft terminal
@@ -57,7 +66,7 @@ func taskModel(replication uint32) porcupine.Model {
 				return []any{s}
 			default:
 				out := []any{s}
-				if s.Live == c && (end || !s.Long) {
+				if s.Live == c && (end || !s.Long || pastDeadline) {
 					out = append(out, legalEnd(s))
 				}
 				return out
@@ -209,7 +218,7 @@ func Linearizable(ops []*Op, replication uint32, timeout time.Duration, dir stri
 	}
 	v.Counts["ops"] = len(hist)
 	v.Counts["tasks"] = len(tasks)
-	model := taskModel(replication)
+	model := taskModel(replication, TaskDeadlines(ops))
 	res, info := porcupine.CheckOperationsVerbose(model, hist, timeout)
 	v.Valid = res == porcupine.Ok
 	if !v.Valid {
