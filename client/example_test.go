@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/client"
@@ -35,6 +36,31 @@ func ExampleClient_Enqueue() {
 	}
 	fmt.Println(id, task.GetStatus(), task.GetSpec().GetQueue())
 	// Output: 1 TASK_STATUS_READY emails
+}
+
+// A task that must be done within the hour: if no worker completes it
+// by then it ends CANCELLED with the error code "deadline", whether it
+// is waiting or claimed (its worker's next renew fails, and the Worker
+// cancels its handler's context).
+func ExampleClient_Enqueue_deadline() {
+	node := newFake() // stands in for a nornd node
+	defer node.Close()
+	c, err := client.New(node.addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	id, err := c.Enqueue(ctx, &nornv1.TaskSpec{Queue: "invoices", Deadline: timestamppb.New(time.Now().Add(time.Hour))})
+	if err != nil {
+		log.Fatal(err)
+	}
+	task, err := c.GetTask(ctx, id)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(task.GetStatus(), time.Until(task.GetSpec().GetDeadline().AsTime()).Round(time.Minute))
+	// Output: TASK_STATUS_READY 1h0m0s
 }
 
 func ExampleWorker() {
