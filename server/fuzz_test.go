@@ -31,7 +31,8 @@ func FuzzRequestDecoders(f *testing.F) {
 	f.Add([]byte(`{"task": {"queue": "q", "priorty": 5}}`))
 	f.Add([]byte(`{"queue": "q", "worker": "w", "max": 1000}`))
 	f.Add([]byte(`{"completions": [{"id": "1", "claimId": "2"}]}`))
-	sv := New(Config{Limits: crdt.DefaultLimits})
+	f.Add([]byte(`{"task": {"queue": "q", "deadline": "2999-01-01T00:00:00Z"}}`))
+	sv := New(Config{Limits: crdt.DefaultLimits, Clock: crdt.SystemClock{}})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, newMsg := range requestTypes {
 			for _, decode := range []func([]byte, proto.Message) error{
@@ -51,7 +52,7 @@ func FuzzRequestDecoders(f *testing.F) {
 					specs = r.GetTasks()
 				}
 				for _, s := range specs {
-					spec, err := sv.specFromAPI("task", s)
+					spec, err := sv.specFromAPI("task", s, false)
 					if err != nil {
 						continue
 					}

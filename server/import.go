@@ -80,7 +80,7 @@ func (sv *Server) importFromAPI(field string, t *nornv1.Task) (*crdt.Task, error
 	if t.GetId() == 0 {
 		return nil, apierr.Invalid(field+".id", "required")
 	}
-	spec, err := sv.specFromAPI(field+".spec", t.GetSpec())
+	spec, err := sv.specFromAPI(field+".spec", t.GetSpec(), true)
 	if err != nil {
 		return nil, err
 	}

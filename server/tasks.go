@@ -24,8 +24,9 @@ type taskService struct {
 
 var _ nornv1connect.TaskServiceHandler = taskService{}
 
-// specFromAPI validates and converts a TaskSpec.
-func (sv *Server) specFromAPI(field string, s *nornv1.TaskSpec) (*crdt.Spec, error) {
+// specFromAPI validates and converts a TaskSpec. imported marks the spec
+// of a task ImportTasks carries over, whose deadline may have passed.
+func (sv *Server) specFromAPI(field string, s *nornv1.TaskSpec, imported bool) (*crdt.Spec, error) {
 	if s == nil {
 		return nil, apierr.Invalid(field, "required")
 	}
@@ -43,7 +44,7 @@ func (sv *Server) specFromAPI(field string, s *nornv1.TaskSpec) (*crdt.Spec, err
 	}
 	spec.Retry = retry
 	if dl := s.GetDeadline(); dl != nil {
-		if spec.DeadlineMs, err = sv.deadlineFromAPI(field+".deadline", dl); err != nil {
+		if spec.DeadlineMs, err = sv.deadlineFromAPI(field+".deadline", dl, imported); err != nil {
 			return nil, err
 		}
 	}
@@ -122,7 +123,7 @@ func (s taskService) Enqueue(ctx context.Context, req *connect.Request[nornv1.En
 	if _, err := sv.coord.Quorum(m.GetW()); err != nil {
 		return nil, err
 	}
-	spec, err := sv.specFromAPI("task", m.GetTask())
+	spec, err := sv.specFromAPI("task", m.GetTask(), false)
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +165,7 @@ func (s taskService) EnqueueBatch(ctx context.Context, req *connect.Request[norn
 	writes := make([]*crdt.Task, 0, len(m.GetTasks()))
 	for i, ts := range m.GetTasks() {
 		field := fmt.Sprintf("tasks[%d]", i)
-		spec, err := sv.specFromAPI(field, ts)
+		spec, err := sv.specFromAPI(field, ts, false)
 		if err != nil {
 			return nil, err
 		}

@@ -16,7 +16,7 @@ import (
 // The edge's validation alone, on a Server with no parts: every refusal is
 // INVALID_ARGUMENT (sizes too: not retryable) and names its field.
 func TestSpecFromAPI(t *testing.T) {
-	sv := New(Config{Limits: crdt.DefaultLimits})
+	sv := New(Config{Limits: crdt.DefaultLimits, Clock: crdt.SystemClock{}})
 	big := make([]byte, crdt.DefaultLimits.MaxPayloadBytes+1)
 	for _, tc := range []struct {
 		name  string
@@ -31,9 +31,13 @@ func TestSpecFromAPI(t *testing.T) {
 		{"bad queue", &nornv1.TaskSpec{Queue: "a b"}, connect.CodeInvalidArgument, "task.queue"},
 		{"bad not before", &nornv1.TaskSpec{Queue: "q", NotBefore: &timestamppb.Timestamp{Nanos: -1}}, connect.CodeInvalidArgument, "task.notBefore"},
 		{"payload too large", &nornv1.TaskSpec{Queue: "q", Payload: big}, connect.CodeInvalidArgument, "task.payload"},
+		{"deadline", &nornv1.TaskSpec{Queue: "q", Deadline: timestamppb.New(time.Now().Add(time.Hour))}, 0, ""},
+		{"deadline past", &nornv1.TaskSpec{Queue: "q", Deadline: timestamppb.New(time.Now().Add(-time.Hour))}, connect.CodeInvalidArgument, "task.deadline"},
+		{"deadline before 1970", &nornv1.TaskSpec{Queue: "q", Deadline: timestamppb.New(time.UnixMilli(-5))}, connect.CodeInvalidArgument, "task.deadline"},
+		{"bad deadline", &nornv1.TaskSpec{Queue: "q", Deadline: &timestamppb.Timestamp{Nanos: -1}}, connect.CodeInvalidArgument, "task.deadline"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			spec, err := sv.specFromAPI("task", tc.spec)
+			spec, err := sv.specFromAPI("task", tc.spec, false)
 			if tc.code == 0 {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
