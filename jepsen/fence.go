@@ -85,8 +85,12 @@ func nemesisStaleWorker(ctx context.Context, e *Env) {
 		// the task: hold on (the cut with it) until the leader has granted
 		// the task again, so that the stale complete meets a regranted
 		// task (a run whose expired tasks sat unclaimed through the hold
-		// missed the seeded bug, seed 40511).
-		e.TL.Log("note", "stale-worker", e.waitRegrant(o, 10*time.Second), nil)
+		// missed the seeded bug, seed 40511). Long enough for a claim
+		// whose partition changed leaders during the hold: the new leader
+		// extends it by the lease grace (10 s) before it expires it (CI
+		// dry run, seed 55421: a regrant 10 s after the hold's end was
+		// not yet due).
+		e.TL.Log("note", "stale-worker", e.waitRegrant(o, regrantWait), nil)
 		return n, func() {
 			e.TL.Log("end", "stale-worker", n.ID+" (after the stale complete through it)", e.Net.Heal())
 			mu.Lock()
@@ -165,6 +169,11 @@ func (e *Env) handOver(o *check.Op, x *Node) {
 	}
 	e.TL.Log("note", "transfer", fmt.Sprintf("task %d's partition to %s: no other node handed it over (%s may lead it)", o.Task, x.ID, x.ID), errors.Join(errs...))
 }
+
+// regrantWait bounds the stale-worker nemesis's wait for a regrant after
+// the hold: a new leader's lease grace (10 s) and a short lease and the
+// skew buffer past it, and a margin.
+const regrantWait = 20 * time.Second
 
 // waitRegrant waits up to max for a claim of o's task after o's (the task
 // granted again) in the history, and says what it saw.
