@@ -303,6 +303,16 @@ func (c *Coordinator) List(ctx context.Context, m *nornv1.ListTasksRequest) (*no
 	if size > MaxPageSize {
 		return nil, apierr.Invalid("pageSize", "must be at most %d, got %d", MaxPageSize, size)
 	}
+	if m.GetNewestFirst() {
+		from, err := decodeNewestToken(m.GetPageToken())
+		if err != nil {
+			return nil, err
+		}
+		if c.host.Ring() == nil {
+			return nil, apierr.NotFormed
+		}
+		return c.listNewest(ctx, f, size, from)
+	}
 	p, start, err := decodePageToken(m.GetPageToken(), c.cfg.Partitions)
 	if err != nil {
 		return nil, err
@@ -351,9 +361,8 @@ func decodePageToken(tok string, partitions int) (uint16, uint64, error) {
 // ListPartition answers PeerService.ListPartition from this node's
 // replica of m's partition.
 func (c *Coordinator) ListPartition(m *nornv1.ListPartitionRequest) (*nornv1.ListPartitionResponse, error) {
-	g, err := c.hostedPartition("partition", m.GetPartition())
-	if err != nil {
-		return nil, err
+	if c.host.Ring() == nil {
+		return nil, apierr.NotFormed
 	}
 	f, err := newListFilter(m.GetQueue(), m.GetStatus())
 	if err != nil {
@@ -367,8 +376,16 @@ func (c *Coordinator) ListPartition(m *nornv1.ListPartitionRequest) (*nornv1.Lis
 			return nil, apierr.Invalid(l.field, "must be at most %d, got %d", l.max, l.got)
 		}
 	}
+	b := listBudget{tasks: int(m.GetLimit()), scan: int(m.GetMaxScan()), bytes: int(m.GetMaxBytes())}
+	if m.GetNewestFirst() {
+		return c.listNewestPeer(m, f, b)
+	}
+	g, err := c.hostedPartition("partition", m.GetPartition())
+	if err != nil {
+		return nil, err
+	}
 	p := uint16(m.GetPartition())
-	pg, err := c.listLocal(p, f, m.GetStart(), listBudget{tasks: int(m.GetLimit()), scan: int(m.GetMaxScan()), bytes: int(m.GetMaxBytes())})
+	pg, err := c.listLocal(p, f, m.GetStart(), b)
 	if err != nil {
 		return nil, err
 	}

@@ -230,7 +230,36 @@ func TestClusterListsAcrossNodes(t *testing.T) {
 		if err != nil || len(ids) != 4 {
 			t.Fatalf("%s listed completed %v, %v", m.cfg.NodeID, ids, err)
 		}
+		// Newest first: descending ids across every partition and node,
+		// in pages of any size, filters included.
+		for _, c := range []struct {
+			req  *nornv1.ListTasksRequest
+			want map[uint64]bool
+		}{
+			{&nornv1.ListTasksRequest{NewestFirst: true, PageSize: 7}, all},
+			{&nornv1.ListTasksRequest{NewestFirst: true, PageSize: 1}, all},
+			{&nornv1.ListTasksRequest{NewestFirst: true, PageSize: 1000}, all},
+			{&nornv1.ListTasksRequest{NewestFirst: true, Queue: "b", PageSize: 3}, inB},
+			{&nornv1.ListTasksRequest{NewestFirst: true, Queue: "a", Status: nornv1.TaskStatus_TASK_STATUS_CLAIMED, PageSize: 2}, live},
+		} {
+			ids, _, err := listPages(t, m.cfg.NodeID, m.api, c.req, 200)
+			if err != nil {
+				t.Fatalf("%s newest first %v: %v", m.cfg.NodeID, c.req, err)
+			}
+			want := slices.Sorted(maps.Keys(c.want))
+			slices.Reverse(want)
+			if !slices.Equal(ids, want) {
+				t.Fatalf("%s newest first %v:\n%v\nwant %v", m.cfg.NodeID, c.req, ids, want)
+			}
+		}
 	}
+	// A token of one order is refused by the other.
+	first, err := ms[0].api.ListTasks(ctx, connect.NewRequest(&nornv1.ListTasksRequest{PageSize: 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ms[0].api.ListTasks(ctx, connect.NewRequest(&nornv1.ListTasksRequest{PageSize: 2, NewestFirst: true, PageToken: first.Msg.NextPageToken}))
+	wantCode(t, err, connect.CodeInvalidArgument)
 
 	t.Run("peer calls", func(t *testing.T) {
 		n1 := ms[0].node
@@ -287,6 +316,9 @@ func TestClusterListsAcrossNodes(t *testing.T) {
 			{list(&nornv1.ListPartitionRequest{Partition: h, MaxBytes: coord.MaxPageBytes + 1}), connect.CodeInvalidArgument, "maxBytes"},
 			{list(&nornv1.ListPartitionRequest{Partition: h, Queue: "no spaces"}), connect.CodeInvalidArgument, "queue"},
 			{list(&nornv1.ListPartitionRequest{Partition: h, Status: 99}), connect.CodeInvalidArgument, "status"},
+			{list(&nornv1.ListPartitionRequest{NewestFirst: true}), connect.CodeInvalidArgument, "partitions"},
+			{list(&nornv1.ListPartitionRequest{NewestFirst: true, Partitions: []uint32{r}}), connect.CodeFailedPrecondition, "partitions[0]"},
+			{list(&nornv1.ListPartitionRequest{NewestFirst: true, Partitions: []uint32{h, h}}), connect.CodeInvalidArgument, "partitions[1]"},
 			{count(&nornv1.CountPartitionsRequest{}), connect.CodeInvalidArgument, "partitions"},
 			{count(&nornv1.CountPartitionsRequest{Partitions: []uint32{h, P}}), connect.CodeInvalidArgument, "partitions[1]"},
 			{count(&nornv1.CountPartitionsRequest{Partitions: []uint32{h, h}}), connect.CodeInvalidArgument, "partitions[1]"},

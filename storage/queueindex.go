@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -73,11 +74,26 @@ func moveQueueKey(b *sortedBatch, p uint16, id uint64, oldSpec, newSpec *crdt.Sp
 // task is missing, or holds another queue, is an error wrapping
 // ErrCorrupt.
 func (s *Store) ScanQueue(p uint16, queue string, start uint64, limit int) (tasks []*StoredTask, next uint64, more bool, err error) {
+	return s.scanQueue(p, queue, start, limit, false)
+}
+
+// ScanQueueBack is ScanQueue backwards: up to limit tasks of queue in
+// partition p with id <= from, newest (highest id) first; next is the
+// id to pass as from for the following page.
+func (s *Store) ScanQueueBack(p uint16, queue string, from uint64, limit int) (tasks []*StoredTask, next uint64, more bool, err error) {
+	return s.scanQueue(p, queue, from, limit, true)
+}
+
+func (s *Store) scanQueue(p uint16, queue string, from uint64, limit int, back bool) (tasks []*StoredTask, next uint64, more bool, err error) {
 	if limit <= 0 {
 		return nil, 0, false, fmt.Errorf("storage: ScanQueue limit %d must be positive", limit)
 	}
 	prefix := queueIndexPrefix(p, queue)
-	keys, err := s.db.NewIter(&pebble.IterOptions{LowerBound: queueIndexKey(p, queue, start), UpperBound: prefixEnd(prefix)})
+	bounds := &pebble.IterOptions{LowerBound: queueIndexKey(p, queue, from), UpperBound: prefixEnd(prefix)}
+	if back {
+		bounds = &pebble.IterOptions{LowerBound: prefix, UpperBound: idBound(queueIndexKey(p, queue, from))}
+	}
+	keys, err := s.db.NewIter(bounds)
 	if err != nil {
 		return nil, 0, false, err
 	}
@@ -88,7 +104,11 @@ func (s *Store) ScanQueue(p uint16, queue string, start uint64, limit int) (task
 		return nil, 0, false, err
 	}
 	defer vals.Close()
-	for ok := keys.First(); ok; ok = keys.Next() {
+	first, step := keys.First, keys.Next
+	if back {
+		first, step = keys.Last, keys.Prev
+	}
+	for ok := first(); ok; ok = step() {
 		k := keys.Key()
 		if len(k) != len(prefix)+8 {
 			return nil, 0, false, corrupt(k, "bad queue index key")
@@ -98,7 +118,7 @@ func (s *Store) ScanQueue(p uint16, queue string, start uint64, limit int) (task
 			return tasks, id, true, nil
 		}
 		tk := taskKey(p, id)
-		// Ids ascend: Pebble turns these seeks into steps forward.
+		// Ids ascend (or descend): Pebble turns these seeks into steps.
 		if !vals.SeekGE(tk) || !bytes.Equal(vals.Key(), tk) {
 			if err := vals.Error(); err != nil {
 				return nil, 0, false, err
@@ -119,6 +139,19 @@ func (s *Store) ScanQueue(p uint16, queue string, start uint64, limit int) (task
 		tasks = append(tasks, st)
 	}
 	return tasks, 0, false, keys.Error()
+}
+
+// idBound is the exclusive upper bound of the keys at or below k, a key
+// ending in an id: k with its id plus one (carrying into the prefix when
+// the id is the largest).
+func idBound(k []byte) []byte {
+	end := slices.Clone(k)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i]++; end[i] != 0 {
+			return end
+		}
+	}
+	return nil // all ones: no bound
 }
 
 // upgradeQueueIndex builds the queue index of every partition of a store

@@ -179,16 +179,35 @@ func corrupt(key []byte, format string, args ...any) error {
 // order, without their index state (Index is IndexNone). next is the id to
 // pass as start for the following page; more is false on the last page.
 func (s *Store) ScanTasks(p uint16, start uint64, limit int) (tasks []*StoredTask, next uint64, more bool, err error) {
+	return s.scanTasks(p, start, limit, false)
+}
+
+// ScanTasksBack is ScanTasks backwards: up to limit tasks of partition p
+// with id <= from, newest (highest id) first; next is the id to pass as
+// from for the following page.
+func (s *Store) ScanTasksBack(p uint16, from uint64, limit int) (tasks []*StoredTask, next uint64, more bool, err error) {
+	return s.scanTasks(p, from, limit, true)
+}
+
+func (s *Store) scanTasks(p uint16, from uint64, limit int, back bool) (tasks []*StoredTask, next uint64, more bool, err error) {
 	if limit <= 0 {
 		return nil, 0, false, fmt.Errorf("storage: ScanTasks limit %d must be positive", limit)
 	}
-	_, end := tagSpan(p, tagTask)
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: taskKey(p, start), UpperBound: end})
+	lo, end := tagSpan(p, tagTask)
+	bounds := &pebble.IterOptions{LowerBound: taskKey(p, from), UpperBound: end}
+	if back {
+		bounds = &pebble.IterOptions{LowerBound: lo, UpperBound: idBound(taskKey(p, from))}
+	}
+	it, err := s.db.NewIter(bounds)
 	if err != nil {
 		return nil, 0, false, err
 	}
 	defer it.Close()
-	for ok := it.First(); ok; ok = it.Next() {
+	first, step := it.First, it.Next
+	if back {
+		first, step = it.Last, it.Prev
+	}
+	for ok := first(); ok; ok = step() {
 		if len(tasks) == limit {
 			return tasks, idFromKey(it.Key()), true, nil
 		}

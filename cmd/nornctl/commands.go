@@ -140,10 +140,11 @@ prints them as one ListTasksResponse.`
 func runList(e *env, cmd *command, args []string) error {
 	fs := e.flagSet(cmd)
 	queue := fs.String("queue", "", "only tasks of this queue (default: every queue)")
-	statusFlag := fs.String("status", "", "only tasks with this status: READY, DELAYED, CLAIMED, COMPLETED, ABORTED or CANCELLED")
+	statusFlag := fs.String("status", "", "only tasks with this status: READY, DELAYED, CLAIMED, COMPLETED, ABORTED, CANCELLED or DEAD")
 	pageSize := fs.Uint("page-size", 100, "tasks per page, 1 to 1000")
 	pageToken := fs.String("page-token", "", "continue from this page token (from an earlier list)")
 	all := fs.Bool("all", false, "list every page")
+	newest := fs.Bool("newest-first", false, "newest tasks first across the cluster (for example the latest DEAD ones), rather than partition by partition")
 	if _, err := e.parse(cmd, fs, args, 0, 0); err != nil {
 		return err
 	}
@@ -158,7 +159,7 @@ func runList(e *env, cmd *command, args []string) error {
 	if err != nil {
 		return err
 	}
-	req := &nornv1.ListTasksRequest{Queue: *queue, Status: status, PageSize: uint32(*pageSize), PageToken: *pageToken}
+	req := &nornv1.ListTasksRequest{Queue: *queue, Status: status, PageSize: uint32(*pageSize), PageToken: *pageToken, NewestFirst: *newest}
 	out := &nornv1.ListTasksResponse{}
 	for {
 		page, err := c.ListTasks(e.ctx, req)

@@ -240,6 +240,13 @@ func TestLifecycle(t *testing.T) {
 	if len(list.GetTasks()) != 1 || list.GetTasks()[0].GetId() != id {
 		t.Errorf("list --status completed: %v, want task %d only", list.GetTasks(), id)
 	}
+	// Newest first: the task from stdin, enqueued second, comes first.
+	var newest nornv1.ListTasksResponse
+	okJSON(t, addr, &newest, "list", "--queue", "emails", "--newest-first", "--page-size", "1", "--all")
+	if ts := newest.GetTasks(); len(ts) != 2 || ts[0].GetId() <= ts[1].GetId() || ts[1].GetId() != id {
+		t.Errorf("list --newest-first: %v, want the second task, then %d", ts, id)
+	}
+	mustContain(t, "list header", ok(t, addr, "list"), "LAST ERROR")
 
 	st := ok(t, addr, "status")
 	mustContain(t, "status", st, "NODE:", "n1", "UPTIME:", "PARTITION", "LEADER", "Leader")

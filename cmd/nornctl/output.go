@@ -27,7 +27,7 @@ const (
 )
 
 // statusOrder is the order of statuses in count and status tables.
-var statusOrder = []string{"READY", "DELAYED", "CLAIMED", "COMPLETED", "ABORTED", "CANCELLED"}
+var statusOrder = []string{"READY", "DELAYED", "CLAIMED", "COMPLETED", "ABORTED", "CANCELLED", "DEAD"}
 
 // jsonOptions renders -o json: proto3 JSON names, unset fields left out.
 var jsonOptions = protojson.MarshalOptions{EmitUnpopulated: false}
@@ -154,12 +154,30 @@ func formatRetry(r *nornv1.RetryPolicy) string {
 
 // writeTaskList prints one row per task.
 func writeTaskList(w io.Writer, tasks []*nornv1.Task) {
-	fmt.Fprintf(w, "ID\tQUEUE\tSTATUS\tPRIORITY\tPROGRESS\tCLAIMS\tCREATED\tPAYLOAD\n")
+	fmt.Fprintf(w, "ID\tQUEUE\tSTATUS\tPRIORITY\tPROGRESS\tCLAIMS\tCREATED\tPAYLOAD\tLAST ERROR\n")
 	for _, t := range tasks {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n", t.GetId(), t.GetSpec().GetQueue(), statusName(t.GetStatus()),
+		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", t.GetId(), t.GetSpec().GetQueue(), statusName(t.GetStatus()),
 			t.GetSpec().GetPriority(), formatProgress(t.GetProgress()), len(t.GetClaims()), formatTS(t.GetCreatedAt()),
-			formatBytes(t.GetSpec().GetPayload()))
+			formatBytes(t.GetSpec().GetPayload()), lastError(t))
 	}
+}
+
+// lastError is a task's last error, its code and description cut short
+// ("-" for none): what a list of dead tasks is read for.
+func lastError(t *nornv1.Task) string {
+	errs := t.GetErrors()
+	if len(errs) == 0 {
+		return "-"
+	}
+	e := errs[len(errs)-1]
+	s := e.GetCode()
+	if d := e.GetDescription(); d != "" {
+		s += ": " + d
+	}
+	if r := []rune(s); len(r) > 60 {
+		s = string(r[:57]) + "..."
+	}
+	return strings.Join(strings.Fields(s), " ")
 }
 
 // writeCounts prints the count of every status, then the total.

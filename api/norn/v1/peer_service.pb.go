@@ -1339,7 +1339,16 @@ type ListPartitionRequest struct {
 	MaxScan uint32 `protobuf:"varint,6,opt,name=max_scan,json=maxScan,proto3" json:"max_scan,omitempty"`
 	// Size budget of the returned tasks (protobuf encoding) in bytes; at
 	// most 16 MiB.
-	MaxBytes      uint32 `protobuf:"varint,7,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxBytes uint32 `protobuf:"varint,7,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// Newest first (ListTasksRequest.newest_first): the receiver examines
+	// the tasks of `partitions` (all of them replicated here; `partition`
+	// is ignored) merged in descending id order, from `start` down (ids at
+	// or below it), and `next` is the id to resume from downwards. A
+	// receiver of an older build ignores it: it does not set
+	// ListPartitionResponse.newest_first, and the caller refuses its answer.
+	NewestFirst bool `protobuf:"varint,8,opt,name=newest_first,json=newestFirst,proto3" json:"newest_first,omitempty"`
+	// The partitions of a newest-first list (at most the partition count).
+	Partitions    []uint32 `protobuf:"varint,9,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1423,6 +1432,20 @@ func (x *ListPartitionRequest) GetMaxBytes() uint32 {
 	return 0
 }
 
+func (x *ListPartitionRequest) GetNewestFirst() bool {
+	if x != nil {
+		return x.NewestFirst
+	}
+	return false
+}
+
+func (x *ListPartitionRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
 // ListPartitionResponse is the response of PeerService.ListPartition.
 type ListPartitionResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1436,7 +1459,9 @@ type ListPartitionResponse struct {
 	Next uint64 `protobuf:"varint,4,opt,name=next,proto3" json:"next,omitempty"`
 	// The partition's leader as the receiver knows it ("" when none): the
 	// caller asks it first next time.
-	Leader        string `protobuf:"bytes,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	Leader string `protobuf:"bytes,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	// Set when the request was newest first and answered so.
+	NewestFirst   bool `protobuf:"varint,6,opt,name=newest_first,json=newestFirst,proto3" json:"newest_first,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1504,6 +1529,13 @@ func (x *ListPartitionResponse) GetLeader() string {
 		return x.Leader
 	}
 	return ""
+}
+
+func (x *ListPartitionResponse) GetNewestFirst() bool {
+	if x != nil {
+		return x.NewestFirst
+	}
+	return false
 }
 
 // CountPartitionsRequest is the request of PeerService.CountPartitions.
@@ -1933,7 +1965,7 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x0eGetRingRequest\"=\n" +
 	"\x0fGetRingResponse\x12\x12\n" +
 	"\x04ring\x18\x01 \x01(\fR\x04ring\x12\x16\n" +
-	"\x06queues\x18\x02 \x01(\fR\x06queues\"\xdb\x01\n" +
+	"\x06queues\x18\x02 \x01(\fR\x06queues\"\x9e\x02\n" +
 	"\x14ListPartitionRequest\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05queue\x18\x02 \x01(\tR\x05queue\x12+\n" +
@@ -1941,13 +1973,18 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x05start\x18\x04 \x01(\x04R\x05start\x12\x14\n" +
 	"\x05limit\x18\x05 \x01(\rR\x05limit\x12\x19\n" +
 	"\bmax_scan\x18\x06 \x01(\rR\amaxScan\x12\x1b\n" +
-	"\tmax_bytes\x18\a \x01(\rR\bmaxBytes\"\x96\x01\n" +
+	"\tmax_bytes\x18\a \x01(\rR\bmaxBytes\x12!\n" +
+	"\fnewest_first\x18\b \x01(\bR\vnewestFirst\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\t \x03(\rR\n" +
+	"partitions\"\xb9\x01\n" +
 	"\x15ListPartitionResponse\x12#\n" +
 	"\x05tasks\x18\x01 \x03(\v2\r.norn.v1.TaskR\x05tasks\x12\x18\n" +
 	"\ascanned\x18\x02 \x01(\rR\ascanned\x12\x12\n" +
 	"\x04more\x18\x03 \x01(\bR\x04more\x12\x12\n" +
 	"\x04next\x18\x04 \x01(\x04R\x04next\x12\x16\n" +
-	"\x06leader\x18\x05 \x01(\tR\x06leader\"i\n" +
+	"\x06leader\x18\x05 \x01(\tR\x06leader\x12!\n" +
+	"\fnewest_first\x18\x06 \x01(\bR\vnewestFirst\"i\n" +
 	"\x16CountPartitionsRequest\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x03(\rR\n" +

@@ -406,10 +406,18 @@ type ListTasksRequest struct {
 	// end.
 	PageSize uint32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// Where to resume: the `next_page_token` of the previous page, with the
-	// same `queue` and `status`. Empty (the default) for the first page. An
-	// opaque string; a token that does not come from the server is
-	// INVALID_ARGUMENT.
-	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// same `queue`, `status` and `newest_first`. Empty (the default) for
+	// the first page. An opaque string; a token that does not come from the
+	// server, or from a list in the other order, is INVALID_ARGUMENT.
+	PageToken string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Newest first: the tasks in descending id order (an id carries its
+	// creation time, so newest first) across the whole cluster, rather
+	// than partition by partition: the way to look at the latest DEAD or
+	// CANCELLED tasks of a queue. A page then examines at most 10,000
+	// tasks spread over the nodes asked, and may hold fewer than
+	// `page_size` even when more follow. Refused (FAILED_PRECONDITION)
+	// while a node that must answer runs a build without it.
+	NewestFirst   bool `protobuf:"varint,5,opt,name=newest_first,json=newestFirst,proto3" json:"newest_first,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -472,11 +480,19 @@ func (x *ListTasksRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListTasksRequest) GetNewestFirst() bool {
+	if x != nil {
+		return x.NewestFirst
+	}
+	return false
+}
+
 // ListTasksResponse is the response of TaskService.ListTasks.
 type ListTasksResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The page's tasks, full views with payloads, in partition order and
-	// ascending id order within a partition. Each is read from one replica
+	// ascending id order within a partition (newest first: in descending id
+	// order). Each is read from one replica
 	// (not a quorum read): a task written with w below a majority may show
 	// up late. UNAVAILABLE, naming the partition, when no replica of a
 	// partition the page reaches answers.
@@ -1832,13 +1848,14 @@ const file_norn_v1_task_service_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\f\n" +
 	"\x01r\x18\x02 \x01(\rR\x01r\"4\n" +
 	"\x0fGetTaskResponse\x12!\n" +
-	"\x04task\x18\x01 \x01(\v2\r.norn.v1.TaskR\x04task\"\x91\x01\n" +
+	"\x04task\x18\x01 \x01(\v2\r.norn.v1.TaskR\x04task\"\xb4\x01\n" +
 	"\x10ListTasksRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12+\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x13.norn.v1.TaskStatusR\x06status\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"`\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\x12!\n" +
+	"\fnewest_first\x18\x05 \x01(\bR\vnewestFirst\"`\n" +
 	"\x11ListTasksResponse\x12#\n" +
 	"\x05tasks\x18\x01 \x03(\v2\r.norn.v1.TaskR\x05tasks\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\")\n" +
