@@ -44,7 +44,9 @@ func TestScanBackIsScanReversed(t *testing.T) {
 	queueBack := func(from uint64, limit int) ([]*StoredTask, uint64, bool, error) {
 		return s.ScanQueueBack(0, "q", from, limit)
 	}
-	tasksBack := func(from uint64, limit int) ([]*StoredTask, uint64, bool, error) { return s.ScanTasksBack(0, from, limit) }
+	tasksBack := func(from uint64, limit int) ([]*StoredTask, uint64, bool, error) {
+		return s.ScanTasksBack(0, from, limit)
+	}
 	if got := collect(queueBack, math.MaxUint64); !slices.Equal(got, inQ) {
 		t.Fatalf("queue backwards %v, want %v", got, inQ)
 	}
