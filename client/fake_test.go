@@ -308,6 +308,13 @@ func (f *fakeServer) ListTasks(_ context.Context, r *connect.Request[nornv1.List
 	return connect.NewResponse(resp), nil
 }
 
+func (f *fakeServer) BulkAction(_ context.Context, r *connect.Request[nornv1.BulkActionRequest]) (*connect.Response[nornv1.BulkActionResponse], error) {
+	if err := f.begin("BulkAction", r.Msg); err != nil {
+		return nil, err
+	}
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("not in the fake"))
+}
+
 func (f *fakeServer) CountTasks(_ context.Context, r *connect.Request[nornv1.CountTasksRequest]) (*connect.Response[nornv1.CountTasksResponse], error) {
 	if err := f.begin("CountTasks", r.Msg); err != nil {
 		return nil, err

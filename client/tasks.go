@@ -465,6 +465,22 @@ func (c *Client) Retry(ctx context.Context, id uint64, life uint32) (uint32, err
 	return now, err
 }
 
+// BulkAction runs one page of a server-side bulk retry or cancel
+// (TaskService.BulkAction: admin only) and returns its counts and the
+// token of the next page (req.PageToken for the next call; empty at the
+// end). Retried on UNAVAILABLE: a page acted on twice skips what it did.
+func (c *Client) BulkAction(ctx context.Context, req *nornv1.BulkActionRequest) (*nornv1.BulkActionResponse, error) {
+	var out *nornv1.BulkActionResponse
+	err := c.call(ctx, "bulk action", retryIdempotent, func(ctx context.Context, ep *endpoint) error {
+		resp, err := ep.tasks.BulkAction(ctx, connect.NewRequest(req))
+		if err == nil {
+			out = resp.Msg
+		}
+		return err
+	})
+	return out, err
+}
+
 // Yield ends the claim and puts the task back to READY, with progress (0
 // to 1) as its progress. Retried on UNAVAILABLE: a retry of a yield that
 // took effect fails with ErrSuperseded, which then means the claim ended

@@ -293,6 +293,8 @@ func callScope(msg any) (queues []string, ids, deps []uint64, all bool) {
 		return []string{m.GetQueue()}, nil, nil, false
 	case *nornv1.SetQueueRequest:
 		return []string{m.GetQueue()}, nil, nil, false
+	case *nornv1.BulkActionRequest:
+		return []string{m.GetQueue()}, nil, nil, false
 	}
 	return nil, nil, nil, true
 }
@@ -324,10 +326,10 @@ func (sv *Server) audit(procedure string, p principal, err error) {
 }
 
 // auditAdmin logs an admin action (every AdminService call but Status,
-// and QueueService.SetQueue).
+// QueueService.SetQueue and TaskService.BulkAction).
 func (sv *Server) auditAdmin(procedure string, p principal) {
 	if strings.HasPrefix(procedure, "/"+nornv1connect.AdminServiceName+"/") && procedure != nornv1connect.AdminServiceStatusProcedure ||
-		procedure == nornv1connect.QueueServiceSetQueueProcedure {
+		procedure == nornv1connect.QueueServiceSetQueueProcedure || procedure == nornv1connect.TaskServiceBulkActionProcedure {
 		sv.auditLog().Info("admin action", "procedure", procedure, "caller", p.String())
 	}
 }

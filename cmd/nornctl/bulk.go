@@ -4,13 +4,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
-	"github.com/norn-dev/norn/client"
 )
 
 // bulkFilter selects the tasks of a bulk retry or cancel: the server
@@ -35,13 +34,13 @@ func (f bulkFilter) set() bool {
 	return *f.queue != "" || *f.status != "" || *f.createdAfter != "" || *f.createdBefore != "" || *f.errorText != ""
 }
 
-// bulk runs act on every task the filter selects, paging through
-// ListTasks, and reports its progress on stderr every second and its
-// counts at the end. act's FAILED_PRECONDITION (the task changed since it
-// was listed: retried or cancelled already) counts as skipped: running a
-// bulk action again is safe, and it goes on where an interrupted one
-// stopped (what it did no longer matches).
-func (e *env) bulk(cmd *command, what string, f bulkFilter, act func(c *client.Client, t *nornv1.Task) error) error {
+// bulk runs the server-side bulk action (TaskService.BulkAction) on
+// every task the filter selects, a page per call, and reports its
+// progress on stderr every second and its counts at the end. What the
+// task no longer admits (retried or cancelled already) counts as
+// skipped: running a bulk action again is safe, and it goes on where an
+// interrupted one stopped (what it did no longer matches).
+func (e *env) bulk(cmd *command, what string, f bulkFilter, action nornv1.BulkActionRequest_Action) error {
 	if *f.queue == "" {
 		return usagef(cmd, "--queue is required for a bulk %s", what)
 	}
@@ -49,17 +48,21 @@ func (e *env) bulk(cmd *command, what string, f bulkFilter, act func(c *client.C
 	if err != nil {
 		return usagef(cmd, "%v", err)
 	}
+	req := &nornv1.BulkActionRequest{Action: action, Queue: *f.queue, Status: status, ErrorContains: *f.errorText, PageSize: 100}
 	now := time.Now()
-	var after, before time.Time
 	if *f.createdAfter != "" {
-		if after, err = parseWhen(*f.createdAfter, now); err != nil {
+		after, err := parseWhen(*f.createdAfter, now)
+		if err != nil {
 			return usagef(cmd, "--created-after: %v", err)
 		}
+		req.CreatedAfter = timestamppb.New(after)
 	}
 	if *f.createdBefore != "" {
-		if before, err = parseWhen(*f.createdBefore, now); err != nil {
+		before, err := parseWhen(*f.createdBefore, now)
+		if err != nil {
 			return usagef(cmd, "--created-before: %v", err)
 		}
+		req.CreatedBefore = timestamppb.New(before)
 	}
 	c, err := e.client()
 	if err != nil {
@@ -67,23 +70,18 @@ func (e *env) bulk(cmd *command, what string, f bulkFilter, act func(c *client.C
 	}
 	var matched, done, skipped, failed int
 	last := time.Now()
-	for t, err := range c.Tasks(e.ctx, *f.queue, status) {
+	for {
+		r, err := c.BulkAction(e.ctx, req)
 		if err != nil {
-			return fmt.Errorf("listing the tasks (after %d matched, %d done): %w", matched, done, err)
+			return fmt.Errorf("%s (after %d matched, %d done): %w", what, matched, done, err)
 		}
-		created := t.GetCreatedAt().AsTime()
-		if (!after.IsZero() && !created.After(after)) || (!before.IsZero() && !created.Before(before)) || !hasError(t, *f.errorText) {
-			continue
-		}
-		matched++
-		switch err := act(c, t); {
-		case err == nil:
-			done++
-		case client.IsSuperseded(err):
-			skipped++
-		default:
+		matched, done, skipped = matched+int(r.GetMatched()), done+int(r.GetDone()), skipped+int(r.GetSkipped())
+		for _, f := range r.GetFailures() {
 			failed++
-			fmt.Fprintf(e.stderr, "nornctl: %s of task %d: %v\n", what, t.GetId(), err)
+			fmt.Fprintf(e.stderr, "nornctl: %s of task %d: %s\n", what, f.GetId(), f.GetError())
+		}
+		if req.PageToken = r.GetNextPageToken(); req.PageToken == "" {
+			break
 		}
 		if time.Since(last) >= time.Second {
 			last = time.Now()
@@ -100,20 +98,6 @@ func (e *env) bulk(cmd *command, what string, f bulkFilter, act func(c *client.C
 		return fmt.Errorf("%s failed for %d tasks (run it again: what was done is not done twice)", what, failed)
 	}
 	return nil
-}
-
-// hasError reports whether t has an error whose code or description
-// contains text ("" matches every task).
-func hasError(t *nornv1.Task, text string) bool {
-	if text == "" {
-		return true
-	}
-	for _, e := range t.GetErrors() {
-		if strings.Contains(e.GetCode(), text) || strings.Contains(e.GetDescription(), text) {
-			return true
-		}
-	}
-	return false
 }
 
 // parseWhen parses a time filter: an RFC 3339 time, or a duration before
@@ -134,12 +118,12 @@ func parseWhen(s string, now time.Time) (time.Time, error) {
 
 // idOrBulk starts a command that takes one task id or bulk filters: with
 // filters it runs the bulk action what (done), else it parses the id.
-func (e *env) idOrBulk(cmd *command, f bulkFilter, pos []string, what string, act func(c *client.Client, t *nornv1.Task) error) (id uint64, done bool, err error) {
+func (e *env) idOrBulk(cmd *command, f bulkFilter, pos []string, what string, action nornv1.BulkActionRequest_Action) (id uint64, done bool, err error) {
 	switch {
 	case f.set() && len(pos) != 0:
 		return 0, true, usagef(cmd, "give a task id or --queue filters, not both")
 	case f.set():
-		return 0, true, e.bulk(cmd, what, f, act)
+		return 0, true, e.bulk(cmd, what, f, action)
 	case len(pos) != 1:
 		return 0, true, usagef(cmd, "a task id, or --queue filters, is required")
 	}

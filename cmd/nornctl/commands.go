@@ -422,9 +422,7 @@ func runCancel(e *env, cmd *command, args []string) error {
 	if err != nil {
 		return err
 	}
-	id, done, err := e.idOrBulk(cmd, filter, pos, "cancel", func(c *client.Client, t *nornv1.Task) error {
-		return c.Cancel(e.ctx, t.GetId())
-	})
+	id, done, err := e.idOrBulk(cmd, filter, pos, "cancel", nornv1.BulkActionRequest_ACTION_CANCEL)
 	if done || err != nil {
 		return err
 	}
@@ -463,10 +461,7 @@ func runRetry(e *env, cmd *command, args []string) error {
 	if err != nil {
 		return err
 	}
-	id, done, err := e.idOrBulk(cmd, filter, pos, "retry", func(c *client.Client, t *nornv1.Task) error {
-		_, err := c.Retry(e.ctx, t.GetId(), t.GetLife())
-		return err
-	})
+	id, done, err := e.idOrBulk(cmd, filter, pos, "retry", nornv1.BulkActionRequest_ACTION_RETRY)
 	if done || err != nil {
 		return err
 	}

@@ -26,6 +26,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// What to do to each matching task.
+type BulkActionRequest_Action int32
+
+const (
+	// Invalid: an action is required.
+	BulkActionRequest_ACTION_UNSPECIFIED BulkActionRequest_Action = 0
+	// Retry (TaskService.Retry of the life it was listed in): for DEAD,
+	// ABORTED and CANCELLED tasks.
+	BulkActionRequest_ACTION_RETRY BulkActionRequest_Action = 1
+	// Cancel (TaskService.Cancel): for tasks not terminal.
+	BulkActionRequest_ACTION_CANCEL BulkActionRequest_Action = 2
+)
+
+// Enum value maps for BulkActionRequest_Action.
+var (
+	BulkActionRequest_Action_name = map[int32]string{
+		0: "ACTION_UNSPECIFIED",
+		1: "ACTION_RETRY",
+		2: "ACTION_CANCEL",
+	}
+	BulkActionRequest_Action_value = map[string]int32{
+		"ACTION_UNSPECIFIED": 0,
+		"ACTION_RETRY":       1,
+		"ACTION_CANCEL":      2,
+	}
+)
+
+func (x BulkActionRequest_Action) Enum() *BulkActionRequest_Action {
+	p := new(BulkActionRequest_Action)
+	*p = x
+	return p
+}
+
+func (x BulkActionRequest_Action) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BulkActionRequest_Action) Descriptor() protoreflect.EnumDescriptor {
+	return file_norn_v1_task_service_proto_enumTypes[0].Descriptor()
+}
+
+func (BulkActionRequest_Action) Type() protoreflect.EnumType {
+	return &file_norn_v1_task_service_proto_enumTypes[0]
+}
+
+func (x BulkActionRequest_Action) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BulkActionRequest_Action.Descriptor instead.
+func (BulkActionRequest_Action) EnumDescriptor() ([]byte, []int) {
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{28, 0}
+}
+
 // EnqueueRequest is the request of TaskService.Enqueue.
 type EnqueueRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1770,6 +1824,277 @@ func (x *RetryRequest) GetW() uint32 {
 	return 0
 }
 
+// BulkActionRequest is the request of TaskService.BulkAction.
+type BulkActionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The action. Required.
+	Action BulkActionRequest_Action `protobuf:"varint,1,opt,name=action,proto3,enum=norn.v1.BulkActionRequest_Action" json:"action,omitempty"`
+	// The queue whose tasks to act on. Required (a valid queue name).
+	Queue string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Only tasks of this status. TASK_STATUS_UNSPECIFIED (the default):
+	// every status (the action skips those it does not apply to).
+	Status TaskStatus `protobuf:"varint,3,opt,name=status,proto3,enum=norn.v1.TaskStatus" json:"status,omitempty"`
+	// Only tasks created after this time. Unset: no bound.
+	CreatedAfter *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_after,json=createdAfter,proto3" json:"created_after,omitempty"`
+	// Only tasks created before this time. Unset: no bound. Must be after
+	// `created_after` when both are set.
+	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
+	// Only tasks with an error whose code or description contains this
+	// text. Empty: every task. At most 1,024 bytes.
+	ErrorContains string `protobuf:"bytes,6,opt,name=error_contains,json=errorContains,proto3" json:"error_contains,omitempty"`
+	// Tasks listed per call, as ListTasksRequest.page_size: 0 means 100;
+	// at most 1,000.
+	PageSize uint32 `protobuf:"varint,7,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// Where to resume: the previous call's `next_page_token`, with the same
+	// filters. Empty for the first call.
+	PageToken string `protobuf:"bytes,8,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Write quorum of each action's write, as in EnqueueRequest.w.
+	W             uint32 `protobuf:"varint,9,opt,name=w,proto3" json:"w,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkActionRequest) Reset() {
+	*x = BulkActionRequest{}
+	mi := &file_norn_v1_task_service_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkActionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkActionRequest) ProtoMessage() {}
+
+func (x *BulkActionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_task_service_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkActionRequest.ProtoReflect.Descriptor instead.
+func (*BulkActionRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *BulkActionRequest) GetAction() BulkActionRequest_Action {
+	if x != nil {
+		return x.Action
+	}
+	return BulkActionRequest_ACTION_UNSPECIFIED
+}
+
+func (x *BulkActionRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *BulkActionRequest) GetStatus() TaskStatus {
+	if x != nil {
+		return x.Status
+	}
+	return TaskStatus_TASK_STATUS_UNSPECIFIED
+}
+
+func (x *BulkActionRequest) GetCreatedAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAfter
+	}
+	return nil
+}
+
+func (x *BulkActionRequest) GetCreatedBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedBefore
+	}
+	return nil
+}
+
+func (x *BulkActionRequest) GetErrorContains() string {
+	if x != nil {
+		return x.ErrorContains
+	}
+	return ""
+}
+
+func (x *BulkActionRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *BulkActionRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *BulkActionRequest) GetW() uint32 {
+	if x != nil {
+		return x.W
+	}
+	return 0
+}
+
+// BulkActionResponse is the response of TaskService.BulkAction.
+type BulkActionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Tasks the page listed (queue and status matched).
+	Listed uint32 `protobuf:"varint,1,opt,name=listed,proto3" json:"listed,omitempty"`
+	// Of those, the ones that matched the other filters.
+	Matched uint32 `protobuf:"varint,2,opt,name=matched,proto3" json:"matched,omitempty"`
+	// Of those, the ones the action took effect on.
+	Done uint32 `protobuf:"varint,3,opt,name=done,proto3" json:"done,omitempty"`
+	// Of those, the ones it did not apply to any more (retried or
+	// cancelled already, or changed since they were listed).
+	Skipped uint32 `protobuf:"varint,4,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	// The ones it failed on (UNAVAILABLE, for example), the first 100:
+	// run again.
+	Failures []*BulkFailure `protobuf:"bytes,5,rep,name=failures,proto3" json:"failures,omitempty"`
+	// Token of the next page; empty when this was the last.
+	NextPageToken string `protobuf:"bytes,6,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkActionResponse) Reset() {
+	*x = BulkActionResponse{}
+	mi := &file_norn_v1_task_service_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkActionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkActionResponse) ProtoMessage() {}
+
+func (x *BulkActionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_task_service_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkActionResponse.ProtoReflect.Descriptor instead.
+func (*BulkActionResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *BulkActionResponse) GetListed() uint32 {
+	if x != nil {
+		return x.Listed
+	}
+	return 0
+}
+
+func (x *BulkActionResponse) GetMatched() uint32 {
+	if x != nil {
+		return x.Matched
+	}
+	return 0
+}
+
+func (x *BulkActionResponse) GetDone() uint32 {
+	if x != nil {
+		return x.Done
+	}
+	return 0
+}
+
+func (x *BulkActionResponse) GetSkipped() uint32 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
+}
+
+func (x *BulkActionResponse) GetFailures() []*BulkFailure {
+	if x != nil {
+		return x.Failures
+	}
+	return nil
+}
+
+func (x *BulkActionResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// BulkFailure is a task a BulkAction failed on, and why.
+type BulkFailure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The error, as an API error message.
+	Error         string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkFailure) Reset() {
+	*x = BulkFailure{}
+	mi := &file_norn_v1_task_service_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkFailure) ProtoMessage() {}
+
+func (x *BulkFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_task_service_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkFailure.ProtoReflect.Descriptor instead.
+func (*BulkFailure) Descriptor() ([]byte, []int) {
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *BulkFailure) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *BulkFailure) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // RetryResponse is the response of TaskService.Retry.
 type RetryResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1783,7 +2108,7 @@ type RetryResponse struct {
 
 func (x *RetryResponse) Reset() {
 	*x = RetryResponse{}
-	mi := &file_norn_v1_task_service_proto_msgTypes[28]
+	mi := &file_norn_v1_task_service_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1795,7 +2120,7 @@ func (x *RetryResponse) String() string {
 func (*RetryResponse) ProtoMessage() {}
 
 func (x *RetryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_task_service_proto_msgTypes[28]
+	mi := &file_norn_v1_task_service_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1808,7 +2133,7 @@ func (x *RetryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryResponse.ProtoReflect.Descriptor instead.
 func (*RetryResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{28}
+	return file_norn_v1_task_service_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RetryResponse) GetLife() uint32 {
@@ -1929,10 +2254,35 @@ const file_norn_v1_task_service_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x17\n" +
 	"\x04life\x18\x02 \x01(\rH\x00R\x04life\x88\x01\x01\x12\f\n" +
 	"\x01w\x18\x03 \x01(\rR\x01wB\a\n" +
-	"\x05_life\"7\n" +
+	"\x05_life\"\xcd\x03\n" +
+	"\x11BulkActionRequest\x129\n" +
+	"\x06action\x18\x01 \x01(\x0e2!.norn.v1.BulkActionRequest.ActionR\x06action\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x12+\n" +
+	"\x06status\x18\x03 \x01(\x0e2\x13.norn.v1.TaskStatusR\x06status\x12?\n" +
+	"\rcreated_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\fcreatedAfter\x12A\n" +
+	"\x0ecreated_before\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\x12%\n" +
+	"\x0eerror_contains\x18\x06 \x01(\tR\rerrorContains\x12\x1b\n" +
+	"\tpage_size\x18\a \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\b \x01(\tR\tpageToken\x12\f\n" +
+	"\x01w\x18\t \x01(\rR\x01w\"E\n" +
+	"\x06Action\x12\x16\n" +
+	"\x12ACTION_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fACTION_RETRY\x10\x01\x12\x11\n" +
+	"\rACTION_CANCEL\x10\x02\"\xce\x01\n" +
+	"\x12BulkActionResponse\x12\x16\n" +
+	"\x06listed\x18\x01 \x01(\rR\x06listed\x12\x18\n" +
+	"\amatched\x18\x02 \x01(\rR\amatched\x12\x12\n" +
+	"\x04done\x18\x03 \x01(\rR\x04done\x12\x18\n" +
+	"\askipped\x18\x04 \x01(\rR\askipped\x120\n" +
+	"\bfailures\x18\x05 \x03(\v2\x14.norn.v1.BulkFailureR\bfailures\x12&\n" +
+	"\x0fnext_page_token\x18\x06 \x01(\tR\rnextPageToken\"3\n" +
+	"\vBulkFailure\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"7\n" +
 	"\rRetryResponse\x12\x12\n" +
 	"\x04life\x18\x01 \x01(\rR\x04life\x12\x12\n" +
-	"\x04acks\x18\x02 \x01(\rR\x04acks2\x80\a\n" +
+	"\x04acks\x18\x02 \x01(\rR\x04acks2\xc7\a\n" +
 	"\vTaskService\x12<\n" +
 	"\aEnqueue\x12\x17.norn.v1.EnqueueRequest\x1a\x18.norn.v1.EnqueueResponse\x12K\n" +
 	"\fEnqueueBatch\x12\x1c.norn.v1.EnqueueBatchRequest\x1a\x1d.norn.v1.EnqueueBatchResponse\x12<\n" +
@@ -1948,7 +2298,9 @@ const file_norn_v1_task_service_proto_rawDesc = "" +
 	"\x05Abort\x12\x15.norn.v1.AbortRequest\x1a\x16.norn.v1.AbortResponse\x126\n" +
 	"\x05Yield\x12\x15.norn.v1.YieldRequest\x1a\x16.norn.v1.YieldResponse\x129\n" +
 	"\x06Cancel\x12\x16.norn.v1.CancelRequest\x1a\x17.norn.v1.CancelResponse\x126\n" +
-	"\x05Retry\x12\x15.norn.v1.RetryRequest\x1a\x16.norn.v1.RetryResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"\x05Retry\x12\x15.norn.v1.RetryRequest\x1a\x16.norn.v1.RetryResponse\x12E\n" +
+	"\n" +
+	"BulkAction\x12\x1a.norn.v1.BulkActionRequest\x1a\x1b.norn.v1.BulkActionResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_task_service_proto_rawDescOnce sync.Once
@@ -1962,94 +2314,106 @@ func file_norn_v1_task_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_task_service_proto_rawDescData
 }
 
-var file_norn_v1_task_service_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_norn_v1_task_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_norn_v1_task_service_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_norn_v1_task_service_proto_goTypes = []any{
-	(*EnqueueRequest)(nil),        // 0: norn.v1.EnqueueRequest
-	(*EnqueueResponse)(nil),       // 1: norn.v1.EnqueueResponse
-	(*EnqueueBatchRequest)(nil),   // 2: norn.v1.EnqueueBatchRequest
-	(*EnqueueBatchResponse)(nil),  // 3: norn.v1.EnqueueBatchResponse
-	(*GetTaskRequest)(nil),        // 4: norn.v1.GetTaskRequest
-	(*GetTaskResponse)(nil),       // 5: norn.v1.GetTaskResponse
-	(*ListTasksRequest)(nil),      // 6: norn.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),     // 7: norn.v1.ListTasksResponse
-	(*CountTasksRequest)(nil),     // 8: norn.v1.CountTasksRequest
-	(*CountTasksResponse)(nil),    // 9: norn.v1.CountTasksResponse
-	(*ClaimRequest)(nil),          // 10: norn.v1.ClaimRequest
-	(*ClaimResponse)(nil),         // 11: norn.v1.ClaimResponse
-	(*RenewRequest)(nil),          // 12: norn.v1.RenewRequest
-	(*RenewResponse)(nil),         // 13: norn.v1.RenewResponse
-	(*UpdateRequest)(nil),         // 14: norn.v1.UpdateRequest
-	(*UpdateResponse)(nil),        // 15: norn.v1.UpdateResponse
-	(*CompleteRequest)(nil),       // 16: norn.v1.CompleteRequest
-	(*CompleteResponse)(nil),      // 17: norn.v1.CompleteResponse
-	(*CompleteBatchRequest)(nil),  // 18: norn.v1.CompleteBatchRequest
-	(*CompleteBatchResponse)(nil), // 19: norn.v1.CompleteBatchResponse
-	(*CompletionResult)(nil),      // 20: norn.v1.CompletionResult
-	(*AbortRequest)(nil),          // 21: norn.v1.AbortRequest
-	(*AbortResponse)(nil),         // 22: norn.v1.AbortResponse
-	(*YieldRequest)(nil),          // 23: norn.v1.YieldRequest
-	(*YieldResponse)(nil),         // 24: norn.v1.YieldResponse
-	(*CancelRequest)(nil),         // 25: norn.v1.CancelRequest
-	(*CancelResponse)(nil),        // 26: norn.v1.CancelResponse
-	(*RetryRequest)(nil),          // 27: norn.v1.RetryRequest
-	(*RetryResponse)(nil),         // 28: norn.v1.RetryResponse
-	nil,                           // 29: norn.v1.CountTasksResponse.ByStatusEntry
-	(*TaskSpec)(nil),              // 30: norn.v1.TaskSpec
-	(*Task)(nil),                  // 31: norn.v1.Task
-	(TaskStatus)(0),               // 32: norn.v1.TaskStatus
-	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
-	(*ClaimedTask)(nil),           // 34: norn.v1.ClaimedTask
-	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
-	(*TaskError)(nil),             // 36: norn.v1.TaskError
+	(BulkActionRequest_Action)(0), // 0: norn.v1.BulkActionRequest.Action
+	(*EnqueueRequest)(nil),        // 1: norn.v1.EnqueueRequest
+	(*EnqueueResponse)(nil),       // 2: norn.v1.EnqueueResponse
+	(*EnqueueBatchRequest)(nil),   // 3: norn.v1.EnqueueBatchRequest
+	(*EnqueueBatchResponse)(nil),  // 4: norn.v1.EnqueueBatchResponse
+	(*GetTaskRequest)(nil),        // 5: norn.v1.GetTaskRequest
+	(*GetTaskResponse)(nil),       // 6: norn.v1.GetTaskResponse
+	(*ListTasksRequest)(nil),      // 7: norn.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),     // 8: norn.v1.ListTasksResponse
+	(*CountTasksRequest)(nil),     // 9: norn.v1.CountTasksRequest
+	(*CountTasksResponse)(nil),    // 10: norn.v1.CountTasksResponse
+	(*ClaimRequest)(nil),          // 11: norn.v1.ClaimRequest
+	(*ClaimResponse)(nil),         // 12: norn.v1.ClaimResponse
+	(*RenewRequest)(nil),          // 13: norn.v1.RenewRequest
+	(*RenewResponse)(nil),         // 14: norn.v1.RenewResponse
+	(*UpdateRequest)(nil),         // 15: norn.v1.UpdateRequest
+	(*UpdateResponse)(nil),        // 16: norn.v1.UpdateResponse
+	(*CompleteRequest)(nil),       // 17: norn.v1.CompleteRequest
+	(*CompleteResponse)(nil),      // 18: norn.v1.CompleteResponse
+	(*CompleteBatchRequest)(nil),  // 19: norn.v1.CompleteBatchRequest
+	(*CompleteBatchResponse)(nil), // 20: norn.v1.CompleteBatchResponse
+	(*CompletionResult)(nil),      // 21: norn.v1.CompletionResult
+	(*AbortRequest)(nil),          // 22: norn.v1.AbortRequest
+	(*AbortResponse)(nil),         // 23: norn.v1.AbortResponse
+	(*YieldRequest)(nil),          // 24: norn.v1.YieldRequest
+	(*YieldResponse)(nil),         // 25: norn.v1.YieldResponse
+	(*CancelRequest)(nil),         // 26: norn.v1.CancelRequest
+	(*CancelResponse)(nil),        // 27: norn.v1.CancelResponse
+	(*RetryRequest)(nil),          // 28: norn.v1.RetryRequest
+	(*BulkActionRequest)(nil),     // 29: norn.v1.BulkActionRequest
+	(*BulkActionResponse)(nil),    // 30: norn.v1.BulkActionResponse
+	(*BulkFailure)(nil),           // 31: norn.v1.BulkFailure
+	(*RetryResponse)(nil),         // 32: norn.v1.RetryResponse
+	nil,                           // 33: norn.v1.CountTasksResponse.ByStatusEntry
+	(*TaskSpec)(nil),              // 34: norn.v1.TaskSpec
+	(*Task)(nil),                  // 35: norn.v1.Task
+	(TaskStatus)(0),               // 36: norn.v1.TaskStatus
+	(*durationpb.Duration)(nil),   // 37: google.protobuf.Duration
+	(*ClaimedTask)(nil),           // 38: norn.v1.ClaimedTask
+	(*timestamppb.Timestamp)(nil), // 39: google.protobuf.Timestamp
+	(*TaskError)(nil),             // 40: norn.v1.TaskError
 }
 var file_norn_v1_task_service_proto_depIdxs = []int32{
-	30, // 0: norn.v1.EnqueueRequest.task:type_name -> norn.v1.TaskSpec
-	30, // 1: norn.v1.EnqueueBatchRequest.tasks:type_name -> norn.v1.TaskSpec
-	31, // 2: norn.v1.GetTaskResponse.task:type_name -> norn.v1.Task
-	32, // 3: norn.v1.ListTasksRequest.status:type_name -> norn.v1.TaskStatus
-	31, // 4: norn.v1.ListTasksResponse.tasks:type_name -> norn.v1.Task
-	29, // 5: norn.v1.CountTasksResponse.by_status:type_name -> norn.v1.CountTasksResponse.ByStatusEntry
-	33, // 6: norn.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
-	33, // 7: norn.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
-	34, // 8: norn.v1.ClaimResponse.tasks:type_name -> norn.v1.ClaimedTask
-	33, // 9: norn.v1.RenewRequest.lease:type_name -> google.protobuf.Duration
-	35, // 10: norn.v1.RenewResponse.expiry:type_name -> google.protobuf.Timestamp
-	16, // 11: norn.v1.CompleteBatchRequest.completions:type_name -> norn.v1.CompleteRequest
-	20, // 12: norn.v1.CompleteBatchResponse.results:type_name -> norn.v1.CompletionResult
-	36, // 13: norn.v1.AbortRequest.errors:type_name -> norn.v1.TaskError
-	0,  // 14: norn.v1.TaskService.Enqueue:input_type -> norn.v1.EnqueueRequest
-	2,  // 15: norn.v1.TaskService.EnqueueBatch:input_type -> norn.v1.EnqueueBatchRequest
-	4,  // 16: norn.v1.TaskService.GetTask:input_type -> norn.v1.GetTaskRequest
-	6,  // 17: norn.v1.TaskService.ListTasks:input_type -> norn.v1.ListTasksRequest
-	8,  // 18: norn.v1.TaskService.CountTasks:input_type -> norn.v1.CountTasksRequest
-	10, // 19: norn.v1.TaskService.Claim:input_type -> norn.v1.ClaimRequest
-	12, // 20: norn.v1.TaskService.Renew:input_type -> norn.v1.RenewRequest
-	14, // 21: norn.v1.TaskService.Update:input_type -> norn.v1.UpdateRequest
-	16, // 22: norn.v1.TaskService.Complete:input_type -> norn.v1.CompleteRequest
-	18, // 23: norn.v1.TaskService.CompleteBatch:input_type -> norn.v1.CompleteBatchRequest
-	21, // 24: norn.v1.TaskService.Abort:input_type -> norn.v1.AbortRequest
-	23, // 25: norn.v1.TaskService.Yield:input_type -> norn.v1.YieldRequest
-	25, // 26: norn.v1.TaskService.Cancel:input_type -> norn.v1.CancelRequest
-	27, // 27: norn.v1.TaskService.Retry:input_type -> norn.v1.RetryRequest
-	1,  // 28: norn.v1.TaskService.Enqueue:output_type -> norn.v1.EnqueueResponse
-	3,  // 29: norn.v1.TaskService.EnqueueBatch:output_type -> norn.v1.EnqueueBatchResponse
-	5,  // 30: norn.v1.TaskService.GetTask:output_type -> norn.v1.GetTaskResponse
-	7,  // 31: norn.v1.TaskService.ListTasks:output_type -> norn.v1.ListTasksResponse
-	9,  // 32: norn.v1.TaskService.CountTasks:output_type -> norn.v1.CountTasksResponse
-	11, // 33: norn.v1.TaskService.Claim:output_type -> norn.v1.ClaimResponse
-	13, // 34: norn.v1.TaskService.Renew:output_type -> norn.v1.RenewResponse
-	15, // 35: norn.v1.TaskService.Update:output_type -> norn.v1.UpdateResponse
-	17, // 36: norn.v1.TaskService.Complete:output_type -> norn.v1.CompleteResponse
-	19, // 37: norn.v1.TaskService.CompleteBatch:output_type -> norn.v1.CompleteBatchResponse
-	22, // 38: norn.v1.TaskService.Abort:output_type -> norn.v1.AbortResponse
-	24, // 39: norn.v1.TaskService.Yield:output_type -> norn.v1.YieldResponse
-	26, // 40: norn.v1.TaskService.Cancel:output_type -> norn.v1.CancelResponse
-	28, // 41: norn.v1.TaskService.Retry:output_type -> norn.v1.RetryResponse
-	28, // [28:42] is the sub-list for method output_type
-	14, // [14:28] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	34, // 0: norn.v1.EnqueueRequest.task:type_name -> norn.v1.TaskSpec
+	34, // 1: norn.v1.EnqueueBatchRequest.tasks:type_name -> norn.v1.TaskSpec
+	35, // 2: norn.v1.GetTaskResponse.task:type_name -> norn.v1.Task
+	36, // 3: norn.v1.ListTasksRequest.status:type_name -> norn.v1.TaskStatus
+	35, // 4: norn.v1.ListTasksResponse.tasks:type_name -> norn.v1.Task
+	33, // 5: norn.v1.CountTasksResponse.by_status:type_name -> norn.v1.CountTasksResponse.ByStatusEntry
+	37, // 6: norn.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	37, // 7: norn.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	38, // 8: norn.v1.ClaimResponse.tasks:type_name -> norn.v1.ClaimedTask
+	37, // 9: norn.v1.RenewRequest.lease:type_name -> google.protobuf.Duration
+	39, // 10: norn.v1.RenewResponse.expiry:type_name -> google.protobuf.Timestamp
+	17, // 11: norn.v1.CompleteBatchRequest.completions:type_name -> norn.v1.CompleteRequest
+	21, // 12: norn.v1.CompleteBatchResponse.results:type_name -> norn.v1.CompletionResult
+	40, // 13: norn.v1.AbortRequest.errors:type_name -> norn.v1.TaskError
+	0,  // 14: norn.v1.BulkActionRequest.action:type_name -> norn.v1.BulkActionRequest.Action
+	36, // 15: norn.v1.BulkActionRequest.status:type_name -> norn.v1.TaskStatus
+	39, // 16: norn.v1.BulkActionRequest.created_after:type_name -> google.protobuf.Timestamp
+	39, // 17: norn.v1.BulkActionRequest.created_before:type_name -> google.protobuf.Timestamp
+	31, // 18: norn.v1.BulkActionResponse.failures:type_name -> norn.v1.BulkFailure
+	1,  // 19: norn.v1.TaskService.Enqueue:input_type -> norn.v1.EnqueueRequest
+	3,  // 20: norn.v1.TaskService.EnqueueBatch:input_type -> norn.v1.EnqueueBatchRequest
+	5,  // 21: norn.v1.TaskService.GetTask:input_type -> norn.v1.GetTaskRequest
+	7,  // 22: norn.v1.TaskService.ListTasks:input_type -> norn.v1.ListTasksRequest
+	9,  // 23: norn.v1.TaskService.CountTasks:input_type -> norn.v1.CountTasksRequest
+	11, // 24: norn.v1.TaskService.Claim:input_type -> norn.v1.ClaimRequest
+	13, // 25: norn.v1.TaskService.Renew:input_type -> norn.v1.RenewRequest
+	15, // 26: norn.v1.TaskService.Update:input_type -> norn.v1.UpdateRequest
+	17, // 27: norn.v1.TaskService.Complete:input_type -> norn.v1.CompleteRequest
+	19, // 28: norn.v1.TaskService.CompleteBatch:input_type -> norn.v1.CompleteBatchRequest
+	22, // 29: norn.v1.TaskService.Abort:input_type -> norn.v1.AbortRequest
+	24, // 30: norn.v1.TaskService.Yield:input_type -> norn.v1.YieldRequest
+	26, // 31: norn.v1.TaskService.Cancel:input_type -> norn.v1.CancelRequest
+	28, // 32: norn.v1.TaskService.Retry:input_type -> norn.v1.RetryRequest
+	29, // 33: norn.v1.TaskService.BulkAction:input_type -> norn.v1.BulkActionRequest
+	2,  // 34: norn.v1.TaskService.Enqueue:output_type -> norn.v1.EnqueueResponse
+	4,  // 35: norn.v1.TaskService.EnqueueBatch:output_type -> norn.v1.EnqueueBatchResponse
+	6,  // 36: norn.v1.TaskService.GetTask:output_type -> norn.v1.GetTaskResponse
+	8,  // 37: norn.v1.TaskService.ListTasks:output_type -> norn.v1.ListTasksResponse
+	10, // 38: norn.v1.TaskService.CountTasks:output_type -> norn.v1.CountTasksResponse
+	12, // 39: norn.v1.TaskService.Claim:output_type -> norn.v1.ClaimResponse
+	14, // 40: norn.v1.TaskService.Renew:output_type -> norn.v1.RenewResponse
+	16, // 41: norn.v1.TaskService.Update:output_type -> norn.v1.UpdateResponse
+	18, // 42: norn.v1.TaskService.Complete:output_type -> norn.v1.CompleteResponse
+	20, // 43: norn.v1.TaskService.CompleteBatch:output_type -> norn.v1.CompleteBatchResponse
+	23, // 44: norn.v1.TaskService.Abort:output_type -> norn.v1.AbortResponse
+	25, // 45: norn.v1.TaskService.Yield:output_type -> norn.v1.YieldResponse
+	27, // 46: norn.v1.TaskService.Cancel:output_type -> norn.v1.CancelResponse
+	32, // 47: norn.v1.TaskService.Retry:output_type -> norn.v1.RetryResponse
+	30, // 48: norn.v1.TaskService.BulkAction:output_type -> norn.v1.BulkActionResponse
+	34, // [34:49] is the sub-list for method output_type
+	19, // [19:34] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_task_service_proto_init() }
@@ -2064,13 +2428,14 @@ func file_norn_v1_task_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_task_service_proto_rawDesc), len(file_norn_v1_task_service_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   30,
+			NumEnums:      1,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_norn_v1_task_service_proto_goTypes,
 		DependencyIndexes: file_norn_v1_task_service_proto_depIdxs,
+		EnumInfos:         file_norn_v1_task_service_proto_enumTypes,
 		MessageInfos:      file_norn_v1_task_service_proto_msgTypes,
 	}.Build()
 	File_norn_v1_task_service_proto = out.File

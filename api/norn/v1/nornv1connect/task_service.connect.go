@@ -66,6 +66,8 @@ const (
 	TaskServiceCancelProcedure = "/norn.v1.TaskService/Cancel"
 	// TaskServiceRetryProcedure is the fully-qualified name of the TaskService's Retry RPC.
 	TaskServiceRetryProcedure = "/norn.v1.TaskService/Retry"
+	// TaskServiceBulkActionProcedure is the fully-qualified name of the TaskService's BulkAction RPC.
+	TaskServiceBulkActionProcedure = "/norn.v1.TaskService/BulkAction"
 )
 
 // TaskServiceClient is a client for the norn.v1.TaskService service.
@@ -122,6 +124,14 @@ type TaskServiceClient interface {
 	// terminal. With `life` set, a Retry of a life that was retried already
 	// succeeds and changes nothing, so retries are safe.
 	Retry(context.Context, *connect.Request[v1.RetryRequest]) (*connect.Response[v1.RetryResponse], error)
+	// BulkAction retries or cancels, one page at a time, the tasks of a
+	// queue that match filters (status, creation time, error text): each
+	// call lists one page (as ListTasks) and acts on its matching tasks,
+	// and answers counts and the token of the next page, so a long run is
+	// resumable and shows its progress. Safe to run twice: a task already
+	// retried (the life it was listed in has ended) or cancelled counts as
+	// skipped. Admin only (docs/SECURITY.md); every call is audited.
+	BulkAction(context.Context, *connect.Request[v1.BulkActionRequest]) (*connect.Response[v1.BulkActionResponse], error)
 }
 
 // NewTaskServiceClient constructs a client for the norn.v1.TaskService service. By default, it uses
@@ -219,6 +229,12 @@ func NewTaskServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(taskServiceMethods.ByName("Retry")),
 			connect.WithClientOptions(opts...),
 		),
+		bulkAction: connect.NewClient[v1.BulkActionRequest, v1.BulkActionResponse](
+			httpClient,
+			baseURL+TaskServiceBulkActionProcedure,
+			connect.WithSchema(taskServiceMethods.ByName("BulkAction")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -238,6 +254,7 @@ type taskServiceClient struct {
 	yield         *connect.Client[v1.YieldRequest, v1.YieldResponse]
 	cancel        *connect.Client[v1.CancelRequest, v1.CancelResponse]
 	retry         *connect.Client[v1.RetryRequest, v1.RetryResponse]
+	bulkAction    *connect.Client[v1.BulkActionRequest, v1.BulkActionResponse]
 }
 
 // Enqueue calls norn.v1.TaskService.Enqueue.
@@ -310,6 +327,11 @@ func (c *taskServiceClient) Retry(ctx context.Context, req *connect.Request[v1.R
 	return c.retry.CallUnary(ctx, req)
 }
 
+// BulkAction calls norn.v1.TaskService.BulkAction.
+func (c *taskServiceClient) BulkAction(ctx context.Context, req *connect.Request[v1.BulkActionRequest]) (*connect.Response[v1.BulkActionResponse], error) {
+	return c.bulkAction.CallUnary(ctx, req)
+}
+
 // TaskServiceHandler is an implementation of the norn.v1.TaskService service.
 type TaskServiceHandler interface {
 	// Enqueue stores one new task and returns its id.
@@ -364,6 +386,14 @@ type TaskServiceHandler interface {
 	// terminal. With `life` set, a Retry of a life that was retried already
 	// succeeds and changes nothing, so retries are safe.
 	Retry(context.Context, *connect.Request[v1.RetryRequest]) (*connect.Response[v1.RetryResponse], error)
+	// BulkAction retries or cancels, one page at a time, the tasks of a
+	// queue that match filters (status, creation time, error text): each
+	// call lists one page (as ListTasks) and acts on its matching tasks,
+	// and answers counts and the token of the next page, so a long run is
+	// resumable and shows its progress. Safe to run twice: a task already
+	// retried (the life it was listed in has ended) or cancelled counts as
+	// skipped. Admin only (docs/SECURITY.md); every call is audited.
+	BulkAction(context.Context, *connect.Request[v1.BulkActionRequest]) (*connect.Response[v1.BulkActionResponse], error)
 }
 
 // NewTaskServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -457,6 +487,12 @@ func NewTaskServiceHandler(svc TaskServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(taskServiceMethods.ByName("Retry")),
 		connect.WithHandlerOptions(opts...),
 	)
+	taskServiceBulkActionHandler := connect.NewUnaryHandler(
+		TaskServiceBulkActionProcedure,
+		svc.BulkAction,
+		connect.WithSchema(taskServiceMethods.ByName("BulkAction")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/norn.v1.TaskService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case TaskServiceEnqueueProcedure:
@@ -487,6 +523,8 @@ func NewTaskServiceHandler(svc TaskServiceHandler, opts ...connect.HandlerOption
 			taskServiceCancelHandler.ServeHTTP(w, r)
 		case TaskServiceRetryProcedure:
 			taskServiceRetryHandler.ServeHTTP(w, r)
+		case TaskServiceBulkActionProcedure:
+			taskServiceBulkActionHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -550,4 +588,8 @@ func (UnimplementedTaskServiceHandler) Cancel(context.Context, *connect.Request[
 
 func (UnimplementedTaskServiceHandler) Retry(context.Context, *connect.Request[v1.RetryRequest]) (*connect.Response[v1.RetryResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.TaskService.Retry is not implemented"))
+}
+
+func (UnimplementedTaskServiceHandler) BulkAction(context.Context, *connect.Request[v1.BulkActionRequest]) (*connect.Response[v1.BulkActionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.TaskService.BulkAction is not implemented"))
 }
