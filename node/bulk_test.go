@@ -10,8 +10,8 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/access"
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 )
 
 // TaskService.BulkAction retries or cancels a queue's matching tasks a
