@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/norn-dev/norn/access"
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 )
 
@@ -18,25 +16,7 @@ import (
 // page at a time, safe to run twice; it is for admins of the queue only,
 // and names its bad fields.
 func TestBulkAction(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "auth.json")
-	tok, entry := access.NewToken("alice", time.Now())
-	admTok, admEntry := access.NewToken("root", time.Now())
-	mine := []string{"mine"}
-	f := &access.File{
-		Users: map[string]access.User{
-			"alice": {Grants: []access.Grant{{Role: access.RoleProducer, Queues: mine}, {Role: access.RoleWorker, Queues: mine}}},
-			"root":  {Grants: []access.Grant{{Role: access.RoleAdmin}}},
-		},
-		Tokens: []access.TokenEntry{entry, admEntry},
-	}
-	if err := f.Write(path); err != nil {
-		t.Fatal(err)
-	}
-	rules, err := access.LoadRules(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHarnessWith(t, t.TempDir(), nil, func(c *Config) { c.Auth = rules })
+	h, tok, admTok := aliceAndRoot(t)
 	ctx := context.Background()
 	as := func(token string, m *nornv1.BulkActionRequest) (*nornv1.BulkActionResponse, error) {
 		req := connect.NewRequest(m)
@@ -69,7 +49,7 @@ func TestBulkAction(t *testing.T) {
 	}
 	retry := &nornv1.BulkActionRequest{Action: nornv1.BulkActionRequest_ACTION_RETRY, Queue: "mine",
 		Status: nornv1.TaskStatus_TASK_STATUS_ABORTED, ErrorContains: "timeout", PageSize: 1}
-	_, err = as(tok, retry)
+	_, err := as(tok, retry)
 	wantCode(t, err, connect.CodePermissionDenied)
 
 	run := func(m *nornv1.BulkActionRequest) (matched, done, skipped uint32) {

@@ -23,25 +23,7 @@ import (
 // differently, "task [5555]" against "task 5556", and dependsOn refused
 // a missing task with another answer.)
 func TestRefusalDoesNotTellWhetherATaskExists(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "auth.json")
-	tok, entry := access.NewToken("alice", time.Now())
-	admTok, admEntry := access.NewToken("root", time.Now())
-	mine := []string{"mine"}
-	f := &access.File{
-		Users: map[string]access.User{
-			"alice": {Grants: []access.Grant{{Role: access.RoleProducer, Queues: mine}, {Role: access.RoleWorker, Queues: mine}, {Role: access.RoleReader, Queues: mine}}},
-			"root":  {Grants: []access.Grant{{Role: access.RoleAdmin}}},
-		},
-		Tokens: []access.TokenEntry{entry, admEntry},
-	}
-	if err := f.Write(path); err != nil {
-		t.Fatal(err)
-	}
-	rules, err := access.LoadRules(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHarnessWith(t, t.TempDir(), nil, func(c *Config) { c.Auth = rules })
+	h, tok, admTok := aliceAndRoot(t)
 	ctx := context.Background()
 	theirs := func() uint64 {
 		req := connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "theirs"}})
@@ -98,6 +80,31 @@ func TestRefusalDoesNotTellWhetherATaskExists(t *testing.T) {
 			t.Errorf("%s: %v, want PERMISSION_DENIED", name, a)
 		}
 	}
+}
+
+// aliceAndRoot starts a node with an access file: alice may produce,
+// work and read on queue "mine" (tok), root is an admin (admTok).
+func aliceAndRoot(t *testing.T) (h *harness, tok, admTok string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "auth.json")
+	tok, entry := access.NewToken("alice", time.Now())
+	admTok, admEntry := access.NewToken("root", time.Now())
+	mine := []string{"mine"}
+	f := &access.File{
+		Users: map[string]access.User{
+			"alice": {Grants: []access.Grant{{Role: access.RoleProducer, Queues: mine}, {Role: access.RoleWorker, Queues: mine}, {Role: access.RoleReader, Queues: mine}}},
+			"root":  {Grants: []access.Grant{{Role: access.RoleAdmin}}},
+		},
+		Tokens: []access.TokenEntry{entry, admEntry},
+	}
+	if err := f.Write(path); err != nil {
+		t.Fatal(err)
+	}
+	rules, err := access.LoadRules(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newHarnessWith(t, t.TempDir(), nil, func(c *Config) { c.Auth = rules }), tok, admTok
 }
 
 // call makes one call of f with msg as the holder of token.
