@@ -146,7 +146,7 @@ func (s *Store) ApplyClaimFSM(p uint16, u ClaimFSMUpdate, sync bool) error {
 		return fmt.Errorf("storage: commit claim FSM of partition %d: %w", p, err)
 	}
 	s.rows.apply(sb.ops)
-	s.due.lower(sb.ops)
+	s.terminal.lower(sb.ops)
 	s.applyIndex(changes)
 	unlock()
 	s.announceReady(changes)
@@ -354,7 +354,7 @@ func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, l
 	}
 	s.rows.forgetRecords(p) // the range delete above is not in sb.ops
 	s.rows.apply(sb.ops)
-	s.due.lower(sb.ops)
+	s.terminal.lower(sb.ops)
 	s.applyIndex(changes)
 	unlock()
 	s.announceReady(changes)
@@ -411,7 +411,7 @@ func (s *Store) commitMoves(p uint16, ids []uint64, fill func(b *sortedBatch) ([
 		s.notifyDigests(*digests)
 	}
 	s.rows.apply(sb.ops)
-	s.due.lower(sb.ops)
+	s.terminal.lower(sb.ops)
 	s.applyIndex(changes)
 	unlock()
 	s.announceReady(changes)

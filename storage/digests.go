@@ -1,10 +1,8 @@
 package storage
 
 import (
-	"errors"
 	"slices"
 	"sync"
-	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -187,73 +185,6 @@ func (s *Store) lockAll() (unlock func()) {
 	return func() {
 		for i := range s.stripes {
 			s.stripes[i].Unlock()
-		}
-	}
-}
-
-// deleteHorizon is the discard rule of retention: a state whose deciding
-// terminal event is before the horizon counts as deleted. A merge of such
-// a state into a replica that does not hold the task stores nothing, so a
-// stale copy (read repair, a late write, anti-entropy from a replica that
-// has not deleted it yet) never brings a deleted task back.
-type deleteHorizon struct{ ms atomic.Int64 }
-
-// RaiseDeleteHorizon raises the store's delete horizon (Unix ms) to ms; it
-// never lowers it. The node raises it to now - retention on every retention
-// pass, and anti-entropy to the horizon both replicas agreed on. It is kept
-// in memory: after a restart the first retention pass sets it again.
-func (s *Store) RaiseDeleteHorizon(ms int64) {
-	for {
-		cur := s.deleteHorizon.ms.Load()
-		if ms <= cur || s.deleteHorizon.ms.CompareAndSwap(cur, ms) {
-			return
-		}
-	}
-}
-
-// DeleteHorizon returns the store's delete horizon (Unix ms; 0 before the
-// first RaiseDeleteHorizon).
-func (s *Store) DeleteHorizon() int64 { return s.deleteHorizon.ms.Load() }
-
-// pastHorizon reports whether t is terminal with its deciding event before
-// the delete horizon.
-func (s *Store) pastHorizon(t *crdt.Task) bool {
-	ev, ok := t.Terminal()
-	return ok && ev.At.WallMs < s.deleteHorizon.ms.Load()
-}
-
-// DeleteTerminalBefore raises the delete horizon to ms and deletes every
-// terminal task of partition p whose deciding terminal event is before ms,
-// in batches of batch. It returns how many it deleted. The claim FSM's
-// records are not touched: forget, if not nil, runs before each batch is
-// deleted (the partition's leader forgets their records through Raft) and
-// its error stops the deletion.
-func (s *Store) DeleteTerminalBefore(p uint16, ms int64, batch int, forget func(ids []uint64) error) (int, error) {
-	if batch <= 0 {
-		return 0, errors.New("storage: DeleteTerminalBefore batch must be positive")
-	}
-	s.RaiseDeleteHorizon(ms)
-	deleted := 0
-	for {
-		due, err := s.TerminalBefore(p, ms-1, batch)
-		if err != nil || len(due) == 0 {
-			return deleted, err
-		}
-		ids := make([]uint64, len(due))
-		for i, d := range due {
-			ids[i] = d.ID
-		}
-		if forget != nil {
-			if err := forget(ids); err != nil {
-				return deleted, err
-			}
-		}
-		if err := s.DeleteTasks(p, ids); err != nil {
-			return deleted, err
-		}
-		deleted += len(ids)
-		if len(due) < batch {
-			return deleted, nil
 		}
 	}
 }

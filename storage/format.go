@@ -23,7 +23,10 @@ import (
 // 5: nor are the delayed and claimed indexes (tagDelayed, tagClaimed).
 // 6: the queue index (tagQueue) is kept; an upgrade builds it from the
 // task keys (upgradeQueueIndex).
-const formatVersion = 6
+// 7: the retention index is per queue (tagTerminalQ replaces
+// tagTerminal); an upgrade builds it from the task keys
+// (upgradeTerminalIndex).
+const formatVersion = 7
 
 var formatKey = []byte("\xff\xff\xffformat")
 
@@ -32,7 +35,8 @@ var formatKey = []byte("\xff\xff\xffformat")
 // from the stored tasks, partition by partition; one before format 3 has
 // its segment index keys deleted, one before format 5 its ready, delayed
 // and claimed index keys; one before format 6 gets its queue index built
-// from the stored tasks; then the key. A crash before the key is written
+// from the stored tasks, one before 7 its per-queue retention index; then
+// the key. A crash before the key is written
 // starts the upgrade over (each step can run again).
 func (s *Store) upgrade() error {
 	v, err := s.get(formatKey)
@@ -78,6 +82,11 @@ func (s *Store) upgrade() error {
 	}
 	if from < 6 {
 		if err := s.upgradeQueueIndex(); err != nil {
+			return err
+		}
+	}
+	if from < 7 {
+		if err := s.upgradeTerminalIndex(); err != nil {
 			return err
 		}
 	}

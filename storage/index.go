@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -289,41 +288,9 @@ func (s *Store) dueBefore(p uint16, tag byte, ms int64, limit int) ([]DueEntry, 
 	if ms < 0 {
 		return nil, nil
 	}
-	if tag == tagDelayed || tag == tagClaimed || tag == tagDeadline {
-		x := s.timeIndex(p, tag, false)
-		if x == nil {
-			return nil, nil
-		}
-		return x.before(ms, limit), nil
-	}
-	k := dueKey{p, tag}
-	skip, version := s.due.nothingDue(k, ms)
-	if skip {
+	x := s.timeIndex(p, tag, false)
+	if x == nil {
 		return nil, nil
 	}
-	start, end := tagSpan(p, tag)
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: start, UpperBound: end})
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
-	var out []DueEntry
-	next := int64(emptyIndex) // the earliest time in the index
-	for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
-		k := it.Key()
-		if len(k) != 3+8+8 {
-			return nil, corrupt(k, "bad time index key")
-		}
-		e := DueEntry{ID: idFromKey(k), AtMs: int64(binary.BigEndian.Uint64(k[3:11]))}
-		next = min(next, e.AtMs)
-		if e.AtMs > ms {
-			break
-		}
-		out = append(out, e)
-	}
-	if err := it.Error(); err != nil {
-		return nil, err
-	}
-	s.due.raise(k, version, next)
-	return out, nil
+	return x.before(ms, limit), nil
 }

@@ -9,19 +9,20 @@ import (
 // Key tags: the byte after the 2-byte partition. See the package doc for the
 // full layout.
 const (
-	tagTask     byte = 0x01 // id -> canonical crdt.Task encoding
-	tagReady    byte = 0x02 // retired in format 4: queue 0x00 prio id -> empty
-	tagDelayed  byte = 0x03 // retired in format 5: notBefore id -> empty
-	tagClaimed  byte = 0x04 // retired in format 5: expiry id -> empty
-	tagSegment  byte = 0x05 // retired in format 3: segment id -> digest
-	tagMeta     byte = 0x06 // id -> local index state
-	tagTerminal byte = 0x07 // terminalMs id -> empty (retention)
-	tagCount    byte = 0x08 // queue 0x00 class -> int64 counter (merged)
-	tagWaiting  byte = 0x09 // id -> empty: ready with dependencies
-	tagQueue    byte = 0x0a // queue 0x00 id -> empty: the queue index (format 6)
-	tagRaftLog  byte = 0x10 // used by RaftStore
-	tagRaftKV   byte = 0x11 // used by RaftStore
-	tagClaimFSM byte = 0x12 // reserved for the claim FSM (claims/)
+	tagTask      byte = 0x01 // id -> canonical crdt.Task encoding
+	tagReady     byte = 0x02 // retired in format 4: queue 0x00 prio id -> empty
+	tagDelayed   byte = 0x03 // retired in format 5: notBefore id -> empty
+	tagClaimed   byte = 0x04 // retired in format 5: expiry id -> empty
+	tagSegment   byte = 0x05 // retired in format 3: segment id -> digest
+	tagMeta      byte = 0x06 // id -> local index state
+	tagTerminal  byte = 0x07 // retired in format 7: terminalMs id -> empty (retention)
+	tagCount     byte = 0x08 // queue 0x00 class -> int64 counter (merged)
+	tagWaiting   byte = 0x09 // id -> empty: ready with dependencies
+	tagQueue     byte = 0x0a // queue 0x00 id -> empty: the queue index (format 6)
+	tagTerminalQ byte = 0x0b // queue 0x00 terminalMs id -> empty: the retention index (format 7)
+	tagRaftLog   byte = 0x10 // used by RaftStore
+	tagRaftKV    byte = 0x11 // used by RaftStore
+	tagClaimFSM  byte = 0x12 // reserved for the claim FSM (claims/)
 )
 
 // tagDeadline names the in-memory deadline index (deadline id), kept

@@ -235,7 +235,7 @@ func TestUpgradeBuildsQueueIndex(t *testing.T) {
 		}
 	}
 	v, err := s2.get(formatKey)
-	if err != nil || len(v) != 4 || v[3] != formatVersion || formatVersion != 6 {
+	if err != nil || len(v) != 4 || v[3] != formatVersion || formatVersion != 7 {
 		t.Fatalf("format key %x, %v", v, err)
 	}
 }

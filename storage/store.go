@@ -100,11 +100,11 @@ type Store struct {
 
 	horizons       idHorizons // ids above which no task or meta is stored
 	digests        digestSinks
-	deleteHorizon  deleteHorizon
+	deleteHorizon  deleteHorizons
 	recordHorizons idHorizons // ids above which no claim FSM record is stored
 
-	rows *rowCache // nil when Config.TaskCacheRows < 0
-	due  dueTable  // lower bounds of the time indexes' earliest keys
+	rows     *rowCache      // nil when Config.TaskCacheRows < 0
+	terminal terminalBounds // each queue's earliest retention key, per partition
 
 	readyMu sync.RWMutex             // guards the maps of the in-memory indexes
 	ready   map[queueKey]*readyQueue // the ready index
@@ -216,7 +216,7 @@ func (s *Store) DropPartition(p uint16) error {
 		return fmt.Errorf("storage: drop partition %d: %w", p, err)
 	}
 	s.rows.dropPartition(p)
-	s.due.forget(p)
+	s.terminal.forget(p)
 	s.dropIndexes(p)
 	return nil
 }

@@ -256,7 +256,7 @@ func checkIndexes(t testing.TB, s *Store, p uint16) {
 			t.Fatalf("task %d: index state %v, terminal=%v spec=%v", st.Task.ID, st.Index, terminal, st.Task.Spec != nil)
 		}
 	})
-	for _, tag := range []byte{tagReady, tagDelayed, tagClaimed, tagSegment, tagTerminal, tagQueue} {
+	for _, tag := range []byte{tagReady, tagDelayed, tagClaimed, tagSegment, tagTerminal, tagTerminalQ, tagQueue} {
 		lo, hi := tagSpan(p, tag)
 		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 		if err != nil {

@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"bytes"
 	"fmt"
 	"slices"
 
@@ -108,7 +107,7 @@ func (s *Store) mergeTasks(items []MergeItem, sync bool) ([]MergeResult, error) 
 	if err == nil {
 		s.notifyDigests(digests)
 		s.rows.apply(ops)
-		s.due.lower(ops)
+		s.terminal.lower(ops)
 		s.applyIndex(changes)
 	}
 	unlock()
@@ -262,45 +261,6 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		return nil, nil, nil, nil, nil, err
 	}
 	return results, batch, sb.ops, changes, digests, nil
-}
-
-// terminalKey is the retention index key of a terminal task: the wall time
-// of its deciding terminal event, then its id. nil when not terminal.
-func terminalKey(p uint16, t *crdt.Task) []byte {
-	ev, ok := t.Terminal()
-	if !ok {
-		return nil
-	}
-	return timeIDKey(p, tagTerminal, ev.At.WallMs, t.ID)
-}
-
-// moveTerminalKey keeps the retention index in step with a merge (an
-// earlier terminal event arriving later moves the key).
-func moveTerminalKey(b *sortedBatch, p uint16, id uint64, old *StoredTask, out *crdt.Task) error {
-	var oldKey []byte
-	if old != nil {
-		oldKey = terminalKey(p, old.Task)
-	}
-	newKey := terminalKey(p, out)
-	if bytes.Equal(oldKey, newKey) {
-		return nil
-	}
-	if oldKey != nil {
-		if err := b.Delete(oldKey); err != nil {
-			return err
-		}
-	}
-	if newKey != nil {
-		return b.Set(newKey, nil)
-	}
-	return nil
-}
-
-// TerminalBefore returns up to limit terminal tasks of partition p whose
-// deciding terminal event is at or before ms, oldest first: the candidates
-// for deletion after retention.
-func (s *Store) TerminalBefore(p uint16, ms int64, limit int) ([]DueEntry, error) {
-	return s.dueBefore(p, tagTerminal, ms, limit)
 }
 
 // DeleteTasks deletes tasks of partition p: their state, meta, index
