@@ -77,6 +77,16 @@
 // the roots are compared, and neither stores a pulled or pushed state that
 // is past it.
 //
+// A queue may have a retention of its own (QueueSettings.retention): its
+// horizon is then its own (ReplicaConfig.QueueHorizons), and a round
+// agrees on each queue's, the later of the two sides', the same way. A
+// pair that would apply different settings (one side names a queue's
+// retention the other does not know yet) would keep different tasks, so
+// when either side has a queue horizon both must hold the same version
+// of the queue settings table; otherwise the receiver refuses the round
+// (ErrQueuesVersion) and the scheduler tries again soon, once gossip has
+// brought the newer table (seconds).
+//
 // # Scheduler
 //
 // A Scheduler is one node's anti-entropy: it owns the node's Replica and

@@ -10,6 +10,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/storage"
 )
 
 // Peer is the other replica of an exchange: the node reaches it over
@@ -64,7 +65,8 @@ func (r *Replica) Exchange(ctx context.Context, peer Peer, parts []uint16, opt O
 	if len(parts) == 0 {
 		return st, nil
 	}
-	req := &nornv1.TreeRootsRequest{DeleteHorizonMs: r.horizon(), LeafBits: uint32(r.leafBits)}
+	mine, version := r.horizons()
+	req := &nornv1.TreeRootsRequest{DeleteHorizonMs: mine.Default, QueueDeleteHorizonsMs: mine.Queues, QueuesVersion: version, LeafBits: uint32(r.leafBits)}
 	trees := make([]*Tree, len(parts))
 	for i, p := range parts {
 		if trees[i] = r.Tree(p); trees[i] == nil {
@@ -80,7 +82,7 @@ func (r *Replica) Exchange(ctx context.Context, peer Peer, parts []uint16, opt O
 		return st, fmt.Errorf("antientropy: TreeRoots answered %d roots for %d partitions", len(resp.Roots), len(parts))
 	}
 	// Both sides delete what is past the agreed horizon before comparing.
-	if _, err := r.agree(parts, resp.DeleteHorizonMs); err != nil {
+	if _, err := r.agree(parts, storage.Horizons{Default: resp.DeleteHorizonMs, Queues: resp.QueueDeleteHorizonsMs}, version); err != nil {
 		return st, err
 	}
 	st.Partitions = len(parts)

@@ -458,7 +458,7 @@ func TestExchangeRetention(t *testing.T) {
 // nor a pushed one is stored by a replica whose delete horizon is later.
 func TestExchangeStaleStateNotStored(t *testing.T) {
 	const old, late, early = t0 - 10_000, t0 - 5_000, t0 - 20_000
-	noExpire := func(uint16, int64) error { return nil }
+	noExpire := func(uint16, storage.Horizons) error { return nil }
 	id := uint64(42)
 	stale := []*crdt.Task{newTask(id), terminalOf(id, old, crdt.Cancelled, 0)}
 	live := newTask(43)

@@ -81,7 +81,7 @@ func answer[Req, Resp any](req *Req, serve func(*Req) (*Resp, error)) (*Resp, er
 		return resp, nil
 	case errors.As(err, &ce):
 		return nil, err
-	case errors.Is(err, ErrNotReplicated), errors.Is(err, ErrTreeSize):
+	case errors.Is(err, ErrNotReplicated), errors.Is(err, ErrTreeSize), errors.Is(err, ErrQueuesVersion):
 		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
 	default:
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)

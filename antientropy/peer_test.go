@@ -49,8 +49,10 @@ type side struct {
 // that never expires anything.
 type sideConfig struct {
 	leafBits int
-	horizon  int64                          // returned by Horizon
-	expire   func(p uint16, ms int64) error // nil: the default (DeleteTerminalBefore)
+	horizon  int64                                    // returned by Horizon
+	expire   func(p uint16, h storage.Horizons) error // nil: the default (DeleteExpired)
+	queues   map[string]int64                         // returned by QueueHorizons
+	version  uint64                                   // returned by QueueHorizons
 }
 
 // newSide opens a store and a Replica tracking parts (none added when
@@ -59,7 +61,8 @@ func newSide(tb testing.TB, cfg sideConfig, parts ...uint16) *side {
 	tb.Helper()
 	s := openStore(tb)
 	r, err := NewReplica(ReplicaConfig{Store: s, LeafBits: cfg.leafBits,
-		Horizon: func() int64 { return cfg.horizon }, Expire: cfg.expire})
+		Horizon: func() int64 { return cfg.horizon }, Expire: cfg.expire,
+		QueueHorizons: func() (map[string]int64, uint64) { return cfg.queues, cfg.version }})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -38,10 +38,13 @@ type Replica struct {
 	// horizon returns this node's retention horizon (Unix ms): now minus
 	// the retention.
 	horizon func() int64
-	// expire deletes partition p's terminal tasks older than ms (and
-	// whatever else the node ties to that, such as the claim FSM's
-	// records). Default: the store's DeleteTerminalBefore.
-	expire func(p uint16, ms int64) error
+	// queueHorizons returns this node's horizons of the queues with a
+	// retention of their own, and its queue settings' version.
+	queueHorizons func() (map[string]int64, uint64)
+	// expire deletes partition p's terminal tasks past their queue's
+	// horizon (and whatever else the node ties to that, such as the
+	// claim FSM's records). Default: the store's DeleteExpired.
+	expire func(p uint16, h storage.Horizons) error
 	// merge joins states of partition p into the store.
 	merge func(p uint16, tasks []*crdt.Task) error
 
@@ -58,9 +61,13 @@ type ReplicaConfig struct {
 	// Horizon returns the node's retention horizon (Unix ms): terminal
 	// tasks older than it count as deleted. Required.
 	Horizon func() int64
-	// Expire deletes partition p's terminal tasks older than ms; nil uses
-	// storage.Store.DeleteTerminalBefore.
-	Expire func(p uint16, ms int64) error
+	// QueueHorizons returns the node's horizons (Unix ms) of the queues
+	// with a retention of their own, and the version of the queue
+	// settings they come from; nil: none.
+	QueueHorizons func() (map[string]int64, uint64)
+	// Expire deletes partition p's terminal tasks past their queue's
+	// horizon in h; nil uses storage.Store.DeleteExpired.
+	Expire func(p uint16, h storage.Horizons) error
 	// Merge joins pulled states of partition p into this replica; nil
 	// uses storage.Store.MergeTasks. The node also reacts to what arrives
 	// (a terminal event ends a claim on the leader).
@@ -78,11 +85,14 @@ func NewReplica(cfg ReplicaConfig) (*Replica, error) {
 	if cfg.LeafBits < MinLeafBits || cfg.LeafBits > MaxLeafBits {
 		return nil, fmt.Errorf("antientropy: LeafBits %d: want %d to %d", cfg.LeafBits, MinLeafBits, MaxLeafBits)
 	}
-	r := &Replica{store: cfg.Store, leafBits: cfg.LeafBits, horizon: cfg.Horizon, expire: cfg.Expire,
-		merge: cfg.Merge, trees: make(map[uint16]*Tree)}
+	r := &Replica{store: cfg.Store, leafBits: cfg.LeafBits, horizon: cfg.Horizon, queueHorizons: cfg.QueueHorizons,
+		expire: cfg.Expire, merge: cfg.Merge, trees: make(map[uint16]*Tree)}
+	if r.queueHorizons == nil {
+		r.queueHorizons = func() (map[string]int64, uint64) { return nil, 0 }
+	}
 	if r.expire == nil {
-		r.expire = func(p uint16, ms int64) error {
-			_, err := cfg.Store.DeleteTerminalBefore(p, ms, 1000, nil)
+		r.expire = func(p uint16, h storage.Horizons) error {
+			_, err := cfg.Store.DeleteExpired(p, h, 1000, nil)
 			return err
 		}
 	}
@@ -156,14 +166,31 @@ func (r *Replica) tree(p uint32) (*Tree, error) {
 	return t, nil
 }
 
-// agree applies the later of the caller's horizon and this node's to the
-// partitions: it deletes their terminal tasks older than it. It returns
-// the horizon used.
-func (r *Replica) agree(parts []uint16, theirs int64) (int64, error) {
-	h := max(theirs, r.horizon())
+// ErrQueuesVersion is returned when two replicas that must agree on
+// their queue settings (a queue has a retention of its own) hold
+// different versions of them. The round is skipped; gossip brings the
+// newer table within seconds.
+var ErrQueuesVersion = errors.New("antientropy: queue settings versions differ")
+
+// horizons returns this node's horizons and queue settings version.
+func (r *Replica) horizons() (storage.Horizons, uint64) {
+	q, v := r.queueHorizons()
+	return storage.Horizons{Default: r.horizon(), Queues: q}, v
+}
+
+// agree applies the later of the caller's horizons and this node's to
+// the partitions: it deletes their terminal tasks past them. It returns
+// the horizons used. Per-queue horizons need both sides on one version
+// of the queue settings (theirsVersion; ErrQueuesVersion otherwise).
+func (r *Replica) agree(parts []uint16, theirs storage.Horizons, theirsVersion uint64) (storage.Horizons, error) {
+	mine, v := r.horizons()
+	if (len(mine.Queues) > 0 || len(theirs.Queues) > 0) && v != theirsVersion {
+		return storage.Horizons{}, fmt.Errorf("queues_version: %d, this node's %d: %w", theirsVersion, v, ErrQueuesVersion)
+	}
+	h := mine.Later(theirs)
 	for _, p := range parts {
 		if err := r.expire(p, h); err != nil {
-			return 0, fmt.Errorf("partition %d: expiring before %d: %w", p, h, err)
+			return storage.Horizons{}, fmt.Errorf("partition %d: expiring before %+v: %w", p, h, err)
 		}
 	}
 	return h, nil
@@ -191,11 +218,11 @@ func (r *Replica) ServeTreeRoots(req *nornv1.TreeRootsRequest) (*nornv1.TreeRoot
 		}
 		parts[i], trees[i] = uint16(p), t
 	}
-	h, err := r.agree(parts, req.DeleteHorizonMs)
+	h, err := r.agree(parts, storage.Horizons{Default: req.DeleteHorizonMs, Queues: req.QueueDeleteHorizonsMs}, req.QueuesVersion)
 	if err != nil {
 		return nil, err
 	}
-	resp := &nornv1.TreeRootsResponse{DeleteHorizonMs: h, Roots: make([]uint64, len(parts))}
+	resp := &nornv1.TreeRootsResponse{DeleteHorizonMs: h.Default, QueueDeleteHorizonsMs: h.Queues, Roots: make([]uint64, len(parts))}
 	for i, t := range trees {
 		resp.Roots[i] = t.Root()
 	}

@@ -314,10 +314,12 @@ func (s *Scheduler) exchange(r *cluster.Ring, peerID string, parts []uint16, lim
 	}
 	switch {
 	case err == nil || errors.Is(err, context.Canceled):
-	case connect.CodeOf(err) == connect.CodeUnavailable, errors.Is(err, ErrNotReplicated),
-		connect.CodeOf(err) == connect.CodeFailedPrecondition && strings.Contains(err.Error(), ErrNotReplicated.Error()):
-		// The peer is starting, or has not adopted the ring yet (a
-		// partition moves): a round soon will do.
+	case connect.CodeOf(err) == connect.CodeUnavailable, errors.Is(err, ErrNotReplicated), errors.Is(err, ErrQueuesVersion),
+		connect.CodeOf(err) == connect.CodeFailedPrecondition && (strings.Contains(err.Error(), ErrNotReplicated.Error()) ||
+			strings.Contains(err.Error(), ErrQueuesVersion.Error())):
+		// The peer is starting, or has not adopted the ring (a
+		// partition moves) or the queue settings (a queue's retention
+		// changed) yet: a round soon will do.
 		s.cfg.Logger.InfoContext(ctx, "anti-entropy peer not ready", "peer", peerID, "err", err)
 		return true, err
 	default:

@@ -642,7 +642,16 @@ type TreeRootsRequest struct {
 	DeleteHorizonMs int64 `protobuf:"varint,2,opt,name=delete_horizon_ms,json=deleteHorizonMs,proto3" json:"delete_horizon_ms,omitempty"`
 	// The caller's tree size (leaves = 2^leaf_bits). Trees of different
 	// sizes cannot be compared: the receiver answers FAILED_PRECONDITION.
-	LeafBits      uint32 `protobuf:"varint,3,opt,name=leaf_bits,json=leafBits,proto3" json:"leaf_bits,omitempty"`
+	LeafBits uint32 `protobuf:"varint,3,opt,name=leaf_bits,json=leafBits,proto3" json:"leaf_bits,omitempty"`
+	// The caller's horizons (Unix ms) of the queues with a retention of
+	// their own (QueueSettings.retention); every other queue's is
+	// delete_horizon_ms.
+	QueueDeleteHorizonsMs map[string]int64 `protobuf:"bytes,4,rep,name=queue_delete_horizons_ms,json=queueDeleteHorizonsMs,proto3" json:"queue_delete_horizons_ms,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The version of the caller's queue settings table. When either side
+	// has a queue with a retention of its own, both must hold the same
+	// table (else they would keep different tasks): the receiver answers
+	// FAILED_PRECONDITION and the round is skipped until they agree.
+	QueuesVersion uint64 `protobuf:"varint,5,opt,name=queues_version,json=queuesVersion,proto3" json:"queues_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -698,6 +707,20 @@ func (x *TreeRootsRequest) GetLeafBits() uint32 {
 	return 0
 }
 
+func (x *TreeRootsRequest) GetQueueDeleteHorizonsMs() map[string]int64 {
+	if x != nil {
+		return x.QueueDeleteHorizonsMs
+	}
+	return nil
+}
+
+func (x *TreeRootsRequest) GetQueuesVersion() uint64 {
+	if x != nil {
+		return x.QueuesVersion
+	}
+	return 0
+}
+
 // TreeRootsResponse is the response of PeerService.TreeRoots.
 type TreeRootsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -707,8 +730,11 @@ type TreeRootsResponse struct {
 	// The horizon both sides use: the later of the caller's and the
 	// receiver's. The caller deletes up to it before comparing.
 	DeleteHorizonMs int64 `protobuf:"varint,2,opt,name=delete_horizon_ms,json=deleteHorizonMs,proto3" json:"delete_horizon_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The per-queue horizons both sides use, as delete_horizon_ms: for
+	// each queue either side names, the later of the two sides'.
+	QueueDeleteHorizonsMs map[string]int64 `protobuf:"bytes,3,rep,name=queue_delete_horizons_ms,json=queueDeleteHorizonsMs,proto3" json:"queue_delete_horizons_ms,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *TreeRootsResponse) Reset() {
@@ -753,6 +779,13 @@ func (x *TreeRootsResponse) GetDeleteHorizonMs() int64 {
 		return x.DeleteHorizonMs
 	}
 	return 0
+}
+
+func (x *TreeRootsResponse) GetQueueDeleteHorizonsMs() map[string]int64 {
+	if x != nil {
+		return x.QueueDeleteHorizonsMs
+	}
+	return nil
 }
 
 // TreeNodesRequest is the request of PeerService.TreeNodes.
@@ -1929,16 +1962,25 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x04open\x18\x02 \x01(\bR\x04open\x12#\n" +
 	"\rapplied_index\x18\x03 \x01(\x04R\fappliedIndex\x12\x16\n" +
 	"\x06filled\x18\x04 \x01(\bR\x06filled\x12\x14\n" +
-	"\x05round\x18\x05 \x01(\x04R\x05round\"{\n" +
+	"\x05round\x18\x05 \x01(\x04R\x05round\"\xdb\x02\n" +
 	"\x10TreeRootsRequest\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x03(\rR\n" +
 	"partitions\x12*\n" +
 	"\x11delete_horizon_ms\x18\x02 \x01(\x03R\x0fdeleteHorizonMs\x12\x1b\n" +
-	"\tleaf_bits\x18\x03 \x01(\rR\bleafBits\"U\n" +
+	"\tleaf_bits\x18\x03 \x01(\rR\bleafBits\x12m\n" +
+	"\x18queue_delete_horizons_ms\x18\x04 \x03(\v24.norn.v1.TreeRootsRequest.QueueDeleteHorizonsMsEntryR\x15queueDeleteHorizonsMs\x12%\n" +
+	"\x0equeues_version\x18\x05 \x01(\x04R\rqueuesVersion\x1aH\n" +
+	"\x1aQueueDeleteHorizonsMsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x8f\x02\n" +
 	"\x11TreeRootsResponse\x12\x14\n" +
 	"\x05roots\x18\x01 \x03(\x06R\x05roots\x12*\n" +
-	"\x11delete_horizon_ms\x18\x02 \x01(\x03R\x0fdeleteHorizonMs\"\\\n" +
+	"\x11delete_horizon_ms\x18\x02 \x01(\x03R\x0fdeleteHorizonMs\x12n\n" +
+	"\x18queue_delete_horizons_ms\x18\x03 \x03(\v25.norn.v1.TreeRootsResponse.QueueDeleteHorizonsMsEntryR\x15queueDeleteHorizonsMs\x1aH\n" +
+	"\x1aQueueDeleteHorizonsMsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\\\n" +
 	"\x10TreeNodesRequest\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05level\x18\x02 \x01(\rR\x05level\x12\x14\n" +
@@ -2040,7 +2082,7 @@ func file_norn_v1_peer_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_peer_service_proto_rawDescData
 }
 
-var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_norn_v1_peer_service_proto_goTypes = []any{
 	(*ReadyHeadsRequest)(nil),       // 0: norn.v1.ReadyHeadsRequest
 	(*ReadyHeadsResponse)(nil),      // 1: norn.v1.ReadyHeadsResponse
@@ -2072,51 +2114,55 @@ var file_norn_v1_peer_service_proto_goTypes = []any{
 	(*QueueCount)(nil),              // 27: norn.v1.QueueCount
 	(*AdoptQueuesRequest)(nil),      // 28: norn.v1.AdoptQueuesRequest
 	(*AdoptQueuesResponse)(nil),     // 29: norn.v1.AdoptQueuesResponse
-	nil,                             // 30: norn.v1.PartitionCount.ByStatusEntry
-	nil,                             // 31: norn.v1.QueueCount.ByStatusEntry
-	(TaskStatus)(0),                 // 32: norn.v1.TaskStatus
-	(*Task)(nil),                    // 33: norn.v1.Task
+	nil,                             // 30: norn.v1.TreeRootsRequest.QueueDeleteHorizonsMsEntry
+	nil,                             // 31: norn.v1.TreeRootsResponse.QueueDeleteHorizonsMsEntry
+	nil,                             // 32: norn.v1.PartitionCount.ByStatusEntry
+	nil,                             // 33: norn.v1.QueueCount.ByStatusEntry
+	(TaskStatus)(0),                 // 34: norn.v1.TaskStatus
+	(*Task)(nil),                    // 35: norn.v1.Task
 }
 var file_norn_v1_peer_service_proto_depIdxs = []int32{
 	3,  // 0: norn.v1.ReadyHeadsResponse.heads:type_name -> norn.v1.ReadyHead
 	2,  // 1: norn.v1.ReadyHeadsResponse.claimed_by_partition:type_name -> norn.v1.PartitionClaimed
 	6,  // 2: norn.v1.ChangeGroupResponse.servers:type_name -> norn.v1.GroupServer
-	19, // 3: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
-	32, // 4: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
-	33, // 5: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
-	26, // 6: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
-	30, // 7: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
-	27, // 8: norn.v1.PartitionCount.queues:type_name -> norn.v1.QueueCount
-	31, // 9: norn.v1.QueueCount.by_status:type_name -> norn.v1.QueueCount.ByStatusEntry
-	15, // 10: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
-	17, // 11: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
-	20, // 12: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
-	22, // 13: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
-	24, // 14: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
-	9,  // 15: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
-	11, // 16: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
-	13, // 17: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
-	4,  // 18: norn.v1.PeerService.ChangeGroup:input_type -> norn.v1.ChangeGroupRequest
-	7,  // 19: norn.v1.PeerService.ReplicaProgress:input_type -> norn.v1.ReplicaProgressRequest
-	0,  // 20: norn.v1.PeerService.ReadyHeads:input_type -> norn.v1.ReadyHeadsRequest
-	28, // 21: norn.v1.PeerService.AdoptQueues:input_type -> norn.v1.AdoptQueuesRequest
-	16, // 22: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
-	18, // 23: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
-	21, // 24: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
-	23, // 25: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
-	25, // 26: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
-	10, // 27: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
-	12, // 28: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
-	14, // 29: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
-	5,  // 30: norn.v1.PeerService.ChangeGroup:output_type -> norn.v1.ChangeGroupResponse
-	8,  // 31: norn.v1.PeerService.ReplicaProgress:output_type -> norn.v1.ReplicaProgressResponse
-	1,  // 32: norn.v1.PeerService.ReadyHeads:output_type -> norn.v1.ReadyHeadsResponse
-	29, // 33: norn.v1.PeerService.AdoptQueues:output_type -> norn.v1.AdoptQueuesResponse
-	22, // [22:34] is the sub-list for method output_type
-	10, // [10:22] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	30, // 3: norn.v1.TreeRootsRequest.queue_delete_horizons_ms:type_name -> norn.v1.TreeRootsRequest.QueueDeleteHorizonsMsEntry
+	31, // 4: norn.v1.TreeRootsResponse.queue_delete_horizons_ms:type_name -> norn.v1.TreeRootsResponse.QueueDeleteHorizonsMsEntry
+	19, // 5: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
+	34, // 6: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
+	35, // 7: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
+	26, // 8: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
+	32, // 9: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
+	27, // 10: norn.v1.PartitionCount.queues:type_name -> norn.v1.QueueCount
+	33, // 11: norn.v1.QueueCount.by_status:type_name -> norn.v1.QueueCount.ByStatusEntry
+	15, // 12: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
+	17, // 13: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
+	20, // 14: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
+	22, // 15: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
+	24, // 16: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
+	9,  // 17: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
+	11, // 18: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
+	13, // 19: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
+	4,  // 20: norn.v1.PeerService.ChangeGroup:input_type -> norn.v1.ChangeGroupRequest
+	7,  // 21: norn.v1.PeerService.ReplicaProgress:input_type -> norn.v1.ReplicaProgressRequest
+	0,  // 22: norn.v1.PeerService.ReadyHeads:input_type -> norn.v1.ReadyHeadsRequest
+	28, // 23: norn.v1.PeerService.AdoptQueues:input_type -> norn.v1.AdoptQueuesRequest
+	16, // 24: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
+	18, // 25: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
+	21, // 26: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
+	23, // 27: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
+	25, // 28: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
+	10, // 29: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
+	12, // 30: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
+	14, // 31: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
+	5,  // 32: norn.v1.PeerService.ChangeGroup:output_type -> norn.v1.ChangeGroupResponse
+	8,  // 33: norn.v1.PeerService.ReplicaProgress:output_type -> norn.v1.ReplicaProgressResponse
+	1,  // 34: norn.v1.PeerService.ReadyHeads:output_type -> norn.v1.ReadyHeadsResponse
+	29, // 35: norn.v1.PeerService.AdoptQueues:output_type -> norn.v1.AdoptQueuesResponse
+	24, // [24:36] is the sub-list for method output_type
+	12, // [12:24] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_peer_service_proto_init() }
@@ -2132,7 +2178,7 @@ func file_norn_v1_peer_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_peer_service_proto_rawDesc), len(file_norn_v1_peer_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

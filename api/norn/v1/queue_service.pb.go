@@ -49,7 +49,16 @@ type QueueSettings struct {
 	// The most claims granted per second, cluster wide (tasks, not calls),
 	// with a burst of one second's worth (at least 1). Positive, at most
 	// 1,000,000; fractions allowed (0.5: one every 2 s). Unset: no limit.
-	ClaimRate     *float64 `protobuf:"fixed64,5,opt,name=claim_rate,json=claimRate,proto3,oneof" json:"claim_rate,omitempty"`
+	ClaimRate *float64 `protobuf:"fixed64,5,opt,name=claim_rate,json=claimRate,proto3,oneof" json:"claim_rate,omitempty"`
+	// How long a terminal task of the queue (completed, aborted, dead or
+	// cancelled) is kept after the event that ended it; then it is deleted
+	// and reads of it answer NOT_FOUND. Positive, at most 366 days.
+	// Unset: the node's retention (`-retention`, 7 days by default). A
+	// change applies to every task of the queue at the next retention
+	// pass: a shorter one deletes what is now past it; a longer one keeps
+	// what is not deleted yet (a task deleted stays deleted). See
+	// docs/JOBQUEUE.md ("Retention").
+	Retention     *durationpb.Duration `protobuf:"bytes,6,opt,name=retention,proto3" json:"retention,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -117,6 +126,13 @@ func (x *QueueSettings) GetClaimRate() float64 {
 		return *x.ClaimRate
 	}
 	return 0
+}
+
+func (x *QueueSettings) GetRetention() *durationpb.Duration {
+	if x != nil {
+		return x.Retention
+	}
+	return nil
 }
 
 // Queue is one queue as QueueService shows it.
@@ -530,7 +546,7 @@ var File_norn_v1_queue_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_queue_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1bnorn/v1/queue_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x12norn/v1/task.proto\"\x9b\x02\n" +
+	"\x1bnorn/v1/queue_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x12norn/v1/task.proto\"\xd4\x02\n" +
 	"\rQueueSettings\x12\x1b\n" +
 	"\x06paused\x18\x01 \x01(\bH\x00R\x06paused\x88\x01\x01\x129\n" +
 	"\rdefault_retry\x18\x02 \x01(\v2\x14.norn.v1.RetryPolicyR\fdefaultRetry\x12>\n" +
@@ -538,7 +554,8 @@ const file_norn_v1_queue_service_proto_rawDesc = "" +
 	"\vmax_claimed\x18\x04 \x01(\rH\x01R\n" +
 	"maxClaimed\x88\x01\x01\x12\"\n" +
 	"\n" +
-	"claim_rate\x18\x05 \x01(\x01H\x02R\tclaimRate\x88\x01\x01B\t\n" +
+	"claim_rate\x18\x05 \x01(\x01H\x02R\tclaimRate\x88\x01\x01\x127\n" +
+	"\tretention\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tretentionB\t\n" +
 	"\a_pausedB\x0e\n" +
 	"\f_max_claimedB\r\n" +
 	"\v_claim_rate\"\xf5\x02\n" +
@@ -602,24 +619,25 @@ var file_norn_v1_queue_service_proto_goTypes = []any{
 var file_norn_v1_queue_service_proto_depIdxs = []int32{
 	9,  // 0: norn.v1.QueueSettings.default_retry:type_name -> norn.v1.RetryPolicy
 	10, // 1: norn.v1.QueueSettings.default_lease:type_name -> google.protobuf.Duration
-	0,  // 2: norn.v1.Queue.settings:type_name -> norn.v1.QueueSettings
-	8,  // 3: norn.v1.Queue.by_status:type_name -> norn.v1.Queue.ByStatusEntry
-	10, // 4: norn.v1.Queue.oldest_ready_age:type_name -> google.protobuf.Duration
-	1,  // 5: norn.v1.GetQueueResponse.queue:type_name -> norn.v1.Queue
-	1,  // 6: norn.v1.ListQueuesResponse.queues:type_name -> norn.v1.Queue
-	0,  // 7: norn.v1.SetQueueRequest.settings:type_name -> norn.v1.QueueSettings
-	1,  // 8: norn.v1.SetQueueResponse.queue:type_name -> norn.v1.Queue
-	2,  // 9: norn.v1.QueueService.GetQueue:input_type -> norn.v1.GetQueueRequest
-	4,  // 10: norn.v1.QueueService.ListQueues:input_type -> norn.v1.ListQueuesRequest
-	6,  // 11: norn.v1.QueueService.SetQueue:input_type -> norn.v1.SetQueueRequest
-	3,  // 12: norn.v1.QueueService.GetQueue:output_type -> norn.v1.GetQueueResponse
-	5,  // 13: norn.v1.QueueService.ListQueues:output_type -> norn.v1.ListQueuesResponse
-	7,  // 14: norn.v1.QueueService.SetQueue:output_type -> norn.v1.SetQueueResponse
-	12, // [12:15] is the sub-list for method output_type
-	9,  // [9:12] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	10, // 2: norn.v1.QueueSettings.retention:type_name -> google.protobuf.Duration
+	0,  // 3: norn.v1.Queue.settings:type_name -> norn.v1.QueueSettings
+	8,  // 4: norn.v1.Queue.by_status:type_name -> norn.v1.Queue.ByStatusEntry
+	10, // 5: norn.v1.Queue.oldest_ready_age:type_name -> google.protobuf.Duration
+	1,  // 6: norn.v1.GetQueueResponse.queue:type_name -> norn.v1.Queue
+	1,  // 7: norn.v1.ListQueuesResponse.queues:type_name -> norn.v1.Queue
+	0,  // 8: norn.v1.SetQueueRequest.settings:type_name -> norn.v1.QueueSettings
+	1,  // 9: norn.v1.SetQueueResponse.queue:type_name -> norn.v1.Queue
+	2,  // 10: norn.v1.QueueService.GetQueue:input_type -> norn.v1.GetQueueRequest
+	4,  // 11: norn.v1.QueueService.ListQueues:input_type -> norn.v1.ListQueuesRequest
+	6,  // 12: norn.v1.QueueService.SetQueue:input_type -> norn.v1.SetQueueRequest
+	3,  // 13: norn.v1.QueueService.GetQueue:output_type -> norn.v1.GetQueueResponse
+	5,  // 14: norn.v1.QueueService.ListQueues:output_type -> norn.v1.ListQueuesResponse
+	7,  // 15: norn.v1.QueueService.SetQueue:output_type -> norn.v1.SetQueueResponse
+	13, // [13:16] is the sub-list for method output_type
+	10, // [10:13] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_queue_service_proto_init() }
