@@ -73,8 +73,12 @@ const (
 	// claim FSM entries of version 3: candidates with deadlines and
 	// OpDeadline).
 	FeatureDeadlines uint64 = 1 << 2
+	// FeatureRetention: per-queue retention (QueueSettings.RetentionMs
+	// deletes a queue's terminal tasks at its own horizon; anti-entropy
+	// rounds agree on per-queue horizons).
+	FeatureRetention uint64 = 1 << 3
 	// FeaturesBuilt are the features this build has.
-	FeaturesBuilt = FeatureRetries | FeatureQueues | FeatureDeadlines
+	FeaturesBuilt = FeatureRetries | FeatureQueues | FeatureDeadlines | FeatureRetention
 )
 
 // SecurityMeta is what a node gossips about its security settings.

@@ -44,6 +44,10 @@ type Config struct {
 	LeaseGrace, SkewBuffer time.Duration
 	// Retention is how long a terminal task is kept.
 	Retention time.Duration
+	// QueueRetention returns the retentions of the queues that have one
+	// of their own (QueueSettings.retention), and the version of the
+	// queue settings they come from; nil: none has.
+	QueueRetention func() (map[string]time.Duration, uint64)
 	// WriteTimeout bounds the writes of the aborts the dispatcher makes.
 	WriteTimeout time.Duration
 	Clock        crdt.Clock

@@ -10,6 +10,7 @@ import (
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/replicas"
+	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/testhooks"
 )
 
@@ -210,10 +211,11 @@ func (d *Dispatcher) abortPendingDead() {
 }
 
 // deleteExpiredTasks deletes the partition's terminal tasks whose terminal
-// event is older than the retention (expireBefore: on the leader the claim
-// FSM forgets their records first).
+// event is older than their queue's retention (Expire: on the leader the
+// claim FSM forgets their records first).
 func (d *Dispatcher) deleteExpiredTasks(p uint16) {
-	if err := d.ExpireBefore(p, d.RetentionHorizon()); err != nil {
+	h, _ := d.RetentionHorizons()
+	if err := d.Expire(p, h); err != nil {
 		d.cfg.Logger.Warn("deleting expired tasks failed", "partition", p, "err", err)
 	}
 }
@@ -258,18 +260,38 @@ func queueOf(ts *coord.TaskState) string {
 	return ts.Task.Spec.Queue
 }
 
-// RetentionHorizon is now minus the retention (Unix ms): terminal tasks
-// older than that are deleted.
+// RetentionHorizon is now minus the node's retention (Unix ms): terminal
+// tasks of a queue without a retention of its own that ended before it
+// are deleted.
 func (d *Dispatcher) RetentionHorizon() int64 {
 	return d.cfg.Clock.Now().Add(-d.cfg.Retention).UnixMilli()
 }
 
-// ExpireBefore deletes partition p's terminal tasks older than ms. On the
-// partition's leader the claim FSM forgets their records first, through
-// Raft; other replicas delete their task states alone. Anti-entropy
-// calls it too (antientropy.ReplicaConfig.Expire), so that both sides of
-// an exchange compare what they keep at a common horizon.
-func (d *Dispatcher) ExpireBefore(p uint16, ms int64) error {
+// RetentionHorizons are the horizons of every queue: now minus the
+// node's retention, and minus their own for the queues that have one;
+// and the version of the queue settings they come from.
+func (d *Dispatcher) RetentionHorizons() (storage.Horizons, uint64) {
+	now := d.cfg.Clock.Now()
+	h := storage.Horizons{Default: now.Add(-d.cfg.Retention).UnixMilli()}
+	if d.cfg.QueueRetention == nil {
+		return h, 0
+	}
+	rs, v := d.cfg.QueueRetention()
+	if len(rs) > 0 {
+		h.Queues = make(map[string]int64, len(rs))
+		for q, r := range rs {
+			h.Queues[q] = now.Add(-r).UnixMilli()
+		}
+	}
+	return h, v
+}
+
+// Expire deletes partition p's terminal tasks past their queue's horizon
+// in h. On the partition's leader the claim FSM forgets their records
+// first, through Raft; other replicas delete their task states alone.
+// Anti-entropy calls it too (antientropy.ReplicaConfig.Expire), so that
+// both sides of an exchange compare what they keep at common horizons.
+func (d *Dispatcher) Expire(p uint16, h storage.Horizons) error {
 	var forget func([]uint64) error
 	if g := d.host.Group(p); g != nil && g.IsLeader() {
 		forget = func(ids []uint64) error {
@@ -280,6 +302,6 @@ func (d *Dispatcher) ExpireBefore(p uint16, ms int64) error {
 			return nil
 		}
 	}
-	_, err := d.store.DeleteTerminalBefore(p, ms, monitorBatch, forget)
+	_, err := d.store.DeleteExpired(p, h, monitorBatch, forget)
 	return err
 }

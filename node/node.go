@@ -34,6 +34,8 @@ import (
 // same.
 type Node struct {
 	cfg Config
+	// retention caches the queues' own retentions (retention.go).
+	retention atomic.Pointer[retentionCache]
 	// refuseStates is the test hook RefuseTaskStates.
 	refuseStates atomic.Bool
 	// gossipedSecurity is the SecurityMeta last gossiped (gossipSecurity).
@@ -162,6 +164,7 @@ func New(cfg Config) (*Node, error) {
 		clientBudget: transport.NewBudget("client", int64(cfg.MaxInflightClientBytes), 0),
 		peerBudget:   transport.NewBudget("peer", int64(cfg.MaxInflightPeerBytes), 0),
 	}
+	rejoin.shortest = n.shortestQueueRetention
 	n.clockGuard = cluster.NewClockGuard(cluster.ClockGuardConfig{
 		NodeID: cfg.NodeID, MaxOffset: cfg.MaxClockOffset, Clock: cfg.Clock, Logger: cfg.logger("clock"),
 		Members: func() []cluster.Member { return n.host.Members().Members() },
@@ -179,7 +182,11 @@ func New(cfg Config) (*Node, error) {
 			Store:    store,
 			LeafBits: cfg.TreeLeafBits,
 			Horizon:  func() int64 { return n.dispatch.RetentionHorizon() },
-			Expire:   func(p uint16, ms int64) error { return n.dispatch.ExpireBefore(p, ms) },
+			QueueHorizons: func() (map[string]int64, uint64) {
+				h, v := n.dispatch.RetentionHorizons()
+				return h.Queues, v
+			},
+			Expire: func(p uint16, h storage.Horizons) error { return n.dispatch.Expire(p, h) },
 			Merge: func(_ uint16, tasks []*crdt.Task) error {
 				return n.coord.MergeLocal(tasks)
 			},
@@ -266,9 +273,10 @@ func New(cfg Config) (*Node, error) {
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Waiters: waiters,
 		ClockInBound: func() bool { return n.clockGuard.State().InBound },
 		ExpiryNoSkew: cfg.TestBugs.ExpiryNoSkew, ClaimLocalFirst: cfg.TestBugs.ClaimLocalFirst,
-		OnExpired: n.metrics.tasks.Expired,
-		OnAborted: n.metrics.tasks.Aborted,
-		Paused:    func(q string) bool { return n.host.Queues().Get(q).Paused },
+		OnExpired:      n.metrics.tasks.Expired,
+		OnAborted:      n.metrics.tasks.Aborted,
+		Paused:         func(q string) bool { return n.host.Queues().Get(q).Paused },
+		QueueRetention: n.queueRetention,
 		Limits: func(q string) dispatch.Limits {
 			s := n.host.Queues().Get(q)
 			return dispatch.Limits{MaxClaimed: s.MaxClaimed, ClaimRate: s.ClaimRate}

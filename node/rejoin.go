@@ -63,8 +63,12 @@ type rejoinGuard struct {
 	dir    string
 	self   string
 	clock  crdt.Clock
-	limit  time.Duration
-	logger *slog.Logger
+	// retention is the node's; shortest returns the shortest retention
+	// of a queue that has its own (0: none). The limit follows the
+	// shorter of the two.
+	retention time.Duration
+	shortest  func() time.Duration
+	logger    *slog.Logger
 
 	mark     atomic.Int64                   // this node's mark (Unix ms; 0: none)
 	judged   atomic.Bool                    // compared with a majority once
@@ -84,7 +88,7 @@ type rejoinGuard struct {
 const continuity = 30 * time.Second
 
 func newRejoinGuard(dir, self string, clock crdt.Clock, retention time.Duration, logger *slog.Logger) (*rejoinGuard, error) {
-	g := &rejoinGuard{dir: dir, self: self, clock: clock, limit: rejoinLimit(retention), logger: logger}
+	g := &rejoinGuard{dir: dir, self: self, clock: clock, retention: retention, logger: logger}
 	b, err := os.ReadFile(filepath.Join(dir, markFile))
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -98,6 +102,20 @@ func newRejoinGuard(dir, self string, clock crdt.Clock, retention time.Duration,
 		g.mark.Store(ms)
 	}
 	return g, nil
+}
+
+// limit is the rejoin limit of the shortest retention in force: the
+// node's, or a queue's own (QueueSettings.retention) when shorter. A
+// node away longer than a queue's retention could bring back that
+// queue's tasks it missed the end of, deleted meanwhile.
+func (g *rejoinGuard) limit() time.Duration {
+	r := g.retention
+	if g.shortest != nil {
+		if q := g.shortest(); q > 0 && q < r {
+			r = q
+		}
+	}
+	return rejoinLimit(r)
 }
 
 // save writes ms as the mark, durably (temporary file, fsync, rename).
@@ -161,10 +179,10 @@ func (g *rejoinGuard) check(r *cluster.Ring, members *cluster.Membership) {
 			known++
 		}
 		switch {
-		case !continuous && g.mayBeOut(now) && outTooLong(mine, m.InClusterMs, g.limit):
+		case !continuous && g.mayBeOut(now) && outTooLong(mine, m.InClusterMs, g.limit()):
 			g.setOut(fmt.Sprintf("%v: this node's mark %s is %s behind %s's %s (limit %s)", ErrOutTooLong,
-				msTime(mine), time.Duration(m.InClusterMs-mine)*time.Millisecond, m.ID, msTime(m.InClusterMs), g.limit))
-		case outTooLong(m.InClusterMs, mine, g.limit):
+				msTime(mine), time.Duration(m.InClusterMs-mine)*time.Millisecond, m.ID, msTime(m.InClusterMs), g.limit()))
+		case outTooLong(m.InClusterMs, mine, g.limit()):
 			if outPeers == nil {
 				outPeers = map[string]int{}
 			}
@@ -241,7 +259,7 @@ func (g *rejoinGuard) mayExchange(peer string) error {
 	}
 	if !g.judged.Load() && g.mayBeOut(g.clock.Now().UnixMilli()) {
 		return fmt.Errorf("%w: its mark %s is older than %s and it has not compared it with the cluster's yet",
-			ErrOutTooLong, msTime(g.mark.Load()), g.limit)
+			ErrOutTooLong, msTime(g.mark.Load()), g.limit())
 	}
 	return g.peerOut(peer)
 }
@@ -250,7 +268,7 @@ func (g *rejoinGuard) mayExchange(peer string) error {
 // its own clock at now: only then can a peer's mark be that far ahead.
 func (g *rejoinGuard) mayBeOut(now int64) bool {
 	mine := g.mark.Load()
-	return mine > 0 && now-mine > g.limit.Milliseconds()
+	return mine > 0 && now-mine > g.limit().Milliseconds()
 }
 
 // peerOut says whether peer is out too long as this node last judged.

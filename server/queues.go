@@ -107,7 +107,7 @@ func (s queueService) ListQueues(ctx context.Context, _ *connect.Request[nornv1.
 }
 
 // clearable are the settings SetQueueRequest.clear may name.
-var clearable = []string{"paused", "default_retry", "default_lease", "max_claimed", "claim_rate"}
+var clearable = []string{"paused", "default_retry", "default_lease", "max_claimed", "claim_rate", "retention"}
 
 func (s queueService) SetQueue(ctx context.Context, req *connect.Request[nornv1.SetQueueRequest]) (*connect.Response[nornv1.SetQueueResponse], error) {
 	sv, m := s.sv, req.Msg
@@ -119,6 +119,11 @@ func (s queueService) SetQueue(ctx context.Context, req *connect.Request[nornv1.
 	}
 	if err := sv.featureGate("settings", cluster.FeatureQueues, "queue settings"); err != nil {
 		return nil, err
+	}
+	if m.GetSettings().GetRetention() != nil {
+		if err := sv.featureGate("settings.retention", cluster.FeatureRetention, "per-queue retention"); err != nil {
+			return nil, err
+		}
 	}
 	resp, err := rebalance.ToMetaLeader(sv.rebalance, ctx, req, func(p *transport.Peer) func(context.Context, *connect.Request[nornv1.SetQueueRequest]) (*connect.Response[nornv1.SetQueueResponse], error) {
 		return p.Queue.SetQueue
@@ -249,8 +254,16 @@ func (sv *Server) settingsChange(cur cluster.QueueSettings, m *nornv1.SetQueueRe
 		}
 		next.ClaimRate = r
 	}
+	if d := set.GetRetention(); d != nil {
+		r, err := retentionArg("settings.retention", d)
+		if err != nil {
+			return cur, err
+		}
+		next.RetentionMs = r.Milliseconds()
+	}
 	isSet := map[string]bool{"paused": set != nil && set.Paused != nil, "default_retry": set.GetDefaultRetry() != nil,
-		"default_lease": set.GetDefaultLease() != nil, "max_claimed": set != nil && set.MaxClaimed != nil, "claim_rate": set != nil && set.ClaimRate != nil}
+		"default_lease": set.GetDefaultLease() != nil, "max_claimed": set != nil && set.MaxClaimed != nil, "claim_rate": set != nil && set.ClaimRate != nil,
+		"retention": set.GetRetention() != nil}
 	for i, name := range m.GetClear() {
 		field := fmt.Sprintf("clear[%d]", i)
 		switch {
@@ -270,6 +283,8 @@ func (sv *Server) settingsChange(cur cluster.QueueSettings, m *nornv1.SetQueueRe
 			next.MaxClaimed = 0
 		case "claim_rate":
 			next.ClaimRate = 0
+		case "retention":
+			next.RetentionMs = 0
 		}
 	}
 	if err := next.Validate(); err != nil {
@@ -293,5 +308,25 @@ func settingsToAPI(s cluster.QueueSettings) *nornv1.QueueSettings {
 	if s.ClaimRate > 0 {
 		out.ClaimRate = new(s.ClaimRate)
 	}
+	if s.RetentionMs > 0 {
+		out.Retention = durationpb.New(time.Duration(s.RetentionMs) * time.Millisecond)
+	}
 	return out
+}
+
+// retentionArg checks a queue's retention (field names it): a valid
+// duration of whole milliseconds from an hour to 366 days.
+func retentionArg(field string, d *durationpb.Duration) (time.Duration, error) {
+	if err := d.CheckValid(); err != nil {
+		return 0, apierr.Invalid(field, "%v", err)
+	}
+	r := d.AsDuration()
+	lo, hi := time.Duration(cluster.MinQueueRetentionMs)*time.Millisecond, time.Duration(cluster.MaxQueueDurationMs)*time.Millisecond
+	switch {
+	case r < lo || r > hi:
+		return 0, apierr.Invalid(field, "must be from %v to %v, got %v (clear it for the node's retention)", lo, hi, r)
+	case r%time.Millisecond != 0:
+		return 0, apierr.Invalid(field, "must be whole milliseconds, got %v", r)
+	}
+	return r, nil
 }

@@ -62,6 +62,7 @@ cluster's meta group and every node keeps them across restarts
   nornctl queue resume emails
   nornctl queue set emails --default-lease 2m --max-attempts 5 --backoff 10s --backoff-multiplier 2
   nornctl queue set emails --max-claimed 20 --claim-rate 50   at most 20 held at once, 50 claims a second
+  nornctl queue set emails --retention 48h   keep its finished tasks 2 days (1h to 366 days)
   nornctl queue set emails --clear default_retry,default_lease,max_claimed
 
 A change answers once every live node applies it; nodes that had not
@@ -79,12 +80,14 @@ func runQueue(e *env, cmd *command, args []string) error {
 	var clear *string
 	var maxClaimed *uint
 	var rate *float64
+	var retention *time.Duration
 	if sub == "set" {
 		retry = retryFlags(fs)
 		lease = fs.Duration("default-lease", 0, "the lease of a claim that names none")
 		maxClaimed = fs.Uint("max-claimed", 0, "the most tasks of the queue claimed at once, cluster wide (clear max_claimed for no cap)")
 		rate = fs.Float64("claim-rate", 0, "the most claims granted per second, cluster wide (clear claim_rate for no limit)")
-		clear = fs.String("clear", "", "comma-separated settings back to their defaults: paused, default_retry, default_lease, max_claimed, claim_rate")
+		retention = fs.Duration("retention", 0, "how long a finished task of the queue is kept, from an hour to 366 days (clear retention for the node's)")
+		clear = fs.String("clear", "", "comma-separated settings back to their defaults: paused, default_retry, default_lease, max_claimed, claim_rate, retention")
 	}
 	want := 1
 	switch sub {
@@ -135,6 +138,9 @@ func runQueue(e *env, cmd *command, args []string) error {
 		}
 		if *rate != 0 {
 			req.Settings.ClaimRate = rate
+		}
+		if *retention != 0 {
+			req.Settings.Retention = durationpb.New(*retention)
 		}
 		if *clear != "" {
 			req.Clear = strings.Split(*clear, ",")
@@ -190,6 +196,11 @@ func writeQueue(w io.Writer, q *nornv1.Queue) {
 	}
 	fmt.Fprintf(w, "MAX CLAIMED\t%s\n", limit(s.MaxClaimed != nil, fmt.Sprint(s.GetMaxClaimed())))
 	fmt.Fprintf(w, "CLAIM RATE\t%s\n", limit(s.ClaimRate != nil, fmt.Sprintf("%g/s", s.GetClaimRate())))
+	retention := "the node's"
+	if d := s.GetRetention(); d != nil {
+		retention = d.AsDuration().String()
+	}
+	fmt.Fprintf(w, "RETENTION\t%s\n", retention)
 	fmt.Fprintf(w, "SETTINGS VERSION\t%d\n", q.GetSettingsVersion())
 	if q.GetOldestReadyId() != 0 {
 		fmt.Fprintf(w, "OLDEST READY\t%s ago (task %d)\n", oldestReady(q), q.GetOldestReadyId())

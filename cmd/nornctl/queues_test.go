@@ -53,6 +53,13 @@ func TestQueueCommands(t *testing.T) {
 	out = ok(t, addr, "queue", "set", "hooks", "--max-claimed", "4", "--claim-rate", "2.5")
 	row(t, "limits", out, "MAX CLAIMED", "4")
 	row(t, "limits", out, "CLAIM RATE", "2.5/s")
+	out = ok(t, addr, "queue", "set", "hooks", "--retention", "48h")
+	row(t, "retention", out, "RETENTION", "48h0m0s")
+	out = ok(t, addr, "queue", "set", "hooks", "--clear", "retention")
+	row(t, "retention cleared", out, "RETENTION", "the node's")
+	if r := nornctl(t, addr, "", "queue", "set", "hooks", "--retention", "10m"); r.code != 1 || !strings.Contains(r.stderr, "settings.retention") {
+		t.Errorf("a retention below an hour: exit %d, stderr %q", r.code, r.stderr)
+	}
 	r0 := nornctl(t, addr, "", "queue", "set", "hooks", "--claim-rate", "-1")
 	if r0.code != 1 || !strings.Contains(r0.stderr, "settings.claimRate") {
 		t.Errorf("a negative rate: exit %d, stderr %q", r0.code, r0.stderr)
