@@ -60,9 +60,9 @@ func outTooLong(mine, peer int64, limit time.Duration) bool {
 // rejoinGuard keeps the node's mark and enforces the rule. check runs
 // every monitor interval; mayExchange and mayLead answer the data paths.
 type rejoinGuard struct {
-	dir    string
-	self   string
-	clock  crdt.Clock
+	dir   string
+	self  string
+	clock crdt.Clock
 	// retention is the node's; shortest returns the shortest retention
 	// of a queue that has its own (0: none). The limit follows the
 	// shorter of the two.
