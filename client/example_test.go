@@ -240,3 +240,25 @@ func ExampleClient_SetQueueDefaults() {
 	}
 	// Output: webhooks 8 2m0s
 }
+
+func ExampleClient_SetQueueRetention() {
+	node := newFake() // stands in for a nornd node
+	defer node.Close()
+	c, err := client.New(node.addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	// Finished tasks of "thumbnails" are deleted two days after they
+	// end; other queues keep theirs for the node's -retention.
+	if err := c.SetQueueRetention(ctx, "thumbnails", 48*time.Hour); err != nil {
+		log.Fatal(err)
+	}
+	q, err := c.GetQueue(ctx, "thumbnails")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(q.GetName(), q.GetSettings().GetRetention().AsDuration())
+	// Output: thumbnails 48h0m0s
+}

@@ -77,6 +77,8 @@ func (q fakeQueues) SetQueue(_ context.Context, r *connect.Request[nornv1.SetQue
 			cur.DefaultRetry = nil
 		case "default_lease":
 			cur.DefaultLease = nil
+		case "retention":
+			cur.Retention = nil
 		default:
 			return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("clear[0]: not a queue setting"))
 		}

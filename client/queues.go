@@ -87,3 +87,14 @@ func (c *Client) SetQueueDefaults(ctx context.Context, queue string, d QueueDefa
 	_, err := c.SetQueue(ctx, &nornv1.SetQueueRequest{Queue: queue, Settings: s})
 	return err
 }
+
+// SetQueueRetention sets how long a queue's finished tasks are kept
+// (an hour to 366 days); 0 gives the queue the node's retention again.
+func (c *Client) SetQueueRetention(ctx context.Context, queue string, retention time.Duration) error {
+	req := &nornv1.SetQueueRequest{Queue: queue, Clear: []string{"retention"}}
+	if retention != 0 {
+		req = &nornv1.SetQueueRequest{Queue: queue, Settings: &nornv1.QueueSettings{Retention: durationpb.New(retention)}}
+	}
+	_, err := c.SetQueue(ctx, req)
+	return err
+}

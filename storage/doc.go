@@ -8,7 +8,8 @@
 // partition and queue the ids of the ready tasks by priority, in sorted
 // chunks: readyList) and the delayed and claimed indexes (per partition
 // (time, id) in a B-tree: timeIndex). Two indexes are keys per task: the
-// retention index of terminal tasks, and the queue index (every task with
+// retention index of terminal tasks (per queue, in the order they ended:
+// each queue is deleted at its own horizon, DeleteExpired), and the queue index (every task with
 // a spec under its queue, in id order: ScanQueue lists a queue without
 // reading other queues' tasks).
 //
@@ -24,10 +25,11 @@
 //	p 0x04 expiryMs id              -> (empty)  claimed index (format 4 and before; deleted on upgrade)
 //	p 0x05 segment id               -> digest   (format 2 and before; deleted on upgrade)
 //	p 0x06 id                       -> meta: index state [+ expiryMs (claimed) or a retry's backoff end (delayed)]
-//	p 0x07 terminalMs id            -> (empty)  retention index of terminal tasks
+//	p 0x07 terminalMs id            -> (empty)  retention index (format 6 and before; rebuilt as 0x0b on upgrade)
 //	p 0x08 queue 0x00 class         -> int64    task counter (Pebble merge: sums)
 //	p 0x09 id                       -> (empty)  ready tasks with dependencies
 //	p 0x0a queue 0x00 id            -> (empty)  queue index (format 6)
+//	p 0x0b queue 0x00 terminalMs id -> (empty)  retention index of terminal tasks, per queue (format 7)
 //	p 0x10 index                    -> raft log entry   (RaftStore)
 //	p 0x11 key                      -> raft stable value (RaftStore)
 //	p 0x12 0x00                     -> claim FSM applied Raft index
