@@ -54,6 +54,16 @@ type Stats struct {
 	Converged []uint16
 }
 
+// rootsRequest is the TreeRoots request of a round over parts.
+func (r *Replica) rootsRequest(parts []uint16) *nornv1.TreeRootsRequest {
+	mine, version := r.horizons()
+	req := &nornv1.TreeRootsRequest{DeleteHorizonMs: mine.Default, QueueDeleteHorizonsMs: mine.Queues, QueuesVersion: version, LeafBits: uint32(r.leafBits)}
+	for _, p := range parts {
+		req.Partitions = append(req.Partitions, uint32(p))
+	}
+	return req
+}
+
 // Exchange reconciles partitions parts between this replica and peer: one
 // TreeRoots call for all of them, then, for each partition whose roots
 // differ, a descent to the differing leaves, a comparison of their
@@ -65,14 +75,13 @@ func (r *Replica) Exchange(ctx context.Context, peer Peer, parts []uint16, opt O
 	if len(parts) == 0 {
 		return st, nil
 	}
-	mine, version := r.horizons()
-	req := &nornv1.TreeRootsRequest{DeleteHorizonMs: mine.Default, QueueDeleteHorizonsMs: mine.Queues, QueuesVersion: version, LeafBits: uint32(r.leafBits)}
+	req := r.rootsRequest(parts)
+	version := req.QueuesVersion
 	trees := make([]*Tree, len(parts))
 	for i, p := range parts {
 		if trees[i] = r.Tree(p); trees[i] == nil {
 			return st, fmt.Errorf("partition %d: %w", p, ErrNotReplicated)
 		}
-		req.Partitions = append(req.Partitions, uint32(p))
 	}
 	resp, err := call(ctx, &st, opt, req, peer.TreeRoots)
 	if err != nil {

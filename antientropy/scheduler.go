@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/time/rate"
 
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/ring"
@@ -147,6 +148,14 @@ func (s *Scheduler) Tree(p uint16) *Tree { return s.replica.Tree(p) }
 
 // LeafBits returns the size of the replica's trees.
 func (s *Scheduler) LeafBits() int { return s.replica.LeafBits() }
+
+// RootsRequest is the TreeRoots request of a round over parts: this
+// node's horizons, queue settings version and tree size. A peer asked
+// for its roots by anyone else (Status) gets the same, so that it can
+// tell whether the two keep the same tasks.
+func (s *Scheduler) RootsRequest(parts []uint16) *nornv1.TreeRootsRequest {
+	return s.replica.rootsRequest(parts)
+}
 
 // Partitions returns the number of trees and the memory their nodes take.
 func (s *Scheduler) Partitions() (n, bytes int) { return s.replica.Partitions() }

@@ -220,8 +220,10 @@ func CheckCounts(ctx context.Context, c *Cluster, h *check.History, within time.
 	return v
 }
 
-// observeCounts reads every active node's per-partition counts, and
-// CountTasks and a full ListTasks from the first active node.
+// observeCounts reads every active node's per-partition counts (every
+// queue), and CountTasks and a full ListTasks of the workload's queue
+// (the retention clients' queue has tasks of its own) from the first
+// active node.
 func observeCounts(ctx context.Context, c *Cluster) (check.CountsObservation, error) {
 	obs := check.CountsObservation{Replicas: map[uint32]map[string]map[string]uint64{}, Listed: map[string]uint64{}}
 	active := c.Active()
@@ -241,13 +243,13 @@ func observeCounts(ctx context.Context, c *Cluster) (check.CountsObservation, er
 		}
 	}
 	n := active[0]
-	cnt, err := n.Tasks.CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{}))
+	cnt, err := n.Tasks.CountTasks(ctx, connect.NewRequest(&nornv1.CountTasksRequest{Queue: Queue}))
 	if err != nil {
 		return obs, fmt.Errorf("%s: CountTasks: %v", n.ID, err)
 	}
 	obs.Counted = cnt.Msg.ByStatus
 	for tok, pages := "", 0; ; pages++ {
-		r, err := n.Tasks.ListTasks(ctx, connect.NewRequest(&nornv1.ListTasksRequest{PageSize: 1000, PageToken: tok}))
+		r, err := n.Tasks.ListTasks(ctx, connect.NewRequest(&nornv1.ListTasksRequest{Queue: Queue, PageSize: 1000, PageToken: tok}))
 		if err != nil {
 			return obs, fmt.Errorf("%s: ListTasks: %v", n.ID, err)
 		}

@@ -82,6 +82,11 @@ type Scenario struct {
 	// checker (check.Deadlines). Not with Priorities or QueueCap: their
 	// checkers see no op for a deadline's cancel.
 	DeadlineShare float64
+	// QueueRetention, when set, runs the retention clients beside the
+	// workload on a queue of their own with this retention (NeedsHooks:
+	// the test hooks let it go below an hour) and adds the retention
+	// checker (check.Retention; retention.go).
+	QueueRetention time.Duration
 }
 
 // The workload's retries in every scenario: a share of the tasks have a
@@ -354,6 +359,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		tl.Log("note", "queue-capped", fmt.Sprint(sc.QueueCap), nil)
 	}
+	var retained *retentionRun
+	if sc.QueueRetention > 0 {
+		if err := setQueueRetention(ctx, c, sc.QueueRetention); err != nil {
+			return nil, err
+		}
+		tl.Log("note", "queue-retention", sc.QueueRetention.String(), nil)
+		retained = &retentionRun{w: w}
+	}
 	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks,
 		Churn: &Churn{}, Rogue: &Rogue{}}
 	minEnd := time.Now().Add(o.Time)
@@ -377,8 +390,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			cancel() // the sequence is done: so is the workload
 		}
 	}()
+	waitRetained := func() {}
+	if retained != nil {
+		waitRetained = retained.start(runCtx)
+	}
 	w.Run(runCtx)
 	wg.Wait()
+	waitRetained()
 	env.HealAll()
 	heal := h.Now()
 	tl.Log("note", "healed", "", nil)
@@ -415,6 +433,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	w.Drain(ctx, w.ShortLease+c.Cfg.SkewBuffer+3*time.Second, 60*time.Second)
 	tl.Log("note", "drained", "", nil)
+	var retention *check.Verdict
+	if retained != nil {
+		v := retained.final(ctx, sc.QueueRetention, dir)
+		retention = &v
+		tl.Log("note", "checked-retention", "", nil)
+	}
 
 	ops := h.Ops()
 	res.Ops = len(ops)
@@ -465,6 +489,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			tolerance = c.Cfg.SkewBuffer
 		}
 		res.Verdicts = append(res.Verdicts, check.Deadlines(ops, final, finalAt, tolerance, deadlineSettle))
+	}
+	if retention != nil {
+		res.Verdicts = append(res.Verdicts, *retention)
 	}
 	if sc.QueueCap > 0 {
 		res.Verdicts = append(res.Verdicts, check.Cap(ops, int(sc.QueueCap), int(sc.QueueCap), faultWindows(tl.Events(), capSettle)))

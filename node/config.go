@@ -61,6 +61,13 @@ type Config struct {
 	DefaultRetry *crdt.RetryPolicy
 	// MaxWait bounds a Claim's long poll. Default 60 s.
 	MaxWait time.Duration
+	// MinQueueRetention is the shortest retention SetQueue takes for a
+	// queue (QueueSettings.retention). Default an hour
+	// (cluster.MinQueueRetentionMs); only the Jepsen harness's test hooks
+	// lower it (nornd -test-hooks: a second), so that a run sees tasks
+	// deleted. The rejoin rule never follows a queue retention below
+	// the default.
+	MinQueueRetention time.Duration
 	// ClaimRecheck is how often a long-polling claim on a cluster of
 	// several nodes looks across the cluster again even when nothing woke
 	// it: the safety net under the wake-ups (see Claim), and the only way
@@ -293,6 +300,7 @@ func (c *Config) setDefaults() {
 	}
 	def(&c.MaxLease, time.Hour)
 	def(&c.MaxWait, 60*time.Second)
+	def(&c.MinQueueRetention, cluster.MinQueueRetentionMs*time.Millisecond)
 	def(&c.ClaimRecheck, 2*time.Second)
 	def(&c.Retention, 7*24*time.Hour)
 	def(&c.MonitorInterval, 250*time.Millisecond)

@@ -121,7 +121,7 @@ func New(cfg Config) (*Node, error) {
 	// finds the task through its leader, here or proxied).
 	waiters := dispatch.NewWaiters()
 	store, err := storage.Open(storage.Config{Dir: filepath.Join(cfg.DataDir, "db"), Clock: cfg.Clock,
-		FS: cfg.StorageFS, AckBeforeSync: cfg.TestBugs.AckBeforeSync, CountDrift: cfg.TestBugs.CountDrift, WALMinSyncInterval: max(cfg.WALMinSyncInterval, 0),
+		FS: cfg.StorageFS, AckBeforeSync: cfg.TestBugs.AckBeforeSync, CountDrift: cfg.TestBugs.CountDrift, RetentionFromEnqueue: cfg.TestBugs.RetentionFromEnqueue, WALMinSyncInterval: max(cfg.WALMinSyncInterval, 0),
 		Log:     cfg.logger("storage"),
 		OnReady: func(_ uint16, queue string) { waiters.Notify(queue) }})
 	if err != nil {
@@ -286,7 +286,8 @@ func New(cfg Config) (*Node, error) {
 	n.dispatch.Start()
 	n.server = server.New(server.Config{
 		Limits: cfg.Limits, DefaultLease: cfg.DefaultLease, MaxLease: cfg.MaxLease, MaxWait: cfg.MaxWait, DefaultRetry: *cfg.DefaultRetry,
-		Clock: cfg.Clock, HLC: n.hlc, IDs: ids, Logger: cfg.logger("server"),
+		MinQueueRetention: cfg.MinQueueRetention,
+		Clock:             cfg.Clock, HLC: n.hlc, IDs: ids, Logger: cfg.logger("server"),
 		NodeID: cfg.NodeID, APIAddr: cfg.APIAddr, Version: cfg.Version, Start: cfg.Clock.Now(),
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Dispatch: n.dispatch,
 		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard, Heartbeats: heartbeats,

@@ -105,14 +105,17 @@ func newRejoinGuard(dir, self string, clock crdt.Clock, retention time.Duration,
 }
 
 // limit is the rejoin limit of the shortest retention in force: the
-// node's, or a queue's own (QueueSettings.retention) when shorter. A
+// node's, or a queue's own (QueueSettings.retention) when shorter (but
+// not below cluster.MinQueueRetentionMs). A
 // node away longer than a queue's retention could bring back that
 // queue's tasks it missed the end of, deleted meanwhile.
 func (g *rejoinGuard) limit() time.Duration {
 	r := g.retention
 	if g.shortest != nil {
-		if q := g.shortest(); q > 0 && q < r {
-			r = q
+		// Never below an hour's: only test hooks set queue retentions
+		// that short, and the marks are a minute apart.
+		if q := g.shortest(); q > 0 {
+			r = min(r, max(q, cluster.MinQueueRetentionMs*time.Millisecond))
 		}
 	}
 	return rejoinLimit(r)

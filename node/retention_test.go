@@ -32,6 +32,9 @@ func TestQueueRetention(t *testing.T) {
 			t.Fatalf("SetQueue answered retention %v, want %v", got, r)
 		}
 	}
+	if got := h.node.rejoin.limit(); got != rejoinLimit(7*24*time.Hour) {
+		t.Fatalf("rejoin limit %v without queue retentions, want the node's %v", got, rejoinLimit(7*24*time.Hour))
+	}
 	set("short", time.Hour)
 	set("long", 30*24*time.Hour)
 	if got := h.node.rejoin.limit(); got != rejoinLimit(time.Hour) {

@@ -81,25 +81,31 @@ type TestBugs struct {
 	// claimed tasks alone (dispatch.Config.DeadlineUnfenced): a task
 	// claimed before its deadline runs past it and completes.
 	DeadlineUnfenced bool
+	// RetentionFromEnqueue ("retention-from-enqueue"): the retention
+	// index keys a terminal task by its enqueue time instead of the time
+	// it ended (storage.Config.RetentionFromEnqueue): a task that waited
+	// or ran long is deleted before its retention has passed.
+	RetentionFromEnqueue bool
 }
 
 // testBugs maps the names of -test-bug to their fields.
 var testBugs = map[string]func(*TestBugs) *bool{
-	"claim-no-check":        func(b *TestBugs) *bool { return &b.ClaimNoCheck },
-	"ack-before-sync":       func(b *TestBugs) *bool { return &b.AckBeforeSync },
-	"expiry-no-skew":        func(b *TestBugs) *bool { return &b.ExpiryNoSkew },
-	"drop-replicated-write": func(b *TestBugs) *bool { return &b.DropReplicatedWrite },
-	"count-drift":           func(b *TestBugs) *bool { return &b.CountDrift },
-	"tls-any-client":        func(b *TestBugs) *bool { return &b.TLSAnyClient },
-	"act-no-fence":          func(b *TestBugs) *bool { return &b.ActNoFence },
-	"retry-no-backoff":      func(b *TestBugs) *bool { return &b.RetryNoBackoff },
-	"retry-completed":       func(b *TestBugs) *bool { return &b.RetryCompleted },
-	"act-local":             func(b *TestBugs) *bool { return &b.ActLocal },
-	"end-after-write":       func(b *TestBugs) *bool { return &b.EndAfterWrite },
-	"skew-one-offset":       func(b *TestBugs) *bool { return &b.SkewOneOffset },
-	"claim-local-first":     func(b *TestBugs) *bool { return &b.ClaimLocalFirst },
-	"cap-stale-count":       func(b *TestBugs) *bool { return &b.CapStaleCount },
-	"deadline-unfenced":     func(b *TestBugs) *bool { return &b.DeadlineUnfenced },
+	"claim-no-check":         func(b *TestBugs) *bool { return &b.ClaimNoCheck },
+	"ack-before-sync":        func(b *TestBugs) *bool { return &b.AckBeforeSync },
+	"expiry-no-skew":         func(b *TestBugs) *bool { return &b.ExpiryNoSkew },
+	"drop-replicated-write":  func(b *TestBugs) *bool { return &b.DropReplicatedWrite },
+	"count-drift":            func(b *TestBugs) *bool { return &b.CountDrift },
+	"tls-any-client":         func(b *TestBugs) *bool { return &b.TLSAnyClient },
+	"act-no-fence":           func(b *TestBugs) *bool { return &b.ActNoFence },
+	"retry-no-backoff":       func(b *TestBugs) *bool { return &b.RetryNoBackoff },
+	"retry-completed":        func(b *TestBugs) *bool { return &b.RetryCompleted },
+	"act-local":              func(b *TestBugs) *bool { return &b.ActLocal },
+	"end-after-write":        func(b *TestBugs) *bool { return &b.EndAfterWrite },
+	"skew-one-offset":        func(b *TestBugs) *bool { return &b.SkewOneOffset },
+	"claim-local-first":      func(b *TestBugs) *bool { return &b.ClaimLocalFirst },
+	"cap-stale-count":        func(b *TestBugs) *bool { return &b.CapStaleCount },
+	"deadline-unfenced":      func(b *TestBugs) *bool { return &b.DeadlineUnfenced },
+	"retention-from-enqueue": func(b *TestBugs) *bool { return &b.RetentionFromEnqueue },
 }
 
 // TestBugNames returns the names ParseTestBugs accepts, sorted.

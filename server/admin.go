@@ -194,10 +194,7 @@ func (sv *Server) peerRoots(ctx context.Context, r *cluster.Ring) map[string]pee
 		}
 		wg.Go(func() {
 			ans := peerRootsAnswer{roots: map[uint16]uint64{}}
-			req := &nornv1.TreeRootsRequest{LeafBits: uint32(sv.ae.LeafBits())}
-			for _, p := range parts {
-				req.Partitions = append(req.Partitions, uint32(p))
-			}
+			req := sv.ae.RootsRequest(parts)
 			resp, err := transport.Unary(ctx, sv.peers, req, sv.peers.Get(nd.APIAddr).Peer.TreeRoots)
 			switch {
 			case err != nil:

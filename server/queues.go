@@ -255,7 +255,7 @@ func (sv *Server) settingsChange(cur cluster.QueueSettings, m *nornv1.SetQueueRe
 		next.ClaimRate = r
 	}
 	if d := set.GetRetention(); d != nil {
-		r, err := retentionArg("settings.retention", d)
+		r, err := sv.retentionArg("settings.retention", d)
 		if err != nil {
 			return cur, err
 		}
@@ -315,13 +315,17 @@ func settingsToAPI(s cluster.QueueSettings) *nornv1.QueueSettings {
 }
 
 // retentionArg checks a queue's retention (field names it): a valid
-// duration of whole milliseconds from an hour to 366 days.
-func retentionArg(field string, d *durationpb.Duration) (time.Duration, error) {
+// duration of whole milliseconds from an hour (Config.MinQueueRetention)
+// to 366 days.
+func (sv *Server) retentionArg(field string, d *durationpb.Duration) (time.Duration, error) {
 	if err := d.CheckValid(); err != nil {
 		return 0, apierr.Invalid(field, "%v", err)
 	}
 	r := d.AsDuration()
-	lo, hi := time.Duration(cluster.MinQueueRetentionMs)*time.Millisecond, time.Duration(cluster.MaxQueueDurationMs)*time.Millisecond
+	lo, hi := sv.cfg.MinQueueRetention, time.Duration(cluster.MaxQueueDurationMs)*time.Millisecond
+	if lo <= 0 {
+		lo = time.Duration(cluster.MinQueueRetentionMs) * time.Millisecond
+	}
 	switch {
 	case r < lo || r > hi:
 		return 0, apierr.Invalid(field, "must be from %v to %v, got %v (clear it for the node's retention)", lo, hi, r)

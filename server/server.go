@@ -37,6 +37,9 @@ type Config struct {
 	// DefaultLease is the lease of a Claim or Renew that names none;
 	// MaxLease bounds requested leases; MaxWait bounds a Claim's long poll.
 	DefaultLease, MaxLease, MaxWait time.Duration
+	// MinQueueRetention is the shortest QueueSettings.retention taken
+	// (node.Config.MinQueueRetention).
+	MinQueueRetention time.Duration
 	// DefaultRetry is the retry policy of a retryable Abort of a task
 	// whose spec has none.
 	DefaultRetry crdt.RetryPolicy

@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/testhooks"
 )
 
 // The retention index (store format 7): a key per terminal task,
@@ -95,6 +96,17 @@ func terminalKey(p uint16, t *crdt.Task) []byte {
 	return binary.BigEndian.AppendUint64(k, t.ID)
 }
 
+// retentionKey is terminalKey, or with the seeded bug
+// RetentionFromEnqueue the key at the task's enqueue time.
+func (s *Store) retentionKey(p uint16, t *crdt.Task) []byte {
+	k := terminalKey(p, t)
+	if !(testhooks.Built && s.early) || k == nil || t.Spec == nil {
+		return k
+	}
+	k = binary.BigEndian.AppendUint64(terminalPrefix(p, queueOfTask(t)), uint64(max(t.Spec.CreatedAt.WallMs, 0)))
+	return binary.BigEndian.AppendUint64(k, t.ID)
+}
+
 // parseTerminalKey splits a retention key of partition p into its queue,
 // time and id.
 func parseTerminalKey(k []byte) (queue string, ms int64, id uint64, err error) {
@@ -111,12 +123,12 @@ func parseTerminalKey(k []byte) (queue string, ms int64, id uint64, err error) {
 
 // moveTerminalKey keeps the retention index in step with a merge (an
 // earlier terminal event arriving later, or the spec, moves the key).
-func moveTerminalKey(b *sortedBatch, p uint16, id uint64, old *StoredTask, out *crdt.Task) error {
+func (s *Store) moveTerminalKey(b *sortedBatch, p uint16, old *StoredTask, out *crdt.Task) error {
 	var oldKey []byte
 	if old != nil {
-		oldKey = terminalKey(p, old.Task)
+		oldKey = s.retentionKey(p, old.Task)
 	}
-	newKey := terminalKey(p, out)
+	newKey := s.retentionKey(p, out)
 	if bytes.Equal(oldKey, newKey) {
 		return nil
 	}
@@ -520,7 +532,7 @@ func (s *Store) buildTerminalIndex(p uint16, progress func(n int)) (int, error) 
 		if t.ID != idFromKey(k) {
 			return 0, corrupt(k, "stored task has id %d", t.ID)
 		}
-		tk := terminalKey(p, t)
+		tk := s.retentionKey(p, t)
 		if tk == nil {
 			continue
 		}

@@ -58,6 +58,11 @@ type Config struct {
 	// count-drift), test-only: the task counters miss the claim FSM's
 	// index moves. Never set it in production.
 	CountDrift bool
+	// RetentionFromEnqueue is a seeded bug for the Jepsen harness (nornd
+	// -test-bug retention-from-enqueue), test-only: the retention index
+	// keys a terminal task by its enqueue time instead of the time it
+	// ended, so retention deletes it early. Never set it in production.
+	RetentionFromEnqueue bool
 }
 
 // Validate reports a missing or out-of-range field.
@@ -89,6 +94,7 @@ type Store struct {
 	onReady func(p uint16, queue string) // Config.OnReady
 	noSync  bool                         // Config.AckBeforeSync (a seeded bug)
 	drift   bool                         // Config.CountDrift (a seeded bug)
+	early   bool                         // Config.RetentionFromEnqueue (a seeded bug)
 
 	stripes [lockStripes]sync.Mutex
 
@@ -167,7 +173,7 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{db: db, rows: rows, clock: cfg.Clock, log: cfg.Log, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, drift: cfg.CountDrift, ready: map[queueKey]*readyQueue{}, times: map[dueKey]*timeIndex{},
+	s := &Store{db: db, rows: rows, clock: cfg.Clock, log: cfg.Log, onReady: cfg.OnReady, noSync: cfg.AckBeforeSync, drift: cfg.CountDrift, early: cfg.RetentionFromEnqueue, ready: map[queueKey]*readyQueue{}, times: map[dueKey]*timeIndex{},
 		horizons: idHorizons{db: db, spans: stateSpans}, recordHorizons: idHorizons{db: db, spans: recordSpans}}
 	if err := s.upgrade(); err != nil {
 		db.Close()

@@ -226,7 +226,7 @@ func (s *Store) prepareMerge(items []MergeItem) ([]MergeResult, *pebble.Batch, [
 		if err := moveQueueKey(&sb, k.p, k.id, oldSpec, out.Spec); err != nil {
 			return nil, nil, nil, nil, nil, err
 		}
-		if err := moveTerminalKey(&sb, k.p, k.id, old, out); err != nil {
+		if err := s.moveTerminalKey(&sb, k.p, old, out); err != nil {
 			return nil, nil, nil, nil, nil, err
 		}
 		newMeta := placeAfterMerge(oldMeta, oldSpec, out, now)
@@ -289,7 +289,7 @@ func (s *Store) DeleteTasks(p uint16, ids []uint64) error {
 				if err := moveQueueKey(b, p, id, spec, nil); err != nil {
 					return nil, err
 				}
-				for _, k := range [][]byte{taskKey(p, id), terminalKey(p, ti.task)} {
+				for _, k := range [][]byte{taskKey(p, id), s.retentionKey(p, ti.task)} {
 					if k != nil {
 						if err := b.Delete(k); err != nil {
 							return nil, err

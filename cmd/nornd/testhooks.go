@@ -59,6 +59,7 @@ func (h *testHooks) configure(cfg *node.Config, logger *slog.Logger) error {
 		logger.Warn("test hooks enabled: not for production", "test_bugs", *h.bug)
 		h.clk = newTestClock()
 		cfg.Clock = h.clk
+		cfg.MinQueueRetention = time.Second // a run sees tasks deleted
 		cfg.StorageFS = faultfs.New(vfs.Default)
 	}
 	return nil
