@@ -147,6 +147,21 @@ func main() {
 		}
 	}
 	fmt.Print("\n", jepsen.Table(rs))
+	// What failed, again at the end: CI keeps the tail of the output.
+	for _, r := range rs {
+		if r.OK {
+			continue
+		}
+		for _, v := range r.Verdicts {
+			if !v.Valid && v.Skipped == "" && !v.ReportOnly {
+				d := strings.Join(v.Details, "; ")
+				if len(d) > 4000 {
+					d = d[:4000] + " ..."
+				}
+				fmt.Printf("\nFAILED %s seed %d, %s: %s\n", r.Scenario, r.Seed, v.Checker, d)
+			}
+		}
+	}
 	removeBin()
 	for _, r := range rs {
 		if r.Skipped != "" && !*allowSkip {
