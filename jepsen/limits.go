@@ -24,13 +24,18 @@ const capSettle = 10 * time.Second
 // setQueueCap caps the workload's queue before the workload starts, and
 // waits until every node applies the cap (SetQueue names none pending).
 func setQueueCap(ctx context.Context, c *Cluster, limit uint32) error {
+	return setQueue(ctx, c, Queue, &nornv1.QueueSettings{MaxClaimed: &limit})
+}
+
+// setQueue sets queue's settings before the workload starts, and waits
+// until every node applies them (SetQueue names none pending).
+func setQueue(ctx context.Context, c *Cluster, queue string, settings *nornv1.QueueSettings) error {
 	deadline := time.Now().Add(30 * time.Second)
 	var last error
 	for i := 0; time.Now().Before(deadline); i++ {
 		n := c.Active()[i%len(c.Active())]
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := n.Queues.SetQueue(cctx, connect.NewRequest(&nornv1.SetQueueRequest{Queue: Queue,
-			Settings: &nornv1.QueueSettings{MaxClaimed: &limit}}))
+		resp, err := n.Queues.SetQueue(cctx, connect.NewRequest(&nornv1.SetQueueRequest{Queue: queue, Settings: settings}))
 		cancel()
 		switch {
 		case err != nil:
@@ -42,7 +47,7 @@ func setQueueCap(ctx context.Context, c *Cluster, limit uint32) error {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	return fmt.Errorf("jepsen: cap queue %s at %d: %w", Queue, limit, last)
+	return fmt.Errorf("jepsen: set queue %s to %v: %w", queue, settings, last)
 }
 
 // faultWindows are the times from each fault's start to its end plus

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -55,25 +54,7 @@ const (
 // setQueueRetention gives retentionQueue its retention before the run,
 // and waits until every node applies it.
 func setQueueRetention(ctx context.Context, c *Cluster, r time.Duration) error {
-	deadline := time.Now().Add(30 * time.Second)
-	var last error
-	for i := 0; time.Now().Before(deadline); i++ {
-		n := c.Active()[i%len(c.Active())]
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := n.Queues.SetQueue(cctx, connect.NewRequest(&nornv1.SetQueueRequest{Queue: retentionQueue,
-			Settings: &nornv1.QueueSettings{Retention: durationpb.New(r)}}))
-		cancel()
-		switch {
-		case err != nil:
-			last = err
-		case len(resp.Msg.GetPendingNodes()) > 0:
-			last = fmt.Errorf("not yet applied on %s", strings.Join(resp.Msg.GetPendingNodes(), ", "))
-		default:
-			return nil
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	return fmt.Errorf("jepsen: retention of queue %s at %s: %w", retentionQueue, r, last)
+	return setQueue(ctx, c, retentionQueue, &nornv1.QueueSettings{Retention: durationpb.New(r)})
 }
 
 // retentionRun is the retention clients' history.

@@ -192,9 +192,24 @@ const queueIndexLogEvery = 1_000_000
 // its task keys, and returns how many tasks it indexed. progress is called
 // after each commit with the count so far.
 func (s *Store) buildQueueIndex(p uint16, progress func(n int)) (int, error) {
+	return s.buildIndex(p, []byte{tagQueue}, progress, func(t *crdt.Task) []byte {
+		if t.Spec == nil {
+			return nil
+		}
+		return queueIndexKey(p, t.Spec.Queue, t.ID)
+	})
+}
+
+// buildIndex replaces partition p's keys of the tags with keyOf of every
+// stored task (nil: none), from one pass over its task keys (the heads:
+// crdt.DecodeHead), committed in batches; it returns how many keys it
+// wrote, and calls progress after each commit with the count so far.
+func (s *Store) buildIndex(p uint16, tags []byte, progress func(n int), keyOf func(*crdt.Task) []byte) (int, error) {
 	var sb sortedBatch
-	lo, hi := tagSpan(p, tagQueue)
-	sb.DeleteRange(lo, hi)
+	for _, tag := range tags {
+		lo, hi := tagSpan(p, tag)
+		sb.DeleteRange(lo, hi)
+	}
 	n := 0
 	flush := func() error {
 		if sb.Empty() {
@@ -221,18 +236,18 @@ func (s *Store) buildQueueIndex(p uint16, progress func(n int)) (int, error) {
 		if err != nil {
 			return 0, err
 		}
-		id := idFromKey(k)
 		t, err := crdt.DecodeHead(v) // the spec without the payload
 		if err != nil {
 			return 0, corrupt(k, "%v", err)
 		}
-		if t.ID != id {
+		if t.ID != idFromKey(k) {
 			return 0, corrupt(k, "stored task has id %d", t.ID)
 		}
-		if t.Spec == nil {
+		key := keyOf(t)
+		if key == nil {
 			continue
 		}
-		if err := sb.Set(queueIndexKey(p, t.Spec.Queue, id), nil); err != nil {
+		if err := sb.Set(key, nil); err != nil {
 			return 0, err
 		}
 		n++
