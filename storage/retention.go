@@ -224,6 +224,14 @@ func (d *terminalBounds) due(p uint16, h Horizons) (queues []string, known bool,
 	return queues, true, b.version
 }
 
+// version is partition p's version (bumped by every insert), to pass to
+// setQueue after a scan.
+func (d *terminalBounds) version(p uint16) uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.part(p).version
+}
+
 // setAll makes partition p's table the result of a full scan (queue ->
 // earliest time) unless a key was inserted since it began.
 func (d *terminalBounds) setAll(p uint16, version uint64, queues map[string]int64) {
@@ -367,6 +375,9 @@ func (s *Store) RaiseDeleteHorizons(h Horizons) {
 			next.set(q, max(cur.Default, ms))
 		}
 	}
+	if next.Default == cur.Default && maps.Equal(next.Queues, cur.Queues) && d.cur.Load() != nil {
+		return // nothing rose (the monitor's passes, four a second per partition)
+	}
 	d.cur.Store(next)
 }
 
@@ -431,7 +442,7 @@ func (s *Store) DeleteExpired(p uint16, h Horizons, batch int, forget func(ids [
 	deleted := 0
 	for _, q := range queues {
 		for {
-			_, _, version := s.terminal.due(p, h)
+			version := s.terminal.version(p)
 			due, next, err := s.terminalDue(p, q, h.Of(q), batch)
 			if err != nil {
 				return deleted, err
