@@ -114,6 +114,8 @@ func (cmd *Command) Encode() []byte {
 			b = binary.AppendVarint(b, dl.DeadlineMs)
 			b = appendBytes(b, dl.State)
 		}
+	case OpUnique:
+		b = appendUniques(b, cmd.Uniques)
 	case OpAct:
 		b = binary.AppendUvarint(b, uint64(len(cmd.Acts)))
 		for _, act := range cmd.Acts {
@@ -197,6 +199,8 @@ func DecodeCommand(b []byte) (*Command, error) {
 				cmd.Deadlines[i] = Deadline{ID: d.uvarint(), Life: d.uint32(), DeadlineMs: d.varint(), State: d.bytes()}
 			}
 		}
+	case OpUnique:
+		cmd.Uniques = d.uniques()
 	case OpAct:
 		if n := d.count(4); n > 0 {
 			cmd.Acts = make([]Act, n)

@@ -48,6 +48,9 @@ const (
 	// NowMs and that is not terminal in its life, ending its live claim,
 	// and every replica merges the cancel (deadline.go).
 	OpDeadline Op = 10
+	// OpUnique decides who holds unique keys (Uniques; unique.go). It
+	// touches no task record: ApplyUnique applies it.
+	OpUnique Op = 11
 )
 
 func (o Op) String() string {
@@ -72,6 +75,8 @@ func (o Op) String() string {
 		return "revive"
 	case OpDeadline:
 		return "deadline"
+	case OpUnique:
+		return "unique"
 	}
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
@@ -106,6 +111,7 @@ type Command struct {
 	Acts        []Act       // OpAct
 	Life        uint32      // OpRevive
 	Deadlines   []Deadline  // OpDeadline
+	Uniques     []UniqueOp  // OpUnique
 }
 
 // Act is one thing a worker did under its claim, in an OpAct.
@@ -171,6 +177,8 @@ type Outcome struct {
 	// Record is the task's record after the command (nil when Err != nil,
 	// or when the command forgot it). Read-only: it is the stored state.
 	Record *Record
+	// Unique (OpUnique) is the key's record after the op, nil when none.
+	Unique *UniqueRecord
 }
 
 // Change is a record the command wrote (nil: deleted), and what it did to
@@ -225,6 +233,9 @@ type Bugs struct {
 // ApplyWithBugs is Apply with the seeded bugs bugs.
 func ApplyWithBugs(index uint64, cmd *Command, get Getter, bugs Bugs) ([]Outcome, []Change, error) {
 	a := applier{index: index, cmd: cmd, get: get, bugs: bugs, recs: map[uint64]*Record{}}
+	if cmd.Op == OpUnique {
+		return []Outcome{{Err: fmt.Errorf("%w: unique ops are applied by ApplyUnique", ErrBadCommand)}}, nil, nil
+	}
 	if err := validate(cmd); err != nil {
 		return []Outcome{{ID: cmd.ID, Err: err}}, nil, nil
 	}

@@ -29,8 +29,11 @@ type KV interface {
 	ApplyClaimFSM(p uint16, u storage.ClaimFSMUpdate, sync bool) error
 	// SnapshotClaimFSM returns a consistent view of the FSM.
 	SnapshotClaimFSM(p uint16) *storage.FSMSnapshot
+	// ClaimFSMUnique returns the record of a unique key, or an error
+	// wrapping storage.ErrNotFound.
+	ClaimFSMUnique(p uint16, queue, key string) ([]byte, error)
 	// RestoreClaimFSM replaces the FSM's state.
-	RestoreClaimFSM(p uint16, applied uint64, records []storage.FSMRecord, live, delayed []storage.ClaimMark) error
+	RestoreClaimFSM(p uint16, applied uint64, records []storage.FSMRecord, live, delayed []storage.ClaimMark, uniques []storage.FSMUnique) error
 	// Sync makes all committed writes durable.
 	Sync() error
 }
@@ -195,6 +198,7 @@ func (f *fsm) applyBatch(logs []*raft.Log) []any {
 		}
 		return DecodeRecord(b)
 	}
+	uniques := newUniqueOverlay(f.kv, f.p)
 	var u storage.ClaimFSMUpdate
 	var order []uint64
 	var results []*Result
@@ -223,6 +227,18 @@ func (f *fsm) applyBatch(logs []*raft.Log) []any {
 		}
 		if span := f.startApply(l, cmd); span != nil {
 			traced = append(traced, tracedApply{span, res})
+		}
+		if cmd.Op == OpUnique {
+			outcomes, changes, err := ApplyUnique(cmd, uniques.get)
+			if err != nil {
+				failed = fmt.Errorf("claims: entry %d of partition %d: %w", l.Index, f.p, err)
+				break
+			}
+			u.AppliedIndex = l.Index
+			results = append(results, res)
+			res.Outcomes = outcomes
+			uniques.note(changes)
+			continue
 		}
 		outcomes, changes, err := ApplyWithBugs(l.Index, cmd, get, f.bugs)
 		if err != nil {
@@ -263,6 +279,7 @@ func (f *fsm) applyBatch(logs []*raft.Log) []any {
 			}
 			u.Records = append(u.Records, rec)
 		}
+		u.Uniques = uniques.changes()
 		// Not synced: the entries are durable in the Raft log, and the
 		// applied index in the same atomic batch tells a replay where to
 		// resume.
@@ -332,7 +349,10 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 }
 
 // Snapshot stream format: applied index (8 bytes), then per record its id
-// (8 bytes), length (uvarint) and bytes; the stream ends at EOF.
+// (8 bytes), length (uvarint) and bytes; then, when the partition has
+// unique key records, an id of 0 (no task has it) and per record its
+// queue, key and record, each as a length (uvarint) and bytes; the stream
+// ends at EOF.
 type fsmSnapshot struct{ snap *storage.FSMSnapshot }
 
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
@@ -357,6 +377,9 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 		if err != nil {
 			return err
 		}
+		if err := persistUniques(w, s.snap); err != nil {
+			return err
+		}
 		return w.Flush()
 	}()
 	if err != nil {
@@ -379,6 +402,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	applied := binary.BigEndian.Uint64(buf[:])
 	var recs []storage.FSMRecord
 	var live, delayed []storage.ClaimMark
+	var uniques []storage.FSMUnique
 	for {
 		if _, err := io.ReadFull(r, buf[:]); err == io.EOF {
 			break
@@ -386,6 +410,13 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 			return fmt.Errorf("claims: snapshot record: %w", err)
 		}
 		id := binary.BigEndian.Uint64(buf[:])
+		if id == 0 {
+			var err error
+			if uniques, err = restoreUniques(r); err != nil {
+				return err
+			}
+			break
+		}
 		n, err := binary.ReadUvarint(r)
 		if err != nil || n > 1<<24 {
 			return fmt.Errorf("claims: snapshot record %d length: %v", id, err)
@@ -406,7 +437,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		}
 	}
 	f.appliedKnown = false
-	if err := f.kv.RestoreClaimFSM(f.p, applied, recs, live, delayed); err != nil {
+	if err := f.kv.RestoreClaimFSM(f.p, applied, recs, live, delayed, uniques); err != nil {
 		return err
 	}
 	f.applied, f.appliedKnown = applied, true

@@ -52,6 +52,8 @@ func validate(cmd *Command) error {
 				return fmt.Errorf("%w: deadline %d of task %d", ErrBadCommand, dl.DeadlineMs, dl.ID)
 			}
 		}
+	case OpUnique:
+		return validateUnique(cmd)
 	case OpYield, OpExtend, OpForget:
 	default:
 		return fmt.Errorf("%w: unknown op %d", ErrBadCommand, cmd.Op)

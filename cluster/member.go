@@ -77,8 +77,11 @@ const (
 	// deletes a queue's terminal tasks at its own horizon; anti-entropy
 	// rounds agree on per-queue horizons).
 	FeatureRetention uint64 = 1 << 3
+	// FeatureUnique: unique keys (the task encoding's unique key, the
+	// claim FSM's OpUnique and its records, PeerService.UniqueKeys).
+	FeatureUnique uint64 = 1 << 4
 	// FeaturesBuilt are the features this build has.
-	FeaturesBuilt = FeatureRetries | FeatureQueues | FeatureDeadlines | FeatureRetention
+	FeaturesBuilt = FeatureRetries | FeatureQueues | FeatureDeadlines | FeatureRetention | FeatureUnique
 )
 
 // SecurityMeta is what a node gossips about its security settings.

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -104,6 +105,14 @@ func msTime(ms int64) *timestamppb.Timestamp {
 	return timestamppb.New(time.UnixMilli(ms))
 }
 
+// msDurationPB is ms as an API duration, nil for 0.
+func msDurationPB(ms int64) *durationpb.Duration {
+	if ms == 0 {
+		return nil
+	}
+	return durationpb.New(msDuration(ms))
+}
+
 // View renders a task for the API.
 func (c *Coordinator) View(ts *TaskState) *nornv1.Task {
 	t, spec := ts.Task, ts.Task.Spec
@@ -113,6 +122,7 @@ func (c *Coordinator) View(ts *TaskState) *nornv1.Task {
 			Queue: spec.Queue, Priority: spec.Priority, Payload: spec.Payload,
 			NotBefore: msTime(spec.NotBeforeMs), DependsOn: spec.DependsOn, MaxClaims: spec.MaxClaims,
 			Retry: RetryToAPI(spec.Retry), Deadline: msTime(spec.DeadlineMs),
+			UniqueKey: spec.UniqueKey, UniqueFor: msDurationPB(spec.UniqueForMs),
 		},
 		Status:    ts.Status(c.cfg.Clock.Now().UnixMilli(), c.cfg.DepsDone),
 		CreatedAt: msTime(spec.CreatedAt.WallMs),

@@ -59,6 +59,9 @@ func (t *Task) AppendEncode(dst []byte) []byte {
 		if t.Spec.DeadlineMs != 0 {
 			flags |= flagDeadline
 		}
+		if t.Spec.UniqueKey != "" {
+			flags |= flagUnique
+		}
 	}
 	if len(t.Failures) > 0 {
 		flags |= flagFailures
@@ -119,6 +122,7 @@ const (
 	flagFailures = 0x04
 	flagLives    = 0x08 // terminals carry their lives; revivals follow the failures
 	flagDeadline = 0x10 // the spec ends with its deadline
+	flagUnique   = 0x20 // the spec ends with its unique key and window
 )
 
 // Digest is the xxhash of an encoding. Equal states have equal digests.
@@ -163,6 +167,10 @@ func appendSpec(dst []byte, s *Spec) []byte {
 	}
 	if s.DeadlineMs != 0 {
 		dst = binary.AppendVarint(dst, s.DeadlineMs)
+	}
+	if s.UniqueKey != "" {
+		dst = appendString(dst, s.UniqueKey)
+		dst = binary.AppendVarint(dst, s.UniqueForMs)
 	}
 	return dst
 }
@@ -382,12 +390,12 @@ func (r *reader) idAndSpec(payload bool) (*Task, byte) {
 	flags := r.byte()
 	switch {
 	case r.err != nil:
-	case flags&^(flagSpec|flagRetry|flagFailures|flagLives|flagDeadline) != 0:
+	case flags&^(flagSpec|flagRetry|flagFailures|flagLives|flagDeadline|flagUnique) != 0:
 		r.fail("unknown flags %#x", flags)
-	case flags&(flagRetry|flagDeadline) != 0 && flags&flagSpec == 0:
-		r.fail("flags %#x: a retry policy or deadline without a spec", flags)
+	case flags&(flagRetry|flagDeadline|flagUnique) != 0 && flags&flagSpec == 0:
+		r.fail("flags %#x: a retry policy, deadline or unique key without a spec", flags)
 	case flags&flagSpec != 0:
-		t.Spec = r.spec(payload, flags&flagRetry != 0, flags&flagDeadline != 0)
+		t.Spec = r.spec(payload, flags&flagRetry != 0, flags&flagDeadline != 0, flags&flagUnique != 0)
 	}
 	return t, flags
 }
@@ -468,7 +476,7 @@ func (r *reader) failure(f *Failure) {
 
 // spec reads a spec; without payload it skips the payload instead of
 // copying it.
-func (r *reader) spec(payload, retry, deadline bool) *Spec {
+func (r *reader) spec(payload, retry, deadline, unique bool) *Spec {
 	s := &Spec{Queue: r.string()}
 	p := r.varint()
 	if p < math.MinInt32 || p > math.MaxInt32 {
@@ -502,6 +510,12 @@ func (r *reader) spec(payload, retry, deadline bool) *Spec {
 	if deadline {
 		if s.DeadlineMs = r.varint(); r.err == nil && s.DeadlineMs <= 0 {
 			r.fail("deadline %d is not after 1970", s.DeadlineMs)
+		}
+	}
+	if unique {
+		s.UniqueKey, s.UniqueForMs = r.string(), r.varint()
+		if r.err == nil && (s.UniqueKey == "" || s.UniqueForMs < 0) {
+			r.fail("unique key %q for %d ms", s.UniqueKey, s.UniqueForMs)
 		}
 	}
 	return s

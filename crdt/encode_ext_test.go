@@ -8,6 +8,7 @@ import (
 	"math"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -90,6 +91,8 @@ func extTasks() []*Task {
 		{ID: 5, Terminals: []Terminal{{At: ts(4), Kind: Dead}}},
 		{ID: 6, Spec: &Spec{Queue: "q", NotBeforeMs: 5, DeadlineMs: 1_700_000_060_000, CreatedAt: ts(0)}},
 		{ID: 7, Spec: &Spec{Queue: "q", Retry: policy, DeadlineMs: math.MaxInt64}, Failures: []Failure{{Claim: 3, At: ts(1)}}},
+		{ID: 8, Spec: &Spec{Queue: "q", UniqueKey: "report:42", CreatedAt: ts(0)}},
+		{ID: 9, Spec: &Spec{Queue: "q", DeadlineMs: 9, UniqueKey: "ключ", UniqueForMs: 3_600_000, Retry: policy}},
 	}
 }
 
@@ -104,6 +107,9 @@ func TestEncodeExtRoundTrip(t *testing.T) {
 			}
 			if x.Spec.DeadlineMs != 0 {
 				want |= flagDeadline
+			}
+			if x.Spec.UniqueKey != "" {
+				want |= flagUnique
 			}
 		}
 		if len(x.Failures) > 0 {
@@ -204,5 +210,52 @@ func TestDecodeRejectsNonCanonicalExt(t *testing.T) {
 	}
 	if x, err := Decode(policyTask(0)); err != nil || x.Spec.Retry == nil || x.Spec.Retry.MultiplierMilli != 1000 {
 		t.Errorf("the same encoding with maxAttempts 0: %+v, %v", x, err)
+	}
+}
+
+func TestUniqueKeyValidate(t *testing.T) {
+	for _, c := range []struct {
+		key   string
+		forMs int64
+		field string // "" when valid
+	}{
+		{"", 0, ""},
+		{"k", 0, ""},
+		{"k", 1000, ""},
+		{strings.Repeat("x", MaxUniqueKeyLen), MaxUniqueForMs, ""},
+		{"", 1000, "spec.uniqueFor"},
+		{strings.Repeat("x", MaxUniqueKeyLen+1), 0, "spec.uniqueKey"},
+		{"a\x00b", 0, "spec.uniqueKey"},
+		{"a\nb", 0, "spec.uniqueKey"},
+		{"\xff", 0, "spec.uniqueKey"},
+		{"k", -1, "spec.uniqueFor"},
+		{"k", MaxUniqueForMs + 1, "spec.uniqueFor"},
+	} {
+		err := (&Spec{Queue: "q", UniqueKey: c.key, UniqueForMs: c.forMs}).Validate(DefaultLimits)
+		var fe *FieldError
+		switch {
+		case c.field == "" && err != nil:
+			t.Errorf("%q for %d: %v", c.key, c.forMs, err)
+		case c.field != "" && (!errors.As(err, &fe) || fe.Field != c.field):
+			t.Errorf("%q for %d: got %v, want an error naming %s", c.key, c.forMs, err, c.field)
+		}
+	}
+}
+
+func TestSpecDigestIgnoresCreatedAt(t *testing.T) {
+	a := &Spec{Queue: "q", Payload: []byte("p"), UniqueKey: "k", CreatedAt: Timestamp{WallMs: 1}}
+	b := *a
+	b.CreatedAt = Timestamp{WallMs: 2, Logical: 3}
+	if SpecDigest(a) != SpecDigest(&b) {
+		t.Fatal("specs that differ only in CreatedAt have different digests")
+	}
+	b.Payload = []byte("q")
+	if SpecDigest(a) == SpecDigest(&b) {
+		t.Fatal("specs with different payloads have one digest")
+	}
+	c := *a
+	c.UniqueForMs = 1000
+	if SpecDigest(a) == SpecDigest(&c) {
+		t.Fatal("specs with different windows have one digest")
 	}
 }

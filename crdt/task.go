@@ -21,6 +21,12 @@ type Spec struct {
 	// DeadlineMs is TaskSpec.deadline, Unix ms: a task not completed by
 	// then ends CANCELLED with the error code "deadline"; 0 = none.
 	DeadlineMs int64
+	// UniqueKey is TaskSpec.unique_key ("": none): the task held the key
+	// in its queue when it was enqueued (docs/SCHEDULING.md).
+	UniqueKey string
+	// UniqueForMs is TaskSpec.unique_for in ms (0: until the task is
+	// finished); only with a UniqueKey.
+	UniqueForMs int64
 }
 
 // Update is one progress report of a worker, keyed by (Claim, Seq).

@@ -4,6 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // Limits bounds the sizes of user-supplied fields. The API layer validates
@@ -88,6 +92,9 @@ func (s *Spec) Validate(lim Limits) error {
 	}
 	if s.DeadlineMs != 0 && s.DeadlineMs <= s.NotBeforeMs {
 		return invalid("spec.deadline", "must be after spec.notBefore: the task could never run")
+	}
+	if err := s.validateUnique(); err != nil {
+		return err
 	}
 	if len(s.DependsOn) > lim.MaxDependsOn {
 		return tooLarge("spec.dependsOn", len(s.DependsOn), lim.MaxDependsOn)
@@ -218,4 +225,43 @@ func (t *Task) Validate(lim Limits) error {
 		}
 	}
 	return nil
+}
+
+// Unique keys' bounds (TaskSpec.unique_key, unique_for).
+const (
+	MaxUniqueKeyLen = 256
+	MaxUniqueForMs  = 366 * 24 * 3600 * 1000
+)
+
+// validateUnique checks the unique key and its window.
+func (s *Spec) validateUnique() error {
+	if s.UniqueKey == "" {
+		if s.UniqueForMs != 0 {
+			return invalid("spec.uniqueFor", "needs spec.uniqueKey")
+		}
+		return nil
+	}
+	if len(s.UniqueKey) > MaxUniqueKeyLen {
+		return invalid("spec.uniqueKey", "must be 1-%d bytes, got %d", MaxUniqueKeyLen, len(s.UniqueKey))
+	}
+	if !utf8.ValidString(s.UniqueKey) {
+		return invalid("spec.uniqueKey", "must be UTF-8")
+	}
+	for i, r := range s.UniqueKey {
+		if unicode.IsControl(r) {
+			return invalid("spec.uniqueKey", "control character %U at offset %d", r, i)
+		}
+	}
+	if s.UniqueForMs < 0 || s.UniqueForMs > MaxUniqueForMs {
+		return invalid("spec.uniqueFor", "must be 1s to 8784h (366 days), got %dms", s.UniqueForMs)
+	}
+	return nil
+}
+
+// SpecDigest is the digest of what a client gave of s (every field but
+// CreatedAt): two enqueues of one spec have the same digest.
+func SpecDigest(s *Spec) uint64 {
+	c := *s
+	c.CreatedAt = Timestamp{}
+	return xxhash.Sum64(appendSpec(nil, &c))
 }

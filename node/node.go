@@ -293,6 +293,7 @@ func New(cfg Config) (*Node, error) {
 		AE: n.ae, Rebalance: n.rebalance, ClockGuard: n.clockGuard, Heartbeats: heartbeats,
 		Auth:     cfg.Auth,
 		ActLocal: cfg.TestBugs.ActLocal, EndAfterWrite: cfg.TestBugs.EndAfterWrite, RetryCompleted: cfg.TestBugs.RetryCompleted,
+		UniqueAfterWrite: cfg.TestBugs.UniqueAfterWrite, UniquePhantomAfter: n.rejoin.limit,
 		Events:   n.metrics.tasks,
 		Security: server.SecurityStatus{TLS: cfg.TLS != nil, GossipEncrypted: cfg.GossipKey != nil, Insecure: cfg.Insecure},
 		Build:    cfg.Build, DataDir: cfg.DataDir, Backup: n.Backup,

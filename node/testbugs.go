@@ -41,6 +41,11 @@ type TestBugs struct {
 	// is taken, by the API and by the claim FSM
 	// (claims.Bugs.ReviveCompleted): a finished task is handed out again.
 	RetryCompleted bool
+	// UniqueAfterWrite ("unique-after-write"): an enqueue with a unique
+	// key writes its task before it has the key's partition take the
+	// key, and leaves it when another task holds the key
+	// (server.Config.UniqueAfterWrite): two live tasks share a key.
+	UniqueAfterWrite bool
 	// ActLocal ("act-local"): a node that does not lead a task's
 	// partition decides a complete, abort, yield or update under a claim
 	// from its own copy of the claim state and writes it at the call's w
@@ -99,6 +104,7 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"act-no-fence":           func(b *TestBugs) *bool { return &b.ActNoFence },
 	"retry-no-backoff":       func(b *TestBugs) *bool { return &b.RetryNoBackoff },
 	"retry-completed":        func(b *TestBugs) *bool { return &b.RetryCompleted },
+	"unique-after-write":     func(b *TestBugs) *bool { return &b.UniqueAfterWrite },
 	"act-local":              func(b *TestBugs) *bool { return &b.ActLocal },
 	"end-after-write":        func(b *TestBugs) *bool { return &b.EndAfterWrite },
 	"skew-one-offset":        func(b *TestBugs) *bool { return &b.SkewOneOffset },

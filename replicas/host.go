@@ -208,6 +208,12 @@ func (h *Host) Ring() *cluster.Ring { return h.ring.Load() }
 // Partition returns the partition of task id.
 func (h *Host) Partition(id uint64) uint16 { return uint16(ring.Partition(id, h.cfg.Partitions)) }
 
+// KeyPartition returns the partition that decides the unique key key of
+// queue.
+func (h *Host) KeyPartition(queue, key string) uint16 {
+	return uint16(ring.KeyPartition(queue, key, h.cfg.Partitions))
+}
+
 // Meta is this node's replica of the meta group.
 func (h *Host) Meta() *cluster.Meta { return h.meta }
 

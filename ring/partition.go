@@ -41,6 +41,20 @@ func Partition(id uint64, p int) int {
 	return int(HashID(id) & uint64(p-1))
 }
 
+// KeyPartition returns the partition, in [0, p), that decides the unique
+// key key of queue (docs/SCHEDULING.md): the low log2(p) bits of the
+// xxhash64 of queue, a 0 byte and key. Like HashID it must never change.
+func KeyPartition(queue, key string, p int) int {
+	if !validPartitions(p) {
+		panic(fmt.Sprintf("ring: KeyPartition called with invalid partition count %d", p))
+	}
+	d := xxhash.New()
+	d.WriteString(queue)
+	d.Write([]byte{0})
+	d.WriteString(key)
+	return int(d.Sum64() & uint64(p-1))
+}
+
 // ValidatePartitions returns nil if p is a usable partition count: a power
 // of two in [1, MaxPartitions]. Otherwise it returns an error wrapping
 // ErrBadPartitionCount.

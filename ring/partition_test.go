@@ -138,3 +138,24 @@ func TestPartitionDistribution(t *testing.T) {
 		}
 	}
 }
+
+// KeyPartition must never change: it decides which group holds every
+// stored unique key.
+func TestKeyPartitionFixed(t *testing.T) {
+	if got := KeyPartition("emails", "report:42", MaxPartitions); got != 53541 {
+		t.Fatalf("KeyPartition(emails, report:42) = %d, pinned 53541", got)
+	}
+	if got := KeyPartition("q", "", MaxPartitions); got != 26161 {
+		t.Fatalf("KeyPartition(q, \"\") = %d, pinned 26161", got)
+	}
+	seen := map[int]bool{}
+	for i := range 64 {
+		seen[KeyPartition("q", fmt.Sprint(i), 64)] = true
+	}
+	if len(seen) < 32 {
+		t.Fatalf("64 keys fall in %d of 64 partitions", len(seen))
+	}
+	if KeyPartition("a", "bc", 1<<16) == KeyPartition("ab", "c", 1<<16) && KeyPartition("a", "b", 1<<16) == KeyPartition("ab", "", 1<<16) {
+		t.Fatal("the queue and key are not apart")
+	}
+}

@@ -84,6 +84,11 @@ func (sv *Server) importFromAPI(field string, t *nornv1.Task) (*crdt.Task, error
 	if err != nil {
 		return nil, err
 	}
+	if spec.UniqueKey != "" {
+		// Its key would not be held here: a later enqueue could make a
+		// second live task with it (docs/SCHEDULING.md).
+		return nil, apierr.Invalid(field+".spec.uniqueKey", "ImportTasks does not take tasks with unique keys yet; enqueue them instead")
+	}
 	now := sv.cfg.Clock.Now()
 	created, err := importTime(field+".createdAt", t.GetCreatedAt(), now)
 	if err != nil {

@@ -202,6 +202,9 @@ func (s taskService) Retry(ctx context.Context, req *connect.Request[nornv1.Retr
 		// recorded yet), so that it agrees the task is terminal.
 		sv.dispatch.EndNow(m.GetId(), prev)
 	}
+	if err := sv.reacquireUnique(ctx, m.GetId(), life+1, ts.Task.Spec); err != nil {
+		return nil, err
+	}
 	state, repeated, err := sv.dispatch.Revive(m.GetId(), life+1)
 	if err != nil {
 		return nil, err

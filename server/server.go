@@ -70,6 +70,15 @@ type Config struct {
 	// node.TestBugs.ActLocal, EndAfterWrite and RetryCompleted,
 	// test-only.
 	ActLocal, EndAfterWrite, RetryCompleted bool
+	// UniqueAfterWrite is the seeded bug node.TestBugs.UniqueAfterWrite,
+	// test-only: a task with a unique key is written before its key is
+	// taken, and kept when the key is held (unique.go).
+	UniqueAfterWrite bool
+	// UniquePhantomAfter is how old a unique key's record must be before
+	// a holder no majority of its replicas has is taken as gone: the
+	// node's rejoin limit (no replica away longer comes back). Nil: an
+	// hour.
+	UniquePhantomAfter func() time.Duration
 	// Events, when set, is told of what the API does to tasks (metrics).
 	Events TaskEvents
 	// Build is the node's build (Status's build); nil leaves it out.

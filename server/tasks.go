@@ -48,6 +48,9 @@ func (sv *Server) specFromAPI(field string, s *nornv1.TaskSpec, imported bool) (
 			return nil, err
 		}
 	}
+	if spec.UniqueKey, spec.UniqueForMs, err = sv.uniqueFromAPI(field, s); err != nil {
+		return nil, err
+	}
 	if err := spec.Validate(sv.cfg.Limits); err != nil {
 		var fe *crdt.FieldError
 		if errors.As(err, &fe) {
@@ -85,7 +88,8 @@ func queueOf(t *crdt.Task) string {
 func sameSpec(a, b *crdt.Spec) bool {
 	return a.Queue == b.Queue && a.Priority == b.Priority && bytes.Equal(a.Payload, b.Payload) &&
 		a.NotBeforeMs == b.NotBeforeMs && slices.Equal(a.DependsOn, b.DependsOn) && a.MaxClaims == b.MaxClaims &&
-		(a.Retry == nil) == (b.Retry == nil) && (a.Retry == nil || *a.Retry == *b.Retry) && a.DeadlineMs == b.DeadlineMs
+		(a.Retry == nil) == (b.Retry == nil) && (a.Retry == nil || *a.Retry == *b.Retry) && a.DeadlineMs == b.DeadlineMs &&
+		a.UniqueKey == b.UniqueKey && a.UniqueForMs == b.UniqueForMs
 }
 
 // prepareEnqueue turns a spec into a task state to merge, or reports that an
@@ -131,6 +135,16 @@ func (s taskService) Enqueue(ctx context.Context, req *connect.Request[nornv1.En
 	t, err := sv.prepareEnqueue(ctx, "task", spec, m.GetId())
 	if err != nil {
 		return nil, err
+	}
+	if spec.UniqueKey != "" {
+		ans, err := sv.enqueueUnique(ctx, t, m.GetW())
+		if err != nil {
+			return nil, err
+		}
+		if !ans.duplicate {
+			sv.events.Enqueued(spec.Queue, 1)
+		}
+		return connect.NewResponse(&nornv1.EnqueueResponse{Id: ans.id, Acks: ans.acks, Duplicate: ans.duplicate}), nil
 	}
 	acks, err := sv.coord.Write(ctx, []*crdt.Task{t}, m.GetW(), []uint64{t.ID})
 	if err != nil {
@@ -181,9 +195,25 @@ func (s taskService) EnqueueBatch(ctx context.Context, req *connect.Request[norn
 		ids[i] = t.ID
 		writes = append(writes, t)
 	}
-	acks, err := sv.coord.Write(ctx, writes, m.GetW(), ids)
+	writes, dups, uacks, err := sv.enqueueUniques(ctx, writes, ids, m.GetW())
 	if err != nil {
 		return nil, err
+	}
+	acks := uacks
+	if len(writes) > 0 {
+		wids := ids
+		if dups != nil {
+			wids = make([]uint64, len(writes))
+			for i, t := range writes {
+				wids[i] = t.ID
+			}
+		}
+		if acks, err = sv.coord.Write(ctx, writes, m.GetW(), wids); err != nil {
+			return nil, err
+		}
+		if uacks != 0 {
+			acks = min(acks, uacks)
+		}
 	}
 	// One call per run of tasks of one queue (a batch is mostly one).
 	for i := 0; i < len(writes); {
@@ -194,7 +224,7 @@ func (s taskService) EnqueueBatch(ctx context.Context, req *connect.Request[norn
 		sv.events.Enqueued(writes[i].Spec.Queue, j-i)
 		i = j
 	}
-	return connect.NewResponse(&nornv1.EnqueueBatchResponse{Ids: ids, Acks: acks}), nil
+	return connect.NewResponse(&nornv1.EnqueueBatchResponse{Ids: ids, Acks: acks, Duplicates: dups}), nil
 }
 
 func (s taskService) GetTask(ctx context.Context, req *connect.Request[nornv1.GetTaskRequest]) (*connect.Response[nornv1.GetTaskResponse], error) {

@@ -18,6 +18,7 @@ import (
 //
 //	p 0x12 0x00     -> applied Raft index (8 bytes)
 //	p 0x12 0x01 id  -> the FSM's record of the task (opaque to storage)
+//	p 0x12 0x02 ... -> unique key records (unique.go)
 const (
 	fsmApplied byte = 0x00
 	fsmRecord  byte = 0x01
@@ -71,6 +72,9 @@ type ClaimFSMUpdate struct {
 	// replay from the stored applied index joins them again (a join is
 	// idempotent), so the Raft log is their durability.
 	Merges []FSMMerge
+	// Uniques are the unique key records the entries wrote (nil Value:
+	// deleted), in order.
+	Uniques []FSMUnique
 }
 
 // FSMMerge is a task state to merge, in crdt's encoding.
@@ -125,6 +129,9 @@ func (s *Store) ApplyClaimFSM(p uint16, u ClaimFSMUpdate, sync bool) error {
 		if err != nil {
 			return err
 		}
+	}
+	if err := setUniques(&sb, p, u.Uniques); err != nil {
+		return err
 	}
 	if err := sb.Set(fsmAppliedKey(p), binary.BigEndian.AppendUint64(nil, u.AppliedIndex)); err != nil {
 		return err
@@ -269,9 +276,9 @@ func (f *FSMSnapshot) Records(fn func(id uint64, value []byte) error) error {
 func (f *FSMSnapshot) Close() error { return f.snap.Close() }
 
 // ClaimFSMDigest returns partition p's claim FSM applied index and a
-// digest (xxhash64) of its records, in id order, read from one snapshot:
-// replicas that applied the same index have the same digest. It reads
-// every record of the partition.
+// digest (xxhash64) of its records, in id order, and then of its unique
+// key records, read from one snapshot: replicas that applied the same
+// index have the same digest. It reads every record of the partition.
 func (s *Store) ClaimFSMDigest(p uint16) (applied, digest uint64, err error) {
 	snap := s.SnapshotClaimFSM(p)
 	defer snap.Close()
@@ -290,6 +297,17 @@ func (s *Store) ClaimFSMDigest(p uint16) (applied, digest uint64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
+	err = snap.Uniques(func(queue, key string, value []byte) error {
+		for _, b := range [][]byte{[]byte(queue), []byte(key), value} {
+			binary.BigEndian.PutUint64(buf[:8], uint64(len(b)))
+			h.Write(buf[:8])
+			h.Write(b)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
+	}
 	return applied, h.Sum64(), nil
 }
 
@@ -297,8 +315,9 @@ func (s *Store) ClaimFSMDigest(p uint16) (applied, digest uint64, err error) {
 // record and the applied index, and the claimed index (live lists every
 // task with a live claim; every other claimed task is released), and the
 // retries' backoffs (delayed lists the tasks in one, until when: they
-// wait in the delayed index). One synced batch.
-func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, live, delayed []ClaimMark) error {
+// wait in the delayed index), and every unique key record. One synced
+// batch.
+func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, live, delayed []ClaimMark, uniques []FSMUnique) error {
 	prefix := append(partitionPrefix(p, tagClaimFSM), fsmRecord)
 	// Release what is claimed now and not in live, claim what is.
 	isLive := make(map[uint64]bool, len(live))
@@ -336,6 +355,9 @@ func (s *Store) RestoreClaimFSM(p uint16, applied uint64, records []FSMRecord, l
 		if err := sb.Set(fsmRecordKey(p, r.ID), r.Value); err != nil {
 			return err
 		}
+	}
+	if err := restoreUniques(&sb, p, uniques); err != nil {
+		return err
 	}
 	if err := sb.Set(fsmAppliedKey(p), binary.BigEndian.AppendUint64(nil, applied)); err != nil {
 		return err

@@ -111,7 +111,7 @@ func TestClaimFSMSnapshotRestore(t *testing.T) {
 	for _, d := range live {
 		marks = append(marks, ClaimMark{ID: d.ID, ExpiryMs: d.AtMs})
 	}
-	if err := dst.RestoreClaimFSM(0, applied, recs, marks, nil); err != nil {
+	if err := dst.RestoreClaimFSM(0, applied, recs, marks, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if a, _ := dst.ClaimFSMApplied(0); a != 10 {

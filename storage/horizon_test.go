@@ -102,7 +102,7 @@ func TestClaimFSMRecordAboveHorizon(t *testing.T) {
 	apply(3, FSMRecord{ID: 70, Value: []byte("c")})
 	want(70, "c")
 	// A snapshot restore writes records too.
-	if err := s.RestoreClaimFSM(0, 9, []FSMRecord{{ID: 90, Value: []byte("d")}}, nil, nil); err != nil {
+	if err := s.RestoreClaimFSM(0, 9, []FSMRecord{{ID: 90, Value: []byte("d")}}, nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	want(90, "d")

@@ -108,7 +108,7 @@ func TestRowCacheFollowsWrites(t *testing.T) {
 						recs = append(recs, FSMRecord{ID: i, Value: v})
 					}
 				}
-				err = s.RestoreClaimFSM(p, uint64(step), recs, nil, nil)
+				err = s.RestoreClaimFSM(p, uint64(step), recs, nil, nil, nil)
 			}
 		}
 		if err != nil && !errors.Is(err, ErrCorrupt) {

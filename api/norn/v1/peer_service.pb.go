@@ -25,6 +25,428 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// What to decide.
+type UniqueKeyOp_Kind int32
+
+const (
+	// Not an op: refused.
+	UniqueKeyOp_KIND_UNSPECIFIED UniqueKeyOp_Kind = 0
+	// Take the key for `id`, unless another task holds it.
+	UniqueKeyOp_KIND_TAKE UniqueKeyOp_Kind = 1
+	// Take the key for `id` from `holder`, seen finished in
+	// `holder_life`, if the key's record still names it in that life or
+	// an earlier one and its window has passed.
+	UniqueKeyOp_KIND_REPLACE UniqueKeyOp_Kind = 2
+	// A Retry of `id` to `life`: hold the key again, unless another task
+	// holds it.
+	UniqueKeyOp_KIND_REACQUIRE UniqueKeyOp_Kind = 3
+	// Forget the key's record if it still names `holder` in
+	// `holder_life` (the holder is gone).
+	UniqueKeyOp_KIND_FORGET UniqueKeyOp_Kind = 4
+)
+
+// Enum value maps for UniqueKeyOp_Kind.
+var (
+	UniqueKeyOp_Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "KIND_TAKE",
+		2: "KIND_REPLACE",
+		3: "KIND_REACQUIRE",
+		4: "KIND_FORGET",
+	}
+	UniqueKeyOp_Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED": 0,
+		"KIND_TAKE":        1,
+		"KIND_REPLACE":     2,
+		"KIND_REACQUIRE":   3,
+		"KIND_FORGET":      4,
+	}
+)
+
+func (x UniqueKeyOp_Kind) Enum() *UniqueKeyOp_Kind {
+	p := new(UniqueKeyOp_Kind)
+	*p = x
+	return p
+}
+
+func (x UniqueKeyOp_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (UniqueKeyOp_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_norn_v1_peer_service_proto_enumTypes[0].Descriptor()
+}
+
+func (UniqueKeyOp_Kind) Type() protoreflect.EnumType {
+	return &file_norn_v1_peer_service_proto_enumTypes[0]
+}
+
+func (x UniqueKeyOp_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use UniqueKeyOp_Kind.Descriptor instead.
+func (UniqueKeyOp_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{1, 0}
+}
+
+// UniqueKeysRequest is the request of PeerService.UniqueKeys.
+type UniqueKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The keys' partition (of the ring's partition count).
+	Partition uint32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The operations, decided in one Raft entry, in order. 1 to 10,000.
+	Ops           []*UniqueKeyOp `protobuf:"bytes,2,rep,name=ops,proto3" json:"ops,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UniqueKeysRequest) Reset() {
+	*x = UniqueKeysRequest{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UniqueKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UniqueKeysRequest) ProtoMessage() {}
+
+func (x *UniqueKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UniqueKeysRequest.ProtoReflect.Descriptor instead.
+func (*UniqueKeysRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *UniqueKeysRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *UniqueKeysRequest) GetOps() []*UniqueKeyOp {
+	if x != nil {
+		return x.Ops
+	}
+	return nil
+}
+
+// UniqueKeyOp is one decision about a unique key.
+type UniqueKeyOp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What to decide.
+	Kind UniqueKeyOp_Kind `protobuf:"varint,1,opt,name=kind,proto3,enum=norn.v1.UniqueKeyOp_Kind" json:"kind,omitempty"`
+	// The key's queue.
+	Queue string `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// The key (TaskSpec.unique_key).
+	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	// The task that takes (or takes back) the key.
+	Id uint64 `protobuf:"varint,4,opt,name=id,proto3" json:"id,omitempty"`
+	// The spec's digest (crdt.SpecDigest).
+	Digest uint64 `protobuf:"varint,5,opt,name=digest,proto3" json:"digest,omitempty"`
+	// The key's window (TaskSpec.unique_for) in ms; 0 for none.
+	WindowMs int64 `protobuf:"varint,6,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	// KIND_REPLACE, KIND_FORGET: the holder the coordinator saw.
+	Holder uint64 `protobuf:"varint,7,opt,name=holder,proto3" json:"holder,omitempty"`
+	// KIND_REPLACE, KIND_FORGET: the holder's life the coordinator saw
+	// finished (or gone).
+	HolderLife uint32 `protobuf:"varint,8,opt,name=holder_life,json=holderLife,proto3" json:"holder_life,omitempty"`
+	// KIND_REACQUIRE: the life the Retry begins.
+	Life          uint32 `protobuf:"varint,9,opt,name=life,proto3" json:"life,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UniqueKeyOp) Reset() {
+	*x = UniqueKeyOp{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UniqueKeyOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UniqueKeyOp) ProtoMessage() {}
+
+func (x *UniqueKeyOp) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UniqueKeyOp.ProtoReflect.Descriptor instead.
+func (*UniqueKeyOp) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *UniqueKeyOp) GetKind() UniqueKeyOp_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return UniqueKeyOp_KIND_UNSPECIFIED
+}
+
+func (x *UniqueKeyOp) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *UniqueKeyOp) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *UniqueKeyOp) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *UniqueKeyOp) GetDigest() uint64 {
+	if x != nil {
+		return x.Digest
+	}
+	return 0
+}
+
+func (x *UniqueKeyOp) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
+}
+
+func (x *UniqueKeyOp) GetHolder() uint64 {
+	if x != nil {
+		return x.Holder
+	}
+	return 0
+}
+
+func (x *UniqueKeyOp) GetHolderLife() uint32 {
+	if x != nil {
+		return x.HolderLife
+	}
+	return 0
+}
+
+func (x *UniqueKeyOp) GetLife() uint32 {
+	if x != nil {
+		return x.Life
+	}
+	return 0
+}
+
+// UniqueKeysResponse is the response of PeerService.UniqueKeys.
+type UniqueKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per op, in order.
+	Results       []*UniqueKeyResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UniqueKeysResponse) Reset() {
+	*x = UniqueKeysResponse{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UniqueKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UniqueKeysResponse) ProtoMessage() {}
+
+func (x *UniqueKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UniqueKeysResponse.ProtoReflect.Descriptor instead.
+func (*UniqueKeysResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *UniqueKeysResponse) GetResults() []*UniqueKeyResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// UniqueKeyResult is what became of one UniqueKeyOp.
+type UniqueKeyResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The op took effect: the key is `id`'s (or, for KIND_FORGET, forgotten).
+	Done bool `protobuf:"varint,1,opt,name=done,proto3" json:"done,omitempty"`
+	// The key's record after the op; unset when there is none.
+	Record        *UniqueKeyRecord `protobuf:"bytes,2,opt,name=record,proto3" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UniqueKeyResult) Reset() {
+	*x = UniqueKeyResult{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UniqueKeyResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UniqueKeyResult) ProtoMessage() {}
+
+func (x *UniqueKeyResult) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UniqueKeyResult.ProtoReflect.Descriptor instead.
+func (*UniqueKeyResult) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *UniqueKeyResult) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *UniqueKeyResult) GetRecord() *UniqueKeyRecord {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
+// UniqueKeyRecord is who holds a unique key.
+type UniqueKeyRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task holding the key.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The life it holds it in (a Retry begins a new one).
+	Life uint32 `protobuf:"varint,2,opt,name=life,proto3" json:"life,omitempty"`
+	// When it took the key (the deciding entry's time, Unix ms).
+	CreatedMs int64 `protobuf:"varint,3,opt,name=created_ms,json=createdMs,proto3" json:"created_ms,omitempty"`
+	// How long after created_ms the key stays held, finished or not.
+	WindowMs int64 `protobuf:"varint,4,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	// The digest of the spec that took it (crdt.SpecDigest).
+	Digest        uint64 `protobuf:"varint,5,opt,name=digest,proto3" json:"digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UniqueKeyRecord) Reset() {
+	*x = UniqueKeyRecord{}
+	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UniqueKeyRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UniqueKeyRecord) ProtoMessage() {}
+
+func (x *UniqueKeyRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UniqueKeyRecord.ProtoReflect.Descriptor instead.
+func (*UniqueKeyRecord) Descriptor() ([]byte, []int) {
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *UniqueKeyRecord) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *UniqueKeyRecord) GetLife() uint32 {
+	if x != nil {
+		return x.Life
+	}
+	return 0
+}
+
+func (x *UniqueKeyRecord) GetCreatedMs() int64 {
+	if x != nil {
+		return x.CreatedMs
+	}
+	return 0
+}
+
+func (x *UniqueKeyRecord) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
+}
+
+func (x *UniqueKeyRecord) GetDigest() uint64 {
+	if x != nil {
+		return x.Digest
+	}
+	return 0
+}
+
 // ReadyHeadsRequest is the request of PeerService.ReadyHeads.
 type ReadyHeadsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -40,7 +462,7 @@ type ReadyHeadsRequest struct {
 
 func (x *ReadyHeadsRequest) Reset() {
 	*x = ReadyHeadsRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -52,7 +474,7 @@ func (x *ReadyHeadsRequest) String() string {
 func (*ReadyHeadsRequest) ProtoMessage() {}
 
 func (x *ReadyHeadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[0]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -65,7 +487,7 @@ func (x *ReadyHeadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadyHeadsRequest.ProtoReflect.Descriptor instead.
 func (*ReadyHeadsRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{0}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReadyHeadsRequest) GetQueue() string {
@@ -114,7 +536,7 @@ type ReadyHeadsResponse struct {
 
 func (x *ReadyHeadsResponse) Reset() {
 	*x = ReadyHeadsResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -126,7 +548,7 @@ func (x *ReadyHeadsResponse) String() string {
 func (*ReadyHeadsResponse) ProtoMessage() {}
 
 func (x *ReadyHeadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[1]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -139,7 +561,7 @@ func (x *ReadyHeadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadyHeadsResponse.ProtoReflect.Descriptor instead.
 func (*ReadyHeadsResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{1}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReadyHeadsResponse) GetHeads() []*ReadyHead {
@@ -183,7 +605,7 @@ type PartitionClaimed struct {
 
 func (x *PartitionClaimed) Reset() {
 	*x = PartitionClaimed{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -195,7 +617,7 @@ func (x *PartitionClaimed) String() string {
 func (*PartitionClaimed) ProtoMessage() {}
 
 func (x *PartitionClaimed) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[2]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -208,7 +630,7 @@ func (x *PartitionClaimed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionClaimed.ProtoReflect.Descriptor instead.
 func (*PartitionClaimed) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{2}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PartitionClaimed) GetPartition() uint32 {
@@ -238,7 +660,7 @@ type ReadyHead struct {
 
 func (x *ReadyHead) Reset() {
 	*x = ReadyHead{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -250,7 +672,7 @@ func (x *ReadyHead) String() string {
 func (*ReadyHead) ProtoMessage() {}
 
 func (x *ReadyHead) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[3]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -263,7 +685,7 @@ func (x *ReadyHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadyHead.ProtoReflect.Descriptor instead.
 func (*ReadyHead) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{3}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReadyHead) GetId() uint64 {
@@ -298,7 +720,7 @@ type ChangeGroupRequest struct {
 
 func (x *ChangeGroupRequest) Reset() {
 	*x = ChangeGroupRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -310,7 +732,7 @@ func (x *ChangeGroupRequest) String() string {
 func (*ChangeGroupRequest) ProtoMessage() {}
 
 func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[4]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -323,7 +745,7 @@ func (x *ChangeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupRequest.ProtoReflect.Descriptor instead.
 func (*ChangeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{4}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ChangeGroupRequest) GetPartition() uint32 {
@@ -370,7 +792,7 @@ type ChangeGroupResponse struct {
 
 func (x *ChangeGroupResponse) Reset() {
 	*x = ChangeGroupResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -382,7 +804,7 @@ func (x *ChangeGroupResponse) String() string {
 func (*ChangeGroupResponse) ProtoMessage() {}
 
 func (x *ChangeGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[5]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -395,7 +817,7 @@ func (x *ChangeGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangeGroupResponse.ProtoReflect.Descriptor instead.
 func (*ChangeGroupResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{5}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ChangeGroupResponse) GetServers() []*GroupServer {
@@ -434,7 +856,7 @@ type GroupServer struct {
 
 func (x *GroupServer) Reset() {
 	*x = GroupServer{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -446,7 +868,7 @@ func (x *GroupServer) String() string {
 func (*GroupServer) ProtoMessage() {}
 
 func (x *GroupServer) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[6]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -459,7 +881,7 @@ func (x *GroupServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupServer.ProtoReflect.Descriptor instead.
 func (*GroupServer) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{6}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GroupServer) GetId() string {
@@ -500,7 +922,7 @@ type ReplicaProgressRequest struct {
 
 func (x *ReplicaProgressRequest) Reset() {
 	*x = ReplicaProgressRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +934,7 @@ func (x *ReplicaProgressRequest) String() string {
 func (*ReplicaProgressRequest) ProtoMessage() {}
 
 func (x *ReplicaProgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[7]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +947,7 @@ func (x *ReplicaProgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaProgressRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaProgressRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{7}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReplicaProgressRequest) GetPartition() uint32 {
@@ -569,7 +991,7 @@ type ReplicaProgressResponse struct {
 
 func (x *ReplicaProgressResponse) Reset() {
 	*x = ReplicaProgressResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -581,7 +1003,7 @@ func (x *ReplicaProgressResponse) String() string {
 func (*ReplicaProgressResponse) ProtoMessage() {}
 
 func (x *ReplicaProgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[8]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -594,7 +1016,7 @@ func (x *ReplicaProgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaProgressResponse.ProtoReflect.Descriptor instead.
 func (*ReplicaProgressResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{8}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReplicaProgressResponse) GetRingEpoch() uint64 {
@@ -658,7 +1080,7 @@ type TreeRootsRequest struct {
 
 func (x *TreeRootsRequest) Reset() {
 	*x = TreeRootsRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +1092,7 @@ func (x *TreeRootsRequest) String() string {
 func (*TreeRootsRequest) ProtoMessage() {}
 
 func (x *TreeRootsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[9]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +1105,7 @@ func (x *TreeRootsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeRootsRequest.ProtoReflect.Descriptor instead.
 func (*TreeRootsRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{9}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TreeRootsRequest) GetPartitions() []uint32 {
@@ -739,7 +1161,7 @@ type TreeRootsResponse struct {
 
 func (x *TreeRootsResponse) Reset() {
 	*x = TreeRootsResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +1173,7 @@ func (x *TreeRootsResponse) String() string {
 func (*TreeRootsResponse) ProtoMessage() {}
 
 func (x *TreeRootsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[10]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +1186,7 @@ func (x *TreeRootsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeRootsResponse.ProtoReflect.Descriptor instead.
 func (*TreeRootsResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{10}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TreeRootsResponse) GetRoots() []uint64 {
@@ -804,7 +1226,7 @@ type TreeNodesRequest struct {
 
 func (x *TreeNodesRequest) Reset() {
 	*x = TreeNodesRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +1238,7 @@ func (x *TreeNodesRequest) String() string {
 func (*TreeNodesRequest) ProtoMessage() {}
 
 func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[11]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +1251,7 @@ func (x *TreeNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNodesRequest.ProtoReflect.Descriptor instead.
 func (*TreeNodesRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{11}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TreeNodesRequest) GetPartition() uint32 {
@@ -864,7 +1286,7 @@ type TreeNodesResponse struct {
 
 func (x *TreeNodesResponse) Reset() {
 	*x = TreeNodesResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1298,7 @@ func (x *TreeNodesResponse) String() string {
 func (*TreeNodesResponse) ProtoMessage() {}
 
 func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[12]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1311,7 @@ func (x *TreeNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TreeNodesResponse.ProtoReflect.Descriptor instead.
 func (*TreeNodesResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{12}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TreeNodesResponse) GetHashes() []uint64 {
@@ -912,7 +1334,7 @@ type SegmentEntriesRequest struct {
 
 func (x *SegmentEntriesRequest) Reset() {
 	*x = SegmentEntriesRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +1346,7 @@ func (x *SegmentEntriesRequest) String() string {
 func (*SegmentEntriesRequest) ProtoMessage() {}
 
 func (x *SegmentEntriesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[13]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +1359,7 @@ func (x *SegmentEntriesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentEntriesRequest.ProtoReflect.Descriptor instead.
 func (*SegmentEntriesRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{13}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SegmentEntriesRequest) GetPartition() uint32 {
@@ -968,7 +1390,7 @@ type SegmentEntriesResponse struct {
 
 func (x *SegmentEntriesResponse) Reset() {
 	*x = SegmentEntriesResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1402,7 @@ func (x *SegmentEntriesResponse) String() string {
 func (*SegmentEntriesResponse) ProtoMessage() {}
 
 func (x *SegmentEntriesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[14]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1415,7 @@ func (x *SegmentEntriesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentEntriesResponse.ProtoReflect.Descriptor instead.
 func (*SegmentEntriesResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{14}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SegmentEntriesResponse) GetIds() []uint64 {
@@ -1022,7 +1444,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1034,7 +1456,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[15]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1047,7 +1469,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{15}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReplicateRequest) GetTasks() [][]byte {
@@ -1066,7 +1488,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1500,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[16]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1091,7 +1513,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{16}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{21}
 }
 
 // ReadRequest is the request of PeerService.Read.
@@ -1105,7 +1527,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1539,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[17]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1552,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{17}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReadRequest) GetIds() []uint64 {
@@ -1152,7 +1574,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1164,7 +1586,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[18]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1177,7 +1599,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{18}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReadResponse) GetTasks() []*ReplicaTask {
@@ -1207,7 +1629,7 @@ type ReplicaTask struct {
 
 func (x *ReplicaTask) Reset() {
 	*x = ReplicaTask{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1641,7 @@ func (x *ReplicaTask) String() string {
 func (*ReplicaTask) ProtoMessage() {}
 
 func (x *ReplicaTask) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[19]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1654,7 @@ func (x *ReplicaTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaTask.ProtoReflect.Descriptor instead.
 func (*ReplicaTask) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{19}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReplicaTask) GetState() []byte {
@@ -1265,7 +1687,7 @@ type GetRingRequest struct {
 
 func (x *GetRingRequest) Reset() {
 	*x = GetRingRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1277,7 +1699,7 @@ func (x *GetRingRequest) String() string {
 func (*GetRingRequest) ProtoMessage() {}
 
 func (x *GetRingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[20]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1290,7 +1712,7 @@ func (x *GetRingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRingRequest.ProtoReflect.Descriptor instead.
 func (*GetRingRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{20}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{25}
 }
 
 // GetRingResponse is the response of PeerService.GetRing.
@@ -1307,7 +1729,7 @@ type GetRingResponse struct {
 
 func (x *GetRingResponse) Reset() {
 	*x = GetRingResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1741,7 @@ func (x *GetRingResponse) String() string {
 func (*GetRingResponse) ProtoMessage() {}
 
 func (x *GetRingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[21]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1754,7 @@ func (x *GetRingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRingResponse.ProtoReflect.Descriptor instead.
 func (*GetRingResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{21}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetRingResponse) GetRing() []byte {
@@ -1388,7 +1810,7 @@ type ListPartitionRequest struct {
 
 func (x *ListPartitionRequest) Reset() {
 	*x = ListPartitionRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1822,7 @@ func (x *ListPartitionRequest) String() string {
 func (*ListPartitionRequest) ProtoMessage() {}
 
 func (x *ListPartitionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[22]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1835,7 @@ func (x *ListPartitionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartitionRequest.ProtoReflect.Descriptor instead.
 func (*ListPartitionRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{22}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListPartitionRequest) GetPartition() uint32 {
@@ -1501,7 +1923,7 @@ type ListPartitionResponse struct {
 
 func (x *ListPartitionResponse) Reset() {
 	*x = ListPartitionResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[23]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1935,7 @@ func (x *ListPartitionResponse) String() string {
 func (*ListPartitionResponse) ProtoMessage() {}
 
 func (x *ListPartitionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[23]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1948,7 @@ func (x *ListPartitionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPartitionResponse.ProtoReflect.Descriptor instead.
 func (*ListPartitionResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{23}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListPartitionResponse) GetTasks() []*Task {
@@ -1590,7 +2012,7 @@ type CountPartitionsRequest struct {
 
 func (x *CountPartitionsRequest) Reset() {
 	*x = CountPartitionsRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[24]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1602,7 +2024,7 @@ func (x *CountPartitionsRequest) String() string {
 func (*CountPartitionsRequest) ProtoMessage() {}
 
 func (x *CountPartitionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[24]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1615,7 +2037,7 @@ func (x *CountPartitionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountPartitionsRequest.ProtoReflect.Descriptor instead.
 func (*CountPartitionsRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{24}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CountPartitionsRequest) GetPartitions() []uint32 {
@@ -1650,7 +2072,7 @@ type CountPartitionsResponse struct {
 
 func (x *CountPartitionsResponse) Reset() {
 	*x = CountPartitionsResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[25]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +2084,7 @@ func (x *CountPartitionsResponse) String() string {
 func (*CountPartitionsResponse) ProtoMessage() {}
 
 func (x *CountPartitionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[25]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +2097,7 @@ func (x *CountPartitionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountPartitionsResponse.ProtoReflect.Descriptor instead.
 func (*CountPartitionsResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{25}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CountPartitionsResponse) GetCounts() []*PartitionCount {
@@ -1703,7 +2125,7 @@ type PartitionCount struct {
 
 func (x *PartitionCount) Reset() {
 	*x = PartitionCount{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[26]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +2137,7 @@ func (x *PartitionCount) String() string {
 func (*PartitionCount) ProtoMessage() {}
 
 func (x *PartitionCount) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[26]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +2150,7 @@ func (x *PartitionCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionCount.ProtoReflect.Descriptor instead.
 func (*PartitionCount) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{26}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PartitionCount) GetPartition() uint32 {
@@ -1774,7 +2196,7 @@ type QueueCount struct {
 
 func (x *QueueCount) Reset() {
 	*x = QueueCount{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[27]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1786,7 +2208,7 @@ func (x *QueueCount) String() string {
 func (*QueueCount) ProtoMessage() {}
 
 func (x *QueueCount) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[27]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1799,7 +2221,7 @@ func (x *QueueCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueCount.ProtoReflect.Descriptor instead.
 func (*QueueCount) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{27}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *QueueCount) GetQueue() string {
@@ -1834,7 +2256,7 @@ type AdoptQueuesRequest struct {
 
 func (x *AdoptQueuesRequest) Reset() {
 	*x = AdoptQueuesRequest{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[28]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1846,7 +2268,7 @@ func (x *AdoptQueuesRequest) String() string {
 func (*AdoptQueuesRequest) ProtoMessage() {}
 
 func (x *AdoptQueuesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[28]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1859,7 +2281,7 @@ func (x *AdoptQueuesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptQueuesRequest.ProtoReflect.Descriptor instead.
 func (*AdoptQueuesRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{28}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *AdoptQueuesRequest) GetQueues() []byte {
@@ -1880,7 +2302,7 @@ type AdoptQueuesResponse struct {
 
 func (x *AdoptQueuesResponse) Reset() {
 	*x = AdoptQueuesResponse{}
-	mi := &file_norn_v1_peer_service_proto_msgTypes[29]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2314,7 @@ func (x *AdoptQueuesResponse) String() string {
 func (*AdoptQueuesResponse) ProtoMessage() {}
 
 func (x *AdoptQueuesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_peer_service_proto_msgTypes[29]
+	mi := &file_norn_v1_peer_service_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2327,7 @@ func (x *AdoptQueuesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptQueuesResponse.ProtoReflect.Descriptor instead.
 func (*AdoptQueuesResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{29}
+	return file_norn_v1_peer_service_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *AdoptQueuesResponse) GetVersion() uint64 {
@@ -1919,7 +2341,39 @@ var File_norn_v1_peer_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1anorn/v1/peer_service.proto\x12\anorn.v1\x1a\x12norn/v1/task.proto\"`\n" +
+	"\x1anorn/v1/peer_service.proto\x12\anorn.v1\x1a\x12norn/v1/task.proto\"Y\n" +
+	"\x11UniqueKeysRequest\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12&\n" +
+	"\x03ops\x18\x02 \x03(\v2\x14.norn.v1.UniqueKeyOpR\x03ops\"\xda\x02\n" +
+	"\vUniqueKeyOp\x12-\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x19.norn.v1.UniqueKeyOp.KindR\x04kind\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x0e\n" +
+	"\x02id\x18\x04 \x01(\x04R\x02id\x12\x16\n" +
+	"\x06digest\x18\x05 \x01(\x04R\x06digest\x12\x1b\n" +
+	"\twindow_ms\x18\x06 \x01(\x03R\bwindowMs\x12\x16\n" +
+	"\x06holder\x18\a \x01(\x04R\x06holder\x12\x1f\n" +
+	"\vholder_life\x18\b \x01(\rR\n" +
+	"holderLife\x12\x12\n" +
+	"\x04life\x18\t \x01(\rR\x04life\"b\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\r\n" +
+	"\tKIND_TAKE\x10\x01\x12\x10\n" +
+	"\fKIND_REPLACE\x10\x02\x12\x12\n" +
+	"\x0eKIND_REACQUIRE\x10\x03\x12\x0f\n" +
+	"\vKIND_FORGET\x10\x04\"H\n" +
+	"\x12UniqueKeysResponse\x122\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.norn.v1.UniqueKeyResultR\aresults\"W\n" +
+	"\x0fUniqueKeyResult\x12\x12\n" +
+	"\x04done\x18\x01 \x01(\bR\x04done\x120\n" +
+	"\x06record\x18\x02 \x01(\v2\x18.norn.v1.UniqueKeyRecordR\x06record\"\x89\x01\n" +
+	"\x0fUniqueKeyRecord\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04life\x18\x02 \x01(\rR\x04life\x12\x1d\n" +
+	"\n" +
+	"created_ms\x18\x03 \x01(\x03R\tcreatedMs\x12\x1b\n" +
+	"\twindow_ms\x18\x04 \x01(\x03R\bwindowMs\x12\x16\n" +
+	"\x06digest\x18\x05 \x01(\x04R\x06digest\"`\n" +
 	"\x11ReadyHeadsRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x10\n" +
 	"\x03max\x18\x02 \x01(\rR\x03max\x12#\n" +
@@ -2054,7 +2508,7 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x12AdoptQueuesRequest\x12\x16\n" +
 	"\x06queues\x18\x01 \x01(\fR\x06queues\"/\n" +
 	"\x13AdoptQueuesResponse\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\x04R\aversion2\xf6\x06\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion2\xbd\a\n" +
 	"\vPeerService\x12B\n" +
 	"\tReplicate\x12\x19.norn.v1.ReplicateRequest\x1a\x1a.norn.v1.ReplicateResponse\x123\n" +
 	"\x04Read\x12\x14.norn.v1.ReadRequest\x1a\x15.norn.v1.ReadResponse\x12<\n" +
@@ -2068,7 +2522,9 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x0fReplicaProgress\x12\x1f.norn.v1.ReplicaProgressRequest\x1a .norn.v1.ReplicaProgressResponse\x12E\n" +
 	"\n" +
 	"ReadyHeads\x12\x1a.norn.v1.ReadyHeadsRequest\x1a\x1b.norn.v1.ReadyHeadsResponse\x12H\n" +
-	"\vAdoptQueues\x12\x1b.norn.v1.AdoptQueuesRequest\x1a\x1c.norn.v1.AdoptQueuesResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"\vAdoptQueues\x12\x1b.norn.v1.AdoptQueuesRequest\x1a\x1c.norn.v1.AdoptQueuesResponse\x12E\n" +
+	"\n" +
+	"UniqueKeys\x12\x1a.norn.v1.UniqueKeysRequest\x1a\x1b.norn.v1.UniqueKeysResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_peer_service_proto_rawDescOnce sync.Once
@@ -2082,87 +2538,100 @@ func file_norn_v1_peer_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_peer_service_proto_rawDescData
 }
 
-var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_norn_v1_peer_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_norn_v1_peer_service_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_norn_v1_peer_service_proto_goTypes = []any{
-	(*ReadyHeadsRequest)(nil),       // 0: norn.v1.ReadyHeadsRequest
-	(*ReadyHeadsResponse)(nil),      // 1: norn.v1.ReadyHeadsResponse
-	(*PartitionClaimed)(nil),        // 2: norn.v1.PartitionClaimed
-	(*ReadyHead)(nil),               // 3: norn.v1.ReadyHead
-	(*ChangeGroupRequest)(nil),      // 4: norn.v1.ChangeGroupRequest
-	(*ChangeGroupResponse)(nil),     // 5: norn.v1.ChangeGroupResponse
-	(*GroupServer)(nil),             // 6: norn.v1.GroupServer
-	(*ReplicaProgressRequest)(nil),  // 7: norn.v1.ReplicaProgressRequest
-	(*ReplicaProgressResponse)(nil), // 8: norn.v1.ReplicaProgressResponse
-	(*TreeRootsRequest)(nil),        // 9: norn.v1.TreeRootsRequest
-	(*TreeRootsResponse)(nil),       // 10: norn.v1.TreeRootsResponse
-	(*TreeNodesRequest)(nil),        // 11: norn.v1.TreeNodesRequest
-	(*TreeNodesResponse)(nil),       // 12: norn.v1.TreeNodesResponse
-	(*SegmentEntriesRequest)(nil),   // 13: norn.v1.SegmentEntriesRequest
-	(*SegmentEntriesResponse)(nil),  // 14: norn.v1.SegmentEntriesResponse
-	(*ReplicateRequest)(nil),        // 15: norn.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),       // 16: norn.v1.ReplicateResponse
-	(*ReadRequest)(nil),             // 17: norn.v1.ReadRequest
-	(*ReadResponse)(nil),            // 18: norn.v1.ReadResponse
-	(*ReplicaTask)(nil),             // 19: norn.v1.ReplicaTask
-	(*GetRingRequest)(nil),          // 20: norn.v1.GetRingRequest
-	(*GetRingResponse)(nil),         // 21: norn.v1.GetRingResponse
-	(*ListPartitionRequest)(nil),    // 22: norn.v1.ListPartitionRequest
-	(*ListPartitionResponse)(nil),   // 23: norn.v1.ListPartitionResponse
-	(*CountPartitionsRequest)(nil),  // 24: norn.v1.CountPartitionsRequest
-	(*CountPartitionsResponse)(nil), // 25: norn.v1.CountPartitionsResponse
-	(*PartitionCount)(nil),          // 26: norn.v1.PartitionCount
-	(*QueueCount)(nil),              // 27: norn.v1.QueueCount
-	(*AdoptQueuesRequest)(nil),      // 28: norn.v1.AdoptQueuesRequest
-	(*AdoptQueuesResponse)(nil),     // 29: norn.v1.AdoptQueuesResponse
-	nil,                             // 30: norn.v1.TreeRootsRequest.QueueDeleteHorizonsMsEntry
-	nil,                             // 31: norn.v1.TreeRootsResponse.QueueDeleteHorizonsMsEntry
-	nil,                             // 32: norn.v1.PartitionCount.ByStatusEntry
-	nil,                             // 33: norn.v1.QueueCount.ByStatusEntry
-	(TaskStatus)(0),                 // 34: norn.v1.TaskStatus
-	(*Task)(nil),                    // 35: norn.v1.Task
+	(UniqueKeyOp_Kind)(0),           // 0: norn.v1.UniqueKeyOp.Kind
+	(*UniqueKeysRequest)(nil),       // 1: norn.v1.UniqueKeysRequest
+	(*UniqueKeyOp)(nil),             // 2: norn.v1.UniqueKeyOp
+	(*UniqueKeysResponse)(nil),      // 3: norn.v1.UniqueKeysResponse
+	(*UniqueKeyResult)(nil),         // 4: norn.v1.UniqueKeyResult
+	(*UniqueKeyRecord)(nil),         // 5: norn.v1.UniqueKeyRecord
+	(*ReadyHeadsRequest)(nil),       // 6: norn.v1.ReadyHeadsRequest
+	(*ReadyHeadsResponse)(nil),      // 7: norn.v1.ReadyHeadsResponse
+	(*PartitionClaimed)(nil),        // 8: norn.v1.PartitionClaimed
+	(*ReadyHead)(nil),               // 9: norn.v1.ReadyHead
+	(*ChangeGroupRequest)(nil),      // 10: norn.v1.ChangeGroupRequest
+	(*ChangeGroupResponse)(nil),     // 11: norn.v1.ChangeGroupResponse
+	(*GroupServer)(nil),             // 12: norn.v1.GroupServer
+	(*ReplicaProgressRequest)(nil),  // 13: norn.v1.ReplicaProgressRequest
+	(*ReplicaProgressResponse)(nil), // 14: norn.v1.ReplicaProgressResponse
+	(*TreeRootsRequest)(nil),        // 15: norn.v1.TreeRootsRequest
+	(*TreeRootsResponse)(nil),       // 16: norn.v1.TreeRootsResponse
+	(*TreeNodesRequest)(nil),        // 17: norn.v1.TreeNodesRequest
+	(*TreeNodesResponse)(nil),       // 18: norn.v1.TreeNodesResponse
+	(*SegmentEntriesRequest)(nil),   // 19: norn.v1.SegmentEntriesRequest
+	(*SegmentEntriesResponse)(nil),  // 20: norn.v1.SegmentEntriesResponse
+	(*ReplicateRequest)(nil),        // 21: norn.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),       // 22: norn.v1.ReplicateResponse
+	(*ReadRequest)(nil),             // 23: norn.v1.ReadRequest
+	(*ReadResponse)(nil),            // 24: norn.v1.ReadResponse
+	(*ReplicaTask)(nil),             // 25: norn.v1.ReplicaTask
+	(*GetRingRequest)(nil),          // 26: norn.v1.GetRingRequest
+	(*GetRingResponse)(nil),         // 27: norn.v1.GetRingResponse
+	(*ListPartitionRequest)(nil),    // 28: norn.v1.ListPartitionRequest
+	(*ListPartitionResponse)(nil),   // 29: norn.v1.ListPartitionResponse
+	(*CountPartitionsRequest)(nil),  // 30: norn.v1.CountPartitionsRequest
+	(*CountPartitionsResponse)(nil), // 31: norn.v1.CountPartitionsResponse
+	(*PartitionCount)(nil),          // 32: norn.v1.PartitionCount
+	(*QueueCount)(nil),              // 33: norn.v1.QueueCount
+	(*AdoptQueuesRequest)(nil),      // 34: norn.v1.AdoptQueuesRequest
+	(*AdoptQueuesResponse)(nil),     // 35: norn.v1.AdoptQueuesResponse
+	nil,                             // 36: norn.v1.TreeRootsRequest.QueueDeleteHorizonsMsEntry
+	nil,                             // 37: norn.v1.TreeRootsResponse.QueueDeleteHorizonsMsEntry
+	nil,                             // 38: norn.v1.PartitionCount.ByStatusEntry
+	nil,                             // 39: norn.v1.QueueCount.ByStatusEntry
+	(TaskStatus)(0),                 // 40: norn.v1.TaskStatus
+	(*Task)(nil),                    // 41: norn.v1.Task
 }
 var file_norn_v1_peer_service_proto_depIdxs = []int32{
-	3,  // 0: norn.v1.ReadyHeadsResponse.heads:type_name -> norn.v1.ReadyHead
-	2,  // 1: norn.v1.ReadyHeadsResponse.claimed_by_partition:type_name -> norn.v1.PartitionClaimed
-	6,  // 2: norn.v1.ChangeGroupResponse.servers:type_name -> norn.v1.GroupServer
-	30, // 3: norn.v1.TreeRootsRequest.queue_delete_horizons_ms:type_name -> norn.v1.TreeRootsRequest.QueueDeleteHorizonsMsEntry
-	31, // 4: norn.v1.TreeRootsResponse.queue_delete_horizons_ms:type_name -> norn.v1.TreeRootsResponse.QueueDeleteHorizonsMsEntry
-	19, // 5: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
-	34, // 6: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
-	35, // 7: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
-	26, // 8: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
-	32, // 9: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
-	27, // 10: norn.v1.PartitionCount.queues:type_name -> norn.v1.QueueCount
-	33, // 11: norn.v1.QueueCount.by_status:type_name -> norn.v1.QueueCount.ByStatusEntry
-	15, // 12: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
-	17, // 13: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
-	20, // 14: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
-	22, // 15: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
-	24, // 16: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
-	9,  // 17: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
-	11, // 18: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
-	13, // 19: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
-	4,  // 20: norn.v1.PeerService.ChangeGroup:input_type -> norn.v1.ChangeGroupRequest
-	7,  // 21: norn.v1.PeerService.ReplicaProgress:input_type -> norn.v1.ReplicaProgressRequest
-	0,  // 22: norn.v1.PeerService.ReadyHeads:input_type -> norn.v1.ReadyHeadsRequest
-	28, // 23: norn.v1.PeerService.AdoptQueues:input_type -> norn.v1.AdoptQueuesRequest
-	16, // 24: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
-	18, // 25: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
-	21, // 26: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
-	23, // 27: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
-	25, // 28: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
-	10, // 29: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
-	12, // 30: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
-	14, // 31: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
-	5,  // 32: norn.v1.PeerService.ChangeGroup:output_type -> norn.v1.ChangeGroupResponse
-	8,  // 33: norn.v1.PeerService.ReplicaProgress:output_type -> norn.v1.ReplicaProgressResponse
-	1,  // 34: norn.v1.PeerService.ReadyHeads:output_type -> norn.v1.ReadyHeadsResponse
-	29, // 35: norn.v1.PeerService.AdoptQueues:output_type -> norn.v1.AdoptQueuesResponse
-	24, // [24:36] is the sub-list for method output_type
-	12, // [12:24] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	2,  // 0: norn.v1.UniqueKeysRequest.ops:type_name -> norn.v1.UniqueKeyOp
+	0,  // 1: norn.v1.UniqueKeyOp.kind:type_name -> norn.v1.UniqueKeyOp.Kind
+	4,  // 2: norn.v1.UniqueKeysResponse.results:type_name -> norn.v1.UniqueKeyResult
+	5,  // 3: norn.v1.UniqueKeyResult.record:type_name -> norn.v1.UniqueKeyRecord
+	9,  // 4: norn.v1.ReadyHeadsResponse.heads:type_name -> norn.v1.ReadyHead
+	8,  // 5: norn.v1.ReadyHeadsResponse.claimed_by_partition:type_name -> norn.v1.PartitionClaimed
+	12, // 6: norn.v1.ChangeGroupResponse.servers:type_name -> norn.v1.GroupServer
+	36, // 7: norn.v1.TreeRootsRequest.queue_delete_horizons_ms:type_name -> norn.v1.TreeRootsRequest.QueueDeleteHorizonsMsEntry
+	37, // 8: norn.v1.TreeRootsResponse.queue_delete_horizons_ms:type_name -> norn.v1.TreeRootsResponse.QueueDeleteHorizonsMsEntry
+	25, // 9: norn.v1.ReadResponse.tasks:type_name -> norn.v1.ReplicaTask
+	40, // 10: norn.v1.ListPartitionRequest.status:type_name -> norn.v1.TaskStatus
+	41, // 11: norn.v1.ListPartitionResponse.tasks:type_name -> norn.v1.Task
+	32, // 12: norn.v1.CountPartitionsResponse.counts:type_name -> norn.v1.PartitionCount
+	38, // 13: norn.v1.PartitionCount.by_status:type_name -> norn.v1.PartitionCount.ByStatusEntry
+	33, // 14: norn.v1.PartitionCount.queues:type_name -> norn.v1.QueueCount
+	39, // 15: norn.v1.QueueCount.by_status:type_name -> norn.v1.QueueCount.ByStatusEntry
+	21, // 16: norn.v1.PeerService.Replicate:input_type -> norn.v1.ReplicateRequest
+	23, // 17: norn.v1.PeerService.Read:input_type -> norn.v1.ReadRequest
+	26, // 18: norn.v1.PeerService.GetRing:input_type -> norn.v1.GetRingRequest
+	28, // 19: norn.v1.PeerService.ListPartition:input_type -> norn.v1.ListPartitionRequest
+	30, // 20: norn.v1.PeerService.CountPartitions:input_type -> norn.v1.CountPartitionsRequest
+	15, // 21: norn.v1.PeerService.TreeRoots:input_type -> norn.v1.TreeRootsRequest
+	17, // 22: norn.v1.PeerService.TreeNodes:input_type -> norn.v1.TreeNodesRequest
+	19, // 23: norn.v1.PeerService.SegmentEntries:input_type -> norn.v1.SegmentEntriesRequest
+	10, // 24: norn.v1.PeerService.ChangeGroup:input_type -> norn.v1.ChangeGroupRequest
+	13, // 25: norn.v1.PeerService.ReplicaProgress:input_type -> norn.v1.ReplicaProgressRequest
+	6,  // 26: norn.v1.PeerService.ReadyHeads:input_type -> norn.v1.ReadyHeadsRequest
+	34, // 27: norn.v1.PeerService.AdoptQueues:input_type -> norn.v1.AdoptQueuesRequest
+	1,  // 28: norn.v1.PeerService.UniqueKeys:input_type -> norn.v1.UniqueKeysRequest
+	22, // 29: norn.v1.PeerService.Replicate:output_type -> norn.v1.ReplicateResponse
+	24, // 30: norn.v1.PeerService.Read:output_type -> norn.v1.ReadResponse
+	27, // 31: norn.v1.PeerService.GetRing:output_type -> norn.v1.GetRingResponse
+	29, // 32: norn.v1.PeerService.ListPartition:output_type -> norn.v1.ListPartitionResponse
+	31, // 33: norn.v1.PeerService.CountPartitions:output_type -> norn.v1.CountPartitionsResponse
+	16, // 34: norn.v1.PeerService.TreeRoots:output_type -> norn.v1.TreeRootsResponse
+	18, // 35: norn.v1.PeerService.TreeNodes:output_type -> norn.v1.TreeNodesResponse
+	20, // 36: norn.v1.PeerService.SegmentEntries:output_type -> norn.v1.SegmentEntriesResponse
+	11, // 37: norn.v1.PeerService.ChangeGroup:output_type -> norn.v1.ChangeGroupResponse
+	14, // 38: norn.v1.PeerService.ReplicaProgress:output_type -> norn.v1.ReplicaProgressResponse
+	7,  // 39: norn.v1.PeerService.ReadyHeads:output_type -> norn.v1.ReadyHeadsResponse
+	35, // 40: norn.v1.PeerService.AdoptQueues:output_type -> norn.v1.AdoptQueuesResponse
+	3,  // 41: norn.v1.PeerService.UniqueKeys:output_type -> norn.v1.UniqueKeysResponse
+	29, // [29:42] is the sub-list for method output_type
+	16, // [16:29] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_peer_service_proto_init() }
@@ -2171,19 +2640,20 @@ func file_norn_v1_peer_service_proto_init() {
 		return
 	}
 	file_norn_v1_task_proto_init()
-	file_norn_v1_peer_service_proto_msgTypes[1].OneofWrappers = []any{}
+	file_norn_v1_peer_service_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_peer_service_proto_rawDesc), len(file_norn_v1_peer_service_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   34,
+			NumEnums:      1,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_norn_v1_peer_service_proto_goTypes,
 		DependencyIndexes: file_norn_v1_peer_service_proto_depIdxs,
+		EnumInfos:         file_norn_v1_peer_service_proto_enumTypes,
 		MessageInfos:      file_norn_v1_peer_service_proto_msgTypes,
 	}.Build()
 	File_norn_v1_peer_service_proto = out.File

@@ -243,7 +243,24 @@ type TaskSpec struct {
 	// after `not_before` (INVALID_ARGUMENT naming `task.deadline`
 	// otherwise). Refused with FAILED_PRECONDITION until every node of the
 	// cluster runs a version that knows deadlines (docs/OPERATIONS.md).
-	Deadline      *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// Unique key within the queue (docs/SCHEDULING.md, "Unique tasks"): an
+	// Enqueue whose key is held by another task of the queue creates
+	// nothing and answers that task's id with `duplicate` set. A key is
+	// held by the task that took it while that task is not finished
+	// (COMPLETED, DEAD, ABORTED or CANCELLED) and, with `unique_for`, for
+	// that long after its enqueue. 1 to 256 bytes of UTF-8 without control
+	// characters; empty (the default): no key, the enqueue is AP as
+	// always. With a key the enqueue is decided by the Raft group of the
+	// key's partition: UNAVAILABLE (retryable) when it has no reachable
+	// leader. Refused with FAILED_PRECONDITION until every node of the
+	// cluster runs a version that knows unique keys.
+	UniqueKey string `protobuf:"bytes,9,opt,name=unique_key,json=uniqueKey,proto3" json:"unique_key,omitempty"`
+	// How long the key stays held after the enqueue, even once the task is
+	// finished: at most one task per key per window. Unset (the default):
+	// held until the task is finished. 1 s to 8784 h (366 days); needs
+	// `unique_key` (INVALID_ARGUMENT naming `task.uniqueFor` otherwise).
+	UniqueFor     *durationpb.Duration `protobuf:"bytes,10,opt,name=unique_for,json=uniqueFor,proto3" json:"unique_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -330,6 +347,20 @@ func (x *TaskSpec) GetRetry() *RetryPolicy {
 func (x *TaskSpec) GetDeadline() *timestamppb.Timestamp {
 	if x != nil {
 		return x.Deadline
+	}
+	return nil
+}
+
+func (x *TaskSpec) GetUniqueKey() string {
+	if x != nil {
+		return x.UniqueKey
+	}
+	return ""
+}
+
+func (x *TaskSpec) GetUniqueFor() *durationpb.Duration {
+	if x != nil {
+		return x.UniqueFor
 	}
 	return nil
 }
@@ -1006,7 +1037,7 @@ var File_norn_v1_task_proto protoreflect.FileDescriptor
 
 const file_norn_v1_task_proto_rawDesc = "" +
 	"\n" +
-	"\x12norn/v1/task.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x02\n" +
+	"\x12norn/v1/task.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x03\n" +
 	"\bTaskSpec\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x05R\bpriority\x12\x18\n" +
@@ -1018,7 +1049,12 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"\n" +
 	"max_claims\x18\x06 \x01(\rR\tmaxClaims\x12*\n" +
 	"\x05retry\x18\a \x01(\v2\x14.norn.v1.RetryPolicyR\x05retry\x126\n" +
-	"\bdeadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"\xe8\x01\n" +
+	"\bdeadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12\x1d\n" +
+	"\n" +
+	"unique_key\x18\t \x01(\tR\tuniqueKey\x128\n" +
+	"\n" +
+	"unique_for\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\tuniqueFor\"\xe8\x01\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x12B\n" +
 	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
@@ -1126,30 +1162,31 @@ var file_norn_v1_task_proto_depIdxs = []int32{
 	9,  // 0: norn.v1.TaskSpec.not_before:type_name -> google.protobuf.Timestamp
 	3,  // 1: norn.v1.TaskSpec.retry:type_name -> norn.v1.RetryPolicy
 	9,  // 2: norn.v1.TaskSpec.deadline:type_name -> google.protobuf.Timestamp
-	10, // 3: norn.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	10, // 4: norn.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
-	2,  // 5: norn.v1.Task.spec:type_name -> norn.v1.TaskSpec
-	0,  // 6: norn.v1.Task.status:type_name -> norn.v1.TaskStatus
-	9,  // 7: norn.v1.Task.created_at:type_name -> google.protobuf.Timestamp
-	9,  // 8: norn.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
-	5,  // 9: norn.v1.Task.current_claim:type_name -> norn.v1.ClaimInfo
-	5,  // 10: norn.v1.Task.claims:type_name -> norn.v1.ClaimInfo
-	6,  // 11: norn.v1.Task.updates:type_name -> norn.v1.TaskUpdate
-	7,  // 12: norn.v1.Task.errors:type_name -> norn.v1.TaskError
-	9,  // 13: norn.v1.Task.finished_at:type_name -> google.protobuf.Timestamp
-	9,  // 14: norn.v1.Task.retry_at:type_name -> google.protobuf.Timestamp
-	9,  // 15: norn.v1.ClaimInfo.start:type_name -> google.protobuf.Timestamp
-	9,  // 16: norn.v1.ClaimInfo.expiry:type_name -> google.protobuf.Timestamp
-	1,  // 17: norn.v1.ClaimInfo.end_reason:type_name -> norn.v1.ClaimEnd
-	9,  // 18: norn.v1.ClaimInfo.ended_at:type_name -> google.protobuf.Timestamp
-	9,  // 19: norn.v1.TaskUpdate.at:type_name -> google.protobuf.Timestamp
-	4,  // 20: norn.v1.ClaimedTask.task:type_name -> norn.v1.Task
-	9,  // 21: norn.v1.ClaimedTask.expiry:type_name -> google.protobuf.Timestamp
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	10, // 3: norn.v1.TaskSpec.unique_for:type_name -> google.protobuf.Duration
+	10, // 4: norn.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	10, // 5: norn.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	2,  // 6: norn.v1.Task.spec:type_name -> norn.v1.TaskSpec
+	0,  // 7: norn.v1.Task.status:type_name -> norn.v1.TaskStatus
+	9,  // 8: norn.v1.Task.created_at:type_name -> google.protobuf.Timestamp
+	9,  // 9: norn.v1.Task.updated_at:type_name -> google.protobuf.Timestamp
+	5,  // 10: norn.v1.Task.current_claim:type_name -> norn.v1.ClaimInfo
+	5,  // 11: norn.v1.Task.claims:type_name -> norn.v1.ClaimInfo
+	6,  // 12: norn.v1.Task.updates:type_name -> norn.v1.TaskUpdate
+	7,  // 13: norn.v1.Task.errors:type_name -> norn.v1.TaskError
+	9,  // 14: norn.v1.Task.finished_at:type_name -> google.protobuf.Timestamp
+	9,  // 15: norn.v1.Task.retry_at:type_name -> google.protobuf.Timestamp
+	9,  // 16: norn.v1.ClaimInfo.start:type_name -> google.protobuf.Timestamp
+	9,  // 17: norn.v1.ClaimInfo.expiry:type_name -> google.protobuf.Timestamp
+	1,  // 18: norn.v1.ClaimInfo.end_reason:type_name -> norn.v1.ClaimEnd
+	9,  // 19: norn.v1.ClaimInfo.ended_at:type_name -> google.protobuf.Timestamp
+	9,  // 20: norn.v1.TaskUpdate.at:type_name -> google.protobuf.Timestamp
+	4,  // 21: norn.v1.ClaimedTask.task:type_name -> norn.v1.Task
+	9,  // 22: norn.v1.ClaimedTask.expiry:type_name -> google.protobuf.Timestamp
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_task_proto_init() }

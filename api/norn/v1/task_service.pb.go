@@ -162,7 +162,12 @@ type EnqueueResponse struct {
 	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Replicas that stored the task durably before the answer; at least the
 	// request's write quorum.
-	Acks          uint32 `protobuf:"varint,2,opt,name=acks,proto3" json:"acks,omitempty"`
+	Acks uint32 `protobuf:"varint,2,opt,name=acks,proto3" json:"acks,omitempty"`
+	// The task's unique key was held by a task an earlier enqueue created:
+	// `id` is that task's, and this call created nothing (`acks` is 0).
+	// False for a task without a unique key, and for a retry of the
+	// enqueue that created the task (the same id).
+	Duplicate     bool `protobuf:"varint,3,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -209,6 +214,13 @@ func (x *EnqueueResponse) GetAcks() uint32 {
 		return x.Acks
 	}
 	return 0
+}
+
+func (x *EnqueueResponse) GetDuplicate() bool {
+	if x != nil {
+		return x.Duplicate
+	}
+	return false
 }
 
 // EnqueueBatchRequest is the request of TaskService.EnqueueBatch.
@@ -291,7 +303,11 @@ type EnqueueBatchResponse struct {
 	// Replicas that stored the tasks durably before the answer: the
 	// smallest count over the partitions the batch touched, so every task
 	// is on at least this many replicas.
-	Acks          uint32 `protobuf:"varint,2,opt,name=acks,proto3" json:"acks,omitempty"`
+	Acks uint32 `protobuf:"varint,2,opt,name=acks,proto3" json:"acks,omitempty"`
+	// Which tasks were answered as duplicates of a task holding their
+	// unique key (EnqueueResponse.duplicate), parallel to `ids`; empty when
+	// none was.
+	Duplicates    []bool `protobuf:"varint,3,rep,packed,name=duplicates,proto3" json:"duplicates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -338,6 +354,13 @@ func (x *EnqueueBatchResponse) GetAcks() uint32 {
 		return x.Acks
 	}
 	return 0
+}
+
+func (x *EnqueueBatchResponse) GetDuplicates() []bool {
+	if x != nil {
+		return x.Duplicates
+	}
+	return nil
 }
 
 // GetTaskRequest is the request of TaskService.GetTask.
@@ -2158,17 +2181,21 @@ const file_norn_v1_task_service_proto_rawDesc = "" +
 	"\x0eEnqueueRequest\x12%\n" +
 	"\x04task\x18\x01 \x01(\v2\x11.norn.v1.TaskSpecR\x04task\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\f\n" +
-	"\x01w\x18\x03 \x01(\rR\x01w\"5\n" +
+	"\x01w\x18\x03 \x01(\rR\x01w\"S\n" +
 	"\x0fEnqueueResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
-	"\x04acks\x18\x02 \x01(\rR\x04acks\"^\n" +
+	"\x04acks\x18\x02 \x01(\rR\x04acks\x12\x1c\n" +
+	"\tduplicate\x18\x03 \x01(\bR\tduplicate\"^\n" +
 	"\x13EnqueueBatchRequest\x12'\n" +
 	"\x05tasks\x18\x01 \x03(\v2\x11.norn.v1.TaskSpecR\x05tasks\x12\x10\n" +
 	"\x03ids\x18\x02 \x03(\x04R\x03ids\x12\f\n" +
-	"\x01w\x18\x03 \x01(\rR\x01w\"<\n" +
+	"\x01w\x18\x03 \x01(\rR\x01w\"\\\n" +
 	"\x14EnqueueBatchResponse\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\x04R\x03ids\x12\x12\n" +
-	"\x04acks\x18\x02 \x01(\rR\x04acks\".\n" +
+	"\x04acks\x18\x02 \x01(\rR\x04acks\x12\x1e\n" +
+	"\n" +
+	"duplicates\x18\x03 \x03(\bR\n" +
+	"duplicates\".\n" +
 	"\x0eGetTaskRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\f\n" +
 	"\x01r\x18\x02 \x01(\rR\x01r\"4\n" +

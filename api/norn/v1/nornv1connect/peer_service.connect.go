@@ -65,6 +65,8 @@ const (
 	PeerServiceReadyHeadsProcedure = "/norn.v1.PeerService/ReadyHeads"
 	// PeerServiceAdoptQueuesProcedure is the fully-qualified name of the PeerService's AdoptQueues RPC.
 	PeerServiceAdoptQueuesProcedure = "/norn.v1.PeerService/AdoptQueues"
+	// PeerServiceUniqueKeysProcedure is the fully-qualified name of the PeerService's UniqueKeys RPC.
+	PeerServiceUniqueKeysProcedure = "/norn.v1.PeerService/UniqueKeys"
 )
 
 // PeerServiceClient is a client for the norn.v1.PeerService service.
@@ -116,6 +118,11 @@ type PeerServiceClient interface {
 	// that changed a queue pushes it to every live node before it
 	// answers); the receiver keeps it when it is newer than its own.
 	AdoptQueues(context.Context, *connect.Request[v1.AdoptQueuesRequest]) (*connect.Response[v1.AdoptQueuesResponse], error)
+	// UniqueKeys has the Raft group of one partition decide who holds
+	// unique keys (docs/SCHEDULING.md): the receiver proposes them when it
+	// leads the partition, forwards them to the leader it knows otherwise,
+	// and refuses UNAVAILABLE when it knows none.
+	UniqueKeys(context.Context, *connect.Request[v1.UniqueKeysRequest]) (*connect.Response[v1.UniqueKeysResponse], error)
 }
 
 // NewPeerServiceClient constructs a client for the norn.v1.PeerService service. By default, it uses
@@ -201,6 +208,12 @@ func NewPeerServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(peerServiceMethods.ByName("AdoptQueues")),
 			connect.WithClientOptions(opts...),
 		),
+		uniqueKeys: connect.NewClient[v1.UniqueKeysRequest, v1.UniqueKeysResponse](
+			httpClient,
+			baseURL+PeerServiceUniqueKeysProcedure,
+			connect.WithSchema(peerServiceMethods.ByName("UniqueKeys")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -218,6 +231,7 @@ type peerServiceClient struct {
 	replicaProgress *connect.Client[v1.ReplicaProgressRequest, v1.ReplicaProgressResponse]
 	readyHeads      *connect.Client[v1.ReadyHeadsRequest, v1.ReadyHeadsResponse]
 	adoptQueues     *connect.Client[v1.AdoptQueuesRequest, v1.AdoptQueuesResponse]
+	uniqueKeys      *connect.Client[v1.UniqueKeysRequest, v1.UniqueKeysResponse]
 }
 
 // Replicate calls norn.v1.PeerService.Replicate.
@@ -280,6 +294,11 @@ func (c *peerServiceClient) AdoptQueues(ctx context.Context, req *connect.Reques
 	return c.adoptQueues.CallUnary(ctx, req)
 }
 
+// UniqueKeys calls norn.v1.PeerService.UniqueKeys.
+func (c *peerServiceClient) UniqueKeys(ctx context.Context, req *connect.Request[v1.UniqueKeysRequest]) (*connect.Response[v1.UniqueKeysResponse], error) {
+	return c.uniqueKeys.CallUnary(ctx, req)
+}
+
 // PeerServiceHandler is an implementation of the norn.v1.PeerService service.
 type PeerServiceHandler interface {
 	// Replicate merges task states into the receiver's replicas with the
@@ -329,6 +348,11 @@ type PeerServiceHandler interface {
 	// that changed a queue pushes it to every live node before it
 	// answers); the receiver keeps it when it is newer than its own.
 	AdoptQueues(context.Context, *connect.Request[v1.AdoptQueuesRequest]) (*connect.Response[v1.AdoptQueuesResponse], error)
+	// UniqueKeys has the Raft group of one partition decide who holds
+	// unique keys (docs/SCHEDULING.md): the receiver proposes them when it
+	// leads the partition, forwards them to the leader it knows otherwise,
+	// and refuses UNAVAILABLE when it knows none.
+	UniqueKeys(context.Context, *connect.Request[v1.UniqueKeysRequest]) (*connect.Response[v1.UniqueKeysResponse], error)
 }
 
 // NewPeerServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -410,6 +434,12 @@ func NewPeerServiceHandler(svc PeerServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(peerServiceMethods.ByName("AdoptQueues")),
 		connect.WithHandlerOptions(opts...),
 	)
+	peerServiceUniqueKeysHandler := connect.NewUnaryHandler(
+		PeerServiceUniqueKeysProcedure,
+		svc.UniqueKeys,
+		connect.WithSchema(peerServiceMethods.ByName("UniqueKeys")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/norn.v1.PeerService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case PeerServiceReplicateProcedure:
@@ -436,6 +466,8 @@ func NewPeerServiceHandler(svc PeerServiceHandler, opts ...connect.HandlerOption
 			peerServiceReadyHeadsHandler.ServeHTTP(w, r)
 		case PeerServiceAdoptQueuesProcedure:
 			peerServiceAdoptQueuesHandler.ServeHTTP(w, r)
+		case PeerServiceUniqueKeysProcedure:
+			peerServiceUniqueKeysHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -491,4 +523,8 @@ func (UnimplementedPeerServiceHandler) ReadyHeads(context.Context, *connect.Requ
 
 func (UnimplementedPeerServiceHandler) AdoptQueues(context.Context, *connect.Request[v1.AdoptQueuesRequest]) (*connect.Response[v1.AdoptQueuesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.AdoptQueues is not implemented"))
+}
+
+func (UnimplementedPeerServiceHandler) UniqueKeys(context.Context, *connect.Request[v1.UniqueKeysRequest]) (*connect.Response[v1.UniqueKeysResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.PeerService.UniqueKeys is not implemented"))
 }
