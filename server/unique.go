@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -175,7 +176,7 @@ func (sv *Server) decideUnique(ctx context.Context, p uint16, ops []claims.Uniqu
 	for i, op := range ops {
 		req.Ops[i] = uniqueOpToAPI(op)
 	}
-	resp, err := sv.peers.Get(target).Peer.UniqueKeys(ctx, transport.Forwarded(req, 0))
+	resp, err := sv.uniqueKeysAt(ctx, target, req, 0)
 	if err != nil {
 		if coord.Unreachable(err) {
 			return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf(
@@ -246,7 +247,7 @@ func (s peerService) UniqueKeys(ctx context.Context, req *connect.Request[nornv1
 		}
 		p := uint16(m.GetPartition())
 		if target := sv.coord.RouteTarget(p, transport.Hops(req)); target != "" {
-			resp, err := sv.peers.Get(target).Peer.UniqueKeys(ctx, transport.Forwarded(m, transport.Hops(req)))
+			resp, err := sv.uniqueKeysAt(ctx, target, m, transport.Hops(req))
 			if err != nil {
 				return nil, err
 			}
@@ -374,4 +375,12 @@ func (sv *Server) reacquireUnique(ctx context.Context, id uint64, life uint32, s
 	}
 	return connect.NewError(connect.CodeUnavailable, fmt.Errorf(
 		"task %d's unique key %q changed hands %d times during this retry (retry)", id, spec.UniqueKey, maxUniqueTurns))
+}
+
+// uniqueKeysAt calls PeerService.UniqueKeys at target, as this node, the
+// request's hopsSoFar-th forward.
+func (sv *Server) uniqueKeysAt(ctx context.Context, target string, m *nornv1.UniqueKeysRequest, hopsSoFar int) (*connect.Response[nornv1.UniqueKeysResponse], error) {
+	req := transport.Request(sv.peers, m)
+	req.Header().Set(transport.HeaderHops, strconv.Itoa(hopsSoFar+1))
+	return sv.peers.Get(target).Peer.UniqueKeys(ctx, req)
 }
