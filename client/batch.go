@@ -271,7 +271,7 @@ func (c *Client) sendEnqueues(key batchKey, calls []*pending[enqueueCall, uint64
 	if len(calls) == 1 {
 		// A batch of one is its caller's own call, under its context.
 		p := calls[0]
-		p.answer(c.enqueueOne(p.ctx, p.in.spec, p.in.id, w, nil))
+		p.answer(c.enqueueOne(p.ctx, p.in.spec, p.in.id, enqueueOptions{w: w}))
 		return
 	}
 	ctx, cancel := batchContext(c, calls)
@@ -288,7 +288,7 @@ func (c *Client) sendEnqueues(key batchKey, calls []*pending[enqueueCall, uint64
 			ids[i] = p.in.id
 		}
 	}
-	got, err := c.enqueueBatch(ctx, specs, ids, w)
+	got, err := c.enqueueBatch(ctx, specs, ids, w, nil)
 	if err == nil {
 		for i, p := range calls {
 			p.answer(got[i], nil)
@@ -306,7 +306,7 @@ func (c *Client) sendEnqueues(key batchKey, calls []*pending[enqueueCall, uint64
 			if ids != nil {
 				id = ids[i]
 			}
-			wg.Go(func() { p.answer(c.enqueueOne(ctx, p.in.spec, id, w, nil)) })
+			wg.Go(func() { p.answer(c.enqueueOne(ctx, p.in.spec, id, enqueueOptions{w: w})) })
 		}
 		wg.Wait()
 		return

@@ -63,6 +63,34 @@ func ExampleClient_Enqueue_deadline() {
 	// Output: TASK_STATUS_READY 1h0m0s
 }
 
+// A task with a unique key: while it is not finished, enqueues with the
+// same key in its queue create nothing and answer its id, so a producer
+// may retry an enqueue from any process. With UniqueFor the key stays
+// held that long after the enqueue, finished or not ("at most one an
+// hour").
+func ExampleClient_Enqueue_unique() {
+	node := newFake() // stands in for a nornd node
+	defer node.Close()
+	c, err := client.New(node.addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	spec := &nornv1.TaskSpec{Queue: "reports", UniqueKey: "monthly:2026-11", Payload: []byte("build it")}
+	first, err := c.Enqueue(ctx, spec)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var dup bool
+	again, err := c.Enqueue(ctx, spec, client.WithDuplicate(&dup))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(first == again, dup)
+	// Output: true true
+}
+
 func ExampleWorker() {
 	node := newFake() // stands in for a nornd node
 	defer node.Close()

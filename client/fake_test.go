@@ -219,6 +219,9 @@ func (f *fakeServer) Enqueue(_ context.Context, r *connect.Request[nornv1.Enqueu
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reqIDs = append(f.reqIDs, []uint64{r.Msg.GetId()})
+	if holder := f.uniqueHolderLocked(r.Msg.GetTask(), r.Msg.GetId()); holder != 0 {
+		return connect.NewResponse(&nornv1.EnqueueResponse{Id: holder, Duplicate: true}), nil
+	}
 	id, err := f.storeLocked(r.Msg.GetTask(), r.Msg.GetId())
 	if err != nil {
 		return nil, err

@@ -23,6 +23,8 @@ type enqueueOptions struct {
 	w    uint32
 	wSet bool
 	acks *uint32
+	dup  *bool
+	dups *[]bool
 }
 
 // WithID makes Enqueue store the task under id instead of letting the
@@ -51,6 +53,21 @@ func WithQuorum(w uint32) EnqueueOption {
 // not batched with others.
 func WithAcks(acks *uint32) EnqueueOption {
 	return func(o *enqueueOptions) { o.acks = acks }
+}
+
+// WithDuplicate makes Enqueue set *dup to whether the task's unique key
+// (TaskSpec.unique_key) was held by a task an earlier enqueue created:
+// the id Enqueue returns is then that task's, and nothing was created
+// (EnqueueResponse.duplicate). Such a call is sent on its own, not
+// batched with others; so is every call whose spec has a unique key.
+func WithDuplicate(dup *bool) EnqueueOption {
+	return func(o *enqueueOptions) { o.dup = dup }
+}
+
+// WithDuplicates is WithDuplicate for EnqueueBatch: *dups gets one entry
+// per spec, in order.
+func WithDuplicates(dups *[]bool) EnqueueOption {
+	return func(o *enqueueOptions) { o.dups = dups }
 }
 
 func (c *Client) enqueueOptions(opts []EnqueueOption) enqueueOptions {
@@ -86,15 +103,16 @@ func (c *Client) Enqueue(ctx context.Context, spec *nornv1.TaskSpec, opts ...Enq
 	if len(o.ids) == 1 {
 		id = o.ids[0]
 	}
-	if c.enqueues != nil && o.acks == nil {
+	if c.enqueues != nil && o.acks == nil && o.dup == nil && spec.GetUniqueKey() == "" {
 		return c.enqueueCoalesced(ctx, spec, id, o.w)
 	}
-	return c.enqueueOne(ctx, spec, id, o.w, o.acks)
+	return c.enqueueOne(ctx, spec, id, o)
 }
 
-// enqueueOne sends one Enqueue RPC, retried by the enqueue rules; acks,
-// when not nil, gets the response's.
-func (c *Client) enqueueOne(ctx context.Context, spec *nornv1.TaskSpec, id uint64, w uint32, acks *uint32) (uint64, error) {
+// enqueueOne sends one Enqueue RPC, retried by the enqueue rules; o's
+// acks and dup, when not nil, get the response's.
+func (c *Client) enqueueOne(ctx context.Context, spec *nornv1.TaskSpec, id uint64, o enqueueOptions) (uint64, error) {
+	w, acks := o.w, o.acks
 	ctx, cancel := c.withTimeout(ctx, 0)
 	defer cancel()
 	req := &nornv1.EnqueueRequest{Task: spec, Id: id, W: w}
@@ -113,6 +131,9 @@ func (c *Client) enqueueOne(ctx context.Context, spec *nornv1.TaskSpec, id uint6
 			got = resp.Msg.GetId()
 			if acks != nil {
 				*acks = resp.Msg.GetAcks()
+			}
+			if o.dup != nil {
+				*o.dup = resp.Msg.GetDuplicate()
 			}
 		}
 		return err
@@ -144,13 +165,13 @@ func (c *Client) EnqueueBatch(ctx context.Context, specs []*nornv1.TaskSpec, opt
 			return nil, invalidArg("enqueue batch", "nil task spec")
 		}
 	}
-	return c.enqueueBatch(ctx, specs, o.ids, o.w)
+	return c.enqueueBatch(ctx, specs, o.ids, o.w, o.dups)
 }
 
 // enqueueBatch sends one EnqueueBatch RPC, retried by the enqueue rules;
 // ids is nil or parallel to specs. It returns the ids known on failure
 // (nil when the server assigned none yet).
-func (c *Client) enqueueBatch(ctx context.Context, specs []*nornv1.TaskSpec, ids []uint64, w uint32) ([]uint64, error) {
+func (c *Client) enqueueBatch(ctx context.Context, specs []*nornv1.TaskSpec, ids []uint64, w uint32, dups *[]bool) ([]uint64, error) {
 	ctx, cancel := c.withTimeout(ctx, 0)
 	defer cancel()
 	req := &nornv1.EnqueueBatchRequest{Tasks: specs, W: w}
@@ -172,6 +193,12 @@ func (c *Client) enqueueBatch(ctx context.Context, specs []*nornv1.TaskSpec, ids
 			got = resp.Msg.GetIds()
 			if len(got) != len(specs) {
 				return connect.NewError(connect.CodeInternal, errProtocol("EnqueueBatch answered a different number of ids than tasks"))
+			}
+			if dups != nil {
+				*dups = resp.Msg.GetDuplicates()
+				if len(*dups) == 0 {
+					*dups = make([]bool, len(specs))
+				}
 			}
 		}
 		return err

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -23,6 +24,12 @@ The payload is the second argument, or the contents of --payload-file
   nornctl enqueue reports --payload-file - --depends-on 1234,5678 < job.json
   nornctl enqueue invoices '{"n":7}' --deadline 1h   # CANCELLED (error deadline) if not completed within the hour
   nornctl enqueue webhooks '{"url":"..."}' --max-attempts 8 --backoff 1s --backoff-multiplier 2 --max-backoff 10m --jitter 0.2
+  nornctl enqueue reports '{"month":"2026-11"}' --unique-key monthly:2026-11   # one live task per key
+
+With --unique-key, an enqueue whose key is held by a task of the queue
+that is not finished (or, with --unique-for, was enqueued less than that
+long ago) creates nothing: it prints the holder's id and says so on
+standard error (-o json: "duplicate": true).
 
 A retry flag gives the task a retry policy (docs/API.md, "Retries"):
 --max-attempts failed attempts make it DEAD; after the n-th it waits
@@ -40,6 +47,8 @@ func runEnqueue(e *env, cmd *command, args []string) error {
 	idFlag := fs.String("id", "", "store the task under this id, for an idempotent retry (default: the server assigns one)")
 	quorum := fs.Uint("w", 0, "write quorum: replicas that must store the task (0: the server's default, a majority)")
 	payloadFile := fs.String("payload-file", "", "read the payload from this file (-: standard input)")
+	uniqueKey := fs.String("unique-key", "", "unique key in the queue: no second task with it while one holds it (docs/SCHEDULING.md)")
+	uniqueFor := fs.Duration("unique-for", 0, "with --unique-key: hold the key this long after the enqueue, finished or not (0: until the task is finished)")
 	pos, err := e.parse(cmd, fs, args, 1, 2)
 	if err != nil {
 		return err
@@ -72,6 +81,15 @@ func runEnqueue(e *env, cmd *command, args []string) error {
 	if spec.DependsOn, err = parseIDs("--depends-on", *dependsOn); err != nil {
 		return usagef(cmd, "%v", err)
 	}
+	spec.UniqueKey = *uniqueKey
+	switch {
+	case *uniqueFor < 0:
+		return usagef(cmd, "--unique-for %s: must be positive", *uniqueFor)
+	case *uniqueFor > 0 && *uniqueKey == "":
+		return usagef(cmd, "--unique-for needs --unique-key")
+	case *uniqueFor > 0:
+		spec.UniqueFor = durationpb.New(*uniqueFor)
+	}
 	var opts []client.EnqueueOption
 	if *idFlag != "" {
 		id, err := parseID("--id", *idFlag)
@@ -98,14 +116,18 @@ func runEnqueue(e *env, cmd *command, args []string) error {
 		return err
 	}
 	var acks uint32
-	id, err := c.Enqueue(e.ctx, spec, append(opts, client.WithAcks(&acks))...)
+	var dup bool
+	id, err := c.Enqueue(e.ctx, spec, append(opts, client.WithAcks(&acks), client.WithDuplicate(&dup))...)
 	if err != nil {
 		if id != 0 {
 			return fmt.Errorf("%w (the task may be stored; retry with --id %d)", err, id)
 		}
 		return err
 	}
-	return e.emit(&nornv1.EnqueueResponse{Id: id, Acks: acks}, func(w io.Writer) {
+	if dup {
+		fmt.Fprintf(e.stderr, "unique key %q is held by task %d: nothing enqueued\n", spec.UniqueKey, id)
+	}
+	return e.emit(&nornv1.EnqueueResponse{Id: id, Acks: acks, Duplicate: dup}, func(w io.Writer) {
 		fmt.Fprintln(w, id)
 	})
 }

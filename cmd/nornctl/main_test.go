@@ -260,6 +260,18 @@ func TestLifecycle(t *testing.T) {
 	if enq.Id == 0 || enq.Acks != 1 {
 		t.Fatalf("enqueue -o json: %v, want the id and the acks", &enq)
 	}
+
+	// A unique key: the second enqueue prints the holder and says so.
+	first := ok(t, addr, "enqueue", "reports", "a", "--unique-key", "monthly:2026-11", "--unique-for", "1h")
+	r = nornctl(t, addr, "", "enqueue", "reports", "b", "--unique-key", "monthly:2026-11")
+	if r.code != 0 || r.stdout != first || !strings.Contains(r.stderr, "held by task "+strings.TrimSpace(first)) {
+		t.Fatalf("second unique enqueue: exit %d, stdout %q (first %q), stderr %q", r.code, r.stdout, first, r.stderr)
+	}
+	okJSON(t, addr, &enq, "-o", "json", "enqueue", "reports", "c", "--unique-key", "monthly:2026-11")
+	if !enq.Duplicate || strconv.FormatUint(enq.Id, 10) != strings.TrimSpace(first) {
+		t.Fatalf("unique enqueue -o json: %v", &enq)
+	}
+	mustContain(t, "get", ok(t, addr, "get", strings.TrimSpace(first)), `UNIQUE KEY:  "monthly:2026-11" (held until finished, and 1h0m0s after its enqueue)`)
 }
 
 // TestErrors checks the exit codes and messages of failures: the server's
@@ -297,6 +309,7 @@ func TestErrors(t *testing.T) {
 		{"bad status", []string{"list", "--status", "SLEEPING"}},
 		{"bad not-before", []string{"enqueue", "q", "--not-before", "tomorrow"}},
 		{"bad deadline", []string{"enqueue", "q", "--deadline", "-5m"}},
+		{"unique-for alone", []string{"enqueue", "q", "--unique-for", "1h"}},
 		{"payload twice", []string{"enqueue", "q", "x", "--payload-file", "-"}},
 		{"abort without code", []string{"abort", "1", "2"}},
 		{"seq 0", []string{"update", "1", "2", "--seq", "0"}},

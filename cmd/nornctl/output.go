@@ -73,6 +73,13 @@ func writeTask(w io.Writer, t *nornv1.Task) {
 	if s.GetDeadline() != nil {
 		fmt.Fprintf(w, "DEADLINE:\t%s\n", formatTS(s.GetDeadline()))
 	}
+	if s.GetUniqueKey() != "" {
+		held := "until finished"
+		if d := s.GetUniqueFor(); d != nil {
+			held = "until finished, and " + d.AsDuration().String() + " after its enqueue"
+		}
+		fmt.Fprintf(w, "UNIQUE KEY:\t%q (held %s)\n", s.GetUniqueKey(), held)
+	}
 	if len(s.GetDependsOn()) > 0 {
 		fmt.Fprintf(w, "DEPENDS ON:\t%s\n", joinIDs(s.GetDependsOn()))
 	}
