@@ -87,6 +87,9 @@ type Scenario struct {
 	// the test hooks let it go below an hour) and adds the retention
 	// checker (check.Retention; retention.go).
 	QueueRetention time.Duration
+	// Unique runs the unique-keys clients beside the workload on a queue
+	// of their own and adds the unique checker (check.Unique; unique.go).
+	Unique bool
 }
 
 // The workload's retries in every scenario: a share of the tasks have a
@@ -367,6 +370,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		tl.Log("note", "queue-retention", sc.QueueRetention.String(), nil)
 		retained = &retentionRun{w: w}
 	}
+	var uniques *uniqueRun
+	if sc.Unique {
+		uniques = &uniqueRun{w: w}
+	}
 	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks,
 		Churn: &Churn{}, Rogue: &Rogue{}}
 	minEnd := time.Now().Add(o.Time)
@@ -390,13 +397,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			cancel() // the sequence is done: so is the workload
 		}
 	}()
-	waitRetained := func() {}
+	waitRetained, waitUniques := func() {}, func() {}
 	if retained != nil {
 		waitRetained = retained.start(runCtx)
+	}
+	if uniques != nil {
+		waitUniques = uniques.start(runCtx)
 	}
 	w.Run(runCtx)
 	wg.Wait()
 	waitRetained()
+	waitUniques()
 	env.HealAll()
 	heal := h.Now()
 	tl.Log("note", "healed", "", nil)
@@ -433,6 +444,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	w.Drain(ctx, w.ShortLease+c.Cfg.SkewBuffer+3*time.Second, 60*time.Second)
 	tl.Log("note", "drained", "", nil)
+	var unique *check.Verdict
+	if uniques != nil {
+		v := uniques.final(ctx, dir)
+		unique = &v
+		tl.Log("note", "checked-unique", "", nil)
+	}
 	var retention *check.Verdict
 	if retained != nil {
 		v := retained.final(ctx, sc.QueueRetention, dir)
@@ -492,6 +509,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if retention != nil {
 		res.Verdicts = append(res.Verdicts, *retention)
+	}
+	if unique != nil {
+		res.Verdicts = append(res.Verdicts, *unique)
 	}
 	if sc.QueueCap > 0 {
 		res.Verdicts = append(res.Verdicts, check.Cap(ops, int(sc.QueueCap), int(sc.QueueCap), faultWindows(tl.Events(), capSettle)))

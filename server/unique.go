@@ -36,6 +36,17 @@ func (sv *Server) uniqueGate(field string) error {
 // group: a replace refused because the key changed hands meanwhile.
 const maxUniqueTurns = 4
 
+// uniqueSettle is how long after a key was taken its holder may still be
+// on its way to the replicas: an enqueue that finds the key held by a
+// task no majority has yet reads it again, uniqueSettleReads times
+// uniqueSettleEvery apart, then answers UNAVAILABLE (retry) rather than
+// name a task that may never be stored.
+const (
+	uniqueSettle      = 10 * time.Second
+	uniqueSettleReads = 5
+	uniqueSettleEvery = 100 * time.Millisecond
+)
+
 // defaultPhantomAfter is how old a key's record must be before a holder
 // that no majority of its replicas has is taken as gone, when the node
 // gives no rejoin limit (Config.UniquePhantomAfter).
@@ -96,10 +107,26 @@ func (sv *Server) enqueueUnique(ctx context.Context, t *crdt.Task, w uint32) (un
 func (sv *Server) heldKey(ctx context.Context, t *crdt.Task, op claims.UniqueOp, rec *claims.UniqueRecord, w uint32) (next *claims.UniqueOp, ans uniqueAnswer, err error) {
 	dup := uniqueAnswer{id: rec.ID, duplicate: true}
 	nowMs := sv.cfg.Clock.Now().UnixMilli()
+	age := nowMs - rec.CreatedMs
 	ts, err := sv.coord.Read(ctx, rec.ID, 0)
+	if errors.Is(err, storage.ErrNotFound) && age < uniqueSettle.Milliseconds() && (t == nil || rec.Digest != op.Digest) {
+		// The enqueue that took the key may be writing its task now.
+		for i := 0; i < uniqueSettleReads && errors.Is(err, storage.ErrNotFound); i++ {
+			select {
+			case <-ctx.Done():
+				return nil, dup, withWriteFailure(connect.NewError(connect.CodeUnavailable, ctx.Err()), op.ID, w)
+			case <-time.After(uniqueSettleEvery):
+			}
+			ts, err = sv.coord.Read(ctx, rec.ID, 0)
+		}
+		if errors.Is(err, storage.ErrNotFound) {
+			return nil, dup, withWriteFailure(connect.NewError(connect.CodeUnavailable, fmt.Errorf(
+				"unique key %q is being taken by task %d, which no majority of its replicas holds yet (retry)", op.Key, rec.ID)), op.ID, w)
+		}
+	}
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
-		if nowMs-rec.CreatedMs < sv.phantomAfter().Milliseconds() {
+		if age < sv.phantomAfter().Milliseconds() {
 			if t != nil && rec.Digest == op.Digest {
 				// The enqueue that took the key wrote nothing a majority
 				// has (or is still writing): this spec is its spec; finish
@@ -107,6 +134,8 @@ func (sv *Server) heldKey(ctx context.Context, t *crdt.Task, op claims.UniqueOp,
 				dup.acks, err = sv.finishTaken(ctx, t.Spec, rec, w)
 				return nil, dup, err
 			}
+			// An enqueue that took the key, failed its write and was
+			// never retried (docs/SCHEDULING.md, "Phantoms").
 			return nil, dup, nil
 		}
 		if rec.WindowOpen(nowMs) {

@@ -41,6 +41,12 @@ type Op struct {
 	// Deadline is an enqueued task's deadline (TaskSpec.deadline) on the
 	// history's clock, 0 for none.
 	Deadline int64 `json:"deadline_ns,omitempty"`
+	// Key is an enqueued task's unique key (TaskSpec.unique_key), or the
+	// key a read found.
+	Key string `json:"key,omitempty"`
+	// Duplicate: the enqueue was answered with the task holding its key
+	// (EnqueueResponse.duplicate).
+	Duplicate bool `json:"duplicate,omitempty"`
 }
 
 // Ret is the op's return time, with infinity for an info.
