@@ -63,6 +63,33 @@ type UniqueRecord struct {
 // nowMs, whatever its task's state.
 func (r *UniqueRecord) WindowOpen(nowMs int64) bool { return nowMs < r.CreatedMs+r.WindowMs }
 
+// Holder is what a majority read found of a key's holder: whether any
+// replica read has it, its current life, and whether it is finished
+// (COMPLETED, DEAD, ABORTED, CANCELLED) in that life.
+type Holder struct {
+	Found    bool
+	Life     uint32
+	Finished bool
+}
+
+// Free reports whether the key of r may be taken from its holder h (read
+// at a majority) at nowMs, and the holder's life to name in the replace
+// or forget: the window has passed, and the holder is finished in the
+// record's life or a later one, or no majority has it and the record is
+// older than phantomAfterMs (no replica that may hold it can come back:
+// docs/SCHEDULING.md, "Phantoms").
+func (r *UniqueRecord) Free(nowMs int64, h Holder, phantomAfterMs int64) (life uint32, free bool) {
+	switch {
+	case r.WindowOpen(nowMs):
+		return 0, false
+	case !h.Found:
+		return r.Life, nowMs-r.CreatedMs >= phantomAfterMs
+	case !h.Finished || r.Life > h.Life:
+		return 0, false
+	}
+	return h.Life, true
+}
+
 const uniqueRecordVersion = 1
 
 // Encode returns the record's binary encoding.

@@ -202,3 +202,27 @@ func TestGroupUniqueKeysSnapshot(t *testing.T) {
 	}
 	n.stop(t)
 }
+
+func TestUniqueRecordFree(t *testing.T) {
+	r := &UniqueRecord{ID: 1, Life: 1, CreatedMs: 1000, WindowMs: 500}
+	for _, c := range []struct {
+		now      int64
+		h        Holder
+		life     uint32
+		free     bool
+		whatever string
+	}{
+		{1499, Holder{Found: true, Life: 1, Finished: true}, 0, false, "within the window"},
+		{1500, Holder{Found: true, Life: 1, Finished: true}, 1, true, "finished past the window"},
+		{1500, Holder{Found: true, Life: 2, Finished: true}, 2, true, "finished in a later life"},
+		{1500, Holder{Found: true, Life: 1}, 0, false, "not finished"},
+		{1500, Holder{Found: true, Life: 0, Finished: true}, 0, false, "finished in an earlier life than the record's (revival under way)"},
+		{1500, Holder{}, 0, false, "gone, younger than the phantom limit"},
+		{11000, Holder{}, 1, true, "gone past the phantom limit"},
+	} {
+		life, free := r.Free(c.now, c.h, 10_000)
+		if life != c.life || free != c.free {
+			t.Errorf("%s: %d, %v; want %d, %v", c.whatever, life, free, c.life, c.free)
+		}
+	}
+}

@@ -87,6 +87,10 @@ type Config struct {
 	// queue's owner checks the cap against a count read at most once a
 	// second, blind to the claims under way.
 	CapStaleCount bool
+	// UniquePhantomAfter is how old a unique key's record must be before
+	// a holder no majority has is taken as gone (the node's rejoin
+	// limit); nil: an hour.
+	UniquePhantomAfter func() time.Duration
 	// DeadlineUnfenced is the seeded bug TestBugs.DeadlineUnfenced: the
 	// dispatcher does not check candidates' deadlines, and the monitor
 	// cancels only the tasks past their deadline that are not claimed.
@@ -122,6 +126,10 @@ type Dispatcher struct {
 	// (their state could not be read), with their max_claims; under
 	// monitorMu.
 	deadPending map[uint64]uint32
+	// sweepMu serializes the unique keys' sweeps; sweepAt is where each
+	// partition's goes on from (unique.go).
+	sweepMu sync.Mutex
+	sweepAt map[uint16]uniqueCursor
 
 	draining  chan struct{} // closed by StopWaiting
 	drainOnce sync.Once
@@ -148,8 +156,9 @@ func New(cfg Config) *Dispatcher {
 
 // Start starts the monitor, the ender and the dependency checker.
 func (d *Dispatcher) Start() {
-	d.stopped.Add(3)
+	d.stopped.Add(4)
 	go d.monitor()
+	go d.sweepUniques()
 	go func() {
 		defer d.stopped.Done()
 		d.ender.run(d.stop)

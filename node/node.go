@@ -282,6 +282,7 @@ func New(cfg Config) (*Node, error) {
 			return dispatch.Limits{MaxClaimed: s.MaxClaimed, ClaimRate: s.ClaimRate}
 		},
 		CapStaleCount: cfg.TestBugs.CapStaleCount, DeadlineUnfenced: cfg.TestBugs.DeadlineUnfenced,
+		UniquePhantomAfter: n.rejoin.limit,
 	})
 	n.dispatch.Start()
 	n.server = server.New(server.Config{

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -12,6 +13,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/dispatch"
+	"github.com/norn-dev/norn/storage"
 )
 
 // enqueueUnique enqueues a task of queue with a unique key (and a window
@@ -250,5 +254,67 @@ func TestSeededBugUniqueAfterWrite(t *testing.T) {
 	wantAnswer(t, "second enqueue", h.enqueueUnique("q", "k", "b", 0), a.Id, true)
 	if c := h.claim("q", 10, time.Minute); len(c) != 2 {
 		t.Fatalf("with the bug the queue holds %d tasks, want 2", len(c))
+	}
+}
+
+// The sweep forgets the records of keys whose holder is finished (past
+// its window) or gone past the phantom limit, and keeps the others.
+func TestUniqueSweep(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	st := h.node.store
+	record := func(queue, key string) bool {
+		t.Helper()
+		_, err := st.ClaimFSMUnique(h.node.host.KeyPartition(queue, key), queue, key)
+		if err != nil && !errors.Is(err, storage.ErrNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	done := h.enqueueUnique("q", "done", "a", 0).Id
+	h.enqueueUnique("q", "live", "b", 0)
+	windowed := h.enqueueUnique("w", "window", "c", 2*time.Hour).Id
+	// A phantom: a key taken for a task that was never written.
+	p := h.node.host.KeyPartition("q", "phantom")
+	if _, err := h.node.dispatch.Unique(p, []claims.UniqueOp{{Kind: claims.UniqueTake, Queue: "q", Key: "phantom", ID: 12345}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"q", "w"} {
+		for {
+			c := h.claim(q, 10, time.Hour)
+			if len(c) == 0 {
+				break
+			}
+			for _, ct := range c {
+				if ct.Task.Id == done || ct.Task.Id == windowed {
+					h.complete(ct.Task.Id, ct.ClaimId)
+				}
+			}
+		}
+	}
+	h.node.dispatch.SweepUniquesOnce()
+	if !record("q", "done") {
+		t.Fatal("a record forgotten within the settle time")
+	}
+	h.clock.advance(dispatch.UniqueSettle)
+	h.node.dispatch.SweepUniquesOnce()
+	if record("q", "done") || !record("q", "live") || !record("w", "window") || !record("q", "phantom") {
+		t.Fatalf("after a sweep: done %v live %v window %v phantom %v; want only done forgotten",
+			record("q", "done"), record("q", "live"), record("w", "window"), record("q", "phantom"))
+	}
+	h.clock.advance(2 * time.Hour)
+	h.node.dispatch.SweepUniquesOnce()
+	if record("w", "window") || !record("q", "phantom") || !record("q", "live") {
+		t.Fatalf("past the window: window %v phantom %v live %v", record("w", "window"), record("q", "phantom"), record("q", "live"))
+	}
+	// The phantom limit is the rejoin limit: no replica away longer
+	// comes back with the task.
+	h.clock.advance(h.node.rejoin.limit())
+	h.node.dispatch.SweepUniquesOnce()
+	if record("q", "phantom") || !record("q", "live") {
+		t.Fatalf("past the window and the phantom limit: window %v phantom %v live %v", record("w", "window"), record("q", "phantom"), record("q", "live"))
+	}
+	// A key forgotten is free.
+	if a := h.enqueueUnique("q", "phantom", "d", 0); a.Duplicate {
+		t.Fatalf("the phantom's key after the sweep: %v", a)
 	}
 }

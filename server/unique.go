@@ -16,6 +16,7 @@ import (
 	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
+	"github.com/norn-dev/norn/dispatch"
 	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/testhooks"
 	"github.com/norn-dev/norn/transport"
@@ -36,13 +37,11 @@ func (sv *Server) uniqueGate(field string) error {
 // group: a replace refused because the key changed hands meanwhile.
 const maxUniqueTurns = 4
 
-// uniqueSettle is how long after a key was taken its holder may still be
-// on its way to the replicas: an enqueue that finds the key held by a
-// task no majority has yet reads it again, uniqueSettleReads times
-// uniqueSettleEvery apart, then answers UNAVAILABLE (retry) rather than
-// name a task that may never be stored.
+// An enqueue that finds the key held by a task no majority has yet,
+// taken less than dispatch.UniqueSettle ago, reads it again,
+// uniqueSettleReads times uniqueSettleEvery apart, then answers
+// UNAVAILABLE (retry) rather than name a task that may never be stored.
 const (
-	uniqueSettle      = 10 * time.Second
 	uniqueSettleReads = 5
 	uniqueSettleEvery = 100 * time.Millisecond
 )
@@ -109,7 +108,7 @@ func (sv *Server) heldKey(ctx context.Context, t *crdt.Task, op claims.UniqueOp,
 	nowMs := sv.cfg.Clock.Now().UnixMilli()
 	age := nowMs - rec.CreatedMs
 	ts, err := sv.coord.Read(ctx, rec.ID, 0)
-	if errors.Is(err, storage.ErrNotFound) && age < uniqueSettle.Milliseconds() && (t == nil || rec.Digest != op.Digest) {
+	if errors.Is(err, storage.ErrNotFound) && age < dispatch.UniqueSettle.Milliseconds() && (t == nil || rec.Digest != op.Digest) {
 		// The enqueue that took the key may be writing its task now.
 		for i := 0; i < uniqueSettleReads && errors.Is(err, storage.ErrNotFound); i++ {
 			select {
@@ -124,32 +123,25 @@ func (sv *Server) heldKey(ctx context.Context, t *crdt.Task, op claims.UniqueOp,
 				"unique key %q is being taken by task %d, which no majority of its replicas holds yet (retry)", op.Key, rec.ID)), op.ID, w)
 		}
 	}
+	var h claims.Holder
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
-		if age < sv.phantomAfter().Milliseconds() {
-			if t != nil && rec.Digest == op.Digest {
-				// The enqueue that took the key wrote nothing a majority
-				// has (or is still writing): this spec is its spec; finish
-				// it under its id.
-				dup.acks, err = sv.finishTaken(ctx, t.Spec, rec, w)
-				return nil, dup, err
-			}
-			// An enqueue that took the key, failed its write and was
-			// never retried (docs/SCHEDULING.md, "Phantoms").
-			return nil, dup, nil
+		if t != nil && rec.Digest == op.Digest && age < sv.phantomAfter().Milliseconds() {
+			// The enqueue that took the key wrote nothing a majority
+			// has (or is still writing): this spec is its spec; finish
+			// it under its id.
+			dup.acks, err = sv.finishTaken(ctx, t.Spec, rec, w)
+			return nil, dup, err
 		}
-		if rec.WindowOpen(nowMs) {
-			return nil, dup, nil
-		}
-		// Gone: deleted by retention, or never written by an enqueue
-		// older than any replica may stay away.
-		return replaceOf(op, rec.ID, rec.Life), dup, nil
 	case err != nil:
 		return nil, dup, withWriteFailure(apierr.From(err), op.ID, w)
+	default:
+		h = dispatch.HolderOf(ts)
 	}
-	life := ts.Life()
-	ev, finished := ts.Task.Terminal()
-	if !finished || ev.Life != life || rec.Life > life || rec.WindowOpen(nowMs) {
+	// Else an enqueue that took the key, failed its write and was never
+	// retried holds it until it is past the phantom limit.
+	life, free := rec.Free(nowMs, h, sv.phantomAfter().Milliseconds())
+	if !free {
 		return nil, dup, nil
 	}
 	return replaceOf(op, rec.ID, life), dup, nil
