@@ -82,8 +82,10 @@ func (r *UniqueRecord) Free(nowMs int64, h Holder, phantomAfterMs int64) (life u
 	switch {
 	case r.WindowOpen(nowMs):
 		return 0, false
+	case !h.Found && nowMs-r.CreatedMs >= phantomAfterMs:
+		return r.Life, true
 	case !h.Found:
-		return r.Life, nowMs-r.CreatedMs >= phantomAfterMs
+		return 0, false
 	case !h.Finished || r.Life > h.Life:
 		return 0, false
 	}
