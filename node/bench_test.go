@@ -46,6 +46,38 @@ func benchEnqueue(b *testing.B, h *harness) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tasks/s")
 }
 
+// BenchmarkEnqueueUnique is BenchmarkEnqueue with a unique key per task
+// (each new: every enqueue takes its key in a Raft entry of the key's
+// partition before the write), and BenchmarkEnqueueUniqueHeld with 16
+// keys, held from the first round on (every enqueue after is answered
+// as a duplicate: the Raft entry and a majority read of the holder).
+func BenchmarkEnqueueUnique(b *testing.B) { benchEnqueueUnique(b, 0) }
+
+func BenchmarkEnqueueUniqueHeld(b *testing.B) { benchEnqueueUnique(b, 16) }
+
+func benchEnqueueUnique(b *testing.B, keys int64) {
+	h := newBenchHarness(b)
+	payload := make([]byte, 64)
+	var n atomic.Int64
+	b.SetParallelism(128)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			k := n.Add(1)
+			if keys > 0 {
+				k %= keys
+			}
+			_, err := h.api.Enqueue(context.Background(), connect.NewRequest(&nornv1.EnqueueRequest{
+				Task: &nornv1.TaskSpec{Queue: "bench", Payload: payload, UniqueKey: fmt.Sprint("key-", k)}}))
+			if err != nil && connect.CodeOf(err) != connect.CodeUnavailable { // a holder not stored yet: retry
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tasks/s")
+}
+
 // BenchmarkEnqueueBatch measures EnqueueBatch RPCs of 100 tasks, 16 in
 // flight.
 func BenchmarkEnqueueBatch(b *testing.B) {
