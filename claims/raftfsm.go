@@ -228,23 +228,19 @@ func (f *fsm) applyBatch(logs []*raft.Log) []any {
 		if span := f.startApply(l, cmd); span != nil {
 			traced = append(traced, tracedApply{span, res})
 		}
+		var outcomes []Outcome
+		var changes []Change
+		var uchanges []UniqueChange
 		if cmd.Op == OpUnique {
-			outcomes, changes, err := ApplyUnique(cmd, uniques.get)
-			if err != nil {
-				failed = fmt.Errorf("claims: entry %d of partition %d: %w", l.Index, f.p, err)
-				break
-			}
-			u.AppliedIndex = l.Index
-			results = append(results, res)
-			res.Outcomes = outcomes
-			uniques.note(changes)
-			continue
+			outcomes, uchanges, err = ApplyUnique(cmd, uniques.get)
+		} else {
+			outcomes, changes, err = ApplyWithBugs(l.Index, cmd, get, f.bugs)
 		}
-		outcomes, changes, err := ApplyWithBugs(l.Index, cmd, get, f.bugs)
 		if err != nil {
 			failed = fmt.Errorf("claims: entry %d of partition %d: %w", l.Index, f.p, err)
 			break
 		}
+		uniques.note(uchanges)
 		u.AppliedIndex = l.Index
 		results = append(results, res)
 		res.Outcomes = outcomes

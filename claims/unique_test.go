@@ -2,13 +2,9 @@ package claims
 
 import (
 	"errors"
-	"io"
-	"log/slog"
 	"reflect"
 	"testing"
 	"time"
-
-	"github.com/hashicorp/raft"
 
 	"github.com/norn-dev/norn/storage"
 )
@@ -164,30 +160,7 @@ func TestGroupUniqueKeysSnapshot(t *testing.T) {
 			t.Fatalf("entry %d: %+v", i, o)
 		}
 	}
-	if err := n.group.Raft().Snapshot().Error(); err != nil {
-		t.Fatal(err)
-	}
-	snaps, err := raft.NewFileSnapshotStore(dir+"/snap", 2, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	list, err := snaps.List()
-	if err != nil || len(list) == 0 {
-		t.Fatalf("no snapshot: %v", err)
-	}
-	_, rc, err := snaps.Open(list[0].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fresh, err := storage.Open(storage.Config{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fresh.Close()
-	f := &fsm{p: 3, kv: fresh, logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	if err := f.Restore(rc); err != nil {
-		t.Fatal(err)
-	}
+	fresh := restoreSnapshot(t, n, dir, func(*storage.Store) {})
 	_, want, _ := n.store.ClaimFSMDigest(3)
 	_, got, _ := fresh.ClaimFSMDigest(3)
 	if got != want {

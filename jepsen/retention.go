@@ -2,11 +2,8 @@ package jepsen
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -59,37 +56,30 @@ func setQueueRetention(ctx context.Context, c *Cluster, r time.Duration) error {
 
 // retentionRun is the retention clients' history.
 type retentionRun struct {
-	w   *Workload
-	mu  sync.Mutex
-	ops []check.Op
-	ids []uint64 // acknowledged enqueues
+	sideRun
+	ids []uint64 // acknowledged enqueues, under mu
 }
 
-func (r *retentionRun) add(o *check.Op) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.ops = append(r.ops, *o)
-	if o.F == "enqueue" && o.Type == "ok" {
-		r.ids = append(r.ids, o.Task)
+func newRetentionRun(w *Workload) *retentionRun {
+	r := &retentionRun{sideRun: sideRun{w: w, client: -2}}
+	r.onAdd = func(o *check.Op) {
+		if o.F == "enqueue" && o.Type == "ok" {
+			r.ids = append(r.ids, o.Task)
+		}
 	}
+	return r
 }
 
-// op runs call on node n as one op of the history.
+// op runs call on node n as one op of the history; the id call returns,
+// when not 0, is the op's task.
 func (r *retentionRun) op(ctx context.Context, n *Node, proc int, f string, task uint64, call func(context.Context) (uint64, error)) *check.Op {
-	o := &check.Op{Process: proc, Client: -2, F: f, Node: n.ID, Task: task, Call: r.w.H.Now()}
-	cctx, cancel := r.w.opCtx(ctx)
-	defer cancel()
-	id, err := call(cctx)
-	o.Return = r.w.H.Now()
-	o.Type, o.Err = classify(err)
-	if id != 0 {
-		o.Task = id
-	}
-	if o.Type == "info" {
-		o.Return = -1
-	}
-	r.add(o)
-	return o
+	return r.sideRun.op(ctx, n, proc, f, task, func(ctx context.Context, o *check.Op) error {
+		id, err := call(ctx)
+		if id != 0 {
+			o.Task = id
+		}
+		return err
+	})
 }
 
 // client enqueues, claims, holds and completes tasks until ctx ends.
@@ -189,12 +179,6 @@ func (r *retentionRun) final(ctx context.Context, retention time.Duration, dir s
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if f, err := os.Create(filepath.Join(dir, "retention-history.jsonl")); err == nil {
-		enc := json.NewEncoder(f)
-		for _, o := range r.ops {
-			enc.Encode(o) //nolint:errcheck // a debugging aid
-		}
-		f.Close()
-	}
+	r.save(dir, "retention-history.jsonl")
 	return check.Retention(r.ops, retention, retentionSlack, retentionSettle)
 }

@@ -368,11 +368,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 		tl.Log("note", "queue-retention", sc.QueueRetention.String(), nil)
-		retained = &retentionRun{w: w}
+		retained = newRetentionRun(w)
 	}
 	var uniques *uniqueRun
 	if sc.Unique {
-		uniques = &uniqueRun{w: w}
+		uniques = newUniqueRun(w)
 	}
 	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks,
 		Churn: &Churn{}, Rogue: &Rogue{}}

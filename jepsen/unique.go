@@ -2,11 +2,8 @@ package jepsen
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -45,32 +42,9 @@ const (
 )
 
 // uniqueRun is the unique-keys clients' history.
-type uniqueRun struct {
-	w   *Workload
-	mu  sync.Mutex
-	ops []check.Op
-}
+type uniqueRun struct{ sideRun }
 
-func (r *uniqueRun) add(o *check.Op) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.ops = append(r.ops, *o)
-}
-
-// op runs call on node n as one op of the history; call fills o.
-func (r *uniqueRun) op(ctx context.Context, n *Node, proc int, f string, task uint64, call func(context.Context, *check.Op) error) *check.Op {
-	o := &check.Op{Process: proc, Client: -3, F: f, Node: n.ID, Task: task, Call: r.w.H.Now()}
-	cctx, cancel := r.w.opCtx(ctx)
-	defer cancel()
-	err := call(cctx, o)
-	o.Return = r.w.H.Now()
-	o.Type, o.Err = classify(err)
-	if o.Type == "info" {
-		o.Return = -1
-	}
-	r.add(o)
-	return o
-}
+func newUniqueRun(w *Workload) *uniqueRun { return &uniqueRun{sideRun{w: w, client: -3}} }
 
 // client runs rounds until ctx ends: enqueue a task with a random key;
 // then, half the time, claim one and complete it after uniqueHold; a
@@ -201,13 +175,7 @@ func (r *uniqueRun) final(ctx context.Context, dir string) check.Verdict {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if f, err := os.Create(filepath.Join(dir, "unique-history.jsonl")); err == nil {
-		enc := json.NewEncoder(f)
-		for _, o := range r.ops {
-			enc.Encode(o) //nolint:errcheck // a debugging aid
-		}
-		f.Close()
-	}
+	r.save(dir, "unique-history.jsonl")
 	v := check.Unique(r.ops)
 	if len(listErr) > 0 {
 		v.Valid = false
