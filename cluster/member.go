@@ -80,8 +80,11 @@ const (
 	// FeatureUnique: unique keys (the task encoding's unique key, the
 	// claim FSM's OpUnique and its records, PeerService.UniqueKeys).
 	FeatureUnique uint64 = 1 << 4
+	// FeatureSchedules: schedules (the meta group's schedule commands and
+	// snapshot format 3, AdminService's schedule calls).
+	FeatureSchedules uint64 = 1 << 5
 	// FeaturesBuilt are the features this build has.
-	FeaturesBuilt = FeatureRetries | FeatureQueues | FeatureDeadlines | FeatureRetention | FeatureUnique
+	FeaturesBuilt = FeatureRetries | FeatureQueues | FeatureDeadlines | FeatureRetention | FeatureUnique | FeatureSchedules
 )
 
 // SecurityMeta is what a node gossips about its security settings.

@@ -104,6 +104,9 @@ func (m *Meta) Bootstrap(voters []RingNode) error {
 type metaCommand struct {
 	Ring  *Ring         `json:"ring,omitempty"`
 	Queue *queueCommand `json:"queue,omitempty"`
+	// Schedule changes the schedule table (schedules.go); proposed only
+	// once every ring member has FeatureSchedules.
+	Schedule *ScheduleCommand `json:"schedule,omitempty"`
 }
 
 type queueCommand struct {
@@ -154,6 +157,33 @@ func (m *Meta) ProposeQueue(queue string, s QueueSettings, timeout time.Duration
 		return 0, err
 	}
 	return fut.Index(), nil
+}
+
+// ProposeSchedule applies c to the schedule table and returns the
+// table's new version. Only the leader can propose. Errors of the
+// command (ErrScheduleExists, ErrNoSchedule, ErrTooManySchedules) come
+// back as they are.
+func (m *Meta) ProposeSchedule(c *ScheduleCommand, timeout time.Duration) (uint64, error) {
+	b, err := json.Marshal(metaCommand{Schedule: c})
+	if err != nil {
+		return 0, err
+	}
+	fut := m.raft.Apply(b, timeout)
+	if err := fut.Error(); err != nil {
+		return 0, err
+	}
+	if err, ok := fut.Response().(error); ok {
+		return 0, err
+	}
+	return fut.Index(), nil
+}
+
+// Schedules returns the schedule table this replica has applied (nil
+// before any change). The caller must not modify it.
+func (m *Meta) Schedules() *Schedules {
+	m.fsm.mu.Lock()
+	defer m.fsm.mu.Unlock()
+	return m.fsm.schedules
 }
 
 // Queues returns the queue table this replica has applied (nil before
@@ -306,18 +336,36 @@ type metaFSM struct {
 	onRing   func(*Ring)
 	onQueues func(*Queues)
 
-	mu     sync.Mutex
-	ring   *Ring
-	queues *Queues
+	mu        sync.Mutex
+	ring      *Ring
+	queues    *Queues
+	schedules *Schedules
 }
 
 func (f *metaFSM) Apply(l *raft.Log) any {
 	var cmd metaCommand
-	if err := json.Unmarshal(l.Data, &cmd); err != nil || (cmd.Ring == nil) == (cmd.Queue == nil) {
-		return fmt.Errorf("cluster: meta entry %d is not a ring or queue command", l.Index)
+	err := json.Unmarshal(l.Data, &cmd)
+	n := 0
+	for _, set := range []bool{cmd.Ring != nil, cmd.Queue != nil, cmd.Schedule != nil} {
+		if set {
+			n++
+		}
+	}
+	if err != nil || n != 1 {
+		return fmt.Errorf("cluster: meta entry %d is not a ring, queue or schedule command", l.Index)
 	}
 	if cmd.Queue != nil {
 		return f.applyQueue(cmd.Queue, l.Index)
+	}
+	if cmd.Schedule != nil {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		next, err := applySchedule(f.schedules, cmd.Schedule, l.Index)
+		if err != nil {
+			return err
+		}
+		f.schedules = next
+		return nil
 	}
 	r := cmd.Ring
 	if err := r.Validate(); err != nil {
@@ -373,7 +421,7 @@ func (f *metaFSM) applyQueue(c *queueCommand, index uint64) any {
 func (f *metaFSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return metaSnapshot{ring: f.ring, queues: f.queues}, nil
+	return metaSnapshot{ring: f.ring, queues: f.queues, schedules: f.schedules}, nil
 }
 
 // metaSnapshotV2 is a snapshot with a queue table. A snapshot without one
@@ -384,6 +432,9 @@ type metaSnapshotV2 struct {
 	Format int     `json:"meta_snapshot_format"`
 	Ring   *Ring   `json:"ring"`
 	Queues *Queues `json:"queues"`
+	// Schedules (format 3) is the schedule table; a snapshot without one
+	// is written as format 2, which a node from before schedules reads.
+	Schedules *Schedules `json:"schedules,omitempty"`
 }
 
 func (f *metaFSM) Restore(rc io.ReadCloser) error {
@@ -396,9 +447,9 @@ func (f *metaFSM) Restore(rc io.ReadCloser) error {
 	if err := json.Unmarshal(raw, &v2); err != nil {
 		return fmt.Errorf("cluster: meta snapshot: %w", err)
 	}
-	r, q := v2.Ring, v2.Queues
+	r, q, sc := v2.Ring, v2.Queues, v2.Schedules
 	if v2.Format == 0 {
-		r, q = nil, nil
+		r, q, sc = nil, nil, nil
 		if err := json.Unmarshal(raw, &r); err != nil {
 			return fmt.Errorf("cluster: meta snapshot: %w", err)
 		}
@@ -413,8 +464,13 @@ func (f *metaFSM) Restore(rc io.ReadCloser) error {
 			return fmt.Errorf("cluster: meta snapshot: %w", err)
 		}
 	}
+	if sc != nil {
+		if err := sc.Validate(); err != nil {
+			return fmt.Errorf("cluster: meta snapshot: %w", err)
+		}
+	}
 	f.mu.Lock()
-	f.ring, f.queues = r, q
+	f.ring, f.queues, f.schedules = r, q, sc
 	f.mu.Unlock()
 	if r != nil && f.onRing != nil {
 		f.onRing(r)
@@ -426,13 +482,17 @@ func (f *metaFSM) Restore(rc io.ReadCloser) error {
 }
 
 type metaSnapshot struct {
-	ring   *Ring
-	queues *Queues
+	ring      *Ring
+	queues    *Queues
+	schedules *Schedules
 }
 
 func (s metaSnapshot) Persist(sink raft.SnapshotSink) error {
 	var v any = s.ring
-	if s.queues != nil {
+	switch {
+	case s.schedules != nil:
+		v = metaSnapshotV2{Format: 3, Ring: s.ring, Queues: s.queues, Schedules: s.schedules}
+	case s.queues != nil:
 		v = metaSnapshotV2{Format: 2, Ring: s.ring, Queues: s.queues}
 	}
 	if err := json.NewEncoder(sink).Encode(v); err != nil {

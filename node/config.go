@@ -68,6 +68,11 @@ type Config struct {
 	// deleted. The rejoin rule never follows a queue retention below
 	// the default.
 	MinQueueRetention time.Duration
+	// ScheduleRanDelay is a wait between a schedule tick's write and its
+	// record in the meta group (server.Config.ScheduleRanDelay): 0 but
+	// under the Jepsen harness's test hooks (nornd -test-hooks: 500 ms),
+	// where it makes leader changes run ticks twice often.
+	ScheduleRanDelay time.Duration
 	// ClaimRecheck is how often a long-polling claim on a cluster of
 	// several nodes looks across the cluster again even when nothing woke
 	// it: the safety net under the wake-ups (see Claim), and the only way
@@ -122,6 +127,9 @@ type Config struct {
 	// its own count and, when it leads too many, hands leaderships over
 	// (replicas.LeaderBalancer). Default 1 s.
 	LeaderBalanceInterval time.Duration
+	// SchedulePass is how often the meta group's leader runs its
+	// schedules' due ticks (server.RunSchedulesOnce). Default 200 ms.
+	SchedulePass time.Duration
 	// LeaderBalanceRate bounds the leadership transfers this node starts
 	// to balance leaderships, per second on average (in bursts of at most
 	// rate x interval, one at a time). Default 2.
@@ -319,6 +327,7 @@ func (c *Config) setDefaults() {
 	def(&c.MoveTargetTimeout, 2*time.Minute)
 	def(&c.AutoDeadAfter, 10*time.Minute)
 	def(&c.LeaderBalanceInterval, time.Second)
+	def(&c.SchedulePass, 200*time.Millisecond)
 	if c.LeaderBalanceRate == 0 {
 		c.LeaderBalanceRate = 2
 	}

@@ -83,6 +83,7 @@ func newHarnessWith(t testing.TB, dir string, clock *fakeClock, tune func(*Confi
 		DataDir: dir, Partitions: partitions, Clock: clock,
 		SkewBuffer: testSkew, LeaseGrace: 5 * time.Second,
 		MonitorInterval: time.Hour, // tests run monitor passes themselves
+		SchedulePass:    time.Hour, // and schedule passes
 		RaftTimeout:     50 * time.Millisecond,
 		Logger:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 		RaftLogger:      hclog.NewNullLogger(),

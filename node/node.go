@@ -295,6 +295,7 @@ func New(cfg Config) (*Node, error) {
 		Auth:     cfg.Auth,
 		ActLocal: cfg.TestBugs.ActLocal, EndAfterWrite: cfg.TestBugs.EndAfterWrite, RetryCompleted: cfg.TestBugs.RetryCompleted,
 		UniqueAfterWrite: cfg.TestBugs.UniqueAfterWrite, UniquePhantomAfter: n.rejoin.limit,
+		ScheduleRandomID: cfg.TestBugs.ScheduleRandomID, ScheduleRanDelay: cfg.ScheduleRanDelay, WriteTimeout: cfg.WriteTimeout,
 		Events:   n.metrics.tasks,
 		Security: server.SecurityStatus{TLS: cfg.TLS != nil, GossipEncrypted: cfg.GossipKey != nil, Insecure: cfg.Insecure},
 		Build:    cfg.Build, DataDir: cfg.DataDir, Backup: n.Backup,
@@ -319,7 +320,7 @@ func New(cfg Config) (*Node, error) {
 	n.rejoin.announce(n.host.Members())
 	n.ae.Start(aeHost{Host: n.host, mayExchange: func(peer string) error { return n.exchangeGate(peer, true) }})
 	n.rebalance.Start(n.host)
-	n.stopped.Add(3)
+	n.stopped.Add(4)
 	// The rejoin rule's mark and judgement, and the node's security
 	// settings gossiped (an access file reloaded changes its digest),
 	// every monitor interval.
@@ -332,6 +333,8 @@ func New(cfg Config) (*Node, error) {
 	go n.every(n.cfg.MonitorInterval, n.clockGuard.Check)
 	// The leader balancer, apart again: its transfers wait on Raft.
 	go n.every(n.cfg.LeaderBalanceInterval, n.host.BalanceLeaders)
+	// The schedules' ticks, on the meta group's leader.
+	go n.every(n.cfg.SchedulePass, n.server.RunSchedulesOnce)
 	return n, nil
 }
 

@@ -46,6 +46,11 @@ type TestBugs struct {
 	// key, and leaves it when another task holds the key
 	// (server.Config.UniqueAfterWrite): two live tasks share a key.
 	UniqueAfterWrite bool
+	// ScheduleRandomID ("schedule-random-id"): a schedule's tick writes
+	// its task under a fresh id each time (server.Config.ScheduleRandomID),
+	// not the one the schedule and the tick make: a tick a second leader
+	// runs again makes a second task.
+	ScheduleRandomID bool
 	// ActLocal ("act-local"): a node that does not lead a task's
 	// partition decides a complete, abort, yield or update under a claim
 	// from its own copy of the claim state and writes it at the call's w
@@ -105,6 +110,7 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"retry-no-backoff":       func(b *TestBugs) *bool { return &b.RetryNoBackoff },
 	"retry-completed":        func(b *TestBugs) *bool { return &b.RetryCompleted },
 	"unique-after-write":     func(b *TestBugs) *bool { return &b.UniqueAfterWrite },
+	"schedule-random-id":     func(b *TestBugs) *bool { return &b.ScheduleRandomID },
 	"act-local":              func(b *TestBugs) *bool { return &b.ActLocal },
 	"end-after-write":        func(b *TestBugs) *bool { return &b.EndAfterWrite },
 	"skew-one-offset":        func(b *TestBugs) *bool { return &b.SkewOneOffset },

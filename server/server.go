@@ -79,6 +79,15 @@ type Config struct {
 	// node's rejoin limit (no replica away longer comes back). Nil: an
 	// hour.
 	UniquePhantomAfter func() time.Duration
+	// ScheduleRandomID is the seeded bug node.TestBugs.ScheduleRandomID,
+	// test-only: a tick's task gets a fresh id at every write.
+	ScheduleRandomID bool
+	// ScheduleRanDelay (test hooks only) is a wait between a tick's write
+	// and its record, which widens the window in which a leader change
+	// makes the next leader write the tick again (scheduler.go).
+	ScheduleRanDelay time.Duration
+	// WriteTimeout bounds the scheduler's writes and reads.
+	WriteTimeout time.Duration
 	// Events, when set, is told of what the API does to tasks (metrics).
 	Events TaskEvents
 	// Build is the node's build (Status's build); nil leaves it out.

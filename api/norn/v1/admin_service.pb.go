@@ -1819,7 +1819,7 @@ var File_norn_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1bnorn/v1/admin_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x12norn/v1/task.proto\"l\n" +
+	"\x1bnorn/v1/admin_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16norn/v1/schedule.proto\x1a\x12norn/v1/task.proto\"l\n" +
 	"\x12ImportTasksRequest\x12#\n" +
 	"\x05tasks\x18\x01 \x03(\v2\r.norn.v1.TaskR\x05tasks\x12\f\n" +
 	"\x01w\x18\x02 \x01(\rR\x01w\x12#\n" +
@@ -1953,7 +1953,7 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\aleaders\x18\b \x01(\rR\aleaders\x12!\n" +
 	"\fleader_share\x18\t \x01(\x01R\vleaderShare\x123\n" +
 	"\bsecurity\x18\n" +
-	" \x01(\v2\x17.norn.v1.SecurityStatusR\bsecurity2\x87\x04\n" +
+	" \x01(\v2\x17.norn.v1.SecurityStatusR\bsecurity2\xc0\b\n" +
 	"\fAdminService\x129\n" +
 	"\x06Status\x12\x16.norn.v1.StatusRequest\x1a\x17.norn.v1.StatusResponse\x123\n" +
 	"\x04Join\x12\x14.norn.v1.JoinRequest\x1a\x15.norn.v1.JoinResponse\x12B\n" +
@@ -1962,7 +1962,14 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\fDecommission\x12\x1c.norn.v1.DecommissionRequest\x1a\x1d.norn.v1.DecommissionResponse\x129\n" +
 	"\x06Remove\x12\x16.norn.v1.RemoveRequest\x1a\x17.norn.v1.RemoveResponse\x12H\n" +
 	"\vImportTasks\x12\x1b.norn.v1.ImportTasksRequest\x1a\x1c.norn.v1.ImportTasksResponse\x129\n" +
-	"\x06Backup\x12\x16.norn.v1.BackupRequest\x1a\x17.norn.v1.BackupResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"\x06Backup\x12\x16.norn.v1.BackupRequest\x1a\x17.norn.v1.BackupResponse\x12Q\n" +
+	"\x0eCreateSchedule\x12\x1e.norn.v1.CreateScheduleRequest\x1a\x1f.norn.v1.CreateScheduleResponse\x12Q\n" +
+	"\x0eUpdateSchedule\x12\x1e.norn.v1.UpdateScheduleRequest\x1a\x1f.norn.v1.UpdateScheduleResponse\x12H\n" +
+	"\vGetSchedule\x12\x1b.norn.v1.GetScheduleRequest\x1a\x1c.norn.v1.GetScheduleResponse\x12N\n" +
+	"\rListSchedules\x12\x1d.norn.v1.ListSchedulesRequest\x1a\x1e.norn.v1.ListSchedulesResponse\x12N\n" +
+	"\rPauseSchedule\x12\x1d.norn.v1.PauseScheduleRequest\x1a\x1e.norn.v1.PauseScheduleResponse\x12Q\n" +
+	"\x0eDeleteSchedule\x12\x1e.norn.v1.DeleteScheduleRequest\x1a\x1f.norn.v1.DeleteScheduleResponse\x12T\n" +
+	"\x0fTriggerSchedule\x12\x1f.norn.v1.TriggerScheduleRequest\x1a .norn.v1.TriggerScheduleResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_admin_service_proto_rawDescOnce sync.Once
@@ -1978,33 +1985,47 @@ func file_norn_v1_admin_service_proto_rawDescGZIP() []byte {
 
 var file_norn_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_norn_v1_admin_service_proto_goTypes = []any{
-	(*ImportTasksRequest)(nil),   // 0: norn.v1.ImportTasksRequest
-	(*ImportTasksResponse)(nil),  // 1: norn.v1.ImportTasksResponse
-	(*BackupRequest)(nil),        // 2: norn.v1.BackupRequest
-	(*BackupResponse)(nil),       // 3: norn.v1.BackupResponse
-	(*JoinRequest)(nil),          // 4: norn.v1.JoinRequest
-	(*JoinResponse)(nil),         // 5: norn.v1.JoinResponse
-	(*RebalanceRequest)(nil),     // 6: norn.v1.RebalanceRequest
-	(*DrainRequest)(nil),         // 7: norn.v1.DrainRequest
-	(*DecommissionRequest)(nil),  // 8: norn.v1.DecommissionRequest
-	(*RemoveRequest)(nil),        // 9: norn.v1.RemoveRequest
-	(*RebalanceResponse)(nil),    // 10: norn.v1.RebalanceResponse
-	(*DrainResponse)(nil),        // 11: norn.v1.DrainResponse
-	(*DecommissionResponse)(nil), // 12: norn.v1.DecommissionResponse
-	(*RemoveResponse)(nil),       // 13: norn.v1.RemoveResponse
-	(*Plan)(nil),                 // 14: norn.v1.Plan
-	(*NodeLoad)(nil),             // 15: norn.v1.NodeLoad
-	(*MoveStatus)(nil),           // 16: norn.v1.MoveStatus
-	(*StatusRequest)(nil),        // 17: norn.v1.StatusRequest
-	(*StatusResponse)(nil),       // 18: norn.v1.StatusResponse
-	(*BuildInfo)(nil),            // 19: norn.v1.BuildInfo
-	(*SecurityStatus)(nil),       // 20: norn.v1.SecurityStatus
-	(*PartitionStatus)(nil),      // 21: norn.v1.PartitionStatus
-	(*ReplicaRoot)(nil),          // 22: norn.v1.ReplicaRoot
-	(*NodeStatus)(nil),           // 23: norn.v1.NodeStatus
-	nil,                          // 24: norn.v1.PartitionStatus.CountsEntry
-	(*Task)(nil),                 // 25: norn.v1.Task
-	(*durationpb.Duration)(nil),  // 26: google.protobuf.Duration
+	(*ImportTasksRequest)(nil),      // 0: norn.v1.ImportTasksRequest
+	(*ImportTasksResponse)(nil),     // 1: norn.v1.ImportTasksResponse
+	(*BackupRequest)(nil),           // 2: norn.v1.BackupRequest
+	(*BackupResponse)(nil),          // 3: norn.v1.BackupResponse
+	(*JoinRequest)(nil),             // 4: norn.v1.JoinRequest
+	(*JoinResponse)(nil),            // 5: norn.v1.JoinResponse
+	(*RebalanceRequest)(nil),        // 6: norn.v1.RebalanceRequest
+	(*DrainRequest)(nil),            // 7: norn.v1.DrainRequest
+	(*DecommissionRequest)(nil),     // 8: norn.v1.DecommissionRequest
+	(*RemoveRequest)(nil),           // 9: norn.v1.RemoveRequest
+	(*RebalanceResponse)(nil),       // 10: norn.v1.RebalanceResponse
+	(*DrainResponse)(nil),           // 11: norn.v1.DrainResponse
+	(*DecommissionResponse)(nil),    // 12: norn.v1.DecommissionResponse
+	(*RemoveResponse)(nil),          // 13: norn.v1.RemoveResponse
+	(*Plan)(nil),                    // 14: norn.v1.Plan
+	(*NodeLoad)(nil),                // 15: norn.v1.NodeLoad
+	(*MoveStatus)(nil),              // 16: norn.v1.MoveStatus
+	(*StatusRequest)(nil),           // 17: norn.v1.StatusRequest
+	(*StatusResponse)(nil),          // 18: norn.v1.StatusResponse
+	(*BuildInfo)(nil),               // 19: norn.v1.BuildInfo
+	(*SecurityStatus)(nil),          // 20: norn.v1.SecurityStatus
+	(*PartitionStatus)(nil),         // 21: norn.v1.PartitionStatus
+	(*ReplicaRoot)(nil),             // 22: norn.v1.ReplicaRoot
+	(*NodeStatus)(nil),              // 23: norn.v1.NodeStatus
+	nil,                             // 24: norn.v1.PartitionStatus.CountsEntry
+	(*Task)(nil),                    // 25: norn.v1.Task
+	(*durationpb.Duration)(nil),     // 26: google.protobuf.Duration
+	(*CreateScheduleRequest)(nil),   // 27: norn.v1.CreateScheduleRequest
+	(*UpdateScheduleRequest)(nil),   // 28: norn.v1.UpdateScheduleRequest
+	(*GetScheduleRequest)(nil),      // 29: norn.v1.GetScheduleRequest
+	(*ListSchedulesRequest)(nil),    // 30: norn.v1.ListSchedulesRequest
+	(*PauseScheduleRequest)(nil),    // 31: norn.v1.PauseScheduleRequest
+	(*DeleteScheduleRequest)(nil),   // 32: norn.v1.DeleteScheduleRequest
+	(*TriggerScheduleRequest)(nil),  // 33: norn.v1.TriggerScheduleRequest
+	(*CreateScheduleResponse)(nil),  // 34: norn.v1.CreateScheduleResponse
+	(*UpdateScheduleResponse)(nil),  // 35: norn.v1.UpdateScheduleResponse
+	(*GetScheduleResponse)(nil),     // 36: norn.v1.GetScheduleResponse
+	(*ListSchedulesResponse)(nil),   // 37: norn.v1.ListSchedulesResponse
+	(*PauseScheduleResponse)(nil),   // 38: norn.v1.PauseScheduleResponse
+	(*DeleteScheduleResponse)(nil),  // 39: norn.v1.DeleteScheduleResponse
+	(*TriggerScheduleResponse)(nil), // 40: norn.v1.TriggerScheduleResponse
 }
 var file_norn_v1_admin_service_proto_depIdxs = []int32{
 	25, // 0: norn.v1.ImportTasksRequest.tasks:type_name -> norn.v1.Task
@@ -2034,16 +2055,30 @@ var file_norn_v1_admin_service_proto_depIdxs = []int32{
 	9,  // 24: norn.v1.AdminService.Remove:input_type -> norn.v1.RemoveRequest
 	0,  // 25: norn.v1.AdminService.ImportTasks:input_type -> norn.v1.ImportTasksRequest
 	2,  // 26: norn.v1.AdminService.Backup:input_type -> norn.v1.BackupRequest
-	18, // 27: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
-	5,  // 28: norn.v1.AdminService.Join:output_type -> norn.v1.JoinResponse
-	10, // 29: norn.v1.AdminService.Rebalance:output_type -> norn.v1.RebalanceResponse
-	11, // 30: norn.v1.AdminService.Drain:output_type -> norn.v1.DrainResponse
-	12, // 31: norn.v1.AdminService.Decommission:output_type -> norn.v1.DecommissionResponse
-	13, // 32: norn.v1.AdminService.Remove:output_type -> norn.v1.RemoveResponse
-	1,  // 33: norn.v1.AdminService.ImportTasks:output_type -> norn.v1.ImportTasksResponse
-	3,  // 34: norn.v1.AdminService.Backup:output_type -> norn.v1.BackupResponse
-	27, // [27:35] is the sub-list for method output_type
-	19, // [19:27] is the sub-list for method input_type
+	27, // 27: norn.v1.AdminService.CreateSchedule:input_type -> norn.v1.CreateScheduleRequest
+	28, // 28: norn.v1.AdminService.UpdateSchedule:input_type -> norn.v1.UpdateScheduleRequest
+	29, // 29: norn.v1.AdminService.GetSchedule:input_type -> norn.v1.GetScheduleRequest
+	30, // 30: norn.v1.AdminService.ListSchedules:input_type -> norn.v1.ListSchedulesRequest
+	31, // 31: norn.v1.AdminService.PauseSchedule:input_type -> norn.v1.PauseScheduleRequest
+	32, // 32: norn.v1.AdminService.DeleteSchedule:input_type -> norn.v1.DeleteScheduleRequest
+	33, // 33: norn.v1.AdminService.TriggerSchedule:input_type -> norn.v1.TriggerScheduleRequest
+	18, // 34: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
+	5,  // 35: norn.v1.AdminService.Join:output_type -> norn.v1.JoinResponse
+	10, // 36: norn.v1.AdminService.Rebalance:output_type -> norn.v1.RebalanceResponse
+	11, // 37: norn.v1.AdminService.Drain:output_type -> norn.v1.DrainResponse
+	12, // 38: norn.v1.AdminService.Decommission:output_type -> norn.v1.DecommissionResponse
+	13, // 39: norn.v1.AdminService.Remove:output_type -> norn.v1.RemoveResponse
+	1,  // 40: norn.v1.AdminService.ImportTasks:output_type -> norn.v1.ImportTasksResponse
+	3,  // 41: norn.v1.AdminService.Backup:output_type -> norn.v1.BackupResponse
+	34, // 42: norn.v1.AdminService.CreateSchedule:output_type -> norn.v1.CreateScheduleResponse
+	35, // 43: norn.v1.AdminService.UpdateSchedule:output_type -> norn.v1.UpdateScheduleResponse
+	36, // 44: norn.v1.AdminService.GetSchedule:output_type -> norn.v1.GetScheduleResponse
+	37, // 45: norn.v1.AdminService.ListSchedules:output_type -> norn.v1.ListSchedulesResponse
+	38, // 46: norn.v1.AdminService.PauseSchedule:output_type -> norn.v1.PauseScheduleResponse
+	39, // 47: norn.v1.AdminService.DeleteSchedule:output_type -> norn.v1.DeleteScheduleResponse
+	40, // 48: norn.v1.AdminService.TriggerSchedule:output_type -> norn.v1.TriggerScheduleResponse
+	34, // [34:49] is the sub-list for method output_type
+	19, // [19:34] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -2054,6 +2089,7 @@ func file_norn_v1_admin_service_proto_init() {
 	if File_norn_v1_admin_service_proto != nil {
 		return
 	}
+	file_norn_v1_schedule_proto_init()
 	file_norn_v1_task_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{

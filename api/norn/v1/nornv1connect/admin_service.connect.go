@@ -53,6 +53,27 @@ const (
 	AdminServiceImportTasksProcedure = "/norn.v1.AdminService/ImportTasks"
 	// AdminServiceBackupProcedure is the fully-qualified name of the AdminService's Backup RPC.
 	AdminServiceBackupProcedure = "/norn.v1.AdminService/Backup"
+	// AdminServiceCreateScheduleProcedure is the fully-qualified name of the AdminService's
+	// CreateSchedule RPC.
+	AdminServiceCreateScheduleProcedure = "/norn.v1.AdminService/CreateSchedule"
+	// AdminServiceUpdateScheduleProcedure is the fully-qualified name of the AdminService's
+	// UpdateSchedule RPC.
+	AdminServiceUpdateScheduleProcedure = "/norn.v1.AdminService/UpdateSchedule"
+	// AdminServiceGetScheduleProcedure is the fully-qualified name of the AdminService's GetSchedule
+	// RPC.
+	AdminServiceGetScheduleProcedure = "/norn.v1.AdminService/GetSchedule"
+	// AdminServiceListSchedulesProcedure is the fully-qualified name of the AdminService's
+	// ListSchedules RPC.
+	AdminServiceListSchedulesProcedure = "/norn.v1.AdminService/ListSchedules"
+	// AdminServicePauseScheduleProcedure is the fully-qualified name of the AdminService's
+	// PauseSchedule RPC.
+	AdminServicePauseScheduleProcedure = "/norn.v1.AdminService/PauseSchedule"
+	// AdminServiceDeleteScheduleProcedure is the fully-qualified name of the AdminService's
+	// DeleteSchedule RPC.
+	AdminServiceDeleteScheduleProcedure = "/norn.v1.AdminService/DeleteSchedule"
+	// AdminServiceTriggerScheduleProcedure is the fully-qualified name of the AdminService's
+	// TriggerSchedule RPC.
+	AdminServiceTriggerScheduleProcedure = "/norn.v1.AdminService/TriggerSchedule"
 )
 
 // AdminServiceClient is a client for the norn.v1.AdminService service.
@@ -91,6 +112,24 @@ type AdminServiceClient interface {
 	// backup` calls it on every node. See docs/OPERATIONS.md, "Backup and
 	// restore".
 	Backup(context.Context, *connect.Request[v1.BackupRequest]) (*connect.Response[v1.BackupResponse], error)
+	// CreateSchedule stores a new periodic schedule (docs/SCHEDULING.md):
+	// ALREADY_EXISTS when one has the name. Any node passes it to the meta
+	// group's leader, as every schedule call.
+	CreateSchedule(context.Context, *connect.Request[v1.CreateScheduleRequest]) (*connect.Response[v1.CreateScheduleResponse], error)
+	// UpdateSchedule replaces a schedule's definition (NOT_FOUND when
+	// there is none of that name).
+	UpdateSchedule(context.Context, *connect.Request[v1.UpdateScheduleRequest]) (*connect.Response[v1.UpdateScheduleResponse], error)
+	// GetSchedule returns one schedule with its last and next ticks.
+	GetSchedule(context.Context, *connect.Request[v1.GetScheduleRequest]) (*connect.Response[v1.GetScheduleResponse], error)
+	// ListSchedules returns every schedule.
+	ListSchedules(context.Context, *connect.Request[v1.ListSchedulesRequest]) (*connect.Response[v1.ListSchedulesResponse], error)
+	// PauseSchedule pauses or resumes a schedule.
+	PauseSchedule(context.Context, *connect.Request[v1.PauseScheduleRequest]) (*connect.Response[v1.PauseScheduleResponse], error)
+	// DeleteSchedule removes a schedule; the tasks it enqueued stay.
+	DeleteSchedule(context.Context, *connect.Request[v1.DeleteScheduleRequest]) (*connect.Response[v1.DeleteScheduleResponse], error)
+	// TriggerSchedule enqueues the schedule's task now, as an extra tick
+	// (paused or not), and returns its id.
+	TriggerSchedule(context.Context, *connect.Request[v1.TriggerScheduleRequest]) (*connect.Response[v1.TriggerScheduleResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the norn.v1.AdminService service. By default, it
@@ -152,19 +191,68 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("Backup")),
 			connect.WithClientOptions(opts...),
 		),
+		createSchedule: connect.NewClient[v1.CreateScheduleRequest, v1.CreateScheduleResponse](
+			httpClient,
+			baseURL+AdminServiceCreateScheduleProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("CreateSchedule")),
+			connect.WithClientOptions(opts...),
+		),
+		updateSchedule: connect.NewClient[v1.UpdateScheduleRequest, v1.UpdateScheduleResponse](
+			httpClient,
+			baseURL+AdminServiceUpdateScheduleProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("UpdateSchedule")),
+			connect.WithClientOptions(opts...),
+		),
+		getSchedule: connect.NewClient[v1.GetScheduleRequest, v1.GetScheduleResponse](
+			httpClient,
+			baseURL+AdminServiceGetScheduleProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("GetSchedule")),
+			connect.WithClientOptions(opts...),
+		),
+		listSchedules: connect.NewClient[v1.ListSchedulesRequest, v1.ListSchedulesResponse](
+			httpClient,
+			baseURL+AdminServiceListSchedulesProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ListSchedules")),
+			connect.WithClientOptions(opts...),
+		),
+		pauseSchedule: connect.NewClient[v1.PauseScheduleRequest, v1.PauseScheduleResponse](
+			httpClient,
+			baseURL+AdminServicePauseScheduleProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("PauseSchedule")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteSchedule: connect.NewClient[v1.DeleteScheduleRequest, v1.DeleteScheduleResponse](
+			httpClient,
+			baseURL+AdminServiceDeleteScheduleProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("DeleteSchedule")),
+			connect.WithClientOptions(opts...),
+		),
+		triggerSchedule: connect.NewClient[v1.TriggerScheduleRequest, v1.TriggerScheduleResponse](
+			httpClient,
+			baseURL+AdminServiceTriggerScheduleProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("TriggerSchedule")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // adminServiceClient implements AdminServiceClient.
 type adminServiceClient struct {
-	status       *connect.Client[v1.StatusRequest, v1.StatusResponse]
-	join         *connect.Client[v1.JoinRequest, v1.JoinResponse]
-	rebalance    *connect.Client[v1.RebalanceRequest, v1.RebalanceResponse]
-	drain        *connect.Client[v1.DrainRequest, v1.DrainResponse]
-	decommission *connect.Client[v1.DecommissionRequest, v1.DecommissionResponse]
-	remove       *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
-	importTasks  *connect.Client[v1.ImportTasksRequest, v1.ImportTasksResponse]
-	backup       *connect.Client[v1.BackupRequest, v1.BackupResponse]
+	status          *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	join            *connect.Client[v1.JoinRequest, v1.JoinResponse]
+	rebalance       *connect.Client[v1.RebalanceRequest, v1.RebalanceResponse]
+	drain           *connect.Client[v1.DrainRequest, v1.DrainResponse]
+	decommission    *connect.Client[v1.DecommissionRequest, v1.DecommissionResponse]
+	remove          *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
+	importTasks     *connect.Client[v1.ImportTasksRequest, v1.ImportTasksResponse]
+	backup          *connect.Client[v1.BackupRequest, v1.BackupResponse]
+	createSchedule  *connect.Client[v1.CreateScheduleRequest, v1.CreateScheduleResponse]
+	updateSchedule  *connect.Client[v1.UpdateScheduleRequest, v1.UpdateScheduleResponse]
+	getSchedule     *connect.Client[v1.GetScheduleRequest, v1.GetScheduleResponse]
+	listSchedules   *connect.Client[v1.ListSchedulesRequest, v1.ListSchedulesResponse]
+	pauseSchedule   *connect.Client[v1.PauseScheduleRequest, v1.PauseScheduleResponse]
+	deleteSchedule  *connect.Client[v1.DeleteScheduleRequest, v1.DeleteScheduleResponse]
+	triggerSchedule *connect.Client[v1.TriggerScheduleRequest, v1.TriggerScheduleResponse]
 }
 
 // Status calls norn.v1.AdminService.Status.
@@ -207,6 +295,41 @@ func (c *adminServiceClient) Backup(ctx context.Context, req *connect.Request[v1
 	return c.backup.CallUnary(ctx, req)
 }
 
+// CreateSchedule calls norn.v1.AdminService.CreateSchedule.
+func (c *adminServiceClient) CreateSchedule(ctx context.Context, req *connect.Request[v1.CreateScheduleRequest]) (*connect.Response[v1.CreateScheduleResponse], error) {
+	return c.createSchedule.CallUnary(ctx, req)
+}
+
+// UpdateSchedule calls norn.v1.AdminService.UpdateSchedule.
+func (c *adminServiceClient) UpdateSchedule(ctx context.Context, req *connect.Request[v1.UpdateScheduleRequest]) (*connect.Response[v1.UpdateScheduleResponse], error) {
+	return c.updateSchedule.CallUnary(ctx, req)
+}
+
+// GetSchedule calls norn.v1.AdminService.GetSchedule.
+func (c *adminServiceClient) GetSchedule(ctx context.Context, req *connect.Request[v1.GetScheduleRequest]) (*connect.Response[v1.GetScheduleResponse], error) {
+	return c.getSchedule.CallUnary(ctx, req)
+}
+
+// ListSchedules calls norn.v1.AdminService.ListSchedules.
+func (c *adminServiceClient) ListSchedules(ctx context.Context, req *connect.Request[v1.ListSchedulesRequest]) (*connect.Response[v1.ListSchedulesResponse], error) {
+	return c.listSchedules.CallUnary(ctx, req)
+}
+
+// PauseSchedule calls norn.v1.AdminService.PauseSchedule.
+func (c *adminServiceClient) PauseSchedule(ctx context.Context, req *connect.Request[v1.PauseScheduleRequest]) (*connect.Response[v1.PauseScheduleResponse], error) {
+	return c.pauseSchedule.CallUnary(ctx, req)
+}
+
+// DeleteSchedule calls norn.v1.AdminService.DeleteSchedule.
+func (c *adminServiceClient) DeleteSchedule(ctx context.Context, req *connect.Request[v1.DeleteScheduleRequest]) (*connect.Response[v1.DeleteScheduleResponse], error) {
+	return c.deleteSchedule.CallUnary(ctx, req)
+}
+
+// TriggerSchedule calls norn.v1.AdminService.TriggerSchedule.
+func (c *adminServiceClient) TriggerSchedule(ctx context.Context, req *connect.Request[v1.TriggerScheduleRequest]) (*connect.Response[v1.TriggerScheduleResponse], error) {
+	return c.triggerSchedule.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the norn.v1.AdminService service.
 type AdminServiceHandler interface {
 	// Status reports the answering node's view: itself, the partitions it
@@ -243,6 +366,24 @@ type AdminServiceHandler interface {
 	// backup` calls it on every node. See docs/OPERATIONS.md, "Backup and
 	// restore".
 	Backup(context.Context, *connect.Request[v1.BackupRequest]) (*connect.Response[v1.BackupResponse], error)
+	// CreateSchedule stores a new periodic schedule (docs/SCHEDULING.md):
+	// ALREADY_EXISTS when one has the name. Any node passes it to the meta
+	// group's leader, as every schedule call.
+	CreateSchedule(context.Context, *connect.Request[v1.CreateScheduleRequest]) (*connect.Response[v1.CreateScheduleResponse], error)
+	// UpdateSchedule replaces a schedule's definition (NOT_FOUND when
+	// there is none of that name).
+	UpdateSchedule(context.Context, *connect.Request[v1.UpdateScheduleRequest]) (*connect.Response[v1.UpdateScheduleResponse], error)
+	// GetSchedule returns one schedule with its last and next ticks.
+	GetSchedule(context.Context, *connect.Request[v1.GetScheduleRequest]) (*connect.Response[v1.GetScheduleResponse], error)
+	// ListSchedules returns every schedule.
+	ListSchedules(context.Context, *connect.Request[v1.ListSchedulesRequest]) (*connect.Response[v1.ListSchedulesResponse], error)
+	// PauseSchedule pauses or resumes a schedule.
+	PauseSchedule(context.Context, *connect.Request[v1.PauseScheduleRequest]) (*connect.Response[v1.PauseScheduleResponse], error)
+	// DeleteSchedule removes a schedule; the tasks it enqueued stay.
+	DeleteSchedule(context.Context, *connect.Request[v1.DeleteScheduleRequest]) (*connect.Response[v1.DeleteScheduleResponse], error)
+	// TriggerSchedule enqueues the schedule's task now, as an extra tick
+	// (paused or not), and returns its id.
+	TriggerSchedule(context.Context, *connect.Request[v1.TriggerScheduleRequest]) (*connect.Response[v1.TriggerScheduleResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -300,6 +441,48 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("Backup")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceCreateScheduleHandler := connect.NewUnaryHandler(
+		AdminServiceCreateScheduleProcedure,
+		svc.CreateSchedule,
+		connect.WithSchema(adminServiceMethods.ByName("CreateSchedule")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceUpdateScheduleHandler := connect.NewUnaryHandler(
+		AdminServiceUpdateScheduleProcedure,
+		svc.UpdateSchedule,
+		connect.WithSchema(adminServiceMethods.ByName("UpdateSchedule")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceGetScheduleHandler := connect.NewUnaryHandler(
+		AdminServiceGetScheduleProcedure,
+		svc.GetSchedule,
+		connect.WithSchema(adminServiceMethods.ByName("GetSchedule")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceListSchedulesHandler := connect.NewUnaryHandler(
+		AdminServiceListSchedulesProcedure,
+		svc.ListSchedules,
+		connect.WithSchema(adminServiceMethods.ByName("ListSchedules")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServicePauseScheduleHandler := connect.NewUnaryHandler(
+		AdminServicePauseScheduleProcedure,
+		svc.PauseSchedule,
+		connect.WithSchema(adminServiceMethods.ByName("PauseSchedule")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceDeleteScheduleHandler := connect.NewUnaryHandler(
+		AdminServiceDeleteScheduleProcedure,
+		svc.DeleteSchedule,
+		connect.WithSchema(adminServiceMethods.ByName("DeleteSchedule")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceTriggerScheduleHandler := connect.NewUnaryHandler(
+		AdminServiceTriggerScheduleProcedure,
+		svc.TriggerSchedule,
+		connect.WithSchema(adminServiceMethods.ByName("TriggerSchedule")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/norn.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceStatusProcedure:
@@ -318,6 +501,20 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceImportTasksHandler.ServeHTTP(w, r)
 		case AdminServiceBackupProcedure:
 			adminServiceBackupHandler.ServeHTTP(w, r)
+		case AdminServiceCreateScheduleProcedure:
+			adminServiceCreateScheduleHandler.ServeHTTP(w, r)
+		case AdminServiceUpdateScheduleProcedure:
+			adminServiceUpdateScheduleHandler.ServeHTTP(w, r)
+		case AdminServiceGetScheduleProcedure:
+			adminServiceGetScheduleHandler.ServeHTTP(w, r)
+		case AdminServiceListSchedulesProcedure:
+			adminServiceListSchedulesHandler.ServeHTTP(w, r)
+		case AdminServicePauseScheduleProcedure:
+			adminServicePauseScheduleHandler.ServeHTTP(w, r)
+		case AdminServiceDeleteScheduleProcedure:
+			adminServiceDeleteScheduleHandler.ServeHTTP(w, r)
+		case AdminServiceTriggerScheduleProcedure:
+			adminServiceTriggerScheduleHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -357,4 +554,32 @@ func (UnimplementedAdminServiceHandler) ImportTasks(context.Context, *connect.Re
 
 func (UnimplementedAdminServiceHandler) Backup(context.Context, *connect.Request[v1.BackupRequest]) (*connect.Response[v1.BackupResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.Backup is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) CreateSchedule(context.Context, *connect.Request[v1.CreateScheduleRequest]) (*connect.Response[v1.CreateScheduleResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.CreateSchedule is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) UpdateSchedule(context.Context, *connect.Request[v1.UpdateScheduleRequest]) (*connect.Response[v1.UpdateScheduleResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.UpdateSchedule is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) GetSchedule(context.Context, *connect.Request[v1.GetScheduleRequest]) (*connect.Response[v1.GetScheduleResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.GetSchedule is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ListSchedules(context.Context, *connect.Request[v1.ListSchedulesRequest]) (*connect.Response[v1.ListSchedulesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.ListSchedules is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) PauseSchedule(context.Context, *connect.Request[v1.PauseScheduleRequest]) (*connect.Response[v1.PauseScheduleResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.PauseSchedule is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) DeleteSchedule(context.Context, *connect.Request[v1.DeleteScheduleRequest]) (*connect.Response[v1.DeleteScheduleResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.DeleteSchedule is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) TriggerSchedule(context.Context, *connect.Request[v1.TriggerScheduleRequest]) (*connect.Response[v1.TriggerScheduleResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.TriggerSchedule is not implemented"))
 }
