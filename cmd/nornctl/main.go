@@ -139,6 +139,7 @@ var commands = []*command{
 	{name: "cancel", args: "<id> | --queue Q [filters]", summary: "end a task, or every task a filter selects, as CANCELLED", run: runCancel},
 	{name: "retry", args: "<id> | --queue Q [filters]", summary: "give a DEAD, ABORTED or CANCELLED task a new life (READY again)", help: retryHelp, run: runRetry},
 	{name: "queue", args: "list | get <queue> | pause <queue> | resume <queue> | set <queue>", summary: "list queues, show one, pause or resume it, change its defaults", help: queueHelp, run: runQueue},
+	{name: "schedule", args: "create|update|list|get|pause|resume|trigger|delete [name]", summary: "periodic tasks: create, list and steer schedules", help: scheduleHelp, run: runSchedule},
 	{name: "status", summary: "show the node and its partitions", run: runStatus},
 	{name: "health", summary: "exit 0 if the node is ready (/healthz), or alive with --live (/livez)", help: healthHelp, run: runHealth},
 	{name: "join", args: "<node>", summary: "make a started node a member of the cluster", help: joinHelp, run: runJoin},

@@ -433,3 +433,51 @@ func TestBulkRetryAndCancel(t *testing.T) {
 		t.Fatalf("a bulk retry without --queue: exit %d: %s", r.code, r.stderr)
 	}
 }
+
+// TestSchedules walks a schedule through nornctl: create, its ticks'
+// tasks, get and list, trigger, pause and resume, update, delete; and
+// the usage errors.
+func TestSchedules(t *testing.T) {
+	addr := startNornd(t)
+	out := ok(t, addr, "schedule", "create", "beat", "--every", "1s", "--queue", "beats", "--overlap", "allow", "ping")
+	mustContain(t, "create", out, "NAME:", "beat", "every 1s", "beats", "NEXT TICK:")
+	// The ticks' tasks appear, one a second.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var counted nornv1.CountTasksResponse
+		okJSON(t, addr, &counted, "count", "--queue", "beats")
+		if counted.GetTotal() >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no ticks' tasks after 20 s: %v", &counted)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var got nornv1.Schedule
+	okJSON(t, addr, &got, "schedule", "get", "beat")
+	if got.GetLastTaskId() == 0 || got.GetLastTick() == nil || string(got.GetTemplate().GetPayload()) != "ping" {
+		t.Fatalf("get after ticks: %v", &got)
+	}
+	mustContain(t, "list", ok(t, addr, "schedule", "list"), "NAME", "WHEN", "beat", "every 1s")
+	id := strings.TrimSpace(ok(t, addr, "schedule", "trigger", "beat"))
+	mustContain(t, "the triggered task", ok(t, addr, "get", id), "beats", `"ping"`)
+	mustContain(t, "pause", ok(t, addr, "schedule", "pause", "beat"), "PAUSED:", "yes")
+	mustContain(t, "resume", ok(t, addr, "schedule", "resume", "beat"), "PAUSED:", "no")
+	mustContain(t, "update", ok(t, addr, "schedule", "update", "beat", "--cron", "@hourly", "--tz", "Europe/Paris", "--queue", "beats"),
+		`"@hourly" Europe/Paris`)
+	ok(t, addr, "schedule", "delete", "beat")
+	r := nornctl(t, addr, "", "schedule", "get", "beat")
+	if r.code != 1 || !strings.Contains(r.stderr, "NOT_FOUND") {
+		t.Fatalf("get after delete: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = nornctl(t, addr, "", "schedule", "create", "bad", "--cron", "61 * * * *", "--queue", "q")
+	if r.code != 1 || !strings.Contains(r.stderr, "schedule.cron") {
+		t.Fatalf("a bad cron expression: exit %d, stderr %q", r.code, r.stderr)
+	}
+	for _, args := range [][]string{{"schedule"}, {"schedule", "frob"}, {"schedule", "get"}, {"schedule", "create", "x", "--overlap", "never"}} {
+		if r := nornctl(t, addr, "", args...); r.code != 2 || !strings.Contains(r.stderr, "usage:") {
+			t.Errorf("%q: exit %d, stderr %q; want the usage", args, r.code, r.stderr)
+		}
+	}
+}
