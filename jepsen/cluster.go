@@ -578,3 +578,19 @@ func BuildNornd(root, dir string) (string, error) {
 	}
 	return bin, nil
 }
+
+// MetaLeader returns the active node that leads the meta group, as the
+// first node that answers Status knows it; nil when none knows one.
+func (c *Cluster) MetaLeader() *Node {
+	for _, n := range c.Active() {
+		if !n.Running() || n.Paused() {
+			continue
+		}
+		st, err := n.Status(context.Background(), false)
+		if err != nil || st.GetMetaLeader() == "" {
+			continue
+		}
+		return c.Node(st.GetMetaLeader())
+	}
+	return nil
+}

@@ -90,6 +90,10 @@ type Scenario struct {
 	// Unique runs the unique-keys clients beside the workload on a queue
 	// of their own and adds the unique checker (check.Unique; unique.go).
 	Unique bool
+	// Schedule creates a schedule ticking every second before the
+	// workload and adds the schedule checker (check.Schedule;
+	// schedules.go).
+	Schedule bool
 }
 
 // The workload's retries in every scenario: a share of the tasks have a
@@ -374,6 +378,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if sc.Unique {
 		uniques = newUniqueRun(w)
 	}
+	var scheduled *scheduleRun
+	if sc.Schedule {
+		scheduled = &scheduleRun{w: w}
+		if err := scheduled.create(ctx); err != nil {
+			return nil, err
+		}
+		tl.Log("note", "schedule-created", scheduleName, nil)
+	}
 	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks,
 		Churn: &Churn{}, Rogue: &Rogue{}}
 	minEnd := time.Now().Add(o.Time)
@@ -444,6 +456,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	w.Drain(ctx, w.ShortLease+c.Cfg.SkewBuffer+3*time.Second, 60*time.Second)
 	tl.Log("note", "drained", "", nil)
+	var schedule *check.Verdict
+	if scheduled != nil {
+		v := scheduled.final(ctx)
+		schedule = &v
+		tl.Log("note", "checked-schedule", "", nil)
+	}
 	var unique *check.Verdict
 	if uniques != nil {
 		v := uniques.final(ctx, dir)
@@ -512,6 +530,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if unique != nil {
 		res.Verdicts = append(res.Verdicts, *unique)
+	}
+	if schedule != nil {
+		res.Verdicts = append(res.Verdicts, *schedule)
 	}
 	if sc.QueueCap > 0 {
 		res.Verdicts = append(res.Verdicts, check.Cap(ops, int(sc.QueueCap), int(sc.QueueCap), faultWindows(tl.Events(), capSettle)))

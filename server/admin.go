@@ -56,6 +56,9 @@ func (a adminService) Status(ctx context.Context, req *connect.Request[nornv1.St
 	}
 	resp.RingEpoch = r.Epoch
 	resp.PartitionCount = uint32(r.Partitions)
+	if m := sv.host.Meta(); m != nil {
+		resp.MetaLeader = m.Leader()
+	}
 	for _, m := range r.Moves {
 		resp.Moves = append(resp.Moves, rebalance.MoveStatus(m))
 	}

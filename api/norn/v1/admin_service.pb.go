@@ -1161,8 +1161,13 @@ type StatusResponse struct {
 	// The cluster's partition count (the ring's P); 0 before the cluster
 	// formed. `partitions` lists only those the answering node replicates.
 	PartitionCount uint32 `protobuf:"varint,12,opt,name=partition_count,json=partitionCount,proto3" json:"partition_count,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The meta group's leader as the answering node knows it (the node
+	// that runs placement changes, queue settings and schedules' ticks);
+	// empty when it knows none, or is not in the meta group and has not
+	// heard.
+	MetaLeader    string `protobuf:"bytes,13,opt,name=meta_leader,json=metaLeader,proto3" json:"meta_leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -1277,6 +1282,13 @@ func (x *StatusResponse) GetPartitionCount() uint32 {
 		return x.PartitionCount
 	}
 	return 0
+}
+
+func (x *StatusResponse) GetMetaLeader() string {
+	if x != nil {
+		return x.MetaLeader
+	}
+	return ""
 }
 
 // BuildInfo is how a binary was built, from Go's build information
@@ -1886,7 +1898,7 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\rStatusRequest\x12\x1f\n" +
 	"\vskip_counts\x18\x01 \x01(\bR\n" +
 	"skipCounts\x12#\n" +
-	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\xe3\x03\n" +
+	"\rclaim_digests\x18\x02 \x01(\bR\fclaimDigests\"\x84\x04\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x121\n" +
@@ -1903,7 +1915,9 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\bsecurity\x18\n" +
 	" \x01(\v2\x17.norn.v1.SecurityStatusR\bsecurity\x12(\n" +
 	"\x05build\x18\v \x01(\v2\x12.norn.v1.BuildInfoR\x05build\x12'\n" +
-	"\x0fpartition_count\x18\f \x01(\rR\x0epartitionCount\"\x99\x01\n" +
+	"\x0fpartition_count\x18\f \x01(\rR\x0epartitionCount\x12\x1f\n" +
+	"\vmeta_leader\x18\r \x01(\tR\n" +
+	"metaLeader\"\x99\x01\n" +
 	"\tBuildInfo\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1f\n" +
