@@ -22,6 +22,9 @@ type Env struct {
 	Churn *Churn
 	// Rogue is what the rogue-node nemesis tried (CheckRogue).
 	Rogue *Rogue
+	// ScheduleCreated is when the schedule of Scenario.Schedule was
+	// created (its ticks are every scheduleEvery after it); zero without.
+	ScheduleCreated time.Time
 }
 
 // lockedSource makes a rand.Source safe for the nemeses that run at the

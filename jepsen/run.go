@@ -388,6 +388,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	env := &Env{C: c, Net: nt, TL: tl, Rng: rand.New(&lockedSource{src: rand.NewPCG(o.Seed, 0x6e656d)}), W: w, Hooks: hooks,
 		Churn: &Churn{}, Rogue: &Rogue{}}
+	if scheduled != nil {
+		env.ScheduleCreated = scheduled.created
+	}
 	minEnd := time.Now().Add(o.Time)
 	runCtx, cancel := context.WithTimeout(ctx, runFor)
 	defer cancel()

@@ -33,7 +33,10 @@ const (
 )
 
 // scheduleRun is the schedule's side of the run.
-type scheduleRun struct{ w *Workload }
+type scheduleRun struct {
+	w       *Workload
+	created time.Time // the schedule's creation, as the meta leader read it
+}
 
 // create makes the schedule, through any node that answers.
 func (r *scheduleRun) create(ctx context.Context) error {
@@ -41,8 +44,12 @@ func (r *scheduleRun) create(ctx context.Context) error {
 		Template: &nornv1.TaskSpec{Queue: scheduledQueue, Payload: []byte("beat")}}
 	return r.adminCall(ctx, "create the schedule", func(ctx context.Context, n *Node) error {
 		_, err := n.Admin.CreateSchedule(ctx, connect.NewRequest(&nornv1.CreateScheduleRequest{Schedule: s}))
-		if connect.CodeOf(err) == connect.CodeAlreadyExists {
-			return nil // an earlier attempt made it
+		if err != nil && connect.CodeOf(err) != connect.CodeAlreadyExists { // else an earlier attempt made it
+			return err
+		}
+		resp, err := n.Admin.GetSchedule(ctx, connect.NewRequest(&nornv1.GetScheduleRequest{Name: scheduleName}))
+		if err == nil {
+			r.created = resp.Msg.Schedule.GetCreatedAt().AsTime()
 		}
 		return err
 	})
@@ -121,10 +128,19 @@ func (r *scheduleRun) final(ctx context.Context) check.Verdict {
 	return check.Schedule(ticks, tasks, sc.GetSkippedTicks())
 }
 
-// nemesisMetaLeaderChurn kills the meta group's leader (odd rounds) or
-// cuts it off from the others (even rounds) for 2-4 s, every 3-5 s.
+// nemesisMetaLeaderChurn kills the meta group's leader (even rounds) or
+// cuts it off from the others (odd rounds) for 2-4 s, every 3-5 s, each
+// time 300 ms after a tick of the run's schedule: after the leader wrote
+// the tick's task, before it records the tick (the test hooks hold the
+// record 500 ms), so that the next leader runs the tick again.
 func nemesisMetaLeaderChurn(ctx context.Context, e *Env) {
 	for round := 0; sleep(ctx, e.between(3*time.Second, 5*time.Second)); round++ {
+		if !e.ScheduleCreated.IsZero() {
+			since := time.Since(e.ScheduleCreated) % scheduleEvery
+			if !sleep(ctx, (scheduleEvery+300*time.Millisecond-since)%scheduleEvery) {
+				return
+			}
+		}
 		n := e.C.MetaLeader()
 		if n == nil {
 			n = e.randomNode()

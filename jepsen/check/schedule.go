@@ -1,6 +1,9 @@
 package check
 
-import "slices"
+import (
+	"slices"
+	"time"
+)
 
 // ScheduledTask is a task a schedule enqueued, as the final read found
 // it: its id and its creation time (Unix ms: the tick's).
@@ -32,7 +35,7 @@ func Schedule(ticks []int64, tasks []ScheduledTask, skipped uint64) Verdict {
 		case len(ids) > 1:
 			v.Counts["twice"]++
 			slices.Sort(ids)
-			v.Addf("tick %.3fs has %d tasks: %v", float64(tick)/1e3, len(ids), ids)
+			v.Addf("tick %s has %d tasks: %v", time.UnixMilli(tick).UTC().Format("15:04:05.000"), len(ids), ids)
 		case len(ids) == 0:
 			v.Counts["missing"]++
 		}
