@@ -79,6 +79,9 @@ func (sv *Server) enqueueUnique(ctx context.Context, t *crdt.Task, w uint32) (un
 			return uniqueAnswer{}, withWriteFailure(err, t.ID, w)
 		}
 		rec := outs[0].Unique
+		if rec == nil {
+			return uniqueAnswer{}, errNoRecord(op)
+		}
 		if outs[0].Err == nil {
 			// The key is t's. The spec's creation time is the record's, so
 			// that a retry writing it again writes the same spec.
@@ -145,6 +148,13 @@ func (sv *Server) heldKey(ctx context.Context, t *crdt.Task, op claims.UniqueOp,
 		return nil, dup, nil
 	}
 	return replaceOf(op, rec.ID, life), dup, nil
+}
+
+// errNoRecord is the error of a decision that answered no record: the
+// group always names the key's holder after a take, replace or
+// reacquire.
+func errNoRecord(op claims.UniqueOp) error {
+	return connect.NewError(connect.CodeInternal, fmt.Errorf("unique key %q of queue %q: the group answered no record", op.Key, op.Queue))
 }
 
 // replaceOf is op as a replace of holder, seen finished in life.
@@ -380,6 +390,9 @@ func (sv *Server) reacquireUnique(ctx context.Context, id uint64, life uint32, s
 			return err
 		}
 		rec := outs[0].Unique
+		if rec == nil {
+			return errNoRecord(op)
+		}
 		if outs[0].Err == nil {
 			return nil
 		}
