@@ -14,6 +14,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/claims"
+	"github.com/norn-dev/norn/client"
 	"github.com/norn-dev/norn/dispatch"
 	"github.com/norn-dev/norn/storage"
 )
@@ -316,5 +317,62 @@ func TestUniqueSweep(t *testing.T) {
 	// A key forgotten is free.
 	if a := h.enqueueUnique("q", "phantom", "d", 0); a.Duplicate {
 		t.Fatalf("the phantom's key after the sweep: %v", a)
+	}
+}
+
+// The Go client says which enqueues were duplicates, one by one and in
+// a batch, and runs the schedule calls.
+func TestClientUniqueAndSchedules(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	c, err := client.New(h.srv.URL, client.WithHTTPClient(h.hc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	var dup bool
+	first, err := c.Enqueue(ctx, &nornv1.TaskSpec{Queue: "q", UniqueKey: "k"}, client.WithDuplicate(&dup))
+	if err != nil || dup {
+		t.Fatalf("first: %d, %v, duplicate %v", first, err, dup)
+	}
+	again, err := c.Enqueue(ctx, &nornv1.TaskSpec{Queue: "q", UniqueKey: "k", Payload: []byte("x")}, client.WithDuplicate(&dup))
+	if err != nil || !dup || again != first {
+		t.Fatalf("again: %d, %v, duplicate %v (first %d)", again, err, dup, first)
+	}
+	var dups []bool
+	ids, err := c.EnqueueBatch(ctx, []*nornv1.TaskSpec{{Queue: "q", UniqueKey: "k"}, {Queue: "q"}}, client.WithDuplicates(&dups))
+	if err != nil || len(ids) != 2 || ids[0] != first || len(dups) != 2 || !dups[0] || dups[1] {
+		t.Fatalf("batch: %v, %v, %v", ids, dups, err)
+	}
+	ids, err = c.EnqueueBatch(ctx, []*nornv1.TaskSpec{{Queue: "q"}}, client.WithDuplicates(&dups))
+	if err != nil || len(dups) != 1 || dups[0] {
+		t.Fatalf("a batch without keys: %v, %v, %v", ids, dups, err)
+	}
+
+	s, err := c.CreateSchedule(ctx, &nornv1.Schedule{Name: "s", Interval: durationpb.New(time.Minute), Template: &nornv1.TaskSpec{Queue: "sq"}})
+	if err != nil || s.GetName() != "s" || s.GetNextTick() == nil {
+		t.Fatalf("create: %v, %v", s, err)
+	}
+	if _, err := c.CreateSchedule(ctx, s); connect.CodeOf(err) != connect.CodeAlreadyExists {
+		t.Fatalf("a second create: %v", err)
+	}
+	if s, err = c.PauseSchedule(ctx, "s", true); err != nil || !s.GetPaused() {
+		t.Fatalf("pause: %v, %v", s, err)
+	}
+	if s, err = c.UpdateSchedule(ctx, &nornv1.Schedule{Name: "s", Cron: "@daily", Template: &nornv1.TaskSpec{Queue: "sq"}}); err != nil || s.GetCron() != "@daily" {
+		t.Fatalf("update: %v, %v", s, err)
+	}
+	id, err := c.TriggerSchedule(ctx, "s")
+	if err != nil || h.get(id).Spec.Queue != "sq" {
+		t.Fatalf("trigger: %d, %v", id, err)
+	}
+	if all, err := c.ListSchedules(ctx); err != nil || len(all) != 1 {
+		t.Fatalf("list: %v, %v", all, err)
+	}
+	if err := c.DeleteSchedule(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GetSchedule(ctx, "s"); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("get after delete: %v", err)
 	}
 }
