@@ -19,8 +19,9 @@ import (
 // The unique-keys clients (issue 44, session 29): beside the workload, a
 // few clients enqueue tasks with unique keys from a small set into a
 // queue of their own, each through a random node, and claim and complete
-// or cancel them, so that keys are held, freed and taken again while the
-// nemesis cuts and kills nodes. After the heal every task of the queue is
+// or cancel them (and Retry half the cancelled ones, which takes the key
+// back or is refused), so that keys are held, freed and taken again while
+// the nemesis cuts and kills nodes. After the heal every task of the queue is
 // listed (from every node) and read with R=3. check.Unique judges the
 // history: no task created behind a duplicate answer, never two live
 // tasks with one key, every answer naming a task with its key.
@@ -83,6 +84,20 @@ func (r *uniqueRun) client(ctx context.Context, i int) {
 			})
 			if o.Type == "info" {
 				proc = r.w.H.NewProcess()
+			}
+			if o.Type == "ok" && rng.Float64() < 0.5 && sleep(ctx, 300*time.Millisecond) {
+				// Bring it back, a moment later: its key must be taken
+				// back first, and the Retry refused when another task took
+				// it meanwhile.
+				n := pick()
+				o := r.op(ctx, n, proc, "retry", e.Task, func(ctx context.Context, o *check.Op) error {
+					o.Key = key
+					_, err := n.Tasks.Retry(ctx, connect.NewRequest(&nornv1.RetryRequest{Id: e.Task, W: 2}))
+					return err
+				})
+				if o.Type == "info" {
+					proc = r.w.H.NewProcess()
+				}
 			}
 		}
 	}

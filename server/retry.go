@@ -169,6 +169,13 @@ func (s taskService) Retry(ctx context.Context, req *connect.Request[nornv1.Retr
 	if err != nil {
 		return nil, apierr.From(err)
 	}
+	if _, terminal := ts.Task.Terminal(); !terminal {
+		// This replica may have missed a cancel acked at w < N: a
+		// majority has it.
+		if fresh, err := sv.coord.Read(ctx, m.GetId(), 0); err == nil {
+			ts = fresh
+		}
+	}
 	life := ts.Life()
 	if m.Life != nil {
 		switch want := m.GetLife(); {

@@ -21,10 +21,11 @@ import (
 //   - dangling: an enqueue answered a duplicate naming a task no replica
 //     has and no indeterminate enqueue named (one whose write may have
 //     failed: the holder the design lets a duplicate name).
-//   - overlap: task Y was created (its enqueue answered "created") while
-//     task X of the same key was surely live: X's creation was answered
-//     before Y's enqueue was called, and no complete or cancel of X was
-//     called before Y's answer.
+//   - overlap: task Y was created (its enqueue answered "created", or a
+//     Retry of it was acked: a new life) while task X of the same key
+//     was surely live: X's creation was answered before Y's was called,
+//     and no complete or cancel of X was called between X's creation
+//     and Y's answer.
 //   - live-at-end: the final read finds two tasks of one key not
 //     finished.
 func Unique(ops []Op) Verdict {
@@ -38,7 +39,7 @@ func Unique(ops []Op) Verdict {
 	final := map[uint64]fin{}
 	named := map[uint64]bool{}
 	indeterminate := map[uint64]bool{}
-	finish := map[uint64]int64{} // first complete or cancel called, not definitely failed
+	var ends []Op // completes and cancels, not definitely failed
 	var creations []Op
 	for _, o := range ops {
 		switch {
@@ -54,9 +55,10 @@ func Unique(ops []Op) Verdict {
 				creations = append(creations, o)
 			}
 		case (o.F == "complete" || o.F == "cancel") && o.Type != "fail":
-			if t, ok := finish[o.Task]; !ok || o.Call < t {
-				finish[o.Task] = o.Call
-			}
+			ends = append(ends, o)
+		case o.F == "retry" && o.Type == "ok":
+			v.Counts["retried"]++
+			creations = append(creations, o)
 		}
 	}
 	for _, o := range ops {
@@ -112,13 +114,20 @@ func Unique(ops []Op) Verdict {
 	for _, o := range creations {
 		byKey[o.Key] = append(byKey[o.Key], o)
 	}
+	// ended reports whether a complete or cancel of task id was called
+	// from from to to.
+	ended := func(id uint64, from, to int64) bool {
+		for _, e := range ends {
+			if e.Task == id && e.Call >= from && e.Call < to {
+				return true
+			}
+		}
+		return false
+	}
 	for key, cs := range byKey {
 		for _, x := range cs {
 			for _, y := range cs {
-				if x.Task == y.Task || x.Return >= y.Call {
-					continue
-				}
-				if t, ok := finish[x.Task]; ok && t < y.Return {
+				if x.Task == y.Task || x.Return >= y.Call || ended(x.Task, x.Call, y.Return) {
 					continue
 				}
 				v.Counts["overlap"]++

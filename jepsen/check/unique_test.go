@@ -35,6 +35,11 @@ func TestUnique(t *testing.T) {
 		{"answered another key's task", "wrong-key", []Op{enq(1, "k", false, 0, 1), enq(1, "other", true, 2, 3), fin(1, "k", "READY")}},
 		{"a created task lost", "lost", []Op{enq(1, "k", false, 0, 1), gone(1)}},
 		{"a duplicate of nothing", "dangling", []Op{enq(1, "k", true, 0, 1), gone(1)}},
+		// 1 cancelled, 2 takes the key, then a Retry of 1 is acked while 2
+		// lives: the Retry should have been refused.
+		{"a Retry while another holds the key", "overlap", []Op{enq(1, "k", false, 0, 1),
+			{F: "cancel", Type: "ok", Task: 1, Call: 2 * s, Return: 3 * s}, enq(2, "k", false, 4, 5),
+			{F: "retry", Type: "ok", Task: 1, Key: "k", Call: 6 * s, Return: 7 * s}, fin(1, "k", "READY"), fin(2, "k", "COMPLETED")}},
 	} {
 		v := Unique(c.ops)
 		if v.Valid || v.Counts[c.count] == 0 {
@@ -47,6 +52,13 @@ func TestUnique(t *testing.T) {
 		fin(1, "k", "COMPLETED"), fin(2, "k", "READY")}
 	if v := Unique(ok); !v.Valid {
 		t.Fatalf("a complete under way: %+v", v)
+	}
+	// A Retry after the other holder was cancelled is a new life, legal.
+	retried := []Op{enq(1, "k", false, 0, 1), {F: "cancel", Type: "ok", Task: 1, Call: 2 * s, Return: 3 * s},
+		enq(2, "k", false, 4, 5), {F: "cancel", Type: "ok", Task: 2, Call: 6 * s, Return: 7 * s},
+		{F: "retry", Type: "ok", Task: 1, Key: "k", Call: 8 * s, Return: 9 * s}, fin(1, "k", "READY"), fin(2, "k", "CANCELLED")}
+	if v := Unique(retried); !v.Valid || v.Counts["retried"] != 1 {
+		t.Fatalf("a Retry after the holder's cancel: %+v", v)
 	}
 	if v := Unique(nil); v.Skipped == "" {
 		t.Fatalf("an empty history: %+v", v)
