@@ -18,6 +18,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
 	// Time zones for schedules' cron expressions, in the binary: the
 	// image (distroless) and many hosts have no zoneinfo.
 	_ "time/tzdata"
