@@ -122,18 +122,25 @@ func (m *Meta) ProposeRing(r *Ring, timeout time.Duration) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
-	b, err := json.Marshal(metaCommand{Ring: r})
+	_, err := m.propose(metaCommand{Ring: r}, timeout)
+	return err
+}
+
+// propose replicates c and returns its entry's index, or the error the
+// FSM answered it with.
+func (m *Meta) propose(c metaCommand, timeout time.Duration) (uint64, error) {
+	b, err := json.Marshal(c)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	fut := m.raft.Apply(b, timeout)
 	if err := fut.Error(); err != nil {
-		return err
+		return 0, err
 	}
 	if err, ok := fut.Response().(error); ok {
-		return err
+		return 0, err
 	}
-	return nil
+	return fut.Index(), nil
 }
 
 // ProposeQueue sets queue's settings to s (the zero value removes them)
@@ -145,18 +152,7 @@ func (m *Meta) ProposeQueue(queue string, s QueueSettings, timeout time.Duration
 	if err := s.Validate(); err != nil {
 		return 0, err
 	}
-	b, err := json.Marshal(metaCommand{Queue: &queueCommand{Name: queue, Settings: s}})
-	if err != nil {
-		return 0, err
-	}
-	fut := m.raft.Apply(b, timeout)
-	if err := fut.Error(); err != nil {
-		return 0, err
-	}
-	if err, ok := fut.Response().(error); ok {
-		return 0, err
-	}
-	return fut.Index(), nil
+	return m.propose(metaCommand{Queue: &queueCommand{Name: queue, Settings: s}}, timeout)
 }
 
 // ProposeSchedule applies c to the schedule table and returns the
@@ -164,18 +160,7 @@ func (m *Meta) ProposeQueue(queue string, s QueueSettings, timeout time.Duration
 // command (ErrScheduleExists, ErrNoSchedule, ErrTooManySchedules) come
 // back as they are.
 func (m *Meta) ProposeSchedule(c *ScheduleCommand, timeout time.Duration) (uint64, error) {
-	b, err := json.Marshal(metaCommand{Schedule: c})
-	if err != nil {
-		return 0, err
-	}
-	fut := m.raft.Apply(b, timeout)
-	if err := fut.Error(); err != nil {
-		return 0, err
-	}
-	if err, ok := fut.Response().(error); ok {
-		return 0, err
-	}
-	return fut.Index(), nil
+	return m.propose(metaCommand{Schedule: c}, timeout)
 }
 
 // Schedules returns the schedule table this replica has applied (nil
