@@ -14,6 +14,7 @@
 // Where a TaskService call goes:
 //
 //	Enqueue, EnqueueBatch   specFromAPI -> coord.Write (quorum W)             tasks.go
+//	  with a unique key     the key's group decides (decideUnique) first     unique.go
 //	GetTask, List, Count    coord.Read / coord.List / coord.Count              tasks.go
 //	Claim                   dispatch.Claim (long poll, proxied claims)        claims.go
 //	Renew, Yield            coord.Forward to the leader, dispatch.LoadClaimed,
@@ -27,7 +28,8 @@
 // (its ring, groups, members with their clock offsets, counts and the
 // replicas' Merkle roots); the placement calls (Join, Rebalance, Drain,
 // Decommission, Remove) go to the meta leader through
-// rebalance.ToMetaLeader.
+// rebalance.ToMetaLeader, and so do the schedule calls (schedules.go),
+// whose ticks the meta leader runs (RunSchedulesOnce, scheduler.go).
 //
 // Who calls is checked twice: before the body is read, by the node's
 // HTTP layer through AdmitPeer (PeerService: a node of this cluster) and
@@ -39,7 +41,9 @@
 // passes checkPeer (the caller's node id, address and cluster id against
 // the ring and gossip), then goes to coord (Replicate, Read, ListPartition,
 // CountPartitions), antientropy (TreeRoots, TreeNodes, SegmentEntries),
-// rebalance (ChangeGroup, ReplicaProgress) or the host's ring (GetRing).
+// rebalance (ChangeGroup, ReplicaProgress), the host's ring (GetRing) or
+// dispatch (ReadyHeads, UniqueKeys: a unique key decided by its
+// partition's group).
 //
 // Errors of the parts come back through apierr, which maps them to
 // connect codes (DESIGN section 6).
