@@ -63,6 +63,28 @@ func TestExclusionCatchesOverlap(t *testing.T) {
 	}
 }
 
+// A renew acked while a cancel ran was decided before the cancel: the
+// claim ended by the cancel's ack, and a claim after a Retry is no
+// overlap (seed 66278). A renew called after the ack that succeeds is
+// the claim still live (the cancel had not reached its leader).
+func TestExclusionCancelDuringRenew(t *testing.T) {
+	ms := sec / 1000
+	ops := []*Op{
+		{F: "claim", Task: 7, Claim: 10, LeaseMS: 2500, Type: "ok", Call: 2014 * ms, Return: 2020 * ms},
+		{F: "cancel", Task: 7, W: 3, Type: "ok", Call: 2090 * ms, Return: 2098 * ms},
+		{F: "renew", Task: 7, Claim: 10, LeaseMS: 2500, Type: "ok", Call: 2091 * ms, Return: 2097 * ms},
+		{F: "retry", Task: 7, Type: "ok", Call: 2146 * ms, Return: 2150 * ms},
+		{F: "claim", Task: 7, Claim: 26, LeaseMS: 2500, Type: "ok", Call: 2137 * ms, Return: 2160 * ms},
+	}
+	if v := Exclusion(ops); !v.Valid {
+		t.Fatalf("a renew concurrent with the cancel: %+v", v)
+	}
+	ops[2].Call, ops[2].Return = 2100*ms, 2101*ms
+	if v := Exclusion(ops); v.Valid {
+		t.Fatalf("a renew acked after the cancel's ack, then another claim within its lease: %+v", v)
+	}
+}
+
 func TestTerminalAndQueue(t *testing.T) {
 	ops := []*Op{
 		{F: "enqueue", Task: 7, Payload: "a", Type: "ok", Call: 0, Return: 1},
