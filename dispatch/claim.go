@@ -166,14 +166,13 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 		if err != nil || len(got) > 0 {
 			return got, err
 		}
-		// Nothing claimed: is the queue empty, or out of reach?
+		// Nothing claimed: is the queue empty, or out of reach? A claim
+		// the cap or the rate held back (n == 0) asked no leader: its
+		// answer is nothing (docs/JOBQUEUE.md "Waiting"), not the
+		// leaders it did not ask taken for unreachable.
 		var why error
-		if parts := d.stranded(m.GetQueue(), reach.answered, proxied); len(parts) > 0 {
-			why = strandedError(m.GetQueue(), parts)
-		} else if reach.strandedElsewhere != nil {
-			why = reach.strandedElsewhere
-		} else {
-			why = reach.unreachable
+		if n > 0 {
+			why = d.outOfReach(m.GetQueue(), reach, proxied)
 		}
 		if wait <= 0 {
 			return nil, why
@@ -209,6 +208,19 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 			return nil, nil
 		}
 	}
+}
+
+// outOfReach is why a claim that asked the leaders found nothing, when it
+// was not that the queue is empty: partitions holding ready tasks without
+// a reachable leader (here or at a node it asked), or no node to ask.
+func (d *Dispatcher) outOfReach(queue string, reach claimReach, proxied bool) error {
+	if parts := d.stranded(queue, reach.answered, proxied); len(parts) > 0 {
+		return strandedError(queue, parts)
+	}
+	if reach.strandedElsewhere != nil {
+		return reach.strandedElsewhere
+	}
+	return reach.unreachable
 }
 
 // maxSettle bounds the looks after one wake-up that found nothing (see

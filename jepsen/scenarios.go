@@ -20,7 +20,7 @@ var Scenarios = []Scenario{
 	{Name: "priority", Desc: "no faults; tasks of 5 priorities, enqueued at w=3, every claim through n1 (a worker pool behind one address): no claim may pass over a task of higher priority claimable for 500 ms",
 		Nodes: 3, Nemesis: nemesisNone, Priorities: true, EnqueueShare: 0.6, Short: true},
 	{Name: "queue-limits", Desc: "the workload's queue capped at 3 tasks claimed at once (max_claimed), 8 clients claiming through every node, kill -9 a random node (the queue's owner among them) and restart it: outside the fault windows at most 3 claims surely held at once, within them at most 6",
-		Nodes: 3, Nemesis: nemesisKillRandom, QueueCap: 3, Clients: 8, Short: true},
+		Nodes: 3, Nemesis: nemesisKillRandom, QueueCap: 3, Clients: 8, Short: true, Args: queueLimitsArgs},
 	{Name: "deadlines", Desc: "half the tasks with a deadline 0.3 to 3 s away, kill -9 a random node and restart it: no claim granted and no complete taken at or after a task's deadline, and every task past it ended (completed before, or cancelled)",
 		Nodes: 3, Nemesis: nemesisKillRandom, DeadlineShare: 0.5, Short: true},
 	{Name: "retention", Desc: "test hooks: beside the workload, a queue whose finished tasks are kept 10 s (QueueSettings.retention), its tasks held 4 s and completed, read every second and once more after their retention; kill -9 a random node and restart it: no task gone before its retention from its end, none back after it was gone, none kept past it",

@@ -73,6 +73,27 @@ func TestQueueCapAndRate(t *testing.T) {
 	if most := capWorkload(t, ms, "capped", 40); most > 3 || most < 1 {
 		t.Fatalf("at most %d tasks held at once, want 1 to 3 (the cap)", most)
 	}
+	// At the cap, with ready tasks in partitions every node leads, a
+	// claim through any node answers nothing, not UNAVAILABLE: it asked
+	// no leader (the cap held it back), and none is out of reach.
+	for range 30 {
+		enqueueAll(t, ms[0], "capped", 0)
+	}
+	held := 0
+	for held < 3 {
+		resp, err := ms[held%3].api.Claim(context.Background(), connect.NewRequest(&nornv1.ClaimRequest{
+			Queue: "capped", Worker: "holder", Max: 3, Wait: durationpb.New(time.Second)}))
+		if err != nil {
+			t.Fatalf("claim up to the cap: %v", err)
+		}
+		held += len(resp.Msg.Tasks)
+	}
+	for _, m := range ms {
+		resp, err := m.api.Claim(context.Background(), connect.NewRequest(&nornv1.ClaimRequest{Queue: "capped", Worker: "w", Max: 1}))
+		if err != nil || len(resp.Msg.Tasks) != 0 {
+			t.Fatalf("claim via %s at the cap: %v, %v; want nothing and no error", m.cfg.NodeID, resp, err)
+		}
+	}
 
 	for range 120 {
 		enqueueAll(t, ms[2], "rated", 0)
