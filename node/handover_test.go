@@ -10,10 +10,8 @@ import (
 
 // TestHandOverBeforeStop: a node of a balanced 3-node cluster that hands
 // its leaderships over (as nornd does on SIGTERM) leads nothing when
-// HandOver returns, and every partition has a leader on the two others
-// at once: the node still runs and would still be heartbeating as the
-// leader of any partition it kept, so no election can explain a new
-// leader, only a transfer. The survivors end balanced, it hands the meta
+// HandOver returns, and every partition soon has a leader on the two
+// others, as both see it. The survivors end balanced, it hands the meta
 // group over too, and their balancers, passes later, have handed it
 // nothing back (it gossiped that it may not lead). Closed then, it takes
 // no leader with it.
@@ -58,9 +56,16 @@ func TestHandOverBeforeStop(t *testing.T) {
 		t.Fatalf("%s leads %d partitions after its hand-over", gone.cfg.NodeID, k)
 	}
 	// A transfer returns once the old leader stepped down; its target
-	// wins the vote a moment later.
-	waitFor(t, 5*time.Second, "every partition led by a survivor, as both survivors see it", func() bool {
-		return ledBy(stay, partitions) == nil
+	// wins the vote a moment later (5 s was too short once in CI, on a
+	// loaded machine, with nothing logged: what is amiss is logged now;
+	// were the stopping node elected again, it would stay amiss).
+	var amiss error
+	waitFor(t, 15*time.Second, "every partition led by a survivor, as both survivors see it", func() bool {
+		amiss = ledBy(stay, partitions)
+		if amiss != nil {
+			t.Logf("%s: %v", time.Now().Format("15:04:05.000"), amiss)
+		}
+		return amiss == nil
 	})
 	for _, m := range stay {
 		if l := m.node.host.Meta().Leader(); l != stay[0].cfg.NodeID && l != stay[1].cfg.NodeID {
