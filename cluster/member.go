@@ -83,8 +83,11 @@ const (
 	// FeatureSchedules: schedules (the meta group's schedule commands and
 	// snapshot format 3, AdminService's schedule calls).
 	FeatureSchedules uint64 = 1 << 5
+	// FeatureFairness: fairness keys (the task encoding's fairness key
+	// and weight, ReadyHead's key and weight).
+	FeatureFairness uint64 = 1 << 6
 	// FeaturesBuilt are the features this build has.
-	FeaturesBuilt = FeatureRetries | FeatureQueues | FeatureDeadlines | FeatureRetention | FeatureUnique | FeatureSchedules
+	FeaturesBuilt = FeatureRetries | FeatureQueues | FeatureDeadlines | FeatureRetention | FeatureUnique | FeatureSchedules | FeatureFairness
 )
 
 // SecurityMeta is what a node gossips about its security settings.

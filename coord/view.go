@@ -123,6 +123,7 @@ func (c *Coordinator) View(ts *TaskState) *nornv1.Task {
 			NotBefore: msTime(spec.NotBeforeMs), DependsOn: spec.DependsOn, MaxClaims: spec.MaxClaims,
 			Retry: RetryToAPI(spec.Retry), Deadline: msTime(spec.DeadlineMs),
 			UniqueKey: spec.UniqueKey, UniqueFor: msDurationPB(spec.UniqueForMs),
+			FairnessKey: spec.FairnessKey, FairnessWeight: spec.FairnessWeight,
 		},
 		Status:    ts.Status(c.cfg.Clock.Now().UnixMilli(), c.cfg.DepsDone),
 		CreatedAt: msTime(spec.CreatedAt.WallMs),

@@ -62,6 +62,9 @@ func (t *Task) AppendEncode(dst []byte) []byte {
 		if t.Spec.UniqueKey != "" {
 			flags |= flagUnique
 		}
+		if t.Spec.FairnessKey != "" {
+			flags |= flagFairness
+		}
 	}
 	if len(t.Failures) > 0 {
 		flags |= flagFailures
@@ -123,6 +126,7 @@ const (
 	flagLives    = 0x08 // terminals carry their lives; revivals follow the failures
 	flagDeadline = 0x10 // the spec ends with its deadline
 	flagUnique   = 0x20 // the spec ends with its unique key and window
+	flagFairness = 0x40 // the spec ends with its fairness key and weight
 )
 
 // Digest is the xxhash of an encoding. Equal states have equal digests.
@@ -362,12 +366,13 @@ func (r *reader) idAndSpec(payload bool) (*Task, byte) {
 	flags := r.byte()
 	switch {
 	case r.err != nil:
-	case flags&^(flagSpec|flagRetry|flagFailures|flagLives|flagDeadline|flagUnique) != 0:
+	case flags&^(flagSpec|flagRetry|flagFailures|flagLives|flagDeadline|flagUnique|flagFairness) != 0:
 		r.fail("unknown flags %#x", flags)
-	case flags&(flagRetry|flagDeadline|flagUnique) != 0 && flags&flagSpec == 0:
-		r.fail("flags %#x: a retry policy, deadline or unique key without a spec", flags)
+	case flags&(flagRetry|flagDeadline|flagUnique|flagFairness) != 0 && flags&flagSpec == 0:
+		r.fail("flags %#x: a retry policy, deadline, unique key or fairness key without a spec", flags)
 	case flags&flagSpec != 0:
-		t.Spec = r.spec(payload, flags&flagRetry != 0, flags&flagDeadline != 0, flags&flagUnique != 0)
+		t.Spec = r.spec(payload, specParts{retry: flags&flagRetry != 0, deadline: flags&flagDeadline != 0,
+			unique: flags&flagUnique != 0, fairness: flags&flagFairness != 0})
 	}
 	return t, flags
 }

@@ -93,6 +93,8 @@ func extTasks() []*Task {
 		{ID: 7, Spec: &Spec{Queue: "q", Retry: policy, DeadlineMs: math.MaxInt64}, Failures: []Failure{{Claim: 3, At: ts(1)}}},
 		{ID: 8, Spec: &Spec{Queue: "q", UniqueKey: "report:42", CreatedAt: ts(0)}},
 		{ID: 9, Spec: &Spec{Queue: "q", DeadlineMs: 9, UniqueKey: "ключ", UniqueForMs: 3_600_000, Retry: policy}},
+		{ID: 10, Spec: &Spec{Queue: "q", FairnessKey: "tenant-7", FairnessWeight: 1, CreatedAt: ts(0)}},
+		{ID: 11, Spec: &Spec{Queue: "q", UniqueKey: "u", FairnessKey: "租户", FairnessWeight: MaxFairnessWeight, Retry: policy}},
 	}
 }
 
@@ -110,6 +112,9 @@ func TestEncodeExtRoundTrip(t *testing.T) {
 			}
 			if x.Spec.UniqueKey != "" {
 				want |= flagUnique
+			}
+			if x.Spec.FairnessKey != "" {
+				want |= flagFairness
 			}
 		}
 		if len(x.Failures) > 0 {
@@ -238,6 +243,34 @@ func TestUniqueKeyValidate(t *testing.T) {
 			t.Errorf("%q for %d: %v", c.key, c.forMs, err)
 		case c.field != "" && (!errors.As(err, &fe) || fe.Field != c.field):
 			t.Errorf("%q for %d: got %v, want an error naming %s", c.key, c.forMs, err, c.field)
+		}
+	}
+}
+
+func TestFairnessKeyValidate(t *testing.T) {
+	for _, c := range []struct {
+		key    string
+		weight uint32
+		field  string // "" when valid
+	}{
+		{"", 0, ""},
+		{"", 1, ""},
+		{"t", 0, ""},
+		{"t", MaxFairnessWeight, ""},
+		{strings.Repeat("x", MaxFairnessKeyLen), 1, ""},
+		{"", 2, "spec.fairnessWeight"},
+		{"t", MaxFairnessWeight + 1, "spec.fairnessWeight"},
+		{strings.Repeat("x", MaxFairnessKeyLen+1), 1, "spec.fairnessKey"},
+		{"a\tb", 1, "spec.fairnessKey"},
+		{"\xff", 1, "spec.fairnessKey"},
+	} {
+		err := (&Spec{Queue: "q", FairnessKey: c.key, FairnessWeight: c.weight}).Validate(DefaultLimits)
+		var fe *FieldError
+		switch {
+		case c.field == "" && err != nil:
+			t.Errorf("%q of weight %d: %v", c.key, c.weight, err)
+		case c.field != "" && (!errors.As(err, &fe) || fe.Field != c.field):
+			t.Errorf("%q of weight %d: got %v, want an error naming %s", c.key, c.weight, err, c.field)
 		}
 	}
 }

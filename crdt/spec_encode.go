@@ -32,12 +32,19 @@ func appendSpec(dst []byte, s *Spec) []byte {
 		dst = appendString(dst, s.UniqueKey)
 		dst = binary.AppendVarint(dst, s.UniqueForMs)
 	}
+	if s.FairnessKey != "" {
+		dst = appendString(dst, s.FairnessKey)
+		dst = binary.AppendUvarint(dst, uint64(s.FairnessWeight))
+	}
 	return dst
 }
 
+// specParts says which optional parts a spec's encoding holds (the flags).
+type specParts struct{ retry, deadline, unique, fairness bool }
+
 // spec reads a spec; without payload it skips the payload instead of
 // copying it.
-func (r *reader) spec(payload, retry, deadline, unique bool) *Spec {
+func (r *reader) spec(payload bool, parts specParts) *Spec {
 	s := &Spec{Queue: r.string()}
 	p := r.varint()
 	if p < math.MinInt32 || p > math.MaxInt32 {
@@ -58,7 +65,7 @@ func (r *reader) spec(payload, retry, deadline, unique bool) *Spec {
 	}
 	s.MaxClaims = r.uint32()
 	s.CreatedAt = r.timestamp()
-	if retry {
+	if parts.retry {
 		p := &RetryPolicy{MaxAttempts: r.uint32(), InitialMs: r.varint(), MaxMs: r.varint(),
 			MultiplierMilli: r.uint32(), JitterMilli: r.uint32()}
 		if r.err == nil {
@@ -68,15 +75,21 @@ func (r *reader) spec(payload, retry, deadline, unique bool) *Spec {
 		}
 		s.Retry = p
 	}
-	if deadline {
+	if parts.deadline {
 		if s.DeadlineMs = r.varint(); r.err == nil && s.DeadlineMs <= 0 {
 			r.fail("deadline %d is not after 1970", s.DeadlineMs)
 		}
 	}
-	if unique {
+	if parts.unique {
 		s.UniqueKey, s.UniqueForMs = r.string(), r.varint()
 		if r.err == nil && (s.UniqueKey == "" || s.UniqueForMs < 0) {
 			r.fail("unique key %q for %d ms", s.UniqueKey, s.UniqueForMs)
+		}
+	}
+	if parts.fairness {
+		s.FairnessKey, s.FairnessWeight = r.string(), r.uint32()
+		if r.err == nil && (s.FairnessKey == "" || s.FairnessWeight > MaxFairnessWeight) {
+			r.fail("fairness key %q of weight %d", s.FairnessKey, s.FairnessWeight)
 		}
 	}
 	return s

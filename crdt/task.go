@@ -27,6 +27,11 @@ type Spec struct {
 	// UniqueForMs is TaskSpec.unique_for in ms (0: until the task is
 	// finished); only with a UniqueKey.
 	UniqueForMs int64
+	// FairnessKey is TaskSpec.fairness_key ("": none), and FairnessWeight
+	// its weight (0: 1): claims serve a queue's keys in turn
+	// (docs/SCHEDULING.md, "Fair claims").
+	FairnessKey    string
+	FairnessWeight uint32
 }
 
 // Update is one progress report of a worker, keyed by (Claim, Seq).

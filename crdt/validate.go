@@ -96,6 +96,9 @@ func (s *Spec) Validate(lim Limits) error {
 	if err := s.validateUnique(); err != nil {
 		return err
 	}
+	if err := s.validateFairness(); err != nil {
+		return err
+	}
 	if len(s.DependsOn) > lim.MaxDependsOn {
 		return tooLarge("spec.dependsOn", len(s.DependsOn), lim.MaxDependsOn)
 	}
@@ -254,6 +257,37 @@ func (s *Spec) validateUnique() error {
 	}
 	if s.UniqueForMs < 0 || s.UniqueForMs > MaxUniqueForMs {
 		return invalid("spec.uniqueFor", "must be 1s to 8784h (366 days), got %dms", s.UniqueForMs)
+	}
+	return nil
+}
+
+// Fairness keys' bounds (TaskSpec.fairness_key, fairness_weight).
+const (
+	MaxFairnessKeyLen = 128
+	MaxFairnessWeight = 1000
+)
+
+// validateFairness checks the fairness key and its weight.
+func (s *Spec) validateFairness() error {
+	if s.FairnessWeight > MaxFairnessWeight {
+		return invalid("spec.fairnessWeight", "must be 1-%d (0 means 1), got %d", MaxFairnessWeight, s.FairnessWeight)
+	}
+	if s.FairnessKey == "" {
+		if s.FairnessWeight > 1 {
+			return invalid("spec.fairnessWeight", "needs spec.fairnessKey (tasks without a key are one key of weight 1)")
+		}
+		return nil
+	}
+	if len(s.FairnessKey) > MaxFairnessKeyLen {
+		return invalid("spec.fairnessKey", "must be at most %d bytes, got %d", MaxFairnessKeyLen, len(s.FairnessKey))
+	}
+	if !utf8.ValidString(s.FairnessKey) {
+		return invalid("spec.fairnessKey", "must be UTF-8")
+	}
+	for i, r := range s.FairnessKey {
+		if unicode.IsControl(r) {
+			return invalid("spec.fairnessKey", "control character %U at offset %d", r, i)
+		}
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/apierr"
+	"github.com/norn-dev/norn/cluster"
 	"github.com/norn-dev/norn/coord"
 	"github.com/norn-dev/norn/crdt"
 	"github.com/norn-dev/norn/storage"
@@ -51,6 +52,21 @@ func (sv *Server) specFromAPI(field string, s *nornv1.TaskSpec, imported bool) (
 	if spec.UniqueKey, spec.UniqueForMs, err = sv.uniqueFromAPI(field, s); err != nil {
 		return nil, err
 	}
+	spec.FairnessKey, spec.FairnessWeight = s.GetFairnessKey(), s.GetFairnessWeight()
+	if spec.FairnessKey != "" || spec.FairnessWeight > 1 {
+		// One encoding per meaning: a key's weight 0 is 1, and a task
+		// without a key has none.
+		if spec.FairnessKey != "" && spec.FairnessWeight == 0 {
+			spec.FairnessWeight = 1
+		}
+		if spec.FairnessKey != "" {
+			if err := sv.featureGate(field+".fairnessKey", cluster.FeatureFairness, "fairness keys"); err != nil {
+				return nil, err
+			}
+		}
+	} else {
+		spec.FairnessWeight = 0
+	}
 	if err := spec.Validate(sv.cfg.Limits); err != nil {
 		var fe *crdt.FieldError
 		if errors.As(err, &fe) {
@@ -89,7 +105,8 @@ func sameSpec(a, b *crdt.Spec) bool {
 	return a.Queue == b.Queue && a.Priority == b.Priority && bytes.Equal(a.Payload, b.Payload) &&
 		a.NotBeforeMs == b.NotBeforeMs && slices.Equal(a.DependsOn, b.DependsOn) && a.MaxClaims == b.MaxClaims &&
 		(a.Retry == nil) == (b.Retry == nil) && (a.Retry == nil || *a.Retry == *b.Retry) && a.DeadlineMs == b.DeadlineMs &&
-		a.UniqueKey == b.UniqueKey && a.UniqueForMs == b.UniqueForMs
+		a.UniqueKey == b.UniqueKey && a.UniqueForMs == b.UniqueForMs &&
+		a.FairnessKey == b.FairnessKey && a.FairnessWeight == b.FairnessWeight
 }
 
 // prepareEnqueue turns a spec into a task state to merge, or reports that an

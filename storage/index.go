@@ -15,6 +15,13 @@ import (
 type ReadyEntry struct {
 	ID       uint64
 	Priority int32
+	Key      string // the task's fairness key ("": none)
+	Weight   uint32 // the key's weight, as its spec says (0: 1)
+}
+
+// readyEntryOf is the ready index entry of task id with spec.
+func readyEntryOf(id uint64, spec *crdt.Spec) ReadyEntry {
+	return ReadyEntry{ID: id, Priority: spec.Priority, Key: spec.FairnessKey, Weight: spec.FairnessWeight}
 }
 
 // DueEntry is one task in the delayed or claimed index with its time.
@@ -233,7 +240,7 @@ func (s *Store) buildIndexes(p uint16) error {
 			spec = st.Task.Spec
 		}
 		if m.state == IndexReady && spec != nil {
-			byQueue[spec.Queue] = append(byQueue[spec.Queue], ReadyEntry{ID: id, Priority: spec.Priority})
+			byQueue[spec.Queue] = append(byQueue[spec.Queue], readyEntryOf(id, spec))
 		}
 		if tag, e, ok := timeEntry(id, m, spec); ok {
 			times = append(times, indexChange{p: p, tag: tag, due: e, insert: true})

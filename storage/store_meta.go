@@ -112,12 +112,12 @@ func indexMoves(p uint16, id uint64, old meta, oldSpec *crdt.Spec, new meta, new
 	var changes []indexChange
 	wasReady := old.state == IndexReady && oldSpec != nil
 	isReady := new.state == IndexReady && newSpec != nil
-	if !(wasReady && isReady && oldSpec.Queue == newSpec.Queue && oldSpec.Priority == newSpec.Priority) {
+	if !(wasReady && isReady && readyEntryOf(id, oldSpec) == readyEntryOf(id, newSpec) && oldSpec.Queue == newSpec.Queue) {
 		if wasReady {
-			changes = append(changes, indexChange{p: p, tag: tagReady, queue: oldSpec.Queue, e: ReadyEntry{ID: id, Priority: oldSpec.Priority}})
+			changes = append(changes, indexChange{p: p, tag: tagReady, queue: oldSpec.Queue, e: readyEntryOf(id, oldSpec)})
 		}
 		if isReady {
-			changes = append(changes, indexChange{p: p, tag: tagReady, queue: newSpec.Queue, e: ReadyEntry{ID: id, Priority: newSpec.Priority}, insert: true})
+			changes = append(changes, indexChange{p: p, tag: tagReady, queue: newSpec.Queue, e: readyEntryOf(id, newSpec), insert: true})
 		}
 	}
 	oldTag, oldDue, hadTime := timeEntry(id, old, oldSpec)

@@ -653,9 +653,12 @@ type ReadyHead struct {
 	// The task's id. A JSON string.
 	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Its priority.
-	Priority      int32 `protobuf:"varint,2,opt,name=priority,proto3" json:"priority,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Priority int32 `protobuf:"varint,2,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Its fairness key ("" none) and the key's weight (0 or 1: one turn).
+	FairnessKey    string `protobuf:"bytes,3,opt,name=fairness_key,json=fairnessKey,proto3" json:"fairness_key,omitempty"`
+	FairnessWeight uint32 `protobuf:"varint,4,opt,name=fairness_weight,json=fairnessWeight,proto3" json:"fairness_weight,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReadyHead) Reset() {
@@ -698,6 +701,20 @@ func (x *ReadyHead) GetId() uint64 {
 func (x *ReadyHead) GetPriority() int32 {
 	if x != nil {
 		return x.Priority
+	}
+	return 0
+}
+
+func (x *ReadyHead) GetFairnessKey() string {
+	if x != nil {
+		return x.FairnessKey
+	}
+	return ""
+}
+
+func (x *ReadyHead) GetFairnessWeight() uint32 {
+	if x != nil {
+		return x.FairnessWeight
 	}
 	return 0
 }
@@ -2387,10 +2404,12 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\b_claimed\"J\n" +
 	"\x10PartitionClaimed\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x18\n" +
-	"\aclaimed\x18\x02 \x01(\x04R\aclaimed\"7\n" +
+	"\aclaimed\x18\x02 \x01(\x04R\aclaimed\"\x83\x01\n" +
 	"\tReadyHead\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1a\n" +
-	"\bpriority\x18\x02 \x01(\x05R\bpriority\"y\n" +
+	"\bpriority\x18\x02 \x01(\x05R\bpriority\x12!\n" +
+	"\ffairness_key\x18\x03 \x01(\tR\vfairnessKey\x12'\n" +
+	"\x0ffairness_weight\x18\x04 \x01(\rR\x0efairnessWeight\"y\n" +
 	"\x12ChangeGroupRequest\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x0e\n" +
 	"\x02op\x18\x02 \x01(\tR\x02op\x12\x12\n" +

@@ -260,9 +260,24 @@ type TaskSpec struct {
 	// finished: at most one task per key per window. Unset (the default):
 	// held until the task is finished. 1 s to 8784 h (366 days); needs
 	// `unique_key` (INVALID_ARGUMENT naming `task.uniqueFor` otherwise).
-	UniqueFor     *durationpb.Duration `protobuf:"bytes,10,opt,name=unique_for,json=uniqueFor,proto3" json:"unique_for,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UniqueFor *durationpb.Duration `protobuf:"bytes,10,opt,name=unique_for,json=uniqueFor,proto3" json:"unique_for,omitempty"`
+	// Fairness key within the queue (docs/SCHEDULING.md, "Fair claims"),
+	// for example a tenant id: within one queue and one priority, claims
+	// serve the keys with ready tasks in turn (weighted round robin), FIFO
+	// within a key, so a key with a million ready tasks does not starve one
+	// with ten. Priority still comes first; tasks without a key form one
+	// key of their own. 0 to 128 bytes of UTF-8 without control
+	// characters; empty (the default): no key. Refused with
+	// FAILED_PRECONDITION until every node of the cluster runs a version
+	// that knows fairness keys.
+	FairnessKey string `protobuf:"bytes,11,opt,name=fairness_key,json=fairnessKey,proto3" json:"fairness_key,omitempty"`
+	// The key's weight: a key of weight w gets w turns to a key of weight
+	// 1's one. 1 to 1000; 0 (the default) means 1. A key's weight is that
+	// of its latest ready task. Needs `fairness_key` when above 1
+	// (INVALID_ARGUMENT naming `task.fairnessWeight` otherwise).
+	FairnessWeight uint32 `protobuf:"varint,12,opt,name=fairness_weight,json=fairnessWeight,proto3" json:"fairness_weight,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TaskSpec) Reset() {
@@ -363,6 +378,20 @@ func (x *TaskSpec) GetUniqueFor() *durationpb.Duration {
 		return x.UniqueFor
 	}
 	return nil
+}
+
+func (x *TaskSpec) GetFairnessKey() string {
+	if x != nil {
+		return x.FairnessKey
+	}
+	return ""
+}
+
+func (x *TaskSpec) GetFairnessWeight() uint32 {
+	if x != nil {
+		return x.FairnessWeight
+	}
+	return 0
 }
 
 // RetryPolicy is a task's retries: after its n-th failed attempt it waits
@@ -1037,7 +1066,7 @@ var File_norn_v1_task_proto protoreflect.FileDescriptor
 
 const file_norn_v1_task_proto_rawDesc = "" +
 	"\n" +
-	"\x12norn/v1/task.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8c\x03\n" +
+	"\x12norn/v1/task.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd8\x03\n" +
 	"\bTaskSpec\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\x05R\bpriority\x12\x18\n" +
@@ -1054,7 +1083,9 @@ const file_norn_v1_task_proto_rawDesc = "" +
 	"unique_key\x18\t \x01(\tR\tuniqueKey\x128\n" +
 	"\n" +
 	"unique_for\x18\n" +
-	" \x01(\v2\x19.google.protobuf.DurationR\tuniqueFor\"\xe8\x01\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\tuniqueFor\x12!\n" +
+	"\ffairness_key\x18\v \x01(\tR\vfairnessKey\x12'\n" +
+	"\x0ffairness_weight\x18\f \x01(\rR\x0efairnessWeight\"\xe8\x01\n" +
 	"\vRetryPolicy\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x12B\n" +
 	"\x0finitial_backoff\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x0einitialBackoff\x12:\n" +
