@@ -4,13 +4,9 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
-	"math/rand/v2"
 	"slices"
-	"strconv"
 	"time"
 
-	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -20,7 +16,6 @@ import (
 	"github.com/norn-dev/norn/replicas"
 	"github.com/norn-dev/norn/storage"
 	"github.com/norn-dev/norn/testhooks"
-	"github.com/norn-dev/norn/transport"
 )
 
 // ClaimRequest is a claim whose fields the API edge has validated.
@@ -42,6 +37,11 @@ type ClaimRequest struct {
 	// forwarding node weighed this node's heads against the others'
 	// and asks for those that made the cut (remote.go).
 	Floor *int32
+	// IDs, when set, are the tasks a proxied claim takes, and no other:
+	// the forwarding node picked these of this node's heads by their
+	// fairness keys (fair.go), which this node's own pick could not
+	// reproduce. Those no longer claimable here are left out.
+	IDs []uint64
 	// Hops is how often the claim was forwarded so far: a claim of a
 	// limited queue on its way to the queue's owner (limits.go) is not
 	// Proxied.
@@ -54,6 +54,7 @@ type claimArgs struct {
 	lease   time.Duration
 	timeout time.Duration // bounds the proposals
 	floor   *int32        // ClaimRequest.Floor
+	ids     []uint64      // ClaimRequest.IDs
 	across  bool          // weigh the other leaders' heads (remote.go)
 }
 
@@ -83,7 +84,10 @@ func (d *Dispatcher) Claim(ctx context.Context, req ClaimRequest) ([]*nornv1.Cla
 		}
 		owner = true
 	}
-	a := claimArgs{msg: m, lease: req.Lease, floor: req.Floor, across: !proxied && len(r.Nodes) > 1}
+	a := claimArgs{msg: m, lease: req.Lease, floor: req.Floor, ids: req.IDs, across: !proxied && len(r.Nodes) > 1}
+	if a.ids != nil {
+		a.floor = nil // the ids were weighed; their priorities are not known before they are read
+	}
 	// Tasks of partitions this node does not replicate wake no local
 	// waiter, and a task can become ready at its leader without a
 	// wake-up here (a delayed task promoted there after this node
@@ -274,73 +278,6 @@ func (d *Dispatcher) claimOlder(ctx context.Context, m *nornv1.ClaimRequest, lim
 	return got, reach
 }
 
-// proxyTimeout bounds a claim proxied to another node.
-const proxyTimeout = 3 * time.Second
-
-// proxyClaim asks the live nodes of only, in random order, for up to
-// limit tasks from the partitions they lead, without a floor: the claim
-// of nodes that cannot report their heads (an older version). It returns
-// the nodes that answered, and stranded: a node's refusal because
-// partitions of its own with ready tasks have no reachable leader. It
-// returns an error only when no node answered.
-func (d *Dispatcher) proxyClaim(ctx context.Context, m *nornv1.ClaimRequest, limit int, only map[string]bool) (out []*nornv1.ClaimedTask, answeredBy map[string]bool, stranded, err error) {
-	r := d.host.Ring()
-	alive := d.host.Alive()
-	answeredBy = map[string]bool{}
-	var lastErr error
-	for _, i := range rand.Perm(len(r.Nodes)) {
-		nd := r.Nodes[i]
-		if !only[string(nd.ID)] || !alive[string(nd.ID)] || len(out) >= limit {
-			continue
-		}
-		tasks, err := d.forwardClaim(ctx, nd.APIAddr, m, limit-len(out), nil)
-		if err != nil {
-			if isStranded(err) {
-				// It answered: what it leads had nothing, and some of
-				// its other partitions have no reachable leader.
-				answeredBy[string(nd.ID)] = true
-				stranded = err
-				continue
-			}
-			lastErr = err
-			continue
-		}
-		answeredBy[string(nd.ID)] = true
-		out = append(out, tasks...)
-	}
-	if len(answeredBy) == 0 {
-		return out, answeredBy, stranded, noLeaderReachable(lastErr)
-	}
-	return out, answeredBy, stranded, nil
-}
-
-// forwardClaim asks the node at addr for up to n tasks of m's queue from
-// the partitions it leads, none below floor when it is set, for m's
-// worker and lease.
-func (d *Dispatcher) forwardClaim(ctx context.Context, addr string, m *nornv1.ClaimRequest, n int, floor *int32) ([]*nornv1.ClaimedTask, error) {
-	req := transport.Forwarded(&nornv1.ClaimRequest{Queue: m.GetQueue(), Worker: m.GetWorker(), Lease: m.GetLease(), Max: uint32(n)}, 0)
-	if floor != nil {
-		req.Header().Set(transport.HeaderClaimFloor, strconv.Itoa(int(*floor)))
-	}
-	ctx, cancel := context.WithTimeout(ctx, proxyTimeout)
-	defer cancel()
-	resp, err := d.peers.Get(addr).Tasks.Claim(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	return resp.Msg.GetTasks(), nil
-}
-
-// noLeaderReachable is a claim's answer when no other node answered it
-// and this node leads nothing: UNAVAILABLE, with the last call's error.
-func noLeaderReachable(lastErr error) error {
-	why := "no other node is alive"
-	if lastErr != nil {
-		why = apierr.Message(lastErr)
-	}
-	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("no partition leader reachable: %s", why))
-}
-
 // claimProposeTimeout bounds a claim's proposals: replicas.ProposeTimeout, or less
 // to answer before the request's deadline (a deposed leader waits for its
 // claim's fate, see claims.Group.Propose).
@@ -379,6 +316,7 @@ func (d *Dispatcher) tryClaim(ctx context.Context, a claimArgs, limit int) (out 
 			break // nothing more to find
 		}
 	}
+	d.fairServed(a.msg.GetQueue(), out)
 	slices.SortFunc(out, func(a, b *nornv1.ClaimedTask) int {
 		return cmp.Or(cmp.Compare(b.Task.Spec.Priority, a.Task.Spec.Priority), cmp.Compare(a.Task.Id, b.Task.Id))
 	})
@@ -411,10 +349,15 @@ func (d *Dispatcher) claimRound(ctx context.Context, a claimArgs, limit int, riv
 	if d.paused(queue) {
 		return nil, false, nil // paused since the claim began, or a forwarded claim
 	}
-	heads, err := newHeadMerger(d.store, queue, d.leading())
-	if err != nil {
+	var heads *headMerger
+	if a.ids != nil {
+		heads = d.idsMerger(a.ids)
+	} else if heads, err = newHeadMerger(d.store, queue, d.leading()); err != nil {
 		return nil, false, apierr.From(err)
+	} else {
+		heads.fair = d.fairFor(queue, heads.keyed || rivalsKeyed(rivals))
 	}
+	fv := heads.fair
 	now := d.cfg.Clock.Now().UnixMilli()
 	byPart := map[uint16][]claims.Candidate{}
 	loaded := map[uint64]*coord.TaskState{} // reused for the claimed tasks' views
@@ -433,8 +376,11 @@ func (d *Dispatcher) claimRound(ctx context.Context, a claimArgs, limit int, riv
 		if ok && h.Priority < floor {
 			ok = false
 		}
-		if rv := bestRival(rivals); rv != nil {
-			if rh, _ := rv.head(); rh.Priority >= floor && (!ok || remoteFirst(rh, h)) {
+		if rv := bestRival(rivals, fv); rv != nil {
+			if rh, _ := rv.head(); rh.Priority >= floor && (!ok || remoteFirst(rh, h, fv)) {
+				if fv != nil {
+					fv.pick(rh)
+				}
 				rv.i++
 				rv.floor = rh.Priority
 				allotted++
@@ -476,7 +422,7 @@ func (d *Dispatcher) claimRound(ctx context.Context, a claimArgs, limit int, riv
 			results <- result{outs, err}
 		}()
 	}
-	remote := d.claimRivals(ctx, a, rivals)
+	remote := d.claimRivals(ctx, a, rivals, fv != nil)
 	for range byPart {
 		r := <-results
 		if errors.Is(r.err, claims.ErrNotLeader) {
@@ -501,48 +447,6 @@ func (d *Dispatcher) claimRound(ctx context.Context, a claimArgs, limit int, riv
 	}
 	got, short := remote()
 	return append(out, got...), contended || short, err
-}
-
-// claimRivals asks each other leader whose heads claimRound took for
-// them (a proxied claim with the lowest priority taken as its floor), at
-// once; the returned function waits for the answers. short reports a
-// leader that gave fewer than it reported.
-func (d *Dispatcher) claimRivals(ctx context.Context, a claimArgs, rivals []*rival) func() (out []*nornv1.ClaimedTask, short bool) {
-	type answer struct {
-		rv    *rival
-		tasks []*nornv1.ClaimedTask
-		err   error
-	}
-	answers := make(chan answer, len(rivals))
-	asked := 0
-	for _, rv := range rivals {
-		if rv.i == 0 {
-			continue
-		}
-		asked++
-		go func() {
-			tasks, err := d.forwardClaim(ctx, rv.addr, a.msg, rv.i, &rv.floor)
-			answers <- answer{rv: rv, tasks: tasks, err: err}
-		}()
-	}
-	return func() (out []*nornv1.ClaimedTask, short bool) {
-		for range asked {
-			an := <-answers
-			d.remote.stats.forwarded.Add(1)
-			if an.err != nil || len(an.tasks) < an.rv.i {
-				d.remote.stats.forwardedShort.Add(1)
-			}
-			if an.err != nil && !isStranded(an.err) {
-				d.remote.failed(a.msg.GetQueue(), an.rv, an.err)
-				short = true
-				continue
-			}
-			d.remote.took(a.msg.GetQueue(), an.rv, an.rv.i, len(an.tasks))
-			short = short || len(an.tasks) < an.rv.i
-			out = append(out, an.tasks...)
-		}
-		return out, short
-	}
 }
 
 // candidate checks a ready-index head before it is proposed: not

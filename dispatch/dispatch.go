@@ -69,6 +69,10 @@ type Config struct {
 	// ClaimLocalFirst is the seeded bug TestBugs.ClaimLocalFirst: every
 	// other node is treated as one that cannot report its heads.
 	ClaimLocalFirst bool
+	// FairIgnoresKeys is the seeded bug TestBugs.FairIgnoresKeys: claims
+	// weigh the heads of several partitions by priority and id alone, as
+	// before fairness keys (each partition still serves its keys in turn).
+	FairIgnoresKeys bool
 
 	// OnExpired and OnAborted, when set, are told of the queue of each
 	// claim the monitor expired and each task the dispatcher aborted
@@ -116,6 +120,7 @@ type Dispatcher struct {
 	deps     *depChecker  // dependencies of blocked tasks (deps.go)
 	remote   *remoteHeads // the other leaders' heads (remote.go)
 	limits   limiterSet   // limited queues this node owns (limits.go)
+	fair     fairClocks   // the keys' virtual times per queue (fair.go)
 
 	// monitorMu serializes monitor passes; extended[p] is the Raft term
 	// of p whose leadership has extended the live claims (0: none), so a

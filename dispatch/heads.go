@@ -23,20 +23,29 @@ import (
 // partition touched (Raft entries, each replicated to the cohort, are what
 // a claim costs). Across partitions, tasks of one priority come out
 // roughly, not exactly, in age order.
+//
+// With fairness keys (fair set, fair.go), heads of one priority go by
+// their keys' start at this node before their ids, and the merger stays
+// in a partition only while its next head starts no later than the best
+// of all; it then finds the best by a pass over the partitions (O(the
+// partitions led) a head, independent of the number of keys).
 type headMerger struct {
 	store  *storage.Store
 	queue  string
 	h      cursorHeap
 	sticky *headCursor // the partition of the last head returned
 	err    error
+	keyed  bool      // a head with a fairness key was read
+	fair   *fairView // set by the caller once keyed (or the queue has a clock)
 }
 
 // headCursor walks one partition's ready head.
 type headCursor struct {
-	p       uint16
-	entries []storage.ReadyEntry
-	i       int
-	full    bool // entries held as many as asked for: there may be more
+	p        uint16
+	entries  []storage.ReadyEntry
+	i        int
+	full     bool     // entries held as many as asked for: there may be more
+	returned []uint64 // the ids next returned, when full (a read further skips them)
 }
 
 // firstHeadRead is how many entries of each partition's head a merge reads
@@ -65,12 +74,34 @@ func (m *headMerger) read(c *headCursor, n int) error {
 		return err
 	}
 	c.entries, c.full = e, len(e) == n
+	for _, x := range e {
+		if x.Key != "" {
+			m.keyed = true
+			break
+		}
+	}
 	return nil
 }
 
 // choose returns the cursor next takes its head from, and its index in
 // the heap.
 func (m *headMerger) choose() (*headCursor, int) {
+	if m.fair != nil {
+		at := 0
+		for i := 1; i < len(m.h); i++ {
+			if m.fair.less(m.h[i].entries[m.h[i].i], m.h[at].entries[m.h[at].i]) {
+				at = i
+			}
+		}
+		c := m.h[at]
+		if s := m.sticky; s != nil && s != c && s.i < len(s.entries) {
+			sh, ch := s.entries[s.i], c.entries[c.i]
+			if sh.Priority == ch.Priority && (sh.Key == ch.Key || m.fair.start(sh.Key) <= m.fair.start(ch.Key)) {
+				c, at = s, slices.Index(m.h, s)
+			}
+		}
+		return c, at
+	}
 	c, at := m.h[0], 0
 	if s := m.sticky; s != nil && s != c && s.i < len(s.entries) && s.entries[s.i].Priority == c.entries[c.i].Priority {
 		c, at = s, slices.Index(m.h, s)
@@ -97,37 +128,46 @@ func (m *headMerger) next() (p uint16, e storage.ReadyEntry, ok bool) {
 	m.sticky = c
 	p, e = c.p, c.entries[c.i]
 	c.i++
+	if m.fair != nil {
+		m.fair.pick(e)
+	}
+	if c.full {
+		c.returned = append(c.returned, e.ID)
+	}
 	if c.i == len(c.entries) && c.full {
 		// Read further. The head may have changed meanwhile (a concurrent
-		// claim or enqueue): skip to past the last entry returned, so no
-		// entry is returned twice; one inserted before it waits for the
-		// next claim.
+		// claim or enqueue): leave out the entries returned, so none is
+		// returned twice.
 		if err := m.read(c, 4*len(c.entries)); err != nil {
 			m.err = err
 			return 0, storage.ReadyEntry{}, false
 		}
-		c.i = 0
-		for c.i < len(c.entries) && !headLess(e, c.entries[c.i]) {
-			c.i++
+		returned := make(map[uint64]bool, len(c.returned))
+		for _, id := range c.returned {
+			returned[id] = true
 		}
+		c.entries = slices.DeleteFunc(c.entries, func(x storage.ReadyEntry) bool { return returned[x.ID] })
+		c.i = 0
 	}
-	if c.i < len(c.entries) {
+	switch {
+	case m.fair != nil && c.i == len(c.entries):
+		// No heap once fair: choose passes over them all.
+		m.h[at] = m.h[len(m.h)-1]
+		m.h = m.h[:len(m.h)-1]
+		m.sticky = nil
+	case m.fair != nil:
+	case c.i < len(c.entries):
 		heap.Fix(&m.h, at)
-	} else {
+	default:
 		heap.Remove(&m.h, at)
 		m.sticky = nil
 	}
 	return p, e, true
 }
 
-// headLess orders ready entries for claiming: higher priority first, then
-// older (lower id).
-func headLess(a, b storage.ReadyEntry) bool {
-	if a.Priority != b.Priority {
-		return a.Priority > b.Priority
-	}
-	return a.ID < b.ID
-}
+// headLess orders ready entries for claiming without fairness keys:
+// higher priority first, then older (lower id).
+func headLess(a, b storage.ReadyEntry) bool { return (*fairView)(nil).less(a, b) }
 
 type cursorHeap []*headCursor
 

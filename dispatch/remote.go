@@ -69,10 +69,16 @@ const (
 const fifoSlackIDs = uint64(fifoSlack/(10*time.Millisecond)) << 24
 
 // remoteFirst reports whether another leader's head r goes before this
-// node's head l.
-func remoteFirst(r, l storage.ReadyEntry) bool {
+// node's head l: by priority, then (with a fair view) by their keys'
+// start, then by age beyond fifoSlack.
+func remoteFirst(r, l storage.ReadyEntry, fv *fairView) bool {
 	if r.Priority != l.Priority {
 		return r.Priority > l.Priority
+	}
+	if fv != nil && r.Key != l.Key {
+		if sr, sl := fv.start(r.Key), fv.start(l.Key); sr != sl {
+			return sr < sl
+		}
 	}
 	return r.ID+fifoSlackIDs < l.ID
 }
@@ -107,6 +113,7 @@ func (d *Dispatcher) ReadyHeads(queue string, max int, countClaimed bool) (*norn
 	if err != nil {
 		return nil, apierr.From(err)
 	}
+	heads.fair = d.fairFor(queue, heads.keyed)
 	now := d.cfg.Clock.Now().UnixMilli()
 	// Look past max as claimRound does: heads blocked by dependencies
 	// are skipped, but not without bound.
@@ -119,7 +126,7 @@ func (d *Dispatcher) ReadyHeads(queue string, max int, countClaimed bool) (*norn
 			break
 		}
 		if _, _, ok := d.candidate(h.ID, now); ok {
-			out.Heads = append(out.Heads, &nornv1.ReadyHead{Id: h.ID, Priority: h.Priority})
+			out.Heads = append(out.Heads, &nornv1.ReadyHead{Id: h.ID, Priority: h.Priority, FairnessKey: h.Key, FairnessWeight: h.Weight})
 		}
 	}
 	if len(out.Heads) == 0 {
@@ -237,12 +244,13 @@ func (r *rival) head() (storage.ReadyEntry, bool) {
 	return storage.ReadyEntry{}, false
 }
 
-// bestRival returns the rival whose next head goes first, or nil.
-func bestRival(rs []*rival) *rival {
+// bestRival returns the rival whose next head goes first (fv.less), or
+// nil.
+func bestRival(rs []*rival, fv *fairView) *rival {
 	var best *rival
 	var bh storage.ReadyEntry
 	for _, r := range rs {
-		if h, ok := r.head(); ok && (best == nil || headLess(h, bh)) {
+		if h, ok := r.head(); ok && (best == nil || fv.less(h, bh)) {
 			best, bh = r, h
 		}
 	}
@@ -448,7 +456,7 @@ func (p *peerHeads) record(resp *nornv1.ReadyHeadsResponse, err error, n int, se
 		return
 	}
 	for _, h := range resp.GetHeads() {
-		p.heads = append(p.heads, storage.ReadyEntry{ID: h.GetId(), Priority: h.GetPriority()})
+		p.heads = append(p.heads, storage.ReadyEntry{ID: h.GetId(), Priority: h.GetPriority(), Key: h.GetFairnessKey(), Weight: h.GetFairnessWeight()})
 	}
 	for _, s := range resp.GetStranded() {
 		p.stranded = append(p.stranded, uint16(s))

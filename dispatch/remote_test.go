@@ -29,7 +29,7 @@ func TestRemoteFirst(t *testing.T) {
 		{"same priority, older within the slack", storage.ReadyEntry{ID: idAt(10_000-fifoSlack.Milliseconds()+20, 1), Priority: 2}, false},
 		{"same priority, newer", storage.ReadyEntry{ID: idAt(10_100, 1), Priority: 2}, false},
 	} {
-		if got := remoteFirst(c.remote, local); got != c.want {
+		if got := remoteFirst(c.remote, local, nil); got != c.want {
 			t.Errorf("%s: remoteFirst = %v, want %v", c.name, got, c.want)
 		}
 	}
@@ -130,7 +130,7 @@ func TestFloorOfRivals(t *testing.T) {
 	rh := &remoteHeads{d: d, queues: map[string]*queueHeads{"q": q}}
 	rh.took("q", q.snapshot().rivals[0], 2, 2)
 	v := q.snapshot()
-	if len(v.rivals) != 1 || floorOf(v.rivals) != 2 || bestRival(v.rivals) != nil {
+	if len(v.rivals) != 1 || floorOf(v.rivals) != 2 || bestRival(v.rivals, nil) != nil {
 		t.Fatalf("a drained leader that may hold more: %d rivals, floor %d", len(v.rivals), floorOf(v.rivals))
 	}
 	q.peers["c"].record(&nornv1.ReadyHeadsResponse{}, nil, 16, time.Now())

@@ -272,7 +272,7 @@ func New(cfg Config) (*Node, error) {
 		WriteTimeout: cfg.WriteTimeout, Clock: cfg.Clock, HLC: n.hlc, Logger: cfg.logger("dispatch"),
 		Store: store, Host: n.host, Peers: n.peers, Coord: n.coord, Waiters: waiters,
 		ClockInBound: func() bool { return n.clockGuard.State().InBound },
-		ExpiryNoSkew: cfg.TestBugs.ExpiryNoSkew, ClaimLocalFirst: cfg.TestBugs.ClaimLocalFirst,
+		ExpiryNoSkew: cfg.TestBugs.ExpiryNoSkew, ClaimLocalFirst: cfg.TestBugs.ClaimLocalFirst, FairIgnoresKeys: cfg.TestBugs.FairIgnoresKeys,
 		OnExpired:      n.metrics.tasks.Expired,
 		OnAborted:      n.metrics.tasks.Aborted,
 		Paused:         func(q string) bool { return n.host.Queues().Get(q).Paused },

@@ -96,6 +96,12 @@ type TestBugs struct {
 	// it ended (storage.Config.RetentionFromEnqueue): a task that waited
 	// or ran long is deleted before its retention has passed.
 	RetentionFromEnqueue bool
+	// FairIgnoresKeys ("fair-ignores-keys"): a claim weighs the heads of
+	// several partitions by priority and id alone, blind to their
+	// fairness keys (dispatch.Config.FairIgnoresKeys); each partition
+	// still serves its keys in turn, but a key's new task waits behind
+	// every older task of the other keys in the other partitions.
+	FairIgnoresKeys bool
 }
 
 // testBugs maps the names of -test-bug to their fields.
@@ -118,6 +124,7 @@ var testBugs = map[string]func(*TestBugs) *bool{
 	"cap-stale-count":        func(b *TestBugs) *bool { return &b.CapStaleCount },
 	"deadline-unfenced":      func(b *TestBugs) *bool { return &b.DeadlineUnfenced },
 	"retention-from-enqueue": func(b *TestBugs) *bool { return &b.RetentionFromEnqueue },
+	"fair-ignores-keys":      func(b *TestBugs) *bool { return &b.FairIgnoresKeys },
 }
 
 // TestBugNames returns the names ParseTestBugs accepts, sorted.

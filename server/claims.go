@@ -71,8 +71,15 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 		}
 		floor = new(int32(v))
 	}
+	var ids []uint64
+	if s := req.Header().Get(transport.HeaderClaimIDs); s != "" && proxied {
+		var err error
+		if ids, err = transport.ParseIDs(s, limit); err != nil {
+			return nil, apierr.Invalid(transport.HeaderClaimIDs, "%v", err)
+		}
+	}
 	got, err := sv.dispatch.Claim(ctx, dispatch.ClaimRequest{Msg: m, Lease: lease, Max: limit, Wait: wait,
-		Proxied: proxied, Floor: floor, Hops: transport.Hops(req)})
+		Proxied: proxied, Floor: floor, IDs: ids, Hops: transport.Hops(req)})
 	if err == nil && transport.Hops(req) == 0 {
 		sv.events.Claimed(m.GetQueue(), got, sv.cfg.Clock.Now(), time.Since(start))
 	}

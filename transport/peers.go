@@ -3,9 +3,11 @@ package transport
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +32,10 @@ const (
 	// HeaderClaimFloor is the lowest priority a forwarded claim takes
 	// (the forwarding node weighed the leaders' heads).
 	HeaderClaimFloor = "Norn-Claim-Floor"
+	// HeaderClaimIDs names the tasks a forwarded claim takes, and no
+	// other (comma-separated decimal ids): the forwarding node picked
+	// them by their fairness keys.
+	HeaderClaimIDs = "Norn-Claim-Ids"
 	// HeaderClaimOwner marks a worker's claim of a limited queue passed
 	// on toward the queue's owner (dispatch, limits.go): not a proxied
 	// claim, it claims across the cluster and waits.
@@ -250,4 +256,33 @@ func SameHost(hostport string, ip net.IP) bool {
 	}
 	other := net.ParseIP(host)
 	return other != nil && other.Equal(ip)
+}
+
+// FormatIDs writes ids as HeaderClaimIDs carries them.
+func FormatIDs(ids []uint64) string {
+	b := make([]byte, 0, 20*len(ids))
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, id, 10)
+	}
+	return string(b)
+}
+
+// ParseIDs reads HeaderClaimIDs: at most max ids.
+func ParseIDs(s string, max int) ([]uint64, error) {
+	parts := strings.Split(s, ",")
+	if len(parts) > max {
+		return nil, fmt.Errorf("%d ids, more than the %d claimed", len(parts), max)
+	}
+	out := make([]uint64, len(parts))
+	for i, p := range parts {
+		id, err := strconv.ParseUint(p, 10, 64)
+		if err != nil || id == 0 {
+			return nil, fmt.Errorf("%q is not a task id", p)
+		}
+		out[i] = id
+	}
+	return out, nil
 }
