@@ -376,13 +376,12 @@ func (d *Dispatcher) claimRound(ctx context.Context, a claimArgs, limit int, riv
 		if ok && h.Priority < floor {
 			ok = false
 		}
-		if rv := bestRival(rivals, fv); rv != nil {
-			if rh, _ := rv.head(); rh.Priority >= floor && (!ok || remoteFirst(rh, h, fv)) {
+		if rv, j := bestRival(rivals, fv); rv != nil {
+			if rh := rv.heads[j]; rh.Priority >= floor && (!ok || remoteFirst(rh, h, fv)) {
 				if fv != nil {
 					fv.pick(rh)
 				}
-				rv.i++
-				rv.floor = rh.Priority
+				rv.take(j)
 				allotted++
 				continue
 			}

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"container/heap"
+	"slices"
 	"sync"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -140,6 +141,79 @@ func (d *Dispatcher) fairFor(queue string, keyed bool) *fairView {
 		return nil
 	}
 	return d.fair.get(queue, keyed).view()
+}
+
+// chooseFair is headMerger.choose with fairness keys: in each partition's
+// entries read, the first of each key not returned yet is a candidate
+// (the partition serves its keys in turn, but which key goes next is
+// this node's choice), and the best of all by fv.less wins; the
+// partition of the last head returned keeps the turn while its best
+// starts no later. O(partitions x entries read).
+func (m *headMerger) chooseFair() (c *headCursor, at, j int) {
+	var best storage.ReadyEntry
+	c, at, j = nil, -1, -1
+	stickyJ := -1
+	for i, x := range m.h {
+		k := x.bestFair(m.fair)
+		if x == m.sticky {
+			stickyJ = k
+		}
+		if c == nil || m.fair.less(x.entries[k], best) {
+			c, at, j, best = x, i, k, x.entries[k]
+		}
+	}
+	if s := m.sticky; s != nil && s != c && stickyJ >= 0 {
+		if sh := s.entries[stickyJ]; sh.Priority == best.Priority && (sh.Key == best.Key || m.fair.start(sh.Key) <= m.fair.start(best.Key)) {
+			return s, slices.Index(m.h, s), stickyJ
+		}
+	}
+	return c, at, j
+}
+
+// bestFair returns the index of c's best entry not returned: the first of
+// each key is weighed.
+func (c *headCursor) bestFair(fv *fairView) int {
+	best := -1
+	var seen []string
+	for j := c.i; j < len(c.entries); j++ {
+		e := c.entries[j]
+		if (c.used != nil && c.used[j]) || slices.Contains(seen, e.Key) {
+			continue
+		}
+		if best >= 0 && e.Priority != c.entries[best].Priority {
+			break // a lower priority: never before
+		}
+		seen = append(seen, e.Key)
+		if best < 0 || fv.less(e, c.entries[best]) {
+			best = j
+		}
+	}
+	return best
+}
+
+// takeFair marks c's entry j returned; when it was the last of its key in
+// the entries read and the partition may hold more, it reads further (the
+// key may have more ready tasks than were read). false: the read failed.
+func (m *headMerger) takeFair(c *headCursor, j int) bool {
+	e := c.entries[j]
+	m.fair.pick(e)
+	if c.used == nil {
+		c.used = make([]bool, len(c.entries))
+	}
+	c.used[j] = true
+	for c.i < len(c.entries) && c.used[c.i] {
+		c.i++
+	}
+	if !c.full {
+		return true
+	}
+	c.returned = append(c.returned, e.ID)
+	for k := c.i; k < len(c.entries); k++ {
+		if !c.used[k] && c.entries[k].Key == e.Key {
+			return true // more of the key read
+		}
+	}
+	return m.readFurther(c)
 }
 
 // idsMerger is the merger of a proxied claim of the tasks ids (those of

@@ -102,18 +102,16 @@ func (d *Dispatcher) claimRivals(ctx context.Context, a claimArgs, rivals []*riv
 	answers := make(chan answer, len(rivals))
 	asked := 0
 	for _, rv := range rivals {
-		if rv.i == 0 {
+		if len(rv.picks) == 0 {
 			continue
 		}
 		asked++
 		go func() {
 			var ids []uint64
 			if pinned {
-				for _, h := range rv.heads[:rv.i] {
-					ids = append(ids, h.ID)
-				}
+				ids = rv.picks
 			}
-			tasks, err := d.forwardClaim(ctx, rv.addr, a.msg, rv.i, &rv.floor, ids)
+			tasks, err := d.forwardClaim(ctx, rv.addr, a.msg, len(rv.picks), &rv.floor, ids)
 			answers <- answer{rv: rv, tasks: tasks, err: err}
 		}()
 	}
@@ -121,7 +119,7 @@ func (d *Dispatcher) claimRivals(ctx context.Context, a claimArgs, rivals []*riv
 		for range asked {
 			an := <-answers
 			d.remote.stats.forwarded.Add(1)
-			if an.err != nil || len(an.tasks) < an.rv.i {
+			if an.err != nil || len(an.tasks) < len(an.rv.picks) {
 				d.remote.stats.forwardedShort.Add(1)
 			}
 			if an.err != nil && !isStranded(an.err) {
@@ -129,8 +127,8 @@ func (d *Dispatcher) claimRivals(ctx context.Context, a claimArgs, rivals []*riv
 				short = true
 				continue
 			}
-			d.remote.took(a.msg.GetQueue(), an.rv, an.rv.i, len(an.tasks))
-			short = short || len(an.tasks) < an.rv.i
+			d.remote.took(a.msg.GetQueue(), an.rv, len(an.tasks))
+			short = short || len(an.tasks) < len(an.rv.picks)
 			out = append(out, an.tasks...)
 		}
 		return out, short

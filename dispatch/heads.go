@@ -46,6 +46,7 @@ type headCursor struct {
 	i        int
 	full     bool     // entries held as many as asked for: there may be more
 	returned []uint64 // the ids next returned, when full (a read further skips them)
+	used     []bool   // with fairness keys: which entries next returned (c.i: the first not)
 }
 
 // firstHeadRead is how many entries of each partition's head a merge reads
@@ -83,30 +84,18 @@ func (m *headMerger) read(c *headCursor, n int) error {
 	return nil
 }
 
-// choose returns the cursor next takes its head from, and its index in
-// the heap.
-func (m *headMerger) choose() (*headCursor, int) {
+// choose returns the cursor next takes its head from, its index in the
+// heap, and the index in its entries of the head (c.i but with fairness
+// keys, fairHead).
+func (m *headMerger) choose() (c *headCursor, at, j int) {
 	if m.fair != nil {
-		at := 0
-		for i := 1; i < len(m.h); i++ {
-			if m.fair.less(m.h[i].entries[m.h[i].i], m.h[at].entries[m.h[at].i]) {
-				at = i
-			}
-		}
-		c := m.h[at]
-		if s := m.sticky; s != nil && s != c && s.i < len(s.entries) {
-			sh, ch := s.entries[s.i], c.entries[c.i]
-			if sh.Priority == ch.Priority && (sh.Key == ch.Key || m.fair.start(sh.Key) <= m.fair.start(ch.Key)) {
-				c, at = s, slices.Index(m.h, s)
-			}
-		}
-		return c, at
+		return m.chooseFair()
 	}
-	c, at := m.h[0], 0
+	c, at = m.h[0], 0
 	if s := m.sticky; s != nil && s != c && s.i < len(s.entries) && s.entries[s.i].Priority == c.entries[c.i].Priority {
 		c, at = s, slices.Index(m.h, s)
 	}
-	return c, at
+	return c, at, c.i
 }
 
 // peek returns the head next would return, without taking it.
@@ -114,8 +103,8 @@ func (m *headMerger) peek() (storage.ReadyEntry, bool) {
 	if len(m.h) == 0 || m.err != nil {
 		return storage.ReadyEntry{}, false
 	}
-	c, _ := m.choose()
-	return c.entries[c.i], true
+	c, _, j := m.choose()
+	return c.entries[j], true
 }
 
 // next returns the best head not yet returned; ok is false when every
@@ -124,45 +113,54 @@ func (m *headMerger) next() (p uint16, e storage.ReadyEntry, ok bool) {
 	if len(m.h) == 0 || m.err != nil {
 		return 0, storage.ReadyEntry{}, false
 	}
-	c, at := m.choose()
+	c, at, j := m.choose()
 	m.sticky = c
-	p, e = c.p, c.entries[c.i]
-	c.i++
+	p, e = c.p, c.entries[j]
 	if m.fair != nil {
-		m.fair.pick(e)
+		if !m.takeFair(c, j) {
+			return 0, storage.ReadyEntry{}, false
+		}
+		if c.i == len(c.entries) {
+			// No heap once fair: choose passes over them all.
+			m.h[at] = m.h[len(m.h)-1]
+			m.h = m.h[:len(m.h)-1]
+			m.sticky = nil
+		}
+		return p, e, true
 	}
+	c.i++
 	if c.full {
 		c.returned = append(c.returned, e.ID)
 	}
 	if c.i == len(c.entries) && c.full {
-		// Read further. The head may have changed meanwhile (a concurrent
-		// claim or enqueue): leave out the entries returned, so none is
-		// returned twice.
-		if err := m.read(c, 4*len(c.entries)); err != nil {
-			m.err = err
+		if !m.readFurther(c) {
 			return 0, storage.ReadyEntry{}, false
 		}
-		returned := make(map[uint64]bool, len(c.returned))
-		for _, id := range c.returned {
-			returned[id] = true
-		}
-		c.entries = slices.DeleteFunc(c.entries, func(x storage.ReadyEntry) bool { return returned[x.ID] })
-		c.i = 0
 	}
-	switch {
-	case m.fair != nil && c.i == len(c.entries):
-		// No heap once fair: choose passes over them all.
-		m.h[at] = m.h[len(m.h)-1]
-		m.h = m.h[:len(m.h)-1]
-		m.sticky = nil
-	case m.fair != nil:
-	case c.i < len(c.entries):
+	if c.i < len(c.entries) {
 		heap.Fix(&m.h, at)
-	default:
+	} else {
 		heap.Remove(&m.h, at)
 		m.sticky = nil
 	}
 	return p, e, true
+}
+
+// readFurther reads four times more of c's partition's head. The head may
+// have changed meanwhile (a concurrent claim or enqueue): the entries
+// returned are left out, so none is returned twice.
+func (m *headMerger) readFurther(c *headCursor) bool {
+	if err := m.read(c, 4*max(len(c.entries), firstHeadRead)); err != nil {
+		m.err = err
+		return false
+	}
+	returned := make(map[uint64]bool, len(c.returned))
+	for _, id := range c.returned {
+		returned[id] = true
+	}
+	c.entries = slices.DeleteFunc(c.entries, func(x storage.ReadyEntry) bool { return returned[x.ID] })
+	c.i, c.used = 0, nil
+	return true
 }
 
 // headLess orders ready entries for claiming without fairness keys:

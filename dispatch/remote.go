@@ -211,8 +211,10 @@ type rival struct {
 	gen        uint64
 	heads      []storage.ReadyEntry
 	more       bool // the leader may hold more heads than these
-	i          int
-	floor      int32 // the lowest priority taken
+	i          int  // the first of heads not taken
+	used       []bool   // with fairness keys: which heads were taken (nil: heads[:i])
+	picks      []uint64 // the ids of the heads taken, in the order taken
+	floor      int32    // the lowest priority taken
 	// drained: every head it reported was taken by earlier claims and it
 	// may hold more, the last of them of priority taken.
 	drained bool
@@ -237,24 +239,62 @@ func floorOf(rs []*rival) int32 {
 	return floor
 }
 
-func (r *rival) head() (storage.ReadyEntry, bool) {
-	if r.i < len(r.heads) {
-		return r.heads[r.i], true
+// head returns the index of r's next head: the first not taken, or with
+// a fair view the best of the first of each key not taken (as a
+// partition's, headCursor.bestFair); false when all were taken.
+func (r *rival) head(fv *fairView) (int, bool) {
+	if r.i >= len(r.heads) {
+		return 0, false
 	}
-	return storage.ReadyEntry{}, false
-}
-
-// bestRival returns the rival whose next head goes first (fv.less), or
-// nil.
-func bestRival(rs []*rival, fv *fairView) *rival {
-	var best *rival
-	var bh storage.ReadyEntry
-	for _, r := range rs {
-		if h, ok := r.head(); ok && (best == nil || fv.less(h, bh)) {
-			best, bh = r, h
+	if fv == nil {
+		return r.i, true
+	}
+	best := -1
+	var seen []string
+	for j := r.i; j < len(r.heads); j++ {
+		e := r.heads[j]
+		if (r.used != nil && r.used[j]) || slices.Contains(seen, e.Key) {
+			continue
+		}
+		if best >= 0 && e.Priority != r.heads[best].Priority {
+			break
+		}
+		seen = append(seen, e.Key)
+		if best < 0 || fv.less(e, r.heads[best]) {
+			best = j
 		}
 	}
-	return best
+	return best, true
+}
+
+// take records that a claim took r's head j.
+func (r *rival) take(j int) {
+	if j != r.i && r.used == nil {
+		r.used = make([]bool, len(r.heads))
+		for k := range r.i {
+			r.used[k] = true
+		}
+	}
+	if r.used != nil {
+		r.used[j] = true
+	}
+	r.picks = append(r.picks, r.heads[j].ID)
+	r.floor = r.heads[j].Priority
+	for r.i++; r.used != nil && r.i < len(r.heads) && r.used[r.i]; r.i++ {
+	}
+}
+
+// bestRival returns the rival whose next head goes first (fv.less), and
+// the head's index, or nil.
+func bestRival(rs []*rival, fv *fairView) (*rival, int) {
+	var best *rival
+	var bj int
+	for _, r := range rs {
+		if j, ok := r.head(fv); ok && (best == nil || fv.less(r.heads[j], best.heads[bj])) {
+			best, bj = r, j
+		}
+	}
+	return best, bj
 }
 
 // view returns the other leaders' heads of queue. An answer older than
@@ -505,7 +545,7 @@ func (rh *remoteHeads) olderOnly() *headsView {
 // got: the heads it took leave the cache; a leader that gave fewer than
 // it reported (claimed meanwhile by others, or no longer the leader) is
 // asked again by the next claim.
-func (rh *remoteHeads) took(queue string, rv *rival, want, got int) {
+func (rh *remoteHeads) took(queue string, rv *rival, got int) {
 	rh.mu.Lock()
 	defer rh.mu.Unlock()
 	q := rh.queues[queue]
@@ -516,14 +556,23 @@ func (rh *remoteHeads) took(queue string, rv *rival, want, got int) {
 	if p == nil || p.gen != rv.gen {
 		return // answered again since: that answer stands
 	}
+	want := len(rv.picks)
 	if got < want || want > len(p.heads) {
 		p.at = time.Time{}
 		return
 	}
 	if want > 0 {
-		p.taken, p.tookAny = p.heads[want-1].Priority, true
+		p.taken, p.tookAny = rv.floor, true
 	}
-	p.heads = p.heads[want:]
+	if rv.used == nil {
+		p.heads = p.heads[want:] // the first want
+		return
+	}
+	picked := map[uint64]bool{}
+	for _, id := range rv.picks {
+		picked[id] = true
+	}
+	p.heads = slices.DeleteFunc(slices.Clone(p.heads), func(e storage.ReadyEntry) bool { return picked[e.ID] })
 }
 
 // failed records that a proxied claim to the leader rv failed.

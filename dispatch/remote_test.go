@@ -60,7 +60,7 @@ func TestRemoteHeadsBookkeeping(t *testing.T) {
 	if len(v.rivals) != 1 || !v.answered["b"] {
 		t.Fatalf("snapshot: %d rivals, answered %v", len(v.rivals), v.answered)
 	}
-	rh.took("q", v.rivals[0], 2, 2)
+	rh.took("q", takeN(v.rivals[0], 2), 2)
 	if len(p.heads) != 1 || p.heads[0].ID != 3 {
 		t.Fatalf("after taking 2: heads %v", p.heads)
 	}
@@ -68,12 +68,12 @@ func TestRemoteHeadsBookkeeping(t *testing.T) {
 		t.Fatal("a leader that may hold more than the one head left is not asked again for 2")
 	}
 	// A claim whose view predates the leader's last answer changes nothing.
-	old := &rival{node: "b", gen: 0}
-	rh.took("q", old, 1, 0)
+	old := &rival{node: "b", gen: 0, picks: []uint64{3}}
+	rh.took("q", old, 0)
 	if p.at.IsZero() {
 		t.Fatal("a shortfall seen in an older answer dropped the newer one")
 	}
-	rh.took("q", q.snapshot().rivals[0], 1, 0)
+	rh.took("q", takeN(q.snapshot().rivals[0], 1), 0)
 	if !p.at.IsZero() || !stale(1) {
 		t.Fatal("a leader that gave fewer than it reported is not asked again")
 	}
@@ -128,9 +128,9 @@ func TestFloorOfRivals(t *testing.T) {
 		heads: []storage.ReadyEntry{{ID: 4, Priority: 2}, {ID: 5, Priority: 2}}}}}
 	d := &Dispatcher{}
 	rh := &remoteHeads{d: d, queues: map[string]*queueHeads{"q": q}}
-	rh.took("q", q.snapshot().rivals[0], 2, 2)
+	rh.took("q", takeN(q.snapshot().rivals[0], 2), 2)
 	v := q.snapshot()
-	if len(v.rivals) != 1 || floorOf(v.rivals) != 2 || bestRival(v.rivals, nil) != nil {
+	if rv, _ := bestRival(v.rivals, nil); len(v.rivals) != 1 || floorOf(v.rivals) != 2 || rv != nil {
 		t.Fatalf("a drained leader that may hold more: %d rivals, floor %d", len(v.rivals), floorOf(v.rivals))
 	}
 	q.peers["c"].record(&nornv1.ReadyHeadsResponse{}, nil, 16, time.Now())
@@ -140,4 +140,13 @@ func TestFloorOfRivals(t *testing.T) {
 	if headsToAsk(1) != minHeadsAsked || headsToAsk(100) != 100 || headsToAsk(1000) != maxHeadsAsked {
 		t.Fatalf("headsToAsk: %d %d %d", headsToAsk(1), headsToAsk(100), headsToAsk(1000))
 	}
+}
+
+// takeN takes rv's first n heads, as a claim's pick does.
+func takeN(rv *rival, n int) *rival {
+	for range n {
+		j, _ := rv.head(nil)
+		rv.take(j)
+	}
+	return rv
 }
