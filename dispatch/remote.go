@@ -210,8 +210,8 @@ type rival struct {
 	node, addr string
 	gen        uint64
 	heads      []storage.ReadyEntry
-	more       bool // the leader may hold more heads than these
-	i          int  // the first of heads not taken
+	more       bool     // the leader may hold more heads than these
+	i          int      // the first of heads not taken
 	used       []bool   // with fairness keys: which heads were taken (nil: heads[:i])
 	picks      []uint64 // the ids of the heads taken, in the order taken
 	floor      int32    // the lowest priority taken
