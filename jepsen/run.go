@@ -303,6 +303,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if sc.Unique {
 		uniques = newUniqueRun(w)
 	}
+	var fair *fairRun
+	if sc.Fair {
+		fair = newFairRun(w)
+	}
 	var scheduled *scheduleRun
 	if sc.Schedule {
 		scheduled = &scheduleRun{w: w}
@@ -337,17 +341,21 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			cancel() // the sequence is done: so is the workload
 		}
 	}()
-	waitRetained, waitUniques := func() {}, func() {}
+	waitRetained, waitUniques, waitFair := func() {}, func() {}, func() {}
 	if retained != nil {
 		waitRetained = retained.start(runCtx)
 	}
 	if uniques != nil {
 		waitUniques = uniques.start(runCtx)
 	}
+	if fair != nil {
+		waitFair = fair.start(runCtx)
+	}
 	w.Run(runCtx)
 	wg.Wait()
 	waitRetained()
 	waitUniques()
+	waitFair()
 	env.HealAll()
 	heal := h.Now()
 	tl.Log("note", "healed", "", nil)
@@ -458,6 +466,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if unique != nil {
 		res.Verdicts = append(res.Verdicts, *unique)
+	}
+	if fair != nil {
+		res.Verdicts = append(res.Verdicts, fair.final(tl.Events(), dir))
 	}
 	if schedule != nil {
 		res.Verdicts = append(res.Verdicts, *schedule)

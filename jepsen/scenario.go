@@ -75,4 +75,7 @@ type Scenario struct {
 	// workload and adds the schedule checker (check.Schedule;
 	// schedules.go).
 	Schedule bool
+	// Fair runs the fairness clients beside the workload on a queue of
+	// their own and adds the fairness checker (check.Fairness; fair.go).
+	Fair bool
 }
