@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -176,6 +177,51 @@ func BenchmarkReadyHeads(b *testing.B) {
 					b.Fatalf("ReadyHeads: %d heads, %v", len(resp.GetHeads()), err)
 				}
 			}
+		})
+	}
+}
+
+// BenchmarkClaimFairKeys measures the latency of a claim of one task,
+// one worker at a time, on a node whose queue holds 200,000 ready tasks
+// without a key and spread over 1, 10 and 100,000 fairness keys
+// (docs/SCHEDULING.md, "Fair claims": within 2x of one key), plus b.N
+// more so it never runs dry;
+// p50 and p99 reported.
+func BenchmarkClaimFairKeys(b *testing.B) {
+	for _, keys := range []int{0, 1, 10, 100_000} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
+			h := newBenchHarness(b)
+			ctx := context.Background()
+			specs := make([]*nornv1.TaskSpec, 0, 1000)
+			n := 0
+			for total := 200_000 + b.N; n < total; {
+				specs = specs[:0]
+				for range min(total-n, 1000) {
+					key := "" // keys=0: no key, as before fairness keys
+					if keys > 0 {
+						key = fmt.Sprintf("tenant-%d", n%keys)
+					}
+					specs = append(specs, &nornv1.TaskSpec{Queue: "bench", FairnessKey: key, Payload: make([]byte, 64)})
+					n++
+				}
+				if _, err := h.api.EnqueueBatch(ctx, connect.NewRequest(&nornv1.EnqueueBatchRequest{Tasks: specs})); err != nil {
+					b.Fatal(err)
+				}
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for b.Loop() {
+				start := time.Now()
+				r, err := h.api.Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "bench", Worker: "w",
+					Max: 1, Lease: durationpb.New(time.Hour)}))
+				if err != nil || len(r.Msg.Tasks) != 1 {
+					b.Fatalf("claim: %v, %d tasks", err, len(r.Msg.GetTasks()))
+				}
+				lat = append(lat, time.Since(start))
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 		})
 	}
 }

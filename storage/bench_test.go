@@ -268,3 +268,35 @@ func benchReopen(b *testing.B, upgrade bool) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/tasks, "ns/task")
 }
+
+// BenchmarkReadyListKeys measures a claim's work on the ready index of
+// one queue and priority holding 200,000 tasks over 1, 10 and 100,000
+// fairness keys: read the head (4 entries, as a claim's first read) and
+// take the first, then put a task back at the end (the queue stays as
+// full). The cost must not grow with the keys (docs/SCHEDULING.md, "Fair
+// claims").
+func BenchmarkReadyListKeys(b *testing.B) {
+	for _, keys := range []int{1, 10, 100_000} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
+			var l readyList
+			const tasks = 200_000
+			next := uint64(1)
+			names := make([]string, keys)
+			for i := range names {
+				names[i] = fmt.Sprintf("tenant-%d", i)
+			}
+			key := func(i uint64) string { return names[i%uint64(keys)] }
+			for ; next <= tasks; next++ {
+				l.insert(ReadyEntry{ID: next, Key: key(next), Weight: 1})
+			}
+			b.ReportAllocs()
+			var out []ReadyEntry
+			for b.Loop() {
+				out = l.head(4, out[:0])
+				l.remove(out[0])
+				l.insert(ReadyEntry{ID: next, Key: key(next), Weight: 1})
+				next++
+			}
+		})
+	}
+}

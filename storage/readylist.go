@@ -197,7 +197,8 @@ func (lv *readyLevel) head(limit int, out []ReadyEntry) []ReadyEntry {
 		ln    *readyLine
 		ci, j int
 	}
-	var walks []walk
+	var buf [8]walk
+	walks := buf[:0]
 	take := func(w *walk, n int) {
 		weight := uint32(w.ln.weight)
 		if w.ln.key == "" {
