@@ -397,7 +397,9 @@ func (d *Dispatcher) claimRound(ctx context.Context, a claimArgs, limit int, riv
 			contended = true
 			continue
 		}
-		if c, ts, ok := d.candidate(h.ID, now); ok {
+		if c, ts, ok := d.candidate(h.ID, now); ok && (a.ids == nil || queueOf(ts) == queue) {
+			// (A task named by ClaimRequest.IDs must be of the claim's
+			// queue: the caller's grant is on that queue alone.)
 			byPart[p] = append(byPart[p], c)
 			loaded[h.ID] = ts
 			picked = append(picked, h.ID)

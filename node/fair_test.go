@@ -11,6 +11,7 @@ import (
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/testhooks"
+	"github.com/norn-dev/norn/transport"
 )
 
 // fairRun enqueues 150 tasks of a heavy tenant, then 6 of a light one
@@ -89,4 +90,29 @@ func TestSeededBugFairIgnoresKeys(t *testing.T) {
 		t.Fatalf("light tasks claimed at %v with the seeded bug: as fair as without it", at)
 	}
 	t.Logf("light tasks claimed at %v", fmt.Sprint(at))
+}
+
+// A claim that names tasks (transport.HeaderClaimIDs, as one node
+// forwards it to another) takes only tasks of its own queue: a caller
+// with a grant on one queue cannot claim another's by naming its ids.
+func TestClaimIDsStayInQueue(t *testing.T) {
+	ms := testCluster(t, 1)
+	enqueue := func(queue string) uint64 {
+		resp, err := ms[0].api.Enqueue(context.Background(), connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: queue}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.Id
+	}
+	other, mine := enqueue("other"), enqueue("mine")
+	req := connect.NewRequest(&nornv1.ClaimRequest{Queue: "mine", Worker: "w", Max: 2})
+	req.Header().Set(transport.HeaderHops, "1")
+	req.Header().Set(transport.HeaderClaimIDs, transport.FormatIDs([]uint64{other, mine}))
+	resp, err := ms[0].api.Claim(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Msg.Tasks) != 1 || resp.Msg.Tasks[0].Task.Id != mine {
+		t.Fatalf("a claim of queue mine naming %d (queue other) and %d got %v, want %d alone", other, mine, resp.Msg.Tasks, mine)
+	}
 }
