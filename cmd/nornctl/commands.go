@@ -25,6 +25,7 @@ The payload is the second argument, or the contents of --payload-file
   nornctl enqueue invoices '{"n":7}' --deadline 1h   # CANCELLED (error deadline) if not completed within the hour
   nornctl enqueue webhooks '{"url":"..."}' --max-attempts 8 --backoff 1s --backoff-multiplier 2 --max-backoff 10m --jitter 0.2
   nornctl enqueue reports '{"month":"2026-11"}' --unique-key monthly:2026-11   # one live task per key
+  nornctl enqueue reports '{"report":7}' --fairness-key acme --fairness-weight 3   # claims take tenants in turn
 
 With --unique-key, an enqueue whose key is held by a task of the queue
 that is not finished (or, with --unique-for, was enqueued less than that
@@ -49,6 +50,8 @@ func runEnqueue(e *env, cmd *command, args []string) error {
 	payloadFile := fs.String("payload-file", "", "read the payload from this file (-: standard input)")
 	uniqueKey := fs.String("unique-key", "", "unique key in the queue: no second task with it while one holds it (docs/SCHEDULING.md)")
 	uniqueFor := fs.Duration("unique-for", 0, "with --unique-key: hold the key this long after the enqueue, finished or not (0: until the task is finished)")
+	fairKey := fs.String("fairness-key", "", "fairness key (a tenant, say): claims serve a queue's keys in turn (docs/SCHEDULING.md)")
+	fairWeight := fs.Uint("fairness-weight", 0, "with --fairness-key: the key's turns to a weight-1 key's one, 1-1000 (0: 1)")
 	pos, err := e.parse(cmd, fs, args, 1, 2)
 	if err != nil {
 		return err
@@ -82,6 +85,13 @@ func runEnqueue(e *env, cmd *command, args []string) error {
 		return usagef(cmd, "%v", err)
 	}
 	spec.UniqueKey = *uniqueKey
+	if *fairWeight > 0 && *fairKey == "" {
+		return usagef(cmd, "--fairness-weight needs --fairness-key")
+	}
+	if *fairWeight > math.MaxUint32 {
+		return usagef(cmd, "--fairness-weight: out of the uint32 range")
+	}
+	spec.FairnessKey, spec.FairnessWeight = *fairKey, uint32(*fairWeight)
 	switch {
 	case *uniqueFor < 0:
 		return usagef(cmd, "--unique-for %s: must be positive", *uniqueFor)

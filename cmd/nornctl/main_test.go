@@ -272,6 +272,13 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("unique enqueue -o json: %v", &enq)
 	}
 	mustContain(t, "get", ok(t, addr, "get", strings.TrimSpace(first)), `UNIQUE KEY:  "monthly:2026-11" (held until finished, and 1h0m0s after its enqueue)`)
+
+	// A fairness key and its weight, shown by get.
+	fair := ok(t, addr, "enqueue", "reports", "d", "--fairness-key", "acme", "--fairness-weight", "3")
+	mustContain(t, "get", ok(t, addr, "get", strings.TrimSpace(fair)), `FAIRNESS KEY:  "acme" (weight 3)`)
+	if r := nornctl(t, addr, "", "enqueue", "reports", "e", "--fairness-weight", "3"); r.code != 2 || !strings.Contains(r.stderr, "--fairness-weight needs --fairness-key") {
+		t.Fatalf("--fairness-weight without a key: exit %d, stderr %q", r.code, r.stderr)
+	}
 }
 
 // TestErrors checks the exit codes and messages of failures: the server's

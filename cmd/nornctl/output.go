@@ -80,6 +80,9 @@ func writeTask(w io.Writer, t *nornv1.Task) {
 		}
 		fmt.Fprintf(w, "UNIQUE KEY:\t%q (held %s)\n", s.GetUniqueKey(), held)
 	}
+	if s.GetFairnessKey() != "" {
+		fmt.Fprintf(w, "FAIRNESS KEY:\t%q (weight %d)\n", s.GetFairnessKey(), max(s.GetFairnessWeight(), 1))
+	}
 	if len(s.GetDependsOn()) > 0 {
 		fmt.Fprintf(w, "DEPENDS ON:\t%s\n", joinIDs(s.GetDependsOn()))
 	}
