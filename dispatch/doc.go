@@ -19,7 +19,11 @@
 // cached per queue for HeadsTTL), so that priority is strict across the
 // cluster, and asks each leader for those of its heads that made the cut
 // (a proxied claim with a priority floor, which looks at that leader's
-// own groups only), concurrently with its own proposals. When nothing is ready it
+// own groups only; forward.go), concurrently with its own proposals.
+// With fairness keys (fair.go), heads of one priority go by their keys'
+// start in this node's virtual time, the first head of each key in
+// every partition's and leader's entries weighed, and the heads picked
+// of another leader are named to it. When nothing is ready it
 // waits on the queue's Waiters, which the store's ready index and the
 // host's leader changes wake, and looks across the cluster again every
 // ClaimRecheck.
