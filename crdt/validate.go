@@ -247,13 +247,8 @@ func (s *Spec) validateUnique() error {
 	if len(s.UniqueKey) > MaxUniqueKeyLen {
 		return invalid("spec.uniqueKey", "must be 1-%d bytes, got %d", MaxUniqueKeyLen, len(s.UniqueKey))
 	}
-	if !utf8.ValidString(s.UniqueKey) {
-		return invalid("spec.uniqueKey", "must be UTF-8")
-	}
-	for i, r := range s.UniqueKey {
-		if unicode.IsControl(r) {
-			return invalid("spec.uniqueKey", "control character %U at offset %d", r, i)
-		}
+	if err := validateKeyText("spec.uniqueKey", s.UniqueKey); err != nil {
+		return err
 	}
 	if s.UniqueForMs < 0 || s.UniqueForMs > MaxUniqueForMs {
 		return invalid("spec.uniqueFor", "must be 1s to 8784h (366 days), got %dms", s.UniqueForMs)
@@ -281,12 +276,18 @@ func (s *Spec) validateFairness() error {
 	if len(s.FairnessKey) > MaxFairnessKeyLen {
 		return invalid("spec.fairnessKey", "must be at most %d bytes, got %d", MaxFairnessKeyLen, len(s.FairnessKey))
 	}
-	if !utf8.ValidString(s.FairnessKey) {
-		return invalid("spec.fairnessKey", "must be UTF-8")
+	return validateKeyText("spec.fairnessKey", s.FairnessKey)
+}
+
+// validateKeyText checks that a key (field) is UTF-8 without control
+// characters.
+func validateKeyText(field, key string) error {
+	if !utf8.ValidString(key) {
+		return invalid(field, "must be UTF-8")
 	}
-	for i, r := range s.FairnessKey {
+	for i, r := range key {
 		if unicode.IsControl(r) {
-			return invalid("spec.fairnessKey", "control character %U at offset %d", r, i)
+			return invalid(field, "control character %U at offset %d", r, i)
 		}
 	}
 	return nil

@@ -172,19 +172,25 @@ func (m *headMerger) chooseFair() (c *headCursor, at, j int) {
 
 // bestFair returns the index of c's best entry not returned: the first of
 // each key is weighed.
-func (c *headCursor) bestFair(fv *fairView) int {
+func (c *headCursor) bestFair(fv *fairView) int { return fv.best(c.entries, c.i, c.used) }
+
+// best returns the index of the best of entries[from:] not used (used
+// nil: none is), weighing the first entry of each key (a line's FIFO
+// order within a key is kept) by less, within the first priority found;
+// -1 when every entry is used.
+func (fv *fairView) best(entries []storage.ReadyEntry, from int, used []bool) int {
 	best := -1
 	var seen []string
-	for j := c.i; j < len(c.entries); j++ {
-		e := c.entries[j]
-		if (c.used != nil && c.used[j]) || slices.Contains(seen, e.Key) {
+	for j := from; j < len(entries); j++ {
+		e := entries[j]
+		if (used != nil && used[j]) || slices.Contains(seen, e.Key) {
 			continue
 		}
-		if best >= 0 && e.Priority != c.entries[best].Priority {
+		if best >= 0 && e.Priority != entries[best].Priority {
 			break // a lower priority: never before
 		}
 		seen = append(seen, e.Key)
-		if best < 0 || fv.less(e, c.entries[best]) {
+		if best < 0 || fv.less(e, entries[best]) {
 			best = j
 		}
 	}

@@ -249,22 +249,7 @@ func (r *rival) head(fv *fairView) (int, bool) {
 	if fv == nil {
 		return r.i, true
 	}
-	best := -1
-	var seen []string
-	for j := r.i; j < len(r.heads); j++ {
-		e := r.heads[j]
-		if (r.used != nil && r.used[j]) || slices.Contains(seen, e.Key) {
-			continue
-		}
-		if best >= 0 && e.Priority != r.heads[best].Priority {
-			break
-		}
-		seen = append(seen, e.Key)
-		if best < 0 || fv.less(e, r.heads[best]) {
-			best = j
-		}
-	}
-	return best, true
+	return fv.best(r.heads, r.i, r.used), true
 }
 
 // take records that a claim took r's head j.

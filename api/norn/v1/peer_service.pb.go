@@ -654,8 +654,9 @@ type ReadyHead struct {
 	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Its priority.
 	Priority int32 `protobuf:"varint,2,opt,name=priority,proto3" json:"priority,omitempty"`
-	// Its fairness key ("" none) and the key's weight (0 or 1: one turn).
-	FairnessKey    string `protobuf:"bytes,3,opt,name=fairness_key,json=fairnessKey,proto3" json:"fairness_key,omitempty"`
+	// Its fairness key ("": none).
+	FairnessKey string `protobuf:"bytes,3,opt,name=fairness_key,json=fairnessKey,proto3" json:"fairness_key,omitempty"`
+	// The key's weight (0 or 1: one turn).
 	FairnessWeight uint32 `protobuf:"varint,4,opt,name=fairness_weight,json=fairnessWeight,proto3" json:"fairness_weight,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
