@@ -279,7 +279,7 @@ func (d *Dispatcher) endClaim(id uint64, ev crdt.Terminal) {
 // must rest on the
 // partition's authoritative claim state, not on a replica that is behind.
 // The local replica is believed when it shows claimID live or the task
-// terminal. Otherwise, on the partition's leader, it waits until the claim
+// terminal for it (TerminalSettles). Otherwise, on the partition's leader, it waits until the claim
 // FSM has applied every committed entry (a new leader may not have applied
 // its predecessor's yet) and, when the task's state has not reached this
 // replica (a write with W < N skipped it, or a power loss took it), reads
@@ -316,9 +316,10 @@ func (d *Dispatcher) LoadClaimed(ctx context.Context, id, claimID uint64) (*coor
 }
 
 // claimDecided reports whether ts settles a call under claimID without
-// looking further: the claim is live, or the task is terminal.
+// looking further: the claim is live, or the task's terminal state
+// settles it (TerminalSettles).
 func claimDecided(ts *coord.TaskState, claimID uint64) bool {
-	if _, terminal := ts.Task.Terminal(); terminal {
+	if TerminalSettles(ts, claimID) {
 		return true
 	}
 	if ts.Claims != nil {
@@ -327,6 +328,27 @@ func claimDecided(ts *coord.TaskState, claimID uint64) bool {
 		}
 	}
 	return false
+}
+
+// TerminalSettles reports whether ts, a replica's state of a task, shows
+// the task terminal for a call under claimID: the claim has ended for
+// good, and the call is refused. Since Retry, terminal is not for ever: a
+// revival begins a new life, whose claims come after it. A replica that
+// has not applied the revival (cut off from its group, or behind) holds
+// a terminal copy while the task is claimed again, and must not refuse
+// the new claim from it. So the copy settles only a claim its claim
+// record knows (granted at or before the last claim the replica applied:
+// tokens are Raft indexes of the partition's group, which grow), and only
+// when the record is not a life ahead of the copy's terminal event. Any
+// other claim is for the partition's leader to judge (after a barrier).
+func TerminalSettles(ts *coord.TaskState, claimID uint64) bool {
+	ev, terminal := ts.Task.Terminal()
+	if !terminal || ts.Claims == nil {
+		return false
+	}
+	r := ts.Claims
+	n := len(r.History)
+	return n > 0 && claimID <= r.History[n-1].Token && r.Life <= ev.Life
 }
 
 // Waiters wakes long-polling claims when a queue may have work. Safe for

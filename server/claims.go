@@ -144,7 +144,10 @@ func (s taskService) Renew(ctx context.Context, req *connect.Request[nornv1.Rene
 		return nil, apierr.From(err)
 	}
 	lease, _ := sv.leaseOf(queueOf(ts.Task), m.GetLease()) // validated above
-	if sv.dispatch.EndIfTerminal(ts) {
+	if dispatch.TerminalSettles(ts, m.GetClaimId()) {
+		// A terminal copy that does not settle the claim (a revival this
+		// replica has not applied) is left to the group.
+		sv.dispatch.EndIfTerminal(ts)
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("task %d is terminal", m.GetId()))
 	}
 	o, err := sv.dispatch.Propose(m.GetId(), &claims.Command{Op: claims.OpRenew, NowMs: sv.cfg.Clock.Now().UnixMilli(),

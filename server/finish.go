@@ -63,7 +63,8 @@ type decided struct {
 // their claims (dispatch.Acts): this node leads the partitions (the call
 // was forwarded to the leader), or it refuses them UNAVAILABLE. A task
 // whose replica here is terminal by another decision is refused at once
-// (terminal is for good). An act that took effect is durable on a
+// when that settles the act's claim (dispatch.TerminalSettles: a claim of
+// a life this replica has not seen begin is the group's to judge). An act that took effect is durable on a
 // majority of the cohort's Raft logs and applied on every replica as it
 // learns the commit; the CRDT write of its state (its result, progress)
 // then follows at w, as an enqueue's (idempotent: the same event), so
@@ -186,7 +187,9 @@ func (sv *Server) decide(ctx context.Context, acts []dispatch.Act, w uint32) ([]
 // an update that would change one the task has (refuseChange).
 func refuseTerminal(ts *coord.TaskState, a dispatch.Act) error {
 	prev, terminal := ts.Task.Terminal()
-	if !terminal {
+	if !terminal || !dispatch.TerminalSettles(ts, a.ClaimID) {
+		// Not terminal for this claim here: a claim of a life this
+		// replica has not seen begin (a Retry's revival) is the group's.
 		return refuseChange(ts.Task, a)
 	}
 	if prev.Claim == a.ClaimID && a.End != claims.EndNone && coord.EndReason(prev.Kind) == a.End {

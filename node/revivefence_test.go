@@ -1,0 +1,123 @@
+package node
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/crdt"
+)
+
+// TestRevivedClaimThroughStaleReplica: a task is claimed (A), cancelled
+// on every replica, retried (a revival: its second life) and claimed
+// again (B), while one replica of its partition is cut off from its
+// group and keeps its copy from before the Retry (terminal: CANCELLED).
+// B's renew and complete sent through that replica, which must answer
+// itself, cannot be refused from its copy ("terminal"): the replica
+// never saw the new life begin, so it must say it cannot judge
+// (UNAVAILABLE), as for any claim it does not know (found by the Jepsen
+// harness, unique-under-partition seed 31137: a renew of a live claim of
+// a retried task refused "task is terminal" by a cut-off node). A's
+// renew there is still refused at once: the replica's claim record knows
+// A's claim, which the cancel ended. Likewise a follower whose claim
+// record applied the revival and B's claim but whose copy is the old
+// terminal one does not refuse B. B then completes through the leader.
+func TestRevivedClaimThroughStaleReplica(t *testing.T) {
+	ms := fenceCluster(t)
+	ctx := context.Background()
+	id, leader := enqueueEverywhere(t, ms, "revive")
+	p := leader.node.partition(id)
+	_, others := partitionRoles(t, ms, p)
+	cut, follower := others[0], others[1]
+	a := claimFor(t, leader, "revive", "A", time.Minute)
+	if _, err := leader.api.Cancel(ctx, connect.NewRequest(&nornv1.CancelRequest{Id: id, W: 3})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "every replica's claim record to end A's claim", func() bool {
+		for _, m := range ms {
+			ts, err := m.node.coord.Load(id)
+			if err != nil || ts.Claims == nil || !ts.Claims.Done() {
+				return false
+			}
+		}
+		return true
+	})
+	stale, err := cut.node.store.TaskState(p, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := stale.Terminal(); !ok {
+		t.Fatalf("the cut replica's copy after the cancel is not terminal: %+v", stale)
+	}
+	if err := cut.node.group(p).Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := leader.api.Retry(ctx, connect.NewRequest(&nornv1.RetryRequest{Id: id}))
+	if err != nil || r.Msg.Life != 1 {
+		t.Fatalf("retry: %v, %v", r, err)
+	}
+	b := claimFor(t, leader, "revive", "B", time.Minute)
+	if b.Task.Id != id || b.ClaimId <= a.ClaimId {
+		t.Fatalf("claim after the retry: task %d claim %d, want task %d with a claim after %d", b.Task.Id, b.ClaimId, id, a.ClaimId)
+	}
+	waitFor(t, 5*time.Second, "the follower to apply B's claim", func() bool {
+		return follower.node.group(p).AppliedIndex() >= b.ClaimId
+	})
+	// The revival reached the replicas' copies with the Retry's write:
+	// put the copy from before it back on the cut replica and the
+	// follower (a copy the write missed).
+	for _, m := range []*member{cut, follower} {
+		restoreCopy(t, m, p, stale)
+	}
+
+	renew := func(m *member, claimID uint64) error {
+		_, err := m.api.Renew(ctx, stuck(&nornv1.RenewRequest{Id: id, ClaimId: claimID, Lease: durationpb.New(time.Minute)}))
+		return err
+	}
+	complete := func(m *member, claimID uint64) error {
+		_, err := m.api.Complete(ctx, stuck(&nornv1.CompleteRequest{Id: id, ClaimId: claimID, Result: []byte("B")}))
+		return err
+	}
+	for _, m := range []*member{cut, follower} {
+		if err := renew(m, b.ClaimId); connect.CodeOf(err) != connect.CodeUnavailable {
+			t.Errorf("B's renew through %s (copy terminal in the old life): %v, want UNAVAILABLE", m.cfg.NodeID, err)
+		}
+		if err := complete(m, b.ClaimId); connect.CodeOf(err) != connect.CodeUnavailable {
+			t.Errorf("B's complete through %s (copy terminal in the old life): %v, want UNAVAILABLE", m.cfg.NodeID, err)
+		}
+	}
+	if err := renew(cut, a.ClaimId); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Errorf("A's renew through the cut replica (A's claim ended by the cancel it applied): %v, want FAILED_PRECONDITION", err)
+	}
+	if _, err := leader.api.Renew(ctx, connect.NewRequest(&nornv1.RenewRequest{Id: id, ClaimId: b.ClaimId, Lease: durationpb.New(time.Minute)})); err != nil {
+		t.Fatalf("B's renew at the leader: %v", err)
+	}
+	if _, err := leader.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: b.ClaimId, Result: []byte("B")})); err != nil {
+		t.Fatalf("B's complete at the leader: %v", err)
+	}
+	g, err := leader.api.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id, R: 2}))
+	if err != nil || g.Msg.Task.Status != nornv1.TaskStatus_TASK_STATUS_COMPLETED || g.Msg.Task.Life != 1 {
+		t.Fatalf("after B's complete: %v, %v; want COMPLETED in life 1", g, err)
+	}
+}
+
+// restoreCopy replaces m's copy of task old.ID in partition p with old,
+// until it stays (a read repair of the call before may land after it).
+func restoreCopy(t *testing.T, m *member, p uint16, old *crdt.Task) {
+	t.Helper()
+	waitFor(t, 5*time.Second, "the old copy to stay on "+m.cfg.NodeID, func() bool {
+		if err := m.node.store.DeleteTasks(p, []uint64{old.ID}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.node.store.MergeTask(p, old); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		got, err := m.node.store.TaskState(p, old.ID)
+		return err == nil && got.Life() == 0
+	})
+}
