@@ -264,3 +264,57 @@ func observeCounts(ctx context.Context, c *Cluster) (check.CountsObservation, er
 		}
 	}
 }
+
+// queueSettled reports whether nothing of the workload's queue can come
+// out for the drain before until: every active node counts no task of the
+// queue READY or DELAYED, and each task it lists CLAIMED holds a live
+// claim whose lease runs past until (a claim the workload made with a
+// long lease, which no drain waits out). Each node reads the partitions
+// it replicates from its own replicas, and a replica behind (a renew, a
+// claim's end or a revival it has not applied) shows the task sooner to
+// come out, so the drain goes on; an error is "not settled". Only the
+// drain's end rests on it: a task it misses is still read at the end and
+// judged by the checkers.
+func queueSettled(ctx context.Context, c *Cluster, until time.Time) bool {
+	active := c.Active()
+	if len(active) == 0 {
+		return false
+	}
+	for _, n := range active {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		r, err := n.Tasks.CountTasks(cctx, connect.NewRequest(&nornv1.CountTasksRequest{Queue: Queue}))
+		cancel()
+		if err != nil || r.Msg.ByStatus["READY"] > 0 || r.Msg.ByStatus["DELAYED"] > 0 {
+			return false
+		}
+		if r.Msg.ByStatus["CLAIMED"] > 0 && !claimsOutlast(ctx, n, until) {
+			return false
+		}
+	}
+	return true
+}
+
+// claimsOutlast reports whether every task of the workload's queue that n
+// lists CLAIMED holds a live claim expiring after until.
+func claimsOutlast(ctx context.Context, n *Node, until time.Time) bool {
+	for tok, pages := "", 0; pages < 20; pages++ {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		r, err := n.Tasks.ListTasks(cctx, connect.NewRequest(&nornv1.ListTasksRequest{Queue: Queue,
+			Status: nornv1.TaskStatus_TASK_STATUS_CLAIMED, PageSize: 1000, PageToken: tok}))
+		cancel()
+		if err != nil {
+			return false
+		}
+		for _, t := range r.Msg.Tasks {
+			cs := t.GetClaims()
+			if len(cs) == 0 || cs[len(cs)-1].GetEndReason() != nornv1.ClaimEnd_CLAIM_END_UNSPECIFIED ||
+				!cs[len(cs)-1].GetExpiry().AsTime().After(until) {
+				return false
+			}
+		}
+		if tok = r.Msg.NextPageToken; tok == "" {
+			return true
+		}
+	}
+	return false
+}

@@ -455,8 +455,11 @@ func (w *Workload) cancel(ctx context.Context, n *Node, proc, client int, id uin
 }
 
 // Drain claims and completes every claimable task until none has come out
-// for quiet (long enough for abandoned short leases to expire), or max
-// passes. It returns the time of the first successful claim (-1 if none).
+// for quiet (long enough for abandoned short leases to expire), or, sooner,
+// until nothing can come out before then (queueSettled: no task of the
+// queue ready or delayed, and every claimed one held past it), or max
+// passes. It returns the time of the
+// first successful claim (-1 if none).
 func (w *Workload) Drain(ctx context.Context, quiet, max time.Duration) (firstClaim int64, err error) {
 	return w.drain(ctx, quiet, max, false)
 }
@@ -494,6 +497,10 @@ func (w *Workload) drain(ctx context.Context, quiet, max time.Duration, once boo
 			continue
 		}
 		if len(r.Msg.Tasks) == 0 {
+			// A margin of a second: the claim's wait, and the clocks.
+			if !once && queueSettled(ctx, w.C, lastGot.Add(quiet+time.Second)) {
+				return firstClaim, nil
+			}
 			continue
 		}
 		lastGot = time.Now()

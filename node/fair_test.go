@@ -67,12 +67,13 @@ func TestFairClaims(t *testing.T) {
 	if len(at) != 6 {
 		t.Fatalf("light tasks claimed at %v, want all 6", at)
 	}
+	st := ms[0].node.dispatch.ClaimStats()
 	for k, n := range at {
 		if n > 2*(k+1)+2 {
-			t.Fatalf("light tasks claimed at %v: the %d-th after %d claims, want at most %d", at, k+1, n, 2*(k+1)+2)
+			t.Fatalf("light tasks claimed at %v: the %d-th after %d claims, want at most %d (claim stats %+v)", at, k+1, n, 2*(k+1)+2, st)
 		}
 	}
-	t.Logf("light tasks claimed at %v", at)
+	t.Logf("light tasks claimed at %v (claim stats %+v)", at, st)
 }
 
 // The seeded bug fair-ignores-keys (the node weighs the partitions'

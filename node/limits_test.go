@@ -45,8 +45,17 @@ func capWorkload(t *testing.T, ms []*member, queue string, n int) int64 {
 				time.Sleep(20 * time.Millisecond)
 				held.Add(-int64(len(got)))
 				for _, ct := range got {
-					if _, err := m.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: ct.Task.Id, ClaimId: ct.ClaimId})); err != nil {
-						t.Errorf("complete: %v", err)
+					// An election (UNAVAILABLE): a worker completes again.
+					for {
+						_, err := m.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: ct.Task.Id, ClaimId: ct.ClaimId}))
+						if connect.CodeOf(err) == connect.CodeUnavailable && ctx.Err() == nil {
+							time.Sleep(50 * time.Millisecond)
+							continue
+						}
+						if err != nil {
+							t.Errorf("complete: %v", err)
+						}
+						break
 					}
 					done.Add(1)
 				}
