@@ -57,8 +57,8 @@ func TestHandOverBeforeStop(t *testing.T) {
 	}
 	// A transfer returns once the old leader stepped down; its target
 	// wins the vote a moment later (5 s was too short once in CI, on a
-	// loaded machine, with nothing logged: what is amiss is logged now;
-	// were the stopping node elected again, it would stay amiss).
+	// loaded machine: the stopping node had been elected again, and kept
+	// the leadership, before handOverAgain).
 	var amiss error
 	waitFor(t, 15*time.Second, "every partition led by a survivor, as both survivors see it", func() bool {
 		amiss = ledBy(stay, partitions)
@@ -78,10 +78,15 @@ func TestHandOverBeforeStop(t *testing.T) {
 	}
 
 	// Three passes of each survivor's balancer after it saw the stopping
-	// node as not eligible: it handed it nothing.
+	// node as not eligible: it leads nothing. (On a loaded machine it may
+	// win an election while it waits to close, since Raft has no "may not
+	// campaign": its own balancer hands such a leadership over again at
+	// its next pass, 100 ms here. The survivors' balancers hand it none:
+	// replicas.TestLeaderBalancerHandOver.)
 	handedBack := func() {
 		if k := leads(gone); k != 0 {
-			t.Fatalf("%s was handed %d leaderships back while stopping", gone.cfg.NodeID, k)
+			t.Logf("%s leads %d partitions again while stopping", gone.cfg.NodeID, k)
+			waitFor(t, 3*time.Second, gone.cfg.NodeID+" to hand over the leaderships it was given again", func() bool { return leads(gone) == 0 })
 		}
 	}
 	start := map[string]uint64{}
@@ -107,11 +112,10 @@ func TestHandOverBeforeStop(t *testing.T) {
 		}
 		return true
 	})
-	// It leads nothing as it closes, so closing takes no leader with it.
-	// (Right after, a survivor may still see an election under way: on a
-	// loaded machine the two survivors' heartbeats can lapse, which the
-	// stopping node's own used to cover. The survivors lead every
-	// partition again soon, without it.)
+	// It leads nothing as it closes. (Right after, a survivor may still
+	// see an election under way: on a loaded machine the two survivors'
+	// heartbeats can lapse, which the stopping node's own used to cover.
+	// The survivors lead every partition again soon, without it.)
 	handedBack()
 	gone.stop()
 	waitFor(t, 15*time.Second, "every partition led by a survivor after "+gone.cfg.NodeID+" closed", func() bool {

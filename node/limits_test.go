@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/cespare/xxhash/v2"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
@@ -108,6 +109,20 @@ func TestQueueCapAndRate(t *testing.T) {
 		enqueueAll(t, ms[2], "rated", 0)
 	}
 	setQueue(t, ms[0], &nornv1.SetQueueRequest{Queue: "rated", Settings: &nornv1.QueueSettings{ClaimRate: new(20.0)}})
+	// The owner's term before and after: a new owner (an election of the
+	// owner's partition, on a loaded machine) starts with a full bucket,
+	// one second's worth more (docs/JOBQUEUE.md, the overshoot).
+	owner := uint16(xxhash.Sum64String("rated") % uint64(ms[0].node.cfg.Partitions))
+	ownerTerm := func() uint64 {
+		var term uint64
+		for _, m := range ms {
+			if g := m.node.group(owner); g != nil {
+				term = max(term, g.Term())
+			}
+		}
+		return term
+	}
+	term := ownerTerm()
 	var granted atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -128,8 +143,12 @@ func TestQueueCapAndRate(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start).Seconds()
-	if g := granted.Load(); g < 1 || float64(g) > 20+20*elapsed {
-		t.Fatalf("%d claims granted in %.2fs at 20/s (burst 20): want 1 to %.0f", g, elapsed, 20+20*elapsed)
+	bound, why := 20+20*elapsed, ""
+	if ownerTerm() != term {
+		bound, why = bound+20, ", and a bucket more: the owner's partition held an election"
+	}
+	if g := granted.Load(); g < 1 || float64(g) > bound {
+		t.Fatalf("%d claims granted in %.2fs at 20/s (burst 20%s): want 1 to %.0f", g, elapsed, why, bound)
 	}
 }
 

@@ -71,6 +71,8 @@ type handOverPlan struct {
 // The claim groups keep serving proposals meanwhile (a group refuses
 // them only while its own transfer runs). Call it once.
 func (b *LeaderBalancer) HandOver(ctx context.Context, parallel int) HandOverResult {
+	b.handingOver.Store(true)
+	defer b.handingOver.Store(false)
 	b.leaving.Store(true)
 	parallel = max(parallel, 1)
 	var res HandOverResult
@@ -219,6 +221,34 @@ func (b *LeaderBalancer) runHandOver(ctx context.Context, plan handOverPlan, par
 		}
 	}
 	return progress
+}
+
+// handOverAgainTimeout bounds one round of handOverAgain.
+const handOverAgainTimeout = 10 * time.Second
+
+// handedOver reports whether HandOver has run and returned: the node is
+// stopping.
+func (b *LeaderBalancer) handedOver() bool { return b.leaving.Load() && !b.handingOver.Load() }
+
+// handOverAgain hands over, in one round, the leaderships a stopping node
+// was given after HandOver returned: Raft has no "may not campaign", so a
+// follower whose election timer fires before the new leader's heartbeat
+// arrives (a loaded machine) can win an election while the node waits to
+// close (found by the node test TestHandOverBeforeStop under load: the
+// stopping node led a partition again for 12 s). Pass runs it, every
+// leader-balance interval, until the node closes.
+func (b *LeaderBalancer) handOverAgain() {
+	failed := map[string]bool{}
+	plan := b.planHandOver(failed)
+	if len(plan.transfers) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), handOverAgainTimeout)
+	defer cancel()
+	var res HandOverResult
+	b.runHandOver(ctx, plan, HandOverParallel, failed, &res)
+	b.cfg.Logger.Info("stopping: handed over leaderships given back after the hand-over (elected again)",
+		"led", len(plan.led), "transfers", res.HandedOver, "failed", res.Failed)
 }
 
 // reasonOnlyVoter is HandOverResult.Reason when no partition this node

@@ -99,7 +99,8 @@ func containsID(ids []string, id string) bool {
 
 // TestLeaderBalancerHandOver: a node that stops hands every leadership it
 // holds over, the survivors ending even, gossips at once that it may
-// not lead, and afterwards hands nothing over nor claims a share.
+// not lead, and afterwards claims no share and hands over at once any
+// leadership it is given again.
 func TestLeaderBalancerHandOver(t *testing.T) {
 	c := newFakeCluster(t, 24)
 	c.lead("n1", 0, 8)
@@ -116,10 +117,16 @@ func TestLeaderBalancerHandOver(t *testing.T) {
 	if len(c.published) == 0 || !c.published[0].NoLead || c.published[0].Count != 8 {
 		t.Fatalf("published %+v, want no-lead first, before any transfer (count 8)", c.published)
 	}
-	// Given one back before the others heard: the balancer does not take
-	// it as its own to balance, and Loads show it not eligible.
+	// Given one back (an election it won while waiting to close): the
+	// next pass hands it over again, and Loads show it not eligible.
 	c.leader[0] = "n1"
 	n := len(c.transfers)
+	b.Pass()
+	if got := c.transfers[n:]; len(got) != 1 || got[0].Partition != 0 || c.count("n1") != 0 {
+		t.Fatalf("a pass after the hand-over, leading partition 0 again, made transfers %v (n1 leads %d), want partition 0's", got, c.count("n1"))
+	}
+	// Leading nothing, a pass transfers nothing.
+	n = len(c.transfers)
 	b.Pass()
 	if len(c.transfers) != n {
 		t.Fatalf("a pass after the hand-over made transfers %v", c.transfers[n:])

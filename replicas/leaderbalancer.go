@@ -110,7 +110,9 @@ type LeaderBalancer struct {
 	limit *rate.Limiter
 
 	// leaving is set by HandOver, for good: the node stops leading.
-	leaving atomic.Bool
+	// handingOver is set while HandOver runs: until it returns, Pass
+	// leaves the leaderships to it.
+	leaving, handingOver atomic.Bool
 
 	// passMu is held by Pass and by HandOver's planning; it guards the
 	// fields up to mu.
@@ -178,13 +180,23 @@ func (b *LeaderBalancer) Stats() LeaderBalanceStats {
 }
 
 // Pass gossips this node's leader count, updates its view and hands
-// leaderships over as the rule says (see LeaderBalancer).
+// leaderships over as the rule says (see LeaderBalancer). On a node that
+// has handed its leaderships over (HandOver returned: it is stopping), it
+// hands over at once any it was given again (handOverAgain).
 func (b *LeaderBalancer) Pass() {
+	if led := b.pass(); led > 0 && b.handedOver() {
+		b.handOverAgain()
+	}
+}
+
+// pass is Pass but for handOverAgain; it returns how many partitions
+// this node leads.
+func (b *LeaderBalancer) pass() int {
 	b.passMu.Lock()
 	defer b.passMu.Unlock()
 	r := b.cfg.Ring()
 	if r == nil {
-		return
+		return 0
 	}
 	b.mu.Lock()
 	b.stats.Passes++
@@ -195,7 +207,7 @@ func (b *LeaderBalancer) Pass() {
 	b.publish(len(led), mayLead)
 	v := b.view(r, seen, len(led), mayLead)
 	if !mayLead || b.limit == nil || !mayGive(v, FairLeaderShares(v.Cohorts, v.Eligible)) {
-		return // nothing to hand over (and no Raft calls while balanced)
+		return len(led) // nothing to hand over (and no Raft calls while balanced)
 	}
 	voters := map[int][]claims.Server{}
 	for _, p := range led {
@@ -216,7 +228,7 @@ func (b *LeaderBalancer) Pass() {
 	for !b.leaving.Load() { // HandOver takes over
 		tr, ok := DecideLeaderTransfer(v)
 		if !ok {
-			return
+			return len(led)
 		}
 		if !groups[tr.Partition].IsLeader() { // lost it meanwhile (an election)
 			delete(v.Led, tr.Partition)
@@ -224,7 +236,7 @@ func (b *LeaderBalancer) Pass() {
 			continue
 		}
 		if !b.limit.AllowN(b.cfg.Now(), 1) {
-			return
+			return len(led)
 		}
 		i := slices.IndexFunc(voters[tr.Partition], func(s claims.Server) bool { return s.ID == tr.To })
 		addr := voters[tr.Partition][i].Address
@@ -250,6 +262,7 @@ func (b *LeaderBalancer) Pass() {
 		v.Leads[b.cfg.NodeID]--
 		v.Leads[tr.To]++
 	}
+	return len(led)
 }
 
 // mayLead reports whether this node may lead: it is not leaving and its
@@ -402,7 +415,15 @@ func (h *Host) newLeaderBalancer() *LeaderBalancer {
 
 // BalanceLeaders runs one pass of the leader balancer (LeaderBalancer.Pass):
 // the node calls it every leader-balance interval, never concurrently.
-func (h *Host) BalanceLeaders() { h.leaders.Pass() }
+// On a node that has handed its leaderships over (it is stopping), it
+// also hands the meta group's over again if the node was elected its
+// leader since.
+func (h *Host) BalanceLeaders() {
+	h.leaders.Pass()
+	if h.leaders.handedOver() && h.handOverMeta() {
+		h.cfg.Logger.Info("stopping: handed the meta group's leadership over again (elected after the hand-over)")
+	}
+}
 
 // LeaderLoads is every node's leaderships against its fair share as the
 // last BalanceLeaders saw them (nil before the first).
