@@ -43,6 +43,7 @@ var procRoles = map[string][]string{
 	nornv1connect.TaskServiceAbortProcedure:         {access.RoleAdmin, access.RoleWorker},
 	nornv1connect.TaskServiceYieldProcedure:         {access.RoleAdmin, access.RoleWorker},
 	nornv1connect.AdminServiceStatusProcedure:       {access.RoleAdmin, access.RoleReader},
+	nornv1connect.AdminServiceWhoAmIProcedure:       access.Roles,
 	nornv1connect.QueueServiceGetQueueProcedure:     {access.RoleAdmin, access.RoleProducer, access.RoleReader},
 	nornv1connect.QueueServiceListQueuesProcedure:   {access.RoleAdmin, access.RoleProducer, access.RoleReader},
 }
@@ -289,6 +290,8 @@ func callScope(msg any) (queues []string, ids, deps []uint64, all bool) {
 		return nil, ids, nil, false
 	case *nornv1.StatusRequest:
 		return nil, nil, nil, false // the cluster's state, no task's
+	case *nornv1.WhoAmIRequest:
+		return nil, nil, nil, false // the caller's own grants
 	case *nornv1.GetQueueRequest:
 		return []string{m.GetQueue()}, nil, nil, false
 	case *nornv1.SetQueueRequest:
@@ -325,10 +328,11 @@ func (sv *Server) audit(procedure string, p principal, err error) {
 	sv.auditLog().Warn("call refused", "procedure", procedure, "caller", p.String(), "code", connect.CodeOf(err).String(), "err", err)
 }
 
-// auditAdmin logs an admin action (every AdminService call but Status,
-// QueueService.SetQueue and TaskService.BulkAction).
+// auditAdmin logs an admin action (every AdminService call but Status
+// and WhoAmI, QueueService.SetQueue and TaskService.BulkAction).
 func (sv *Server) auditAdmin(procedure string, p principal) {
-	if strings.HasPrefix(procedure, "/"+nornv1connect.AdminServiceName+"/") && procedure != nornv1connect.AdminServiceStatusProcedure ||
+	if strings.HasPrefix(procedure, "/"+nornv1connect.AdminServiceName+"/") &&
+		procedure != nornv1connect.AdminServiceStatusProcedure && procedure != nornv1connect.AdminServiceWhoAmIProcedure ||
 		procedure == nornv1connect.QueueServiceSetQueueProcedure || procedure == nornv1connect.TaskServiceBulkActionProcedure {
 		sv.auditLog().Info("admin action", "procedure", procedure, "caller", p.String())
 	}

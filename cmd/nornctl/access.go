@@ -3,12 +3,16 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/norn-dev/norn/access"
+	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 )
 
 const tokenHelp = `Edits the bearer tokens of an access file (nornd -auth-file; nodes reload
@@ -117,4 +121,46 @@ func runGrant(e *env, cmd *command, args []string) error {
 		f.Users[user] = u
 	}
 	return f.Write(*path)
+}
+
+// runWhoAmI asks the node who it takes the caller for (AdminService.WhoAmI):
+// its user and grants, to check a token or certificate.
+func runWhoAmI(e *env, cmd *command, args []string) error {
+	fs := e.flagSet(cmd)
+	if _, err := e.parse(cmd, fs, args, 0, 0); err != nil {
+		return err
+	}
+	admin, err := e.admin()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := e.callContext()
+	defer cancel()
+	r, err := admin.WhoAmI(ctx, connect.NewRequest(&nornv1.WhoAmIRequest{}))
+	if err != nil {
+		return err
+	}
+	me := r.Msg
+	return e.emit(me, func(w io.Writer) {
+		switch {
+		case me.Node != "":
+			fmt.Fprintf(w, "node %s (certificate): may call everything\n", me.Node)
+		case !me.AccessControl && me.User != "":
+			fmt.Fprintf(w, "user %s (%s): this node has no access file: may call everything\n", me.User, me.Via)
+		case !me.AccessControl:
+			fmt.Fprintln(w, "this node checks no caller: anyone may call everything")
+		default:
+			fmt.Fprintf(w, "user %s (%s)\n", me.User, me.Via)
+			if len(me.Grants) == 0 {
+				fmt.Fprintln(w, "no grants: may call nothing but whoami")
+			}
+			for _, g := range me.Grants {
+				qs := "*"
+				if len(g.Queues) > 0 {
+					qs = strings.Join(g.Queues, ",")
+				}
+				fmt.Fprintf(w, "%-8s on %s\n", g.Role, qs)
+			}
+		}
+	})
 }

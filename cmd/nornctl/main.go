@@ -148,6 +148,7 @@ var commands = []*command{
 	{name: "decommission", args: "<node>", summary: "drain a node, then remove it from the cluster", help: decommissionHelp, run: runDecommission},
 	{name: "remove", args: "--dead <node>", summary: "replace the replicas of a node gone for good and remove it", help: removeHelp, run: runRemove},
 	{name: "token", args: "create <user> | revoke <id> | list", summary: "make, revoke or list the bearer tokens of an access file", help: tokenHelp, run: runToken},
+	{name: "whoami", summary: "show who the node takes you for (your token's or certificate's user) and your grants", run: runWhoAmI},
 	{name: "grant", args: "<user> <role> [--queues q1,q2] | --remove ...", summary: "give a user a role on queues in an access file (or take it back)", help: grantHelp, run: runGrant},
 	{name: "cert", args: "create-ca | create-node <id> | create-client <user> | create-gossip-key", summary: "make the cluster's CA, node and client certificates", help: certHelp, run: runCert},
 	{name: "export", args: "<file|->", summary: "write every task (or a queue's) as JSON lines, one task's state per line", help: exportHelp, run: runExport},

@@ -24,6 +24,186 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// WhoAmIRequest is the request of AdminService.WhoAmI.
+type WhoAmIRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoAmIRequest) Reset() {
+	*x = WhoAmIRequest{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoAmIRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoAmIRequest) ProtoMessage() {}
+
+func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
+func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{0}
+}
+
+// WhoAmIResponse is the response of AdminService.WhoAmI.
+type WhoAmIResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caller's user: its bearer token's, else its client certificate's
+	// (norn://user/<name>). Empty for a node, and when the node checks no
+	// caller.
+	User string `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	// The node id of a node's certificate (a node may call everything).
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// How the caller was found: "token", "certificate", or empty.
+	Via string `protobuf:"bytes,3,opt,name=via,proto3" json:"via,omitempty"`
+	// Whether this node checks grants (it has an access file). Without one,
+	// every caller it lets in (any client certificate of its CA with TLS;
+	// anyone without TLS) may call everything.
+	AccessControl bool `protobuf:"varint,4,opt,name=access_control,json=accessControl,proto3" json:"access_control,omitempty"`
+	// The user's grants (with access_control), as the access file has them.
+	Grants        []*Grant `protobuf:"bytes,5,rep,name=grants,proto3" json:"grants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WhoAmIResponse) Reset() {
+	*x = WhoAmIResponse{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WhoAmIResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WhoAmIResponse) ProtoMessage() {}
+
+func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WhoAmIResponse.ProtoReflect.Descriptor instead.
+func (*WhoAmIResponse) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WhoAmIResponse) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *WhoAmIResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *WhoAmIResponse) GetVia() string {
+	if x != nil {
+		return x.Via
+	}
+	return ""
+}
+
+func (x *WhoAmIResponse) GetAccessControl() bool {
+	if x != nil {
+		return x.AccessControl
+	}
+	return false
+}
+
+func (x *WhoAmIResponse) GetGrants() []*Grant {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+// Grant is a role on queues (docs/SECURITY.md, "Users, roles and
+// tokens"): names, prefixes ending in "*", or "*" (every queue, and the
+// calls that span queues); no queues means "*".
+type Grant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "admin", "producer", "worker" or "reader".
+	Role string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// The queues it covers.
+	Queues        []string `protobuf:"bytes,2,rep,name=queues,proto3" json:"queues,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Grant) Reset() {
+	*x = Grant{}
+	mi := &file_norn_v1_admin_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Grant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Grant) ProtoMessage() {}
+
+func (x *Grant) ProtoReflect() protoreflect.Message {
+	mi := &file_norn_v1_admin_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Grant.ProtoReflect.Descriptor instead.
+func (*Grant) Descriptor() ([]byte, []int) {
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Grant) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *Grant) GetQueues() []string {
+	if x != nil {
+		return x.Queues
+	}
+	return nil
+}
+
 // ImportTasksRequest is the request of AdminService.ImportTasks. Every
 // task is validated before any is written: one bad task fails the call
 // (INVALID_ARGUMENT or RESOURCE_EXHAUSTED naming `tasks[i].field`) and
@@ -58,7 +238,7 @@ type ImportTasksRequest struct {
 
 func (x *ImportTasksRequest) Reset() {
 	*x = ImportTasksRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[0]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -70,7 +250,7 @@ func (x *ImportTasksRequest) String() string {
 func (*ImportTasksRequest) ProtoMessage() {}
 
 func (x *ImportTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[0]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -83,7 +263,7 @@ func (x *ImportTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTasksRequest.ProtoReflect.Descriptor instead.
 func (*ImportTasksRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{0}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ImportTasksRequest) GetTasks() []*Task {
@@ -121,7 +301,7 @@ type ImportTasksResponse struct {
 
 func (x *ImportTasksResponse) Reset() {
 	*x = ImportTasksResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[1]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -133,7 +313,7 @@ func (x *ImportTasksResponse) String() string {
 func (*ImportTasksResponse) ProtoMessage() {}
 
 func (x *ImportTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[1]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -146,7 +326,7 @@ func (x *ImportTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportTasksResponse.ProtoReflect.Descriptor instead.
 func (*ImportTasksResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{1}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ImportTasksResponse) GetImported() uint32 {
@@ -177,7 +357,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[2]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -189,7 +369,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[2]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -202,7 +382,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{2}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BackupRequest) GetDir() string {
@@ -232,7 +412,7 @@ type BackupResponse struct {
 
 func (x *BackupResponse) Reset() {
 	*x = BackupResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -244,7 +424,7 @@ func (x *BackupResponse) String() string {
 func (*BackupResponse) ProtoMessage() {}
 
 func (x *BackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[3]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -257,7 +437,7 @@ func (x *BackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupResponse.ProtoReflect.Descriptor instead.
 func (*BackupResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{3}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BackupResponse) GetNodeId() string {
@@ -299,7 +479,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -311,7 +491,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[4]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -324,7 +504,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{4}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *JoinRequest) GetNode() string {
@@ -349,7 +529,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[5]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -361,7 +541,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[5]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -374,7 +554,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{5}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *JoinResponse) GetNodeId() string {
@@ -415,7 +595,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[6]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +607,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[6]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +620,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{6}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RebalanceRequest) GetApply() bool {
@@ -470,7 +650,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[7]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +662,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[7]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +675,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{7}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DrainRequest) GetNode() string {
@@ -525,7 +705,7 @@ type DecommissionRequest struct {
 
 func (x *DecommissionRequest) Reset() {
 	*x = DecommissionRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[8]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -537,7 +717,7 @@ func (x *DecommissionRequest) String() string {
 func (*DecommissionRequest) ProtoMessage() {}
 
 func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[8]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -550,7 +730,7 @@ func (x *DecommissionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionRequest.ProtoReflect.Descriptor instead.
 func (*DecommissionRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{8}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DecommissionRequest) GetNode() string {
@@ -583,7 +763,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[9]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -595,7 +775,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[9]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -608,7 +788,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{9}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RemoveRequest) GetNode() string {
@@ -643,7 +823,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[10]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +835,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[10]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -668,7 +848,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{10}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RebalanceResponse) GetPlan() *Plan {
@@ -689,7 +869,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[11]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -701,7 +881,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[11]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -714,7 +894,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{11}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DrainResponse) GetPlan() *Plan {
@@ -735,7 +915,7 @@ type DecommissionResponse struct {
 
 func (x *DecommissionResponse) Reset() {
 	*x = DecommissionResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[12]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +927,7 @@ func (x *DecommissionResponse) String() string {
 func (*DecommissionResponse) ProtoMessage() {}
 
 func (x *DecommissionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[12]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +940,7 @@ func (x *DecommissionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionResponse.ProtoReflect.Descriptor instead.
 func (*DecommissionResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{12}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DecommissionResponse) GetPlan() *Plan {
@@ -781,7 +961,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[13]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +973,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[13]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +986,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{13}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RemoveResponse) GetPlan() *Plan {
@@ -835,7 +1015,7 @@ type Plan struct {
 
 func (x *Plan) Reset() {
 	*x = Plan{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[14]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -847,7 +1027,7 @@ func (x *Plan) String() string {
 func (*Plan) ProtoMessage() {}
 
 func (x *Plan) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[14]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +1040,7 @@ func (x *Plan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Plan.ProtoReflect.Descriptor instead.
 func (*Plan) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{14}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Plan) GetMoves() []*MoveStatus {
@@ -909,7 +1089,7 @@ type NodeLoad struct {
 
 func (x *NodeLoad) Reset() {
 	*x = NodeLoad{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1101,7 @@ func (x *NodeLoad) String() string {
 func (*NodeLoad) ProtoMessage() {}
 
 func (x *NodeLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[15]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1114,7 @@ func (x *NodeLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeLoad.ProtoReflect.Descriptor instead.
 func (*NodeLoad) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{15}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NodeLoad) GetNodeId() string {
@@ -995,7 +1175,7 @@ type MoveStatus struct {
 
 func (x *MoveStatus) Reset() {
 	*x = MoveStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1187,7 @@ func (x *MoveStatus) String() string {
 func (*MoveStatus) ProtoMessage() {}
 
 func (x *MoveStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[16]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1200,7 @@ func (x *MoveStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveStatus.ProtoReflect.Descriptor instead.
 func (*MoveStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{16}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *MoveStatus) GetPartition() uint32 {
@@ -1083,7 +1263,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1275,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[17]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1288,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{17}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StatusRequest) GetSkipCounts() bool {
@@ -1172,7 +1352,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[18]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1184,7 +1364,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[18]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1197,7 +1377,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{18}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -1313,7 +1493,7 @@ type BuildInfo struct {
 
 func (x *BuildInfo) Reset() {
 	*x = BuildInfo{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[19]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1505,7 @@ func (x *BuildInfo) String() string {
 func (*BuildInfo) ProtoMessage() {}
 
 func (x *BuildInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[19]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1518,7 @@ func (x *BuildInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildInfo.ProtoReflect.Descriptor instead.
 func (*BuildInfo) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{19}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BuildInfo) GetVersion() string {
@@ -1400,7 +1580,7 @@ type SecurityStatus struct {
 
 func (x *SecurityStatus) Reset() {
 	*x = SecurityStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[20]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1592,7 @@ func (x *SecurityStatus) String() string {
 func (*SecurityStatus) ProtoMessage() {}
 
 func (x *SecurityStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[20]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1605,7 @@ func (x *SecurityStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityStatus.ProtoReflect.Descriptor instead.
 func (*SecurityStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{20}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SecurityStatus) GetTls() bool {
@@ -1508,7 +1688,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[21]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1700,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[21]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1713,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{21}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PartitionStatus) GetId() uint32 {
@@ -1628,7 +1808,7 @@ type ReplicaRoot struct {
 
 func (x *ReplicaRoot) Reset() {
 	*x = ReplicaRoot{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[22]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1820,7 @@ func (x *ReplicaRoot) String() string {
 func (*ReplicaRoot) ProtoMessage() {}
 
 func (x *ReplicaRoot) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[22]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1833,7 @@ func (x *ReplicaRoot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaRoot.ProtoReflect.Descriptor instead.
 func (*ReplicaRoot) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{22}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReplicaRoot) GetNodeId() string {
@@ -1729,7 +1909,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_norn_v1_admin_service_proto_msgTypes[23]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1741,7 +1921,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_norn_v1_admin_service_proto_msgTypes[23]
+	mi := &file_norn_v1_admin_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1754,7 +1934,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{23}
+	return file_norn_v1_admin_service_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *NodeStatus) GetId() string {
@@ -1831,7 +2011,17 @@ var File_norn_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1bnorn/v1/admin_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16norn/v1/schedule.proto\x1a\x12norn/v1/task.proto\"l\n" +
+	"\x1bnorn/v1/admin_service.proto\x12\anorn.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16norn/v1/schedule.proto\x1a\x12norn/v1/task.proto\"\x0f\n" +
+	"\rWhoAmIRequest\"\x99\x01\n" +
+	"\x0eWhoAmIResponse\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x10\n" +
+	"\x03via\x18\x03 \x01(\tR\x03via\x12%\n" +
+	"\x0eaccess_control\x18\x04 \x01(\bR\raccessControl\x12&\n" +
+	"\x06grants\x18\x05 \x03(\v2\x0e.norn.v1.GrantR\x06grants\"3\n" +
+	"\x05Grant\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x16\n" +
+	"\x06queues\x18\x02 \x03(\tR\x06queues\"l\n" +
 	"\x12ImportTasksRequest\x12#\n" +
 	"\x05tasks\x18\x01 \x03(\v2\r.norn.v1.TaskR\x05tasks\x12\f\n" +
 	"\x01w\x18\x02 \x01(\rR\x01w\x12#\n" +
@@ -1967,7 +2157,7 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\aleaders\x18\b \x01(\rR\aleaders\x12!\n" +
 	"\fleader_share\x18\t \x01(\x01R\vleaderShare\x123\n" +
 	"\bsecurity\x18\n" +
-	" \x01(\v2\x17.norn.v1.SecurityStatusR\bsecurity2\xc0\b\n" +
+	" \x01(\v2\x17.norn.v1.SecurityStatusR\bsecurity2\xfb\b\n" +
 	"\fAdminService\x129\n" +
 	"\x06Status\x12\x16.norn.v1.StatusRequest\x1a\x17.norn.v1.StatusResponse\x123\n" +
 	"\x04Join\x12\x14.norn.v1.JoinRequest\x1a\x15.norn.v1.JoinResponse\x12B\n" +
@@ -1983,7 +2173,8 @@ const file_norn_v1_admin_service_proto_rawDesc = "" +
 	"\rListSchedules\x12\x1d.norn.v1.ListSchedulesRequest\x1a\x1e.norn.v1.ListSchedulesResponse\x12N\n" +
 	"\rPauseSchedule\x12\x1d.norn.v1.PauseScheduleRequest\x1a\x1e.norn.v1.PauseScheduleResponse\x12Q\n" +
 	"\x0eDeleteSchedule\x12\x1e.norn.v1.DeleteScheduleRequest\x1a\x1f.norn.v1.DeleteScheduleResponse\x12T\n" +
-	"\x0fTriggerSchedule\x12\x1f.norn.v1.TriggerScheduleRequest\x1a .norn.v1.TriggerScheduleResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
+	"\x0fTriggerSchedule\x12\x1f.norn.v1.TriggerScheduleRequest\x1a .norn.v1.TriggerScheduleResponse\x129\n" +
+	"\x06WhoAmI\x12\x16.norn.v1.WhoAmIRequest\x1a\x17.norn.v1.WhoAmIResponseB-Z+github.com/norn-dev/norn/api/norn/v1;nornv1b\x06proto3"
 
 var (
 	file_norn_v1_admin_service_proto_rawDescOnce sync.Once
@@ -1997,105 +2188,111 @@ func file_norn_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_norn_v1_admin_service_proto_rawDescData
 }
 
-var file_norn_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_norn_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_norn_v1_admin_service_proto_goTypes = []any{
-	(*ImportTasksRequest)(nil),      // 0: norn.v1.ImportTasksRequest
-	(*ImportTasksResponse)(nil),     // 1: norn.v1.ImportTasksResponse
-	(*BackupRequest)(nil),           // 2: norn.v1.BackupRequest
-	(*BackupResponse)(nil),          // 3: norn.v1.BackupResponse
-	(*JoinRequest)(nil),             // 4: norn.v1.JoinRequest
-	(*JoinResponse)(nil),            // 5: norn.v1.JoinResponse
-	(*RebalanceRequest)(nil),        // 6: norn.v1.RebalanceRequest
-	(*DrainRequest)(nil),            // 7: norn.v1.DrainRequest
-	(*DecommissionRequest)(nil),     // 8: norn.v1.DecommissionRequest
-	(*RemoveRequest)(nil),           // 9: norn.v1.RemoveRequest
-	(*RebalanceResponse)(nil),       // 10: norn.v1.RebalanceResponse
-	(*DrainResponse)(nil),           // 11: norn.v1.DrainResponse
-	(*DecommissionResponse)(nil),    // 12: norn.v1.DecommissionResponse
-	(*RemoveResponse)(nil),          // 13: norn.v1.RemoveResponse
-	(*Plan)(nil),                    // 14: norn.v1.Plan
-	(*NodeLoad)(nil),                // 15: norn.v1.NodeLoad
-	(*MoveStatus)(nil),              // 16: norn.v1.MoveStatus
-	(*StatusRequest)(nil),           // 17: norn.v1.StatusRequest
-	(*StatusResponse)(nil),          // 18: norn.v1.StatusResponse
-	(*BuildInfo)(nil),               // 19: norn.v1.BuildInfo
-	(*SecurityStatus)(nil),          // 20: norn.v1.SecurityStatus
-	(*PartitionStatus)(nil),         // 21: norn.v1.PartitionStatus
-	(*ReplicaRoot)(nil),             // 22: norn.v1.ReplicaRoot
-	(*NodeStatus)(nil),              // 23: norn.v1.NodeStatus
-	nil,                             // 24: norn.v1.PartitionStatus.CountsEntry
-	(*Task)(nil),                    // 25: norn.v1.Task
-	(*durationpb.Duration)(nil),     // 26: google.protobuf.Duration
-	(*CreateScheduleRequest)(nil),   // 27: norn.v1.CreateScheduleRequest
-	(*UpdateScheduleRequest)(nil),   // 28: norn.v1.UpdateScheduleRequest
-	(*GetScheduleRequest)(nil),      // 29: norn.v1.GetScheduleRequest
-	(*ListSchedulesRequest)(nil),    // 30: norn.v1.ListSchedulesRequest
-	(*PauseScheduleRequest)(nil),    // 31: norn.v1.PauseScheduleRequest
-	(*DeleteScheduleRequest)(nil),   // 32: norn.v1.DeleteScheduleRequest
-	(*TriggerScheduleRequest)(nil),  // 33: norn.v1.TriggerScheduleRequest
-	(*CreateScheduleResponse)(nil),  // 34: norn.v1.CreateScheduleResponse
-	(*UpdateScheduleResponse)(nil),  // 35: norn.v1.UpdateScheduleResponse
-	(*GetScheduleResponse)(nil),     // 36: norn.v1.GetScheduleResponse
-	(*ListSchedulesResponse)(nil),   // 37: norn.v1.ListSchedulesResponse
-	(*PauseScheduleResponse)(nil),   // 38: norn.v1.PauseScheduleResponse
-	(*DeleteScheduleResponse)(nil),  // 39: norn.v1.DeleteScheduleResponse
-	(*TriggerScheduleResponse)(nil), // 40: norn.v1.TriggerScheduleResponse
+	(*WhoAmIRequest)(nil),           // 0: norn.v1.WhoAmIRequest
+	(*WhoAmIResponse)(nil),          // 1: norn.v1.WhoAmIResponse
+	(*Grant)(nil),                   // 2: norn.v1.Grant
+	(*ImportTasksRequest)(nil),      // 3: norn.v1.ImportTasksRequest
+	(*ImportTasksResponse)(nil),     // 4: norn.v1.ImportTasksResponse
+	(*BackupRequest)(nil),           // 5: norn.v1.BackupRequest
+	(*BackupResponse)(nil),          // 6: norn.v1.BackupResponse
+	(*JoinRequest)(nil),             // 7: norn.v1.JoinRequest
+	(*JoinResponse)(nil),            // 8: norn.v1.JoinResponse
+	(*RebalanceRequest)(nil),        // 9: norn.v1.RebalanceRequest
+	(*DrainRequest)(nil),            // 10: norn.v1.DrainRequest
+	(*DecommissionRequest)(nil),     // 11: norn.v1.DecommissionRequest
+	(*RemoveRequest)(nil),           // 12: norn.v1.RemoveRequest
+	(*RebalanceResponse)(nil),       // 13: norn.v1.RebalanceResponse
+	(*DrainResponse)(nil),           // 14: norn.v1.DrainResponse
+	(*DecommissionResponse)(nil),    // 15: norn.v1.DecommissionResponse
+	(*RemoveResponse)(nil),          // 16: norn.v1.RemoveResponse
+	(*Plan)(nil),                    // 17: norn.v1.Plan
+	(*NodeLoad)(nil),                // 18: norn.v1.NodeLoad
+	(*MoveStatus)(nil),              // 19: norn.v1.MoveStatus
+	(*StatusRequest)(nil),           // 20: norn.v1.StatusRequest
+	(*StatusResponse)(nil),          // 21: norn.v1.StatusResponse
+	(*BuildInfo)(nil),               // 22: norn.v1.BuildInfo
+	(*SecurityStatus)(nil),          // 23: norn.v1.SecurityStatus
+	(*PartitionStatus)(nil),         // 24: norn.v1.PartitionStatus
+	(*ReplicaRoot)(nil),             // 25: norn.v1.ReplicaRoot
+	(*NodeStatus)(nil),              // 26: norn.v1.NodeStatus
+	nil,                             // 27: norn.v1.PartitionStatus.CountsEntry
+	(*Task)(nil),                    // 28: norn.v1.Task
+	(*durationpb.Duration)(nil),     // 29: google.protobuf.Duration
+	(*CreateScheduleRequest)(nil),   // 30: norn.v1.CreateScheduleRequest
+	(*UpdateScheduleRequest)(nil),   // 31: norn.v1.UpdateScheduleRequest
+	(*GetScheduleRequest)(nil),      // 32: norn.v1.GetScheduleRequest
+	(*ListSchedulesRequest)(nil),    // 33: norn.v1.ListSchedulesRequest
+	(*PauseScheduleRequest)(nil),    // 34: norn.v1.PauseScheduleRequest
+	(*DeleteScheduleRequest)(nil),   // 35: norn.v1.DeleteScheduleRequest
+	(*TriggerScheduleRequest)(nil),  // 36: norn.v1.TriggerScheduleRequest
+	(*CreateScheduleResponse)(nil),  // 37: norn.v1.CreateScheduleResponse
+	(*UpdateScheduleResponse)(nil),  // 38: norn.v1.UpdateScheduleResponse
+	(*GetScheduleResponse)(nil),     // 39: norn.v1.GetScheduleResponse
+	(*ListSchedulesResponse)(nil),   // 40: norn.v1.ListSchedulesResponse
+	(*PauseScheduleResponse)(nil),   // 41: norn.v1.PauseScheduleResponse
+	(*DeleteScheduleResponse)(nil),  // 42: norn.v1.DeleteScheduleResponse
+	(*TriggerScheduleResponse)(nil), // 43: norn.v1.TriggerScheduleResponse
 }
 var file_norn_v1_admin_service_proto_depIdxs = []int32{
-	25, // 0: norn.v1.ImportTasksRequest.tasks:type_name -> norn.v1.Task
-	26, // 1: norn.v1.BackupResponse.took:type_name -> google.protobuf.Duration
-	14, // 2: norn.v1.RebalanceResponse.plan:type_name -> norn.v1.Plan
-	14, // 3: norn.v1.DrainResponse.plan:type_name -> norn.v1.Plan
-	14, // 4: norn.v1.DecommissionResponse.plan:type_name -> norn.v1.Plan
-	14, // 5: norn.v1.RemoveResponse.plan:type_name -> norn.v1.Plan
-	16, // 6: norn.v1.Plan.moves:type_name -> norn.v1.MoveStatus
-	15, // 7: norn.v1.Plan.loads:type_name -> norn.v1.NodeLoad
-	26, // 8: norn.v1.StatusResponse.uptime:type_name -> google.protobuf.Duration
-	21, // 9: norn.v1.StatusResponse.partitions:type_name -> norn.v1.PartitionStatus
-	23, // 10: norn.v1.StatusResponse.nodes:type_name -> norn.v1.NodeStatus
-	16, // 11: norn.v1.StatusResponse.moves:type_name -> norn.v1.MoveStatus
-	20, // 12: norn.v1.StatusResponse.security:type_name -> norn.v1.SecurityStatus
-	19, // 13: norn.v1.StatusResponse.build:type_name -> norn.v1.BuildInfo
-	24, // 14: norn.v1.PartitionStatus.counts:type_name -> norn.v1.PartitionStatus.CountsEntry
-	22, // 15: norn.v1.PartitionStatus.replica_roots:type_name -> norn.v1.ReplicaRoot
-	26, // 16: norn.v1.NodeStatus.clock_offset:type_name -> google.protobuf.Duration
-	26, // 17: norn.v1.NodeStatus.median_offset:type_name -> google.protobuf.Duration
-	20, // 18: norn.v1.NodeStatus.security:type_name -> norn.v1.SecurityStatus
-	17, // 19: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
-	4,  // 20: norn.v1.AdminService.Join:input_type -> norn.v1.JoinRequest
-	6,  // 21: norn.v1.AdminService.Rebalance:input_type -> norn.v1.RebalanceRequest
-	7,  // 22: norn.v1.AdminService.Drain:input_type -> norn.v1.DrainRequest
-	8,  // 23: norn.v1.AdminService.Decommission:input_type -> norn.v1.DecommissionRequest
-	9,  // 24: norn.v1.AdminService.Remove:input_type -> norn.v1.RemoveRequest
-	0,  // 25: norn.v1.AdminService.ImportTasks:input_type -> norn.v1.ImportTasksRequest
-	2,  // 26: norn.v1.AdminService.Backup:input_type -> norn.v1.BackupRequest
-	27, // 27: norn.v1.AdminService.CreateSchedule:input_type -> norn.v1.CreateScheduleRequest
-	28, // 28: norn.v1.AdminService.UpdateSchedule:input_type -> norn.v1.UpdateScheduleRequest
-	29, // 29: norn.v1.AdminService.GetSchedule:input_type -> norn.v1.GetScheduleRequest
-	30, // 30: norn.v1.AdminService.ListSchedules:input_type -> norn.v1.ListSchedulesRequest
-	31, // 31: norn.v1.AdminService.PauseSchedule:input_type -> norn.v1.PauseScheduleRequest
-	32, // 32: norn.v1.AdminService.DeleteSchedule:input_type -> norn.v1.DeleteScheduleRequest
-	33, // 33: norn.v1.AdminService.TriggerSchedule:input_type -> norn.v1.TriggerScheduleRequest
-	18, // 34: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
-	5,  // 35: norn.v1.AdminService.Join:output_type -> norn.v1.JoinResponse
-	10, // 36: norn.v1.AdminService.Rebalance:output_type -> norn.v1.RebalanceResponse
-	11, // 37: norn.v1.AdminService.Drain:output_type -> norn.v1.DrainResponse
-	12, // 38: norn.v1.AdminService.Decommission:output_type -> norn.v1.DecommissionResponse
-	13, // 39: norn.v1.AdminService.Remove:output_type -> norn.v1.RemoveResponse
-	1,  // 40: norn.v1.AdminService.ImportTasks:output_type -> norn.v1.ImportTasksResponse
-	3,  // 41: norn.v1.AdminService.Backup:output_type -> norn.v1.BackupResponse
-	34, // 42: norn.v1.AdminService.CreateSchedule:output_type -> norn.v1.CreateScheduleResponse
-	35, // 43: norn.v1.AdminService.UpdateSchedule:output_type -> norn.v1.UpdateScheduleResponse
-	36, // 44: norn.v1.AdminService.GetSchedule:output_type -> norn.v1.GetScheduleResponse
-	37, // 45: norn.v1.AdminService.ListSchedules:output_type -> norn.v1.ListSchedulesResponse
-	38, // 46: norn.v1.AdminService.PauseSchedule:output_type -> norn.v1.PauseScheduleResponse
-	39, // 47: norn.v1.AdminService.DeleteSchedule:output_type -> norn.v1.DeleteScheduleResponse
-	40, // 48: norn.v1.AdminService.TriggerSchedule:output_type -> norn.v1.TriggerScheduleResponse
-	34, // [34:49] is the sub-list for method output_type
-	19, // [19:34] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	2,  // 0: norn.v1.WhoAmIResponse.grants:type_name -> norn.v1.Grant
+	28, // 1: norn.v1.ImportTasksRequest.tasks:type_name -> norn.v1.Task
+	29, // 2: norn.v1.BackupResponse.took:type_name -> google.protobuf.Duration
+	17, // 3: norn.v1.RebalanceResponse.plan:type_name -> norn.v1.Plan
+	17, // 4: norn.v1.DrainResponse.plan:type_name -> norn.v1.Plan
+	17, // 5: norn.v1.DecommissionResponse.plan:type_name -> norn.v1.Plan
+	17, // 6: norn.v1.RemoveResponse.plan:type_name -> norn.v1.Plan
+	19, // 7: norn.v1.Plan.moves:type_name -> norn.v1.MoveStatus
+	18, // 8: norn.v1.Plan.loads:type_name -> norn.v1.NodeLoad
+	29, // 9: norn.v1.StatusResponse.uptime:type_name -> google.protobuf.Duration
+	24, // 10: norn.v1.StatusResponse.partitions:type_name -> norn.v1.PartitionStatus
+	26, // 11: norn.v1.StatusResponse.nodes:type_name -> norn.v1.NodeStatus
+	19, // 12: norn.v1.StatusResponse.moves:type_name -> norn.v1.MoveStatus
+	23, // 13: norn.v1.StatusResponse.security:type_name -> norn.v1.SecurityStatus
+	22, // 14: norn.v1.StatusResponse.build:type_name -> norn.v1.BuildInfo
+	27, // 15: norn.v1.PartitionStatus.counts:type_name -> norn.v1.PartitionStatus.CountsEntry
+	25, // 16: norn.v1.PartitionStatus.replica_roots:type_name -> norn.v1.ReplicaRoot
+	29, // 17: norn.v1.NodeStatus.clock_offset:type_name -> google.protobuf.Duration
+	29, // 18: norn.v1.NodeStatus.median_offset:type_name -> google.protobuf.Duration
+	23, // 19: norn.v1.NodeStatus.security:type_name -> norn.v1.SecurityStatus
+	20, // 20: norn.v1.AdminService.Status:input_type -> norn.v1.StatusRequest
+	7,  // 21: norn.v1.AdminService.Join:input_type -> norn.v1.JoinRequest
+	9,  // 22: norn.v1.AdminService.Rebalance:input_type -> norn.v1.RebalanceRequest
+	10, // 23: norn.v1.AdminService.Drain:input_type -> norn.v1.DrainRequest
+	11, // 24: norn.v1.AdminService.Decommission:input_type -> norn.v1.DecommissionRequest
+	12, // 25: norn.v1.AdminService.Remove:input_type -> norn.v1.RemoveRequest
+	3,  // 26: norn.v1.AdminService.ImportTasks:input_type -> norn.v1.ImportTasksRequest
+	5,  // 27: norn.v1.AdminService.Backup:input_type -> norn.v1.BackupRequest
+	30, // 28: norn.v1.AdminService.CreateSchedule:input_type -> norn.v1.CreateScheduleRequest
+	31, // 29: norn.v1.AdminService.UpdateSchedule:input_type -> norn.v1.UpdateScheduleRequest
+	32, // 30: norn.v1.AdminService.GetSchedule:input_type -> norn.v1.GetScheduleRequest
+	33, // 31: norn.v1.AdminService.ListSchedules:input_type -> norn.v1.ListSchedulesRequest
+	34, // 32: norn.v1.AdminService.PauseSchedule:input_type -> norn.v1.PauseScheduleRequest
+	35, // 33: norn.v1.AdminService.DeleteSchedule:input_type -> norn.v1.DeleteScheduleRequest
+	36, // 34: norn.v1.AdminService.TriggerSchedule:input_type -> norn.v1.TriggerScheduleRequest
+	0,  // 35: norn.v1.AdminService.WhoAmI:input_type -> norn.v1.WhoAmIRequest
+	21, // 36: norn.v1.AdminService.Status:output_type -> norn.v1.StatusResponse
+	8,  // 37: norn.v1.AdminService.Join:output_type -> norn.v1.JoinResponse
+	13, // 38: norn.v1.AdminService.Rebalance:output_type -> norn.v1.RebalanceResponse
+	14, // 39: norn.v1.AdminService.Drain:output_type -> norn.v1.DrainResponse
+	15, // 40: norn.v1.AdminService.Decommission:output_type -> norn.v1.DecommissionResponse
+	16, // 41: norn.v1.AdminService.Remove:output_type -> norn.v1.RemoveResponse
+	4,  // 42: norn.v1.AdminService.ImportTasks:output_type -> norn.v1.ImportTasksResponse
+	6,  // 43: norn.v1.AdminService.Backup:output_type -> norn.v1.BackupResponse
+	37, // 44: norn.v1.AdminService.CreateSchedule:output_type -> norn.v1.CreateScheduleResponse
+	38, // 45: norn.v1.AdminService.UpdateSchedule:output_type -> norn.v1.UpdateScheduleResponse
+	39, // 46: norn.v1.AdminService.GetSchedule:output_type -> norn.v1.GetScheduleResponse
+	40, // 47: norn.v1.AdminService.ListSchedules:output_type -> norn.v1.ListSchedulesResponse
+	41, // 48: norn.v1.AdminService.PauseSchedule:output_type -> norn.v1.PauseScheduleResponse
+	42, // 49: norn.v1.AdminService.DeleteSchedule:output_type -> norn.v1.DeleteScheduleResponse
+	43, // 50: norn.v1.AdminService.TriggerSchedule:output_type -> norn.v1.TriggerScheduleResponse
+	1,  // 51: norn.v1.AdminService.WhoAmI:output_type -> norn.v1.WhoAmIResponse
+	36, // [36:52] is the sub-list for method output_type
+	20, // [20:36] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_norn_v1_admin_service_proto_init() }
@@ -2111,7 +2308,7 @@ func file_norn_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_norn_v1_admin_service_proto_rawDesc), len(file_norn_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

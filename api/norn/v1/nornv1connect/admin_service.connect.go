@@ -74,6 +74,8 @@ const (
 	// AdminServiceTriggerScheduleProcedure is the fully-qualified name of the AdminService's
 	// TriggerSchedule RPC.
 	AdminServiceTriggerScheduleProcedure = "/norn.v1.AdminService/TriggerSchedule"
+	// AdminServiceWhoAmIProcedure is the fully-qualified name of the AdminService's WhoAmI RPC.
+	AdminServiceWhoAmIProcedure = "/norn.v1.AdminService/WhoAmI"
 )
 
 // AdminServiceClient is a client for the norn.v1.AdminService service.
@@ -130,6 +132,11 @@ type AdminServiceClient interface {
 	// TriggerSchedule enqueues the schedule's task now, as an extra tick
 	// (paused or not), and returns its id.
 	TriggerSchedule(context.Context, *connect.Request[v1.TriggerScheduleRequest]) (*connect.Response[v1.TriggerScheduleResponse], error)
+	// WhoAmI tells the caller who this node takes it for and what it may
+	// do: its user (or node) and the user's grants. Any caller the node
+	// lets in may call it, whatever its role (the web console reads it to
+	// show each caller the queues and actions it may use).
+	WhoAmI(context.Context, *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the norn.v1.AdminService service. By default, it
@@ -233,6 +240,12 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("TriggerSchedule")),
 			connect.WithClientOptions(opts...),
 		),
+		whoAmI: connect.NewClient[v1.WhoAmIRequest, v1.WhoAmIResponse](
+			httpClient,
+			baseURL+AdminServiceWhoAmIProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("WhoAmI")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -253,6 +266,7 @@ type adminServiceClient struct {
 	pauseSchedule   *connect.Client[v1.PauseScheduleRequest, v1.PauseScheduleResponse]
 	deleteSchedule  *connect.Client[v1.DeleteScheduleRequest, v1.DeleteScheduleResponse]
 	triggerSchedule *connect.Client[v1.TriggerScheduleRequest, v1.TriggerScheduleResponse]
+	whoAmI          *connect.Client[v1.WhoAmIRequest, v1.WhoAmIResponse]
 }
 
 // Status calls norn.v1.AdminService.Status.
@@ -330,6 +344,11 @@ func (c *adminServiceClient) TriggerSchedule(ctx context.Context, req *connect.R
 	return c.triggerSchedule.CallUnary(ctx, req)
 }
 
+// WhoAmI calls norn.v1.AdminService.WhoAmI.
+func (c *adminServiceClient) WhoAmI(ctx context.Context, req *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error) {
+	return c.whoAmI.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the norn.v1.AdminService service.
 type AdminServiceHandler interface {
 	// Status reports the answering node's view: itself, the partitions it
@@ -384,6 +403,11 @@ type AdminServiceHandler interface {
 	// TriggerSchedule enqueues the schedule's task now, as an extra tick
 	// (paused or not), and returns its id.
 	TriggerSchedule(context.Context, *connect.Request[v1.TriggerScheduleRequest]) (*connect.Response[v1.TriggerScheduleResponse], error)
+	// WhoAmI tells the caller who this node takes it for and what it may
+	// do: its user (or node) and the user's grants. Any caller the node
+	// lets in may call it, whatever its role (the web console reads it to
+	// show each caller the queues and actions it may use).
+	WhoAmI(context.Context, *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -483,6 +507,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("TriggerSchedule")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceWhoAmIHandler := connect.NewUnaryHandler(
+		AdminServiceWhoAmIProcedure,
+		svc.WhoAmI,
+		connect.WithSchema(adminServiceMethods.ByName("WhoAmI")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/norn.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceStatusProcedure:
@@ -515,6 +545,8 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceDeleteScheduleHandler.ServeHTTP(w, r)
 		case AdminServiceTriggerScheduleProcedure:
 			adminServiceTriggerScheduleHandler.ServeHTTP(w, r)
+		case AdminServiceWhoAmIProcedure:
+			adminServiceWhoAmIHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -582,4 +614,8 @@ func (UnimplementedAdminServiceHandler) DeleteSchedule(context.Context, *connect
 
 func (UnimplementedAdminServiceHandler) TriggerSchedule(context.Context, *connect.Request[v1.TriggerScheduleRequest]) (*connect.Response[v1.TriggerScheduleResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.TriggerSchedule is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) WhoAmI(context.Context, *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("norn.v1.AdminService.WhoAmI is not implemented"))
 }
