@@ -49,7 +49,8 @@ var allowed = map[string][]string{
 	"client":      {"api", "transport", "crdt", "ring"},
 	"metrics":     {"api", "transport"},
 	"tracing":     {"api", "transport"},
-	"node":        {"server", "dispatch", "rebalance", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs", "testhooks", "access", "metrics", "tracing"},
+	"console":     {"api"},
+	"node":        {"console", "server", "dispatch", "rebalance", "coord", "replicas", "apierr", "cluster", "claims", "antientropy", "storage", "transport", "client", "api", "crdt", "ring", "faultfs", "testhooks", "access", "metrics", "tracing"},
 	"jepsen":      {"client", "api", "transport", "crdt", "ring", "access"},
 	"cmd":         {"node", "metrics", "server", "dispatch", "rebalance", "coord", "replicas", "apierr", "jepsen", "client", "cluster", "claims", "antientropy", "storage", "transport", "api", "crdt", "ring", "faultfs", "testhooks", "access", "buildinfo", "tracing"},
 }

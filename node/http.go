@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
+	"github.com/norn-dev/norn/console"
 	"github.com/norn-dev/norn/transport"
 )
 
@@ -29,7 +30,8 @@ const (
 // Handler returns the node's HTTP API: norn.v1.TaskService and
 // AdminService over connect (gRPC, gRPC-Web and Connect/JSON on the same
 // paths), GET /healthz (ready: 200 once every partition it replicates has
-// a leader) and GET /livez (alive: 200 while it serves HTTP). Serve it
+// a leader), GET /livez (alive: 200 while it serves HTTP) and the web
+// console under /ui/ (package console). Serve it
 // over HTTP/2 cleartext and HTTP/1.1.
 // JSON requests with a field the API does not have are refused with
 // INVALID_ARGUMENT naming it (transport.StrictJSON). Every call's caller
@@ -74,7 +76,13 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
-	return n.edge(mux)
+	api := n.edge(mux)
+	// The web console (docs/CONSOLE.md) calls the API above in process,
+	// as the browser.
+	mux.Handle(console.Prefix, console.New(console.Config{API: api, AuthOn: n.cfg.TLS != nil || n.cfg.Auth != nil,
+		NodeID: n.cfg.NodeID, Logger: n.cfg.Logger}))
+	mux.Handle("GET /ui", http.RedirectHandler(console.Prefix, http.StatusMovedPermanently))
+	return api
 }
 
 // apiInterceptors are the interceptors of the API's handlers: the RPC

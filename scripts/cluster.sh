@@ -170,6 +170,8 @@ MSG
   $BIN/nornctl get <id>
   $BIN/nornctl status                                                # nodes, ring epoch, partitions
 
+  web console: $SCHEME://127.0.0.1:7400/ui/   (with TLS a browser needs a client certificate or a token: docs/CONSOLE.md)
+
   kill -9 \$(cat $DATA/pids/node2.pid)   # the other two keep serving
   make cluster-stop                      # stops exactly these processes
 MSG
