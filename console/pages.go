@@ -23,7 +23,7 @@ import (
 )
 
 // pageNames are the templates under templates/, each with the layout.
-var pageNames = []string{"login", "overview", "queues", "tasks", "task"}
+var pageNames = []string{"login", "overview", "queues", "tasks", "task", "dead", "schedules", "cluster"}
 
 func parsePages() map[string]*template.Template {
 	funcs := template.FuncMap{
@@ -37,6 +37,7 @@ func parsePages() map[string]*template.Template {
 		"path":    url.PathEscape,
 		"mul100":  func(f float64) float64 { return f * 100 },
 		"add":     func(a, b int) int { return a + b },
+		"last":    lastErrors,
 	}
 	out := map[string]*template.Template{}
 	for _, name := range pageNames {
@@ -403,4 +404,12 @@ func ago(t *timestamppb.Timestamp) string {
 		return d.Round(time.Minute).String() + " ago"
 	}
 	return d.Round(time.Hour).String() + " ago"
+}
+
+// lastErrors is the last n of errs, newest first (a DEAD task's last is
+// the server's max_attempts_exceeded: the worker's error comes before).
+func lastErrors(n int, errs []*nornv1.TaskError) []*nornv1.TaskError {
+	out := slices.Clone(errs[max(len(errs)-n, 0):])
+	slices.Reverse(out)
+	return out
 }
