@@ -26,15 +26,25 @@ build:
 	$(GO) build -o $(BIN)/nornd ./cmd/nornd
 	$(GO) build -o $(BIN)/nornctl ./cmd/nornctl
 
-test: test-core test-rest
+# The console's browser tests need Debian's chromium (.ci/run installs it);
+# without it they skip, and make test says so at its start and end.
+# Their screenshots, and any test's artifacts, go under test-output/.
+ARTIFACTS   := -artifacts -outputdir $(CURDIR)/test-output
+NOBROWSER   := command -v chromium >/dev/null 2>&1 || echo "*** NO BROWSER TESTS: chromium is not installed, the console's browser tests skip (apt-get install chromium) ***" >&2
+
+test:
+	@$(NOBROWSER)
+	@$(MAKE) --no-print-directory test-core test-rest
+	@$(NOBROWSER)
 
 test-core:
-	$(GO) test -race -tags $(TEST_TAGS) -timeout 10m $(CORE_PKGS)
+	@mkdir -p test-output
+	$(GO) test -race -tags $(TEST_TAGS) -timeout 10m $(ARTIFACTS) $(CORE_PKGS)
 
 # Everything that is not a core package (the architecture test, cmd/, jepsen/).
 test-rest:
 	@core="$$($(GO) list $(CORE_PKGS))"; \
-	$(GO) test -tags $(TEST_TAGS) -timeout 10m $$($(GO) list ./... | grep -vxF "$$core")
+	mkdir -p test-output; $(GO) test -tags $(TEST_TAGS) -timeout 10m $(ARTIFACTS) $$($(GO) list ./... | grep -vxF "$$core")
 
 # The multi-node tests again and again, several at once, under the race
 # detector, for STRESS_TIME (default 10m); prints every failure. Not part of

@@ -243,6 +243,7 @@ func (c *Console) pause(ctx context.Context, w http.ResponseWriter, r *http.Requ
 type taskFilter struct {
 	Queue, Status, Page string
 	Newest              bool
+	Size                uint32 // page size, 10-500; 0: the default, 50
 }
 
 func (c *Console) tasks(ctx context.Context, r *http.Request, api clients, me rights, v *view) string {
@@ -252,6 +253,11 @@ func (c *Console) tasks(ctx context.Context, r *http.Request, api clients, me ri
 		v.Errors = append(v.Errors, e)
 	}
 	f := taskFilter{Queue: q.Get("queue"), Status: q.Get("status"), Page: q.Get("page"), Newest: q.Get("newest") != ""}
+	size := uint32(50)
+	if n, err := strconv.ParseUint(q.Get("size"), 10, 32); err == nil && n >= 10 && n <= 500 {
+		size = uint32(n)
+		f.Size = size
+	}
 	data := struct {
 		F        taskFilter
 		Tasks    []*nornv1.Task
@@ -263,7 +269,7 @@ func (c *Console) tasks(ctx context.Context, r *http.Request, api clients, me ri
 		v.Data = data
 		return "tasks"
 	}
-	req := &nornv1.ListTasksRequest{Queue: f.Queue, PageSize: 50, PageToken: f.Page, NewestFirst: f.Newest}
+	req := &nornv1.ListTasksRequest{Queue: f.Queue, PageSize: size, PageToken: f.Page, NewestFirst: f.Newest}
 	if f.Status != "" {
 		st, ok := nornv1.TaskStatus_value["TASK_STATUS_"+f.Status]
 		if !ok {

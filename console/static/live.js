@@ -1,5 +1,6 @@
 // Live updates: a <main data-live="ms"> is fetched again every ms and
-// replaced while the tab is visible and no form field has the focus.
+// replaced, when it changed, while the tab is visible and no form field
+// has the focus.
 (function () {
   const main = document.getElementById("main");
   if (!main || !main.dataset.live) return;
@@ -11,7 +12,7 @@
       if (!r.ok || r.redirected) return;
       const doc = new DOMParser().parseFromString(await r.text(), "text/html");
       const fresh = doc.getElementById("main");
-      if (fresh) main.innerHTML = fresh.innerHTML;
+      if (fresh && fresh.innerHTML !== main.innerHTML) main.innerHTML = fresh.innerHTML;
     } catch (e) { /* the node is away: try again next time */ }
   }
   setInterval(refresh, every);
