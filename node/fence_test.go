@@ -41,6 +41,8 @@ func fenceClusterWith(t *testing.T, bugs TestBugs) []*member {
 const (
 	fenceSkew  = 300 * time.Millisecond
 	fenceLease = 500 * time.Millisecond
+	// supersedeLease is worker A's lease in supersede.
+	supersedeLease = 2 * time.Second
 )
 
 // superseded is a task whose claim A was superseded by B's while a replica
@@ -62,7 +64,11 @@ func supersede(t *testing.T, ms []*member) superseded {
 	id, leader := enqueueEverywhere(t, ms, "fence")
 	p := leader.node.partition(id)
 	_, others := partitionRoles(t, ms, p)
-	a := claimFor(t, leader, "fence", "A", fenceLease)
+	// A's lease is long enough (supersedeLease) for the replica to apply
+	// its claim and be cut off before the leader expires it, on a loaded
+	// machine too (with fenceLease the replica once applied the expiry
+	// first, in CI, and had nothing stale left to judge from).
+	a := claimFor(t, leader, "fence", "A", supersedeLease)
 	if a.Task.Id != id {
 		t.Fatalf("claimed task %d, want %d", a.Task.Id, id)
 	}
@@ -72,6 +78,11 @@ func supersede(t *testing.T, ms []*member) superseded {
 	})
 	if err := cut.node.group(p).Shutdown(); err != nil {
 		t.Fatal(err)
+	}
+	if ts, err := cut.node.coord.Load(id); err != nil || ts.Claims == nil {
+		t.Fatalf("the cut-off replica's state of the task: %v, %v", ts, err)
+	} else if c, live := ts.Claims.Live(); !live || c.Token != a.ClaimId {
+		t.Fatalf("the cut-off replica applied more than A's claim before it was cut off (its live claim: %v): the setup took longer than A's lease", c)
 	}
 	// A's lease and the skew buffer pass; the leader's monitor expires it.
 	var b *nornv1.ClaimedTask
