@@ -43,6 +43,10 @@ type Config struct {
 	// AuthOn: the node checks its callers (TLS or an access file), so a
 	// browser without a client certificate must log in with a token.
 	AuthOn bool
+	// CertUser names the user of a request's verified client
+	// certificate ("" for none): the node's own check (transport's),
+	// since the handshake may leave the chain to it.
+	CertUser func(r *http.Request) string
 	// NodeID names the node in the page titles.
 	NodeID string
 	// Logger, for what the console itself refuses (logins).
@@ -133,7 +137,7 @@ func (c *Console) sessionOf(r *http.Request) (session, bool) {
 	if ck, err := r.Cookie(sessionCookie); err == nil && ck.Value != "" {
 		return session{token: ck.Value, key: "token:" + ck.Value}, true
 	}
-	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.PeerCertificates) > 0 {
+	if c.cfg.CertUser != nil && r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && c.cfg.CertUser(r) != "" {
 		sum := sha256.Sum256(r.TLS.PeerCertificates[0].Raw)
 		return session{key: "cert:" + string(sum[:])}, true
 	}

@@ -80,7 +80,13 @@ func (n *Node) Handler() http.Handler {
 	// The web console (docs/CONSOLE.md) calls the API above in process,
 	// as the browser.
 	mux.Handle(console.Prefix, console.New(console.Config{API: api, AuthOn: n.cfg.TLS != nil || n.cfg.Auth != nil,
-		NodeID: n.cfg.NodeID, Logger: n.cfg.Logger}))
+		NodeID: n.cfg.NodeID, Logger: n.cfg.Logger, CertUser: func(r *http.Request) string {
+			if n.cfg.TLS == nil || r.TLS == nil {
+				return ""
+			}
+			id, _ := transport.IdentityOf(*r.TLS)
+			return id.User
+		}}))
 	mux.Handle("GET /ui", http.RedirectHandler(console.Prefix, http.StatusMovedPermanently))
 	return api
 }
