@@ -64,6 +64,7 @@ const (
 type listFilter struct {
 	queue  string            // "" for every queue
 	status nornv1.TaskStatus // TASK_STATUS_UNSPECIFIED for every status
+	search search            // ListTasks' search filters
 }
 
 // newListFilter validates a request's queue and status filters.
@@ -142,7 +143,7 @@ func (c *Coordinator) listLocal(p uint16, f listFilter, start uint64, b listBudg
 
 // listView renders a stored task if it matches f.
 func (c *Coordinator) listView(st *storage.StoredTask, f listFilter) *nornv1.Task {
-	if st.Task.Spec == nil || (f.queue != "" && st.Task.Spec.Queue != f.queue) {
+	if st.Task.Spec == nil || (f.queue != "" && st.Task.Spec.Queue != f.queue) || !f.search.matchesSpec(st.Task.Spec) {
 		return nil
 	}
 	ts, err := c.withClaims(st.Partition, st.Task)
@@ -150,7 +151,7 @@ func (c *Coordinator) listView(st *storage.StoredTask, f listFilter) *nornv1.Tas
 		return nil
 	}
 	v := c.View(ts)
-	if f.status != nornv1.TaskStatus_TASK_STATUS_UNSPECIFIED && v.Status != f.status {
+	if (f.status != nornv1.TaskStatus_TASK_STATUS_UNSPECIFIED && v.Status != f.status) || !f.search.matches(v) {
 		return nil
 	}
 	return v
@@ -179,9 +180,10 @@ func (c *Coordinator) listRemote(ctx context.Context, p uint16, f listFilter, st
 func (c *Coordinator) askList(ctx context.Context, nd cluster.RingNode, p uint16, f listFilter, start uint64, b listBudget) (listPage, error) {
 	cctx, cancel := context.WithTimeout(ctx, readTimeout)
 	defer cancel()
-	resp, err := c.peers.Get(nd.APIAddr).Peer.ListPartition(cctx, transport.Request(c.peers, &nornv1.ListPartitionRequest{
-		Partition: uint32(p), Queue: f.queue, Status: f.status, Start: start,
-		Limit: uint32(b.tasks), MaxScan: uint32(b.scan), MaxBytes: uint32(max(b.bytes, 0))}))
+	req := &nornv1.ListPartitionRequest{Partition: uint32(p), Queue: f.queue, Status: f.status, Start: start,
+		Limit: uint32(b.tasks), MaxScan: uint32(b.scan), MaxBytes: uint32(max(b.bytes, 0))}
+	f.search.fill(req)
+	resp, err := c.peers.Get(nd.APIAddr).Peer.ListPartition(cctx, transport.Request(c.peers, req))
 	if err != nil {
 		return listPage{}, err
 	}
@@ -194,7 +196,9 @@ func (c *Coordinator) askList(ctx context.Context, nd cluster.RingNode, p uint16
 		if v.GetId() < start || c.host.Partition(v.GetId()) != p {
 			return listPage{}, fmt.Errorf("node %s answered task %d for partition %d", nd.ID, v.GetId(), p)
 		}
-		pg.add(v)
+		if f.search.matches(v) { // a node of an older build does not search
+			pg.add(v)
+		}
 	}
 	c.hints.set(p, m.GetLeader())
 	return pg, nil
@@ -296,6 +300,9 @@ func (c *Coordinator) List(ctx context.Context, m *nornv1.ListTasksRequest) (*no
 	if err != nil {
 		return nil, err
 	}
+	if f.search, err = newSearch(m); err != nil {
+		return nil, err
+	}
 	size := int(m.GetPageSize())
 	if size == 0 {
 		size = defaultPageSize
@@ -366,6 +373,9 @@ func (c *Coordinator) ListPartition(m *nornv1.ListPartitionRequest) (*nornv1.Lis
 	}
 	f, err := newListFilter(m.GetQueue(), m.GetStatus())
 	if err != nil {
+		return nil, err
+	}
+	if f.search, err = newSearch(m); err != nil {
 		return nil, err
 	}
 	for _, l := range []struct {

@@ -272,6 +272,7 @@ func (c *Coordinator) askNewest(ctx context.Context, nd cluster.RingNode, parts 
 	defer cancel()
 	req := &nornv1.ListPartitionRequest{Queue: f.queue, Status: f.status, Start: from, NewestFirst: true,
 		Limit: uint32(b.tasks), MaxScan: uint32(b.scan), MaxBytes: uint32(max(b.bytes, 0))}
+	f.search.fill(req)
 	for _, p := range parts {
 		req.Partitions = append(req.Partitions, uint32(p))
 	}
@@ -294,7 +295,9 @@ func (c *Coordinator) askNewest(ctx context.Context, nd cluster.RingNode, parts 
 			return listPage{}, fmt.Errorf("node %s answered task %d out of order or of a partition not asked", nd.ID, v.GetId())
 		}
 		last = v.GetId()
-		pg.add(v)
+		if f.search.matches(v) { // a node of an older build does not search
+			pg.add(v)
+		}
 	}
 	return pg, nil
 }

@@ -2,13 +2,13 @@ package server
 
 import (
 	"context"
-	"strings"
 	"sync"
 
 	"connectrpc.com/connect"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/apierr"
+	"github.com/norn-dev/norn/coord"
 )
 
 // bulkParallel is how many tasks of a BulkAction page are acted on at
@@ -65,7 +65,7 @@ func (s taskService) BulkAction(ctx context.Context, req *connect.Request[nornv1
 	for _, t := range page.GetTasks() {
 		created := t.GetCreatedAt().AsTime().UnixMilli()
 		if (m.GetCreatedAfter() != nil && created <= after) || (m.GetCreatedBefore() != nil && created >= before) ||
-			!hasErrorText(t, m.GetErrorContains()) {
+			!coord.HasErrorText(t, m.GetErrorContains()) {
 			continue
 		}
 		matched = append(matched, t)
@@ -102,18 +102,4 @@ func (s taskService) BulkAction(ctx context.Context, req *connect.Request[nornv1
 	}
 	wg.Wait()
 	return connect.NewResponse(out), nil
-}
-
-// hasErrorText reports whether t has an error whose code or description
-// contains text ("" matches every task).
-func hasErrorText(t *nornv1.Task, text string) bool {
-	if text == "" {
-		return true
-	}
-	for _, e := range t.GetErrors() {
-		if strings.Contains(e.GetCode(), text) || strings.Contains(e.GetDescription(), text) {
-			return true
-		}
-	}
-	return false
 }

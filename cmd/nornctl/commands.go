@@ -167,7 +167,9 @@ const listHelp = `
 Without --all, one page is listed; when more follow, the token of the next
 page is printed on standard error (table) or is the response's
 nextPageToken (-o json). With --all every page is fetched, and -o json
-prints them as one ListTasksResponse.`
+prints them as one ListTasksResponse. The search filters (--depends-on,
+--worker, --error, --payload) look into each task a page examines, so a
+page may be empty while more follow.`
 
 func runList(e *env, cmd *command, args []string) error {
 	fs := e.flagSet(cmd)
@@ -177,8 +179,19 @@ func runList(e *env, cmd *command, args []string) error {
 	pageToken := fs.String("page-token", "", "continue from this page token (from an earlier list)")
 	all := fs.Bool("all", false, "list every page")
 	newest := fs.Bool("newest-first", false, "newest tasks first across the cluster (for example the latest DEAD ones), rather than partition by partition")
+	dependsOn := fs.String("depends-on", "", "only tasks that depend on this task id")
+	worker := fs.String("worker", "", "only tasks claimed at least once by this worker")
+	errorText := fs.String("error", "", "only tasks with an error whose code or description contains this text")
+	payload := fs.String("payload", "", "only tasks whose payload contains this text")
 	if _, err := e.parse(cmd, fs, args, 0, 0); err != nil {
 		return err
+	}
+	var dep uint64
+	if *dependsOn != "" {
+		var err error
+		if dep, err = parseID("--depends-on", *dependsOn); err != nil {
+			return usagef(cmd, "%v", err)
+		}
 	}
 	status, err := parseStatus(*statusFlag)
 	if err != nil {
@@ -191,7 +204,8 @@ func runList(e *env, cmd *command, args []string) error {
 	if err != nil {
 		return err
 	}
-	req := &nornv1.ListTasksRequest{Queue: *queue, Status: status, PageSize: uint32(*pageSize), PageToken: *pageToken, NewestFirst: *newest}
+	req := &nornv1.ListTasksRequest{Queue: *queue, Status: status, PageSize: uint32(*pageSize), PageToken: *pageToken, NewestFirst: *newest,
+		DependsOn: dep, Worker: *worker, ErrorContains: *errorText, PayloadContains: []byte(*payload)}
 	out := &nornv1.ListTasksResponse{}
 	for {
 		page, err := c.ListTasks(e.ctx, req)

@@ -247,6 +247,20 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("list --newest-first: %v, want the second task, then %d", ts, id)
 	}
 	mustContain(t, "list header", ok(t, addr, "list"), "LAST ERROR")
+	// Search: the payload text and the worker find the first task only.
+	var found nornv1.ListTasksResponse
+	okJSON(t, addr, &found, "list", "--payload", "stdin", "--all")
+	if ts := found.GetTasks(); len(ts) != 1 || ts[0].GetId() == id {
+		t.Errorf("list --payload stdin: %v, want the second task only", ts)
+	}
+	okJSON(t, addr, &found, "list", "--worker", "test-worker", "--error", "", "--all")
+	if ts := found.GetTasks(); len(ts) != 1 || ts[0].GetId() != id {
+		t.Errorf("list --worker test-worker: %v, want task %d only", ts, id)
+	}
+	okJSON(t, addr, &found, "list", "--depends-on", strconv.FormatUint(id, 10), "--all")
+	if ts := found.GetTasks(); len(ts) != 0 {
+		t.Errorf("list --depends-on %d: %v, want none", id, ts)
+	}
 
 	st := ok(t, addr, "status")
 	mustContain(t, "status", st, "NODE:", "n1", "UPTIME:", "PARTITION", "LEADER", "Leader")
@@ -314,6 +328,7 @@ func TestErrors(t *testing.T) {
 		{"unknown flag", []string{"claim", "q", "--frob"}},
 		{"bad output", []string{"-o", "yaml", "status"}},
 		{"bad status", []string{"list", "--status", "SLEEPING"}},
+		{"bad dependency id", []string{"list", "--depends-on", "x1"}},
 		{"bad not-before", []string{"enqueue", "q", "--not-before", "tomorrow"}},
 		{"bad deadline", []string{"enqueue", "q", "--deadline", "-5m"}},
 		{"unique-for alone", []string{"enqueue", "q", "--unique-for", "1h"}},

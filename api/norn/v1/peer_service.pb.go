@@ -1821,9 +1821,19 @@ type ListPartitionRequest struct {
 	// ListPartitionResponse.newest_first, and the caller refuses its answer.
 	NewestFirst bool `protobuf:"varint,8,opt,name=newest_first,json=newestFirst,proto3" json:"newest_first,omitempty"`
 	// The partitions of a newest-first list (at most the partition count).
-	Partitions    []uint32 `protobuf:"varint,9,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Partitions []uint32 `protobuf:"varint,9,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	// The search filters of ListTasksRequest (same meaning and limits). A
+	// receiver of an older build ignores them and answers every task of
+	// `queue` and `status`: the caller applies them again to the answer.
+	DependsOn uint64 `protobuf:"varint,10,opt,name=depends_on,json=dependsOn,proto3" json:"depends_on,omitempty"`
+	// ListTasksRequest.worker.
+	Worker string `protobuf:"bytes,11,opt,name=worker,proto3" json:"worker,omitempty"`
+	// ListTasksRequest.error_contains.
+	ErrorContains string `protobuf:"bytes,12,opt,name=error_contains,json=errorContains,proto3" json:"error_contains,omitempty"`
+	// ListTasksRequest.payload_contains.
+	PayloadContains []byte `protobuf:"bytes,13,opt,name=payload_contains,json=payloadContains,proto3" json:"payload_contains,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ListPartitionRequest) Reset() {
@@ -1915,6 +1925,34 @@ func (x *ListPartitionRequest) GetNewestFirst() bool {
 func (x *ListPartitionRequest) GetPartitions() []uint32 {
 	if x != nil {
 		return x.Partitions
+	}
+	return nil
+}
+
+func (x *ListPartitionRequest) GetDependsOn() uint64 {
+	if x != nil {
+		return x.DependsOn
+	}
+	return 0
+}
+
+func (x *ListPartitionRequest) GetWorker() string {
+	if x != nil {
+		return x.Worker
+	}
+	return ""
+}
+
+func (x *ListPartitionRequest) GetErrorContains() string {
+	if x != nil {
+		return x.ErrorContains
+	}
+	return ""
+}
+
+func (x *ListPartitionRequest) GetPayloadContains() []byte {
+	if x != nil {
+		return x.PayloadContains
 	}
 	return nil
 }
@@ -2481,7 +2519,7 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\x0eGetRingRequest\"=\n" +
 	"\x0fGetRingResponse\x12\x12\n" +
 	"\x04ring\x18\x01 \x01(\fR\x04ring\x12\x16\n" +
-	"\x06queues\x18\x02 \x01(\fR\x06queues\"\x9e\x02\n" +
+	"\x06queues\x18\x02 \x01(\fR\x06queues\"\xa7\x03\n" +
 	"\x14ListPartitionRequest\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05queue\x18\x02 \x01(\tR\x05queue\x12+\n" +
@@ -2493,7 +2531,13 @@ const file_norn_v1_peer_service_proto_rawDesc = "" +
 	"\fnewest_first\x18\b \x01(\bR\vnewestFirst\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\t \x03(\rR\n" +
-	"partitions\"\xb9\x01\n" +
+	"partitions\x12\x1d\n" +
+	"\n" +
+	"depends_on\x18\n" +
+	" \x01(\x04R\tdependsOn\x12\x16\n" +
+	"\x06worker\x18\v \x01(\tR\x06worker\x12%\n" +
+	"\x0eerror_contains\x18\f \x01(\tR\rerrorContains\x12)\n" +
+	"\x10payload_contains\x18\r \x01(\fR\x0fpayloadContains\"\xb9\x01\n" +
 	"\x15ListPartitionResponse\x12#\n" +
 	"\x05tasks\x18\x01 \x03(\v2\r.norn.v1.TaskR\x05tasks\x12\x18\n" +
 	"\ascanned\x18\x02 \x01(\rR\ascanned\x12\x12\n" +

@@ -494,9 +494,22 @@ type ListTasksRequest struct {
 	// tasks spread over the nodes asked, and may hold fewer than
 	// `page_size` even when more follow. Refused (FAILED_PRECONDITION)
 	// while a node that must answer runs a build without it.
-	NewestFirst   bool `protobuf:"varint,5,opt,name=newest_first,json=newestFirst,proto3" json:"newest_first,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NewestFirst bool `protobuf:"varint,5,opt,name=newest_first,json=newestFirst,proto3" json:"newest_first,omitempty"`
+	// Only tasks whose spec depends on this task (TaskSpec.depends_on holds
+	// it): the tasks waiting for it. 0 (the default): no filter.
+	DependsOn uint64 `protobuf:"varint,6,opt,name=depends_on,json=dependsOn,proto3" json:"depends_on,omitempty"`
+	// Only tasks claimed at least once by this worker (ClaimInfo.worker,
+	// exactly). Empty (the default): no filter. At most 256 bytes.
+	Worker string `protobuf:"bytes,7,opt,name=worker,proto3" json:"worker,omitempty"`
+	// Only tasks with an error whose code or description contains this
+	// text (as BulkActionRequest.error_contains). Empty (the default): no
+	// filter. At most 1,024 bytes.
+	ErrorContains string `protobuf:"bytes,8,opt,name=error_contains,json=errorContains,proto3" json:"error_contains,omitempty"`
+	// Only tasks whose payload contains these bytes (a JSON field's text,
+	// an argument). Empty (the default): no filter. At most 1,024 bytes.
+	PayloadContains []byte `protobuf:"bytes,9,opt,name=payload_contains,json=payloadContains,proto3" json:"payload_contains,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ListTasksRequest) Reset() {
@@ -562,6 +575,34 @@ func (x *ListTasksRequest) GetNewestFirst() bool {
 		return x.NewestFirst
 	}
 	return false
+}
+
+func (x *ListTasksRequest) GetDependsOn() uint64 {
+	if x != nil {
+		return x.DependsOn
+	}
+	return 0
+}
+
+func (x *ListTasksRequest) GetWorker() string {
+	if x != nil {
+		return x.Worker
+	}
+	return ""
+}
+
+func (x *ListTasksRequest) GetErrorContains() string {
+	if x != nil {
+		return x.ErrorContains
+	}
+	return ""
+}
+
+func (x *ListTasksRequest) GetPayloadContains() []byte {
+	if x != nil {
+		return x.PayloadContains
+	}
+	return nil
 }
 
 // ListTasksResponse is the response of TaskService.ListTasks.
@@ -2200,14 +2241,19 @@ const file_norn_v1_task_service_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\f\n" +
 	"\x01r\x18\x02 \x01(\rR\x01r\"4\n" +
 	"\x0fGetTaskResponse\x12!\n" +
-	"\x04task\x18\x01 \x01(\v2\r.norn.v1.TaskR\x04task\"\xb4\x01\n" +
+	"\x04task\x18\x01 \x01(\v2\r.norn.v1.TaskR\x04task\"\xbd\x02\n" +
 	"\x10ListTasksRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12+\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x13.norn.v1.TaskStatusR\x06status\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\x12!\n" +
-	"\fnewest_first\x18\x05 \x01(\bR\vnewestFirst\"`\n" +
+	"\fnewest_first\x18\x05 \x01(\bR\vnewestFirst\x12\x1d\n" +
+	"\n" +
+	"depends_on\x18\x06 \x01(\x04R\tdependsOn\x12\x16\n" +
+	"\x06worker\x18\a \x01(\tR\x06worker\x12%\n" +
+	"\x0eerror_contains\x18\b \x01(\tR\rerrorContains\x12)\n" +
+	"\x10payload_contains\x18\t \x01(\fR\x0fpayloadContains\"`\n" +
 	"\x11ListTasksResponse\x12#\n" +
 	"\x05tasks\x18\x01 \x03(\v2\r.norn.v1.TaskR\x05tasks\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\")\n" +
