@@ -17,7 +17,7 @@ BIN         := bin
 # binaries never carry them (cmd/nornd's TestReleaseHasNoTestHooks).
 TEST_TAGS   := testhooks
 
-.PHONY: all build test test-core test-rest test-stress lint kubeconform promtool fmt proto proto-check bench bench-move bench-peers bench-scale bench-idle fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
+.PHONY: all build test test-core test-rest test-stress lint kubeconform promtool fmt proto proto-check bench bench-move bench-peers bench-scale bench-console bench-idle fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
 
 all: build
 
@@ -133,6 +133,11 @@ bench-peers: build
 # latency, RSS and disk at each size (docs/SCALING.md).
 bench-scale: build
 	BIN=$(BIN) SCALE=$(SCALE) bash scripts/bench-scale.sh
+
+# The console's pages on one node holding TASKS tasks (default 1,000,000):
+# median and worst time of each (docs/BENCHMARKS.md). Needs curl, jq, bc.
+bench-console: build
+	BIN=$(BIN) bash scripts/bench-console.sh
 
 # Three idle nodes with P partitions (default 1024): CPU share of a core
 # and RSS per node (docs/SCALING.md).

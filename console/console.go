@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 )
 
@@ -53,6 +54,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
+	// Metrics is the node's registry, whose RPC metrics the overview
+	// charts (sparks.go); nil: no charts. Close stops its sampling.
+	Metrics prometheus.Gatherer
+	// SampleEvery is the interval of the charts' points; 0 means 10 s.
+	SampleEvery time.Duration
 }
 
 //go:embed templates/*.html static/*
@@ -65,6 +71,7 @@ type Console struct {
 	pages  map[string]*template.Template
 	static http.Handler
 	mux    *http.ServeMux
+	sparks *sampler // nil without Config.Metrics
 
 	mu       sync.Mutex
 	limiters map[string]*limiter
@@ -75,7 +82,8 @@ type limiter struct {
 	used time.Time
 }
 
-// New returns the console of cfg.
+// New returns the console of cfg. With cfg.Metrics it samples them in a
+// goroutine of its own until Close.
 func New(cfg Config) *Console {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -99,18 +107,35 @@ func New(cfg Config) *Console {
 	m.HandleFunc("GET "+Prefix+"tasks", c.page(c.tasks))
 	m.HandleFunc("GET "+Prefix+"tasks/{id}", c.page(c.task))
 	m.HandleFunc("GET "+Prefix+"find", c.find)
+	m.HandleFunc("GET "+Prefix+"workers", c.page(c.workers))
 	m.HandleFunc("GET "+Prefix+"dead", c.page(c.dead))
 	m.HandleFunc("POST "+Prefix+"dead", c.action(c.deadAct))
 	m.HandleFunc("GET "+Prefix+"schedules", c.page(c.schedules))
+	m.HandleFunc("GET "+Prefix+"schedules/new", c.page(c.scheduleNew))
+	m.HandleFunc("GET "+Prefix+"schedules/{name}/edit", c.page(c.scheduleEdit))
+	m.HandleFunc("POST "+Prefix+"schedules", c.formPost(c.scheduleCreate))
+	m.HandleFunc("POST "+Prefix+"schedules/{name}", c.formPost(c.scheduleUpdate))
+	m.HandleFunc("POST "+Prefix+"schedules/{name}/delete", c.action(c.scheduleDelete))
 	m.HandleFunc("POST "+Prefix+"schedules/{name}/pause", c.action(c.schedulePause))
 	m.HandleFunc("POST "+Prefix+"schedules/{name}/trigger", c.action(c.scheduleTrigger))
 	m.HandleFunc("GET "+Prefix+"cluster", c.page(c.cluster))
 	m.HandleFunc("POST "+Prefix+"cluster/rebalance", c.action(c.rebalance))
 	m.HandleFunc("POST "+Prefix+"cluster/drain", c.action(c.drain))
-	m.HandleFunc("POST "+Prefix+"tasks/{id}/cancel", c.action(c.cancel))
-	m.HandleFunc("POST "+Prefix+"tasks/{id}/retry", c.action(c.retry))
+	m.HandleFunc("POST "+Prefix+"tasks/{id}/{act}", c.action(c.act))
 	c.mux = m
+	if cfg.Metrics != nil {
+		c.sparks = newSampler(cfg.Metrics, cfg.SampleEvery)
+		c.sparks.start()
+	}
 	return c
+}
+
+// Close stops the console's sampling of the metrics and waits for it to
+// end. It may be called more than once; the pages are still served.
+func (c *Console) Close() {
+	if c.sparks != nil {
+		c.sparks.close()
+	}
 }
 
 // ServeHTTP serves the console's paths (Prefix and below).

@@ -125,40 +125,6 @@ func (c *Console) deadAct(ctx context.Context, _ http.ResponseWriter, r *http.Re
 	return addQuery(back, "done", msg), nil
 }
 
-func (c *Console) schedules(ctx context.Context, r *http.Request, api clients, me rights, v *view) string {
-	v.Title, v.Nav, v.Live = "Schedules", "schedules", true
-	if e := r.URL.Query().Get("error"); e != "" {
-		v.Errors = append(v.Errors, e)
-	}
-	if e := r.URL.Query().Get("done"); e != "" {
-		v.Errors = append(v.Errors, e)
-	}
-	if !me.mayAdmin("*") {
-		v.Errors = append(v.Errors, "Schedules are for admins (docs/SECURITY.md).")
-		return "schedules"
-	}
-	l, err := api.admin.ListSchedules(ctx, connect.NewRequest(&nornv1.ListSchedulesRequest{}))
-	if err != nil {
-		v.Errors = append(v.Errors, "ListSchedules: "+errText(err))
-		return "schedules"
-	}
-	v.Data = l.Msg.Schedules
-	return "schedules"
-}
-
-func (c *Console) schedulePause(ctx context.Context, _ http.ResponseWriter, r *http.Request, api clients) (string, error) {
-	_, err := api.admin.PauseSchedule(ctx, connect.NewRequest(&nornv1.PauseScheduleRequest{Name: r.PathValue("name"), Paused: r.PostFormValue("paused") == "true"}))
-	return Prefix + "schedules", err
-}
-
-func (c *Console) scheduleTrigger(ctx context.Context, _ http.ResponseWriter, r *http.Request, api clients) (string, error) {
-	res, err := api.admin.TriggerSchedule(ctx, connect.NewRequest(&nornv1.TriggerScheduleRequest{Name: r.PathValue("name")}))
-	if err != nil {
-		return Prefix + "schedules", err
-	}
-	return addQuery(Prefix+"schedules", "done", fmt.Sprintf("triggered %s: task %d", r.PathValue("name"), res.Msg.TaskId)), nil
-}
-
 // clusterData is the cluster operations page's.
 type clusterData struct {
 	Plan   *nornv1.Plan

@@ -5,13 +5,10 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -23,7 +20,7 @@ import (
 )
 
 // pageNames are the templates under templates/, each with the layout.
-var pageNames = []string{"login", "overview", "queues", "tasks", "task", "dead", "schedules", "cluster"}
+var pageNames = []string{"login", "overview", "queues", "tasks", "task", "dead", "schedules", "schedule_form", "cluster", "workers"}
 
 func parsePages() map[string]*template.Template {
 	funcs := template.FuncMap{
@@ -148,6 +145,7 @@ type overviewData struct {
 	Status      *nornv1.StatusResponse
 	Leaderless  []uint32
 	Disagreeing []uint32
+	Calls       *sparksView // this node's calls, from its metrics
 }
 
 func (c *Console) overview(ctx context.Context, r *http.Request, api clients, me rights, v *view) string {
@@ -156,12 +154,17 @@ func (c *Console) overview(ctx context.Context, r *http.Request, api clients, me
 		v.Errors = append(v.Errors, "Your grants do not include the cluster's status (admin or reader): see Queues and Tasks.")
 		return "overview"
 	}
+	d := overviewData{Calls: &sparksView{Off: true}}
+	if c.sparks != nil {
+		d.Calls = c.sparks.view()
+	}
 	st, err := api.admin.Status(ctx, connect.NewRequest(&nornv1.StatusRequest{}))
 	if err != nil {
 		v.Errors = append(v.Errors, "Status: "+errText(err))
+		v.Data = d
 		return "overview"
 	}
-	d := overviewData{Status: st.Msg}
+	d.Status = st.Msg
 	for _, p := range st.Msg.Partitions {
 		if p.Leader == "" {
 			d.Leaderless = append(d.Leaderless, p.Id)
@@ -237,121 +240,6 @@ func (c *Console) pause(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	paused := r.PostFormValue("paused") == "true"
 	_, err := api.queues.SetQueue(ctx, connect.NewRequest(&nornv1.SetQueueRequest{Queue: queue, Settings: &nornv1.QueueSettings{Paused: &paused}}))
 	return Prefix + "queues", err
-}
-
-// taskFilter is the tasks page's query.
-type taskFilter struct {
-	Queue, Status, Page string
-	Newest              bool
-	Size                uint32 // page size, 10-500; 0: the default, 50
-}
-
-func (c *Console) tasks(ctx context.Context, r *http.Request, api clients, me rights, v *view) string {
-	v.Title, v.Nav = "Tasks", "tasks"
-	q := r.URL.Query()
-	if e := q.Get("error"); e != "" {
-		v.Errors = append(v.Errors, e)
-	}
-	f := taskFilter{Queue: q.Get("queue"), Status: q.Get("status"), Page: q.Get("page"), Newest: q.Get("newest") != ""}
-	size := uint32(50)
-	if n, err := strconv.ParseUint(q.Get("size"), 10, 32); err == nil && n >= 10 && n <= 500 {
-		size = uint32(n)
-		f.Size = size
-	}
-	data := struct {
-		F        taskFilter
-		Tasks    []*nornv1.Task
-		Next     string
-		Statuses []string
-		Queues   []string
-	}{F: f, Statuses: statusOrder, Queues: me.namedQueues()}
-	if f.Queue == "" && !me.mayList("*") {
-		v.Data = data
-		return "tasks"
-	}
-	req := &nornv1.ListTasksRequest{Queue: f.Queue, PageSize: size, PageToken: f.Page, NewestFirst: f.Newest}
-	if f.Status != "" {
-		st, ok := nornv1.TaskStatus_value["TASK_STATUS_"+f.Status]
-		if !ok {
-			v.Errors = append(v.Errors, fmt.Sprintf("status: %q is not a status", f.Status))
-			v.Data = data
-			return "tasks"
-		}
-		req.Status = nornv1.TaskStatus(st)
-	}
-	l, err := api.tasks.ListTasks(ctx, connect.NewRequest(req))
-	if err != nil {
-		v.Errors = append(v.Errors, "ListTasks: "+errText(err))
-	} else {
-		data.Tasks, data.Next = l.Msg.Tasks, l.Msg.NextPageToken
-	}
-	v.Data = data
-	return "tasks"
-}
-
-// taskData is the task page's.
-type taskData struct {
-	T                   *nornv1.Task
-	Payload, Result     previewed
-	MayCancel, MayRetry bool
-	Terminal            bool
-}
-
-func (c *Console) task(ctx context.Context, r *http.Request, api clients, me rights, v *view) string {
-	v.Nav, v.Live = "tasks", true
-	id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
-	v.Title = "Task " + r.PathValue("id")
-	if err != nil {
-		v.Errors = append(v.Errors, fmt.Sprintf("id: %q is not a task id (a decimal number)", r.PathValue("id")))
-		return "task"
-	}
-	if e := r.URL.Query().Get("error"); e != "" {
-		v.Errors = append(v.Errors, e)
-	}
-	g, err := api.tasks.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id}))
-	if err != nil {
-		v.Errors = append(v.Errors, "GetTask: "+errText(err))
-		return "task"
-	}
-	t := g.Msg.Task
-	queue := t.GetSpec().GetQueue()
-	terminal := slices.Contains([]nornv1.TaskStatus{nornv1.TaskStatus_TASK_STATUS_COMPLETED, nornv1.TaskStatus_TASK_STATUS_ABORTED,
-		nornv1.TaskStatus_TASK_STATUS_CANCELLED, nornv1.TaskStatus_TASK_STATUS_DEAD}, t.Status)
-	v.Data = taskData{T: t, Payload: preview(t.GetSpec().GetPayload()), Result: preview(t.Result),
-		MayCancel: !terminal && me.mayCancel(queue),
-		MayRetry:  terminal && t.Status != nornv1.TaskStatus_TASK_STATUS_COMPLETED && me.mayRetry(queue),
-		Terminal:  terminal}
-	return "task"
-}
-
-// find is the search box: the page of the task with the id asked for.
-func (c *Console) find(w http.ResponseWriter, r *http.Request) {
-	id := strings.TrimSpace(r.URL.Query().Get("id"))
-	if _, err := strconv.ParseUint(id, 10, 64); err != nil {
-		http.Redirect(w, r, addQuery(Prefix+"tasks", "error", fmt.Sprintf("id: %q is not a task id (a decimal number)", id)), http.StatusSeeOther)
-		return
-	}
-	http.Redirect(w, r, Prefix+"tasks/"+id, http.StatusSeeOther)
-}
-
-func (c *Console) cancel(ctx context.Context, w http.ResponseWriter, r *http.Request, api clients) (string, error) {
-	id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
-	back := Prefix + "tasks/" + url.PathEscape(r.PathValue("id"))
-	if err != nil {
-		return back, errors.New("id: not a task id")
-	}
-	_, err = api.tasks.Cancel(ctx, connect.NewRequest(&nornv1.CancelRequest{Id: id}))
-	return back, err
-}
-
-func (c *Console) retry(ctx context.Context, w http.ResponseWriter, r *http.Request, api clients) (string, error) {
-	id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
-	back := Prefix + "tasks/" + url.PathEscape(r.PathValue("id"))
-	if err != nil {
-		return back, errors.New("id: not a task id")
-	}
-	_, err = api.tasks.Retry(ctx, connect.NewRequest(&nornv1.RetryRequest{Id: id}))
-	return back, err
 }
 
 // previewed is a payload or result as the task page shows it.

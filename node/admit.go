@@ -84,7 +84,8 @@ func (n *Node) edge(next http.Handler) http.Handler {
 			}
 			err = n.server.AdmitPeer(r.RemoteAddr, r.Header)
 			budget, limit = n.peerBudget, PeerMaxRequestBytes
-		case strings.HasPrefix(path, taskPrefix), strings.HasPrefix(path, adminPrefix), strings.HasPrefix(path, queuePrefix):
+		case strings.HasPrefix(path, taskPrefix), strings.HasPrefix(path, adminPrefix), strings.HasPrefix(path, queuePrefix),
+			strings.HasPrefix(path, reflectionPrefixes[0]), strings.HasPrefix(path, reflectionPrefixes[1]):
 			err = n.server.AdmitClient(path, id, r.Header.Get("Authorization"))
 			budget, limit = n.clientBudget, int64(n.cfg.MaxRequestBytes)
 		default:

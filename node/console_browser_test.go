@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,6 +178,28 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("the payload is not shown as text: %q", payload)
 	}
 	shot(t, ctx, "task")
+	// The tasks that depend on it: the link on its page, and a search by
+	// payload text.
+	child := h.enqueue(&nornv1.TaskSpec{Queue: "emails", Payload: []byte(`{"after":"the script"}`), DependsOn: []uint64{id}})
+	click(t, ctx, "a.dependents")
+	waitText(t, ctx, strconv.FormatUint(child, 10))
+	if rows := get(t, ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("tr.task td:first-child")).map(td => td.textContent)`)); len(rows) != 1 {
+		t.Fatalf("the tasks depending on %d: %v, want %d alone", id, rows, child)
+	}
+	shot(t, ctx, "dependents")
+	run(t, ctx, chromedp.Navigate(base+"tasks?queue=emails&text="+url.QueryEscape("owned")), chromedp.WaitVisible(chromedp.CSS("table")))
+	waitText(t, ctx, ids)
+	shot(t, ctx, "search")
+	// Workers holding claims.
+	if c := h.claim("bulk", 3, time.Minute); len(c) != 3 {
+		t.Fatalf("claimed %d of bulk, want 3", len(c))
+	}
+	run(t, ctx, chromedp.Navigate(base+"workers?queue=bulk"), chromedp.WaitVisible(chromedp.CSS("table")))
+	if n := get(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("tr.worker").length`)); n != 1 || !strings.Contains(mainText(t, ctx), "from the 3 CLAIMED tasks") {
+		t.Fatalf("workers of bulk: %d rows\n%s", n, mainText(t, ctx))
+	}
+	shot(t, ctx, "workers")
+	run(t, ctx, chromedp.Navigate(base+"tasks/"+ids), chromedp.WaitVisible(chromedp.CSS("pre.payload")))
 	click(t, ctx, "button.danger")
 	waitText(t, ctx, "CANCELLED")
 	waitText(t, ctx, "Retry")
@@ -222,6 +245,19 @@ func TestConsoleInBrowser(t *testing.T) {
 	shot(t, ctx, "dead")
 	run(t, ctx, chromedp.Navigate(base+"schedules"), chromedp.WaitVisible(chromedp.CSS("h1")))
 	shot(t, ctx, "schedules")
+	// A schedule created through the form.
+	run(t, ctx, chromedp.Navigate(base+"schedules/new"), chromedp.WaitVisible(chromedp.CSS("form.edit")),
+		chromedp.SendKeys(chromedp.CSS(`input[name="name"]`), "nightly"),
+		chromedp.SendKeys(chromedp.CSS(`input[name="template.queue"]`), "reports"),
+		chromedp.SendKeys(chromedp.CSS(`textarea[name="template.payload"]`), "{\"kind\": \"nightly\"}\n"),
+		chromedp.SendKeys(chromedp.CSS(`input[name="cron"]`), "0 3 * * *"),
+		chromedp.SendKeys(chromedp.CSS(`input[name="timeZone"]`), "Europe/Paris"))
+	shot(t, ctx, "schedule-form")
+	click(t, ctx, "form.edit button")
+	waitText(t, ctx, "created schedule nightly")
+	if s := h.getSchedule("nightly"); s.GetCron() != "0 3 * * *" || s.GetTimeZone() != "Europe/Paris" || string(s.GetTemplate().GetPayload()) != "{\"kind\": \"nightly\"}\n" {
+		t.Fatalf("the schedule created in the browser: %v", s)
+	}
 	run(t, ctx, chromedp.Navigate(base+"cluster"), chromedp.WaitVisible(chromedp.CSS("h1")))
 	waitText(t, ctx, "Rebalance plan")
 	shot(t, ctx, "cluster")

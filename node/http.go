@@ -58,6 +58,7 @@ func (n *Node) Handler() http.Handler {
 	mux.Handle(nornv1connect.NewPeerServiceHandler(n.server.PeerService(),
 		append([]connect.HandlerOption{connect.WithReadMaxBytes(PeerMaxRequestBytes), connect.WithCompressMinBytes(4 << 10),
 			connect.WithInterceptors(n.apiInterceptors()...)}, transport.StrictJSON()...)...))
+	n.mountEcosystem(mux)
 	if !n.cfg.MetricsElsewhere {
 		mux.Handle("GET /metrics", n.metrics.handler)
 	}
@@ -78,17 +79,41 @@ func (n *Node) Handler() http.Handler {
 	})
 	api := n.edge(mux)
 	// The web console (docs/CONSOLE.md) calls the API above in process,
-	// as the browser.
-	mux.Handle(console.Prefix, console.New(console.Config{API: api, AuthOn: n.cfg.TLS != nil || n.cfg.Auth != nil,
+	// as the browser, and charts the calls from the node's metrics.
+	con := console.New(console.Config{API: api, AuthOn: n.cfg.TLS != nil || n.cfg.Auth != nil,
 		NodeID: n.cfg.NodeID, Logger: n.cfg.Logger, CertUser: func(r *http.Request) string {
 			if n.cfg.TLS == nil || r.TLS == nil {
 				return ""
 			}
 			id, _ := transport.IdentityOf(*r.TLS)
 			return id.User
-		}}))
+		}, Metrics: n.metrics.reg, SampleEvery: consoleSampleEvery})
+	n.closeWithNode(con)
+	mux.Handle(console.Prefix, con)
 	mux.Handle("GET /ui", http.RedirectHandler(console.Prefix, http.StatusMovedPermanently))
 	return api
+}
+
+// consoleSampleEvery is the interval of the console's charts' points: 0
+// for the console's default (10 s). Tests set it shorter.
+var consoleSampleEvery time.Duration
+
+// closeWithNode closes con (stops its sampling of the metrics) when the
+// node closes: Close waits for it (n.stopped). After Close it closes con
+// at once.
+func (n *Node) closeWithNode(con *console.Console) {
+	n.closeMu.Lock()
+	defer n.closeMu.Unlock()
+	if n.closed {
+		con.Close()
+		return
+	}
+	n.stopped.Add(1)
+	go func() {
+		defer n.stopped.Done()
+		<-n.stop
+		con.Close()
+	}()
 }
 
 // apiInterceptors are the interceptors of the API's handlers: the RPC

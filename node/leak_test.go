@@ -86,6 +86,13 @@ func TestRefusalDoesNotTellWhetherATaskExists(t *testing.T) {
 // work and read on queue "mine" (tok), root is an admin (admTok).
 func aliceAndRoot(t *testing.T) (h *harness, tok, admTok string) {
 	t.Helper()
+	return aliceAndRootWith(t, nil)
+}
+
+// aliceAndRootWith is aliceAndRoot with the node's config changed by tune
+// (nil: unchanged).
+func aliceAndRootWith(t *testing.T, tune func(*Config)) (h *harness, tok, admTok string) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "auth.json")
 	tok, entry := access.NewToken("alice", time.Now())
 	admTok, admEntry := access.NewToken("root", time.Now())
@@ -104,7 +111,12 @@ func aliceAndRoot(t *testing.T) (h *harness, tok, admTok string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newHarnessWith(t, t.TempDir(), nil, func(c *Config) { c.Auth = rules }), tok, admTok
+	return newHarnessWith(t, t.TempDir(), nil, func(c *Config) {
+		c.Auth = rules
+		if tune != nil {
+			tune(c)
+		}
+	}), tok, admTok
 }
 
 // call makes one call of f with msg as the holder of token.
