@@ -2,15 +2,16 @@
 # The console's pages on one node holding a million tasks (make
 # bench-console; docs/BENCHMARKS.md): a node started as `make run` starts
 # it fills queue big with TASKS tasks (default 1,000,000: nornctl bench
-# --workload enqueue), completes 2,000 of them, lets 20 tasks of queue flaky go DEAD with
-# their errors, and then times each console page: the median and worst of
-# ROUNDS (default 7) GETs through curl (time_total: connect, the page's
-# API calls in process, the render, the transfer), and the page's size.
-# The deep page is the tasks page at the cursor halfway through the
-# queue (walked to with nornctl list). The search row is one search press
-# (a payload text no task holds): it stops at its 2 s budget by design.
-# Its own node under DATA (default data-benchconsole, removed first) on
-# 127.0.0.1:7400 (stop `make run` / `make cluster` first); stopped by pid.
+# --workload enqueue), completes 2,000 of them, lets 20 tasks of queue
+# flaky go DEAD with their errors, and then times each console page: the
+# median and worst of ROUNDS (default 7) GETs through curl (time_total:
+# connect, the page's API calls in process, the render, the transfer),
+# and the page's size. The deep page is the tasks page at the cursor
+# halfway through the queue (walked to with nornctl list). The search row
+# is one search press (a payload text no task holds), bounded by its 2 s
+# budget. Its own node under DATA (default data-benchconsole, removed
+# first) on 127.0.0.1:7400 (stop `make run` / `make cluster` first);
+# stopped by pid.
 set -euo pipefail
 
 BIN=${BIN:-bin}
