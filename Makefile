@@ -17,7 +17,7 @@ BIN         := bin
 # binaries never carry them (cmd/nornd's TestReleaseHasNoTestHooks).
 TEST_TAGS   := testhooks
 
-.PHONY: all build test test-core test-rest test-stress lint kubeconform promtool fmt proto proto-check bench bench-move bench-peers bench-scale bench-console bench-idle fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
+.PHONY: all build test test-core test-rest test-clients test-stress lint kubeconform promtool fmt proto proto-check bench bench-move bench-peers bench-scale bench-console bench-idle fuzz cluster cluster-add cluster-stop run clean jepsen jepsen-short
 
 all: build
 
@@ -34,8 +34,20 @@ NOBROWSER   := command -v chromium >/dev/null 2>&1 || echo "*** NO BROWSER TESTS
 
 test:
 	@$(NOBROWSER)
-	@$(MAKE) --no-print-directory test-core test-rest
+	@$(MAKE) --no-print-directory test-core test-rest test-clients
 	@$(NOBROWSER)
+
+# The clients beyond Go (clients/typescript, clients/python), each tested
+# against real clusters of the binaries built here. Without Node.js or
+# Python 3 the client's tests cannot run: said loudly, and make test fails
+# (.ci/run installs both).
+test-clients: build
+	@command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || { echo "*** Node.js and npm are needed for clients/typescript's tests (apt-get install nodejs npm) ***" >&2; exit 1; }
+	bash clients/typescript/run-tests.sh
+	@if [ -f clients/python/run-tests.sh ]; then \
+		command -v python3 >/dev/null 2>&1 || { echo "*** Python 3 is needed for clients/python's tests (apt-get install python3) ***" >&2; exit 1; }; \
+		bash clients/python/run-tests.sh; \
+	fi
 
 test-core:
 	@mkdir -p test-output
@@ -92,6 +104,8 @@ fmt:
 proto:
 	rm -f api/norn/v1/*.pb.go api/norn/v1/nornv1connect/*.connect.go
 	cd api && $(GO) run $(BUF) generate
+	@if [ -x clients/typescript/node_modules/.bin/protoc-gen-es ]; then (cd clients/typescript && npm run --silent generate); \
+	else echo "make proto: clients/typescript/src/gen not regenerated: run 'npm ci' there first (its tests check it is current)" >&2; fi
 
 # Lint the .proto files and fail if the committed generated code is stale:
 # generate into a temporary directory and compare.
