@@ -33,11 +33,6 @@ type deadData struct {
 func (c *Console) dead(ctx context.Context, r *http.Request, api clients, me rights, v *view) string {
 	v.Title, v.Nav = "Dead tasks", "dead"
 	q := r.URL.Query()
-	for _, k := range []string{"error", "done"} {
-		if e := q.Get(k); e != "" {
-			v.Errors = append(v.Errors, e)
-		}
-	}
 	d := deadData{Queue: q.Get("queue"), Queues: me.namedQueues()}
 	v.Data = &d
 	if d.Queue == "" && !me.mayList("*") {
@@ -135,11 +130,6 @@ type clusterData struct {
 // moves under way, with apply, cancel and drain.
 func (c *Console) cluster(ctx context.Context, r *http.Request, api clients, me rights, v *view) string {
 	v.Title, v.Nav, v.Live = "Cluster", "cluster", true
-	for _, k := range []string{"error", "done"} {
-		if e := r.URL.Query().Get(k); e != "" {
-			v.Errors = append(v.Errors, e)
-		}
-	}
 	if !me.mayAdmin("*") {
 		v.Errors = append(v.Errors, "Cluster operations are for admins (docs/SECURITY.md).")
 		return "cluster"

@@ -91,6 +91,12 @@ func (c *Console) page(fn pageFunc) http.HandlerFunc {
 				v.Who = "node " + me.Msg.Node
 			}
 		}
+		// The notes an action's redirect left: what went wrong or was done.
+		for _, k := range []string{"error", "done"} {
+			if e := r.URL.Query().Get(k); e != "" {
+				v.Errors = append(v.Errors, e)
+			}
+		}
 		name := fn(ctx, r, api, rt, v)
 		c.render(w, name, v)
 	}

@@ -31,11 +31,6 @@ type schedulesData struct {
 // schedules lists every schedule (AdminService.ListSchedules).
 func (c *Console) schedules(ctx context.Context, r *http.Request, api clients, me rights, v *view) string {
 	v.Title, v.Nav, v.Live = "Schedules", "schedules", true
-	for _, k := range []string{"error", "done"} {
-		if e := r.URL.Query().Get(k); e != "" {
-			v.Errors = append(v.Errors, e)
-		}
-	}
 	d := &schedulesData{MayAdmin: me.mayAdmin("*")}
 	v.Data = d
 	if !d.MayAdmin {

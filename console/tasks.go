@@ -105,9 +105,6 @@ type tasksData struct {
 func (c *Console) tasks(ctx context.Context, r *http.Request, api clients, me rights, v *view) string {
 	v.Title, v.Nav = "Tasks", "tasks"
 	q := r.URL.Query()
-	if e := q.Get("error"); e != "" {
-		v.Errors = append(v.Errors, e)
-	}
 	d := &tasksData{F: filterOf(q), Statuses: statusOrder, Queues: me.namedQueues(), MayListAll: me.mayList("*")}
 	v.Data = d
 	if d.F.Queue == "" && !d.MayListAll {
@@ -154,9 +151,6 @@ func (c *Console) task(ctx context.Context, r *http.Request, api clients, me rig
 	if err != nil {
 		v.Errors = append(v.Errors, fmt.Sprintf("id: %q is not a task id (a decimal number)", r.PathValue("id")))
 		return "task"
-	}
-	if e := r.URL.Query().Get("error"); e != "" {
-		v.Errors = append(v.Errors, e)
 	}
 	g, err := api.tasks.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: id}))
 	if err != nil {

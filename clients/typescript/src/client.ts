@@ -372,7 +372,8 @@ function durationOf(ms: number): Duration | undefined {
   return { $typeName: "google.protobuf.Duration", seconds: BigInt(whole), nanos: Math.round((ms - whole * 1000) * 1e6) };
 }
 
-function sleep(ms: number, signal?: AbortSignal): Promise<boolean> {
+/** Waits ms, or less if signal aborts first: false then. */
+export function sleep(ms: number, signal?: AbortSignal): Promise<boolean> {
   return new Promise((resolve) => {
     if (signal?.aborted) return resolve(false);
     const t = setTimeout(() => {

@@ -5,7 +5,7 @@
 import { hostname } from "node:os";
 import { Code } from "@connectrpc/connect";
 import type { Client } from "./client.js";
-import { backoffMs } from "./client.js";
+import { backoffMs, sleep } from "./client.js";
 import type { ClaimedTask, Task } from "./gen/norn/v1/task_pb.js";
 import {
   LeaseExpired,
@@ -472,17 +472,3 @@ function truncate(s: string): string {
   return new TextDecoder().decode(b.subarray(0, cut));
 }
 
-function sleep(ms: number, signal?: AbortSignal): Promise<boolean> {
-  return new Promise((resolve) => {
-    if (signal?.aborted) return resolve(false);
-    const t = setTimeout(() => {
-      signal?.removeEventListener("abort", onAbort);
-      resolve(true);
-    }, ms);
-    const onAbort = (): void => {
-      clearTimeout(t);
-      resolve(false);
-    };
-    signal?.addEventListener("abort", onAbort, { once: true });
-  });
-}
