@@ -329,16 +329,27 @@ func TestClusterClaimRouting(t *testing.T) {
 		t.Fatalf("claimed %d of %d tasks", len(got), tasks)
 	}
 	// Renew and complete each through a node picked round robin: the
-	// calls reach the leaders.
+	// calls reach the leaders. A leadership may move meanwhile (the
+	// leader balancer, an election on a loaded machine): UNAVAILABLE is
+	// retried, as a worker does.
 	i := 0
 	for id, claim := range got {
 		m := ms[i%3]
 		i++
-		if _, err := m.api.Renew(ctx, connect.NewRequest(&nornv1.RenewRequest{Id: id, ClaimId: claim,
-			Lease: durationpb.New(time.Minute)})); err != nil {
+		var err error
+		waitFor(t, 10*time.Second, "a renew through the partition's leader", func() bool {
+			_, err = m.api.Renew(ctx, connect.NewRequest(&nornv1.RenewRequest{Id: id, ClaimId: claim,
+				Lease: durationpb.New(time.Minute)}))
+			return connect.CodeOf(err) != connect.CodeUnavailable
+		})
+		if err != nil {
 			t.Fatalf("renew %d via %s: %v", id, m.cfg.NodeID, err)
 		}
-		if _, err := m.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: claim})); err != nil {
+		waitFor(t, 10*time.Second, "a complete through the partition's leader", func() bool {
+			_, err = m.api.Complete(ctx, connect.NewRequest(&nornv1.CompleteRequest{Id: id, ClaimId: claim}))
+			return connect.CodeOf(err) != connect.CodeUnavailable
+		})
+		if err != nil {
 			t.Fatalf("complete %d via %s: %v", id, m.cfg.NodeID, err)
 		}
 	}
