@@ -100,23 +100,27 @@ promtool:
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
-# Regenerate the Go code of api/ from its .proto files (commit the result).
+# Regenerate the Go code of api/ and its OpenAPI document (api/openapi,
+# from api/buf.openapi.yaml; the generator is a tool of the module
+# api/tools) from its .proto files (commit the result).
 proto:
 	rm -f api/norn/v1/*.pb.go api/norn/v1/nornv1connect/*.connect.go
 	cd api && $(GO) run $(BUF) generate
+	cd api && $(GO) run $(BUF) generate --template buf.openapi.yaml
 	@if [ -x clients/typescript/node_modules/.bin/protoc-gen-es ]; then (cd clients/typescript && npm run --silent generate); \
 	else echo "make proto: clients/typescript/src/gen not regenerated: run 'npm ci' there first (its tests check it is current)" >&2; fi
 
-# Lint the .proto files and fail if the committed generated code is stale:
-# generate into a temporary directory and compare.
+# Lint the .proto files and fail if the committed generated code or
+# OpenAPI document is stale: generate into a temporary directory and compare.
 proto-check:
 	cd api && $(GO) run $(BUF) lint
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	(cd api && $(GO) run $(BUF) generate -o "$$tmp/new") && \
+	(cd api && $(GO) run $(BUF) generate --template buf.openapi.yaml -o "$$tmp/new") && \
 	mkdir -p "$$tmp/new" "$$tmp/old" && \
-	(cd api && find . -name '*.pb.go' -o -name '*.connect.go' | xargs -r cp --parents -t "$$tmp/old") && \
+	(cd api && find . -name '*.pb.go' -o -name '*.connect.go' -o -path './openapi/norn.openapi.*' | xargs -r cp --parents -t "$$tmp/old") && \
 	if ! diff -ru "$$tmp/old" "$$tmp/new"; then \
-		echo "proto-check: the generated code in api/ is stale; run 'make proto' and commit it" >&2; exit 1; \
+		echo "proto-check: the generated code or OpenAPI document in api/ is stale; run 'make proto' and commit it" >&2; exit 1; \
 	fi
 
 # Benchmarks (numbers go in docs/BENCHMARKS.md). BENCH narrows them.

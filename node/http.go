@@ -59,6 +59,7 @@ func (n *Node) Handler() http.Handler {
 		append([]connect.HandlerOption{connect.WithReadMaxBytes(PeerMaxRequestBytes), connect.WithCompressMinBytes(4 << 10),
 			connect.WithInterceptors(n.apiInterceptors()...)}, transport.StrictJSON()...)...))
 	n.mountEcosystem(mux)
+	mountOpenAPI(mux) // GET /openapi.yaml and /openapi.json, open (openapi.go)
 	if !n.cfg.MetricsElsewhere {
 		mux.Handle("GET /metrics", n.metrics.handler)
 	}

@@ -49,6 +49,10 @@
 //	make proto        # buf generate at the pinned versions (api/buf.gen.yaml)
 //	make proto-check  # buf lint, and fail if the generated code is stale
 //
+// make proto also regenerates the OpenAPI document of the HTTP/JSON API
+// (package github.com/norn-dev/norn/api/openapi, api/buf.openapi.yaml),
+// which make proto-check checks the same way.
+//
 // buf runs through `go run` at the version pinned in the Makefile, and the
 // protoc-gen-go and protoc-gen-connect-go plugins are `tool` directives in
 // go.mod, so they match the protobuf and connect runtimes the module links
