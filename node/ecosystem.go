@@ -37,14 +37,16 @@ const healthWatchEvery = 250 * time.Millisecond
 func (n *Node) mountEcosystem(mux *http.ServeMux) {
 	opts := []connect.HandlerOption{connect.WithInterceptors(n.apiInterceptors()...)}
 	names := append(slices.Clone(publicServices), grpchealth.HealthV1ServiceName)
-	reflector := grpcreflect.NewStaticReflector(names...)
-	if files, err := publicFiles(names, nornv1.File_norn_v1_error_details_proto); err == nil {
-		reflector = grpcreflect.NewReflector(grpcreflect.NamerFunc(func() []string { return names }), grpcreflect.WithDescriptorResolver(files))
+	// The files are compiled in, so this fails only on a build whose
+	// descriptors are broken: then no reflection rather than one that
+	// would resolve PeerService's symbols.
+	if files, err := publicFiles(names, nornv1.File_norn_v1_error_details_proto); err != nil {
+		n.cfg.Logger.Error("gRPC reflection not served", "err", err)
 	} else {
-		n.cfg.Logger.Warn("reflection serves every registered file", "err", err)
+		reflector := grpcreflect.NewReflector(grpcreflect.NamerFunc(func() []string { return names }), grpcreflect.WithDescriptorResolver(files))
+		mux.Handle(grpcreflect.NewHandlerV1(reflector, opts...))
+		mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector, opts...))
 	}
-	mux.Handle(grpcreflect.NewHandlerV1(reflector, opts...))
-	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector, opts...))
 	mux.Handle(grpchealth.NewHandler(healthChecker{ready: n.Ready, stop: n.stop}, opts...))
 }
 

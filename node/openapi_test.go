@@ -19,7 +19,6 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,7 +30,6 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 
-	"github.com/norn-dev/norn/access"
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/api/norn/v1/nornv1connect"
 	"github.com/norn-dev/norn/api/openapi"
@@ -282,16 +280,7 @@ func openAPIFixtures(t *testing.T, h *harness) map[string]map[string]any {
 // document without credentials on a node that checks its callers, where
 // a TaskService call without them is refused.
 func TestOpenAPIServedOpen(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "auth.json")
-	f := &access.File{Users: map[string]access.User{"root": {Grants: []access.Grant{{Role: access.RoleAdmin}}}}}
-	if err := f.Write(path); err != nil {
-		t.Fatal(err)
-	}
-	rules, err := access.LoadRules(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHarnessWith(t, t.TempDir(), nil, func(c *Config) { c.Auth = rules })
+	h, _, _ := aliceAndRoot(t)
 	for p, want := range map[string][]byte{openapi.PathYAML: openapi.YAML, openapi.PathJSON: openapi.JSON} {
 		resp, err := h.srv.Client().Get(h.srv.URL + p)
 		if err != nil {
@@ -303,6 +292,6 @@ func TestOpenAPIServedOpen(t *testing.T) {
 			t.Errorf("GET %s without credentials: %d, %d bytes (%v); want 200 and the document", p, resp.StatusCode, len(got), err)
 		}
 	}
-	_, err = h.api.GetTask(context.Background(), connect.NewRequest(&nornv1.GetTaskRequest{Id: 1}))
+	_, err := h.api.GetTask(context.Background(), connect.NewRequest(&nornv1.GetTaskRequest{Id: 1}))
 	wantCode(t, err, connect.CodeUnauthenticated)
 }
