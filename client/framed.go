@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -54,12 +55,12 @@ func NewFramedTaskServiceTLS(c nornv1connect.TaskServiceClient, hostport string,
 func callFramed[Resp any, PResp interface {
 	*Resp
 	proto.Message
-}](ctx context.Context, f *framedTasks, m transport.RPCMethod, req proto.Message) (resp *connect.Response[Resp], ok bool, err error) {
+}](ctx context.Context, f *framedTasks, m transport.RPCMethod, req proto.Message, late func([]byte)) (resp *connect.Response[Resp], ok bool, err error) {
 	body, err := proto.Marshal(req)
 	if err != nil {
 		return nil, true, connect.NewError(connect.CodeInternal, fmt.Errorf("marshal %T: %w", req, err))
 	}
-	out, err := f.rpc.Call(ctx, m, transport.ClientCallMeta(ctx), body)
+	out, err := f.rpc.CallLate(ctx, m, transport.ClientCallMeta(ctx), body, late)
 	if errors.Is(err, transport.ErrRPCUnsupported) {
 		return nil, false, nil
 	}
@@ -79,11 +80,20 @@ func framedOr[Req, Resp any, PResp interface {
 	*Resp
 	proto.Message
 }](ctx context.Context, f *framedTasks, m transport.RPCMethod, req *connect.Request[Req], viaConnect func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (*connect.Response[Resp], error) {
+	return framedLateOr[Req, Resp, PResp](ctx, f, m, req, viaConnect, nil)
+}
+
+// framedLateOr is framedOr with late given the framed answer that comes
+// after ctx ended (transport.RPCClient.CallLate).
+func framedLateOr[Req, Resp any, PResp interface {
+	*Resp
+	proto.Message
+}](ctx context.Context, f *framedTasks, m transport.RPCMethod, req *connect.Request[Req], viaConnect func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error), late func([]byte)) (*connect.Response[Resp], error) {
 	msg, ok := any(req.Msg).(proto.Message)
 	if !ok {
 		return viaConnect(ctx, req)
 	}
-	if resp, ok, err := callFramed[Resp, PResp](ctx, f, m, msg); ok {
+	if resp, ok, err := callFramed[Resp, PResp](ctx, f, m, msg, late); ok {
 		return resp, err
 	}
 	return viaConnect(ctx, req)
@@ -97,9 +107,28 @@ func (f *framedTasks) EnqueueBatch(ctx context.Context, req *connect.Request[nor
 	return framedOr(ctx, f, transport.MethodEnqueueBatch, req, f.TaskServiceClient.EnqueueBatch)
 }
 
+// Claim claims framed. A claim the caller left (ctx ended) whose answer
+// still comes with tasks gives them back (Yield): nobody will handle
+// them, and they would wait out their leases. (The node gives back what
+// it grants after it learned the caller left; this covers the answer on
+// its way when the caller left.)
 func (f *framedTasks) Claim(ctx context.Context, req *connect.Request[nornv1.ClaimRequest]) (*connect.Response[nornv1.ClaimResponse], error) {
-	return framedOr(ctx, f, transport.MethodClaim, req, f.TaskServiceClient.Claim)
+	late := func(body []byte) {
+		var resp nornv1.ClaimResponse
+		if proto.Unmarshal(body, &resp) != nil {
+			return
+		}
+		yctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+		defer cancel()
+		for _, ct := range resp.GetTasks() {
+			f.TaskServiceClient.Yield(yctx, connect.NewRequest(&nornv1.YieldRequest{Id: ct.GetTask().GetId(), ClaimId: ct.GetClaimId()})) //nolint:errcheck // best effort: the lease expires otherwise
+		}
+	}
+	return framedLateOr[nornv1.ClaimRequest, nornv1.ClaimResponse](ctx, f, transport.MethodClaim, req, f.TaskServiceClient.Claim, late)
 }
+
+// giveBackTimeout bounds the yields of a claim answer that came late.
+const giveBackTimeout = 5 * time.Second
 
 func (f *framedTasks) Complete(ctx context.Context, req *connect.Request[nornv1.CompleteRequest]) (*connect.Response[nornv1.CompleteResponse], error) {
 	return framedOr(ctx, f, transport.MethodComplete, req, f.TaskServiceClient.Complete)

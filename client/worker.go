@@ -201,9 +201,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	// shutdown begins. The claim loop runs on runCtx, cancelled with
 	// cause ErrShutdown when ctx is done; the handlers on taskCtx,
 	// cancelled with the same cause only once the loop has stopped: the
-	// claim in flight is cancelled before a held task is yielded, so the
-	// node cannot hand the yielded task to that claim (its answer would
-	// be lost, the task held until its lease ran out).
+	// claim in flight is cancelled before a held task is yielded. Should
+	// that claim still get the yielded task (the node granted it before
+	// it learned of the cancel), its answer is lost, but not the task:
+	// the node gives back what it grants for a caller that left, and a
+	// framed claim's late answer is given back by the client (framed.go).
 	base := context.WithoutCancel(ctx)
 	runCtx, stop := context.WithCancelCause(base)
 	defer stop(nil)

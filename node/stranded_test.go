@@ -136,3 +136,27 @@ func TestClaimBeforeLeadersAfterRestart(t *testing.T) {
 		t.Fatalf("long poll across the election = %v, want task %d", resp.Msg.Tasks, id)
 	}
 }
+
+// A claim whose caller left before the answer (its context cancelled: a
+// worker shutting down, a client's deadline) gives back what it claimed
+// at once, as yields, rather than leaving the tasks held by nobody until
+// their leases run out; the next claim gets them.
+func TestClaimCallerGoneGivesBack(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	id := h.enqueue(&nornv1.TaskSpec{Queue: "q", Payload: []byte("x")})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := h.node.server.TaskService().Claim(ctx, connect.NewRequest(&nornv1.ClaimRequest{Queue: "q", Worker: "gone"}))
+	if connect.CodeOf(err) != connect.CodeCanceled {
+		t.Fatalf("claim of a caller that left: %v, want CANCELED", err)
+	}
+	task := h.get(id)
+	if task.Status != nornv1.TaskStatus_TASK_STATUS_READY || len(task.Claims) != 1 ||
+		task.Claims[0].Worker != "gone" || task.Claims[0].EndReason != nornv1.ClaimEnd_CLAIM_END_YIELDED {
+		t.Fatalf("task after its claim's caller left: %v", task)
+	}
+	got := h.claim("q", 1, time.Minute)
+	if len(got) != 1 || got[0].GetTask().GetId() != id {
+		t.Fatalf("next claim: %v", got)
+	}
+}

@@ -80,10 +80,37 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 	}
 	got, err := sv.dispatch.Claim(ctx, dispatch.ClaimRequest{Msg: m, Lease: lease, Max: limit, Wait: wait,
 		Proxied: proxied, Floor: floor, IDs: ids, Hops: transport.Hops(req)})
+	if len(got) > 0 && ctx.Err() != nil {
+		// The caller left (cancelled, or its deadline passed) before the
+		// answer: it will never learn of these claims, and the tasks
+		// would wait out their leases. A caller that cancels a claim
+		// and then yields a task it held (a worker shutting down) needs
+		// this: the yield readies the task after the cancel reached this
+		// node, and the claim still waiting may take it.
+		s.giveBack(got)
+		return nil, connect.NewError(connect.CodeCanceled, fmt.Errorf("the claim's caller left before its answer (%w); %d claimed tasks given back", context.Cause(ctx), len(got)))
+	}
 	if err == nil && transport.Hops(req) == 0 {
 		sv.events.Claimed(m.GetQueue(), got, sv.cfg.Clock.Now(), time.Since(start))
 	}
 	return connect.NewResponse(&nornv1.ClaimResponse{Tasks: got}), err
+}
+
+// giveBackTimeout bounds the yields of claims whose caller left.
+const giveBackTimeout = 5 * time.Second
+
+// giveBack yields the claims of got, whose caller is gone, through each
+// task's leader like a worker's Yield. One that fails is logged: its
+// lease expires then, as it would have.
+func (s taskService) giveBack(got []*nornv1.ClaimedTask) {
+	ctx, cancel := context.WithTimeout(context.Background(), giveBackTimeout)
+	defer cancel()
+	for _, ct := range got {
+		id := ct.GetTask().GetId()
+		if _, err := s.Yield(ctx, connect.NewRequest(&nornv1.YieldRequest{Id: id, ClaimId: ct.GetClaimId()})); err != nil {
+			s.sv.cfg.Logger.Warn("a claim's caller left; could not give its task back (the lease will expire)", "task", id, "claim", ct.GetClaimId(), "err", err)
+		}
+	}
 }
 
 // leaseOf is the lease a claim or renew of queue asks for with d: d

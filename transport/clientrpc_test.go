@@ -166,6 +166,65 @@ func TestClientRPCCancel(t *testing.T) {
 	}
 }
 
+// TestClientRPCCallLate: a call its caller left whose server still
+// answers with success (it had done the work when the cancel came) hands
+// that answer to late; a late failure is not handed over, and a call
+// answered in time never reaches late.
+func TestClientRPCCallLate(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, framed := SplitListener(ln)
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	rpc := ServeRPCListener(framed, 0, func(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte) ([]byte, error) {
+		if string(body) == "now" {
+			return []byte("now-answer"), nil
+		}
+		started <- struct{}{}
+		<-release // the work is done whatever the caller does
+		if string(body) == "fail" {
+			return nil, errors.New("late failure")
+		}
+		return []byte("late-answer"), nil
+	}, nil)
+	defer func() { rpc.Close(); framed.Close() }()
+	c := NewClientRPCClient(ln.Addr().String())
+	defer c.Close()
+
+	lateGot := make(chan string, 3)
+	late := func(b []byte) { lateGot <- string(b) }
+	for _, body := range []string{"fail", "work"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { <-started; cancel() }()
+		if _, err := c.CallLate(ctx, MethodClaim, RPCMeta{}, []byte(body), late); connect.CodeOf(err) != connect.CodeCanceled {
+			t.Fatalf("cancelled call: %v, want CANCELED", err)
+		}
+		release <- struct{}{}
+	}
+	if out, err := c.CallLate(context.Background(), MethodClaim, RPCMeta{}, []byte("now"), late); err != nil || string(out) != "now-answer" {
+		t.Fatalf("call answered in time: %q, %v", out, err)
+	}
+	select {
+	case got := <-lateGot:
+		if got != "late-answer" {
+			t.Fatalf("late got %q, want the successful late answer only", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the late answer was not handed to late")
+	}
+	// The connection answers in order: by the time a call made after
+	// both late answers returns, a second hand-over would have begun.
+	if _, err := c.Call(context.Background(), MethodClaim, RPCMeta{}, []byte("now")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-lateGot:
+		t.Fatalf("late also got %q", got)
+	default:
+	}
+}
+
 // TestClientRPCFrameLimit: a request frame over the server's limit is
 // answered RESOURCE_EXHAUSTED with the limit, and the connection goes on.
 func TestClientRPCFrameLimit(t *testing.T) {

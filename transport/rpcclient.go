@@ -105,21 +105,30 @@ const unsupportedFor = time.Minute
 // are UNAVAILABLE (the call may or may not have run); ErrRPCUnsupported
 // when the peer serves no framed calls.
 func (c *RPCClient) Call(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte) ([]byte, error) {
+	return c.CallLate(ctx, m, meta, body, nil)
+}
+
+// CallLate is Call, and when ctx ends before the answer, late (if not
+// nil) is given the answer's body should the peer still answer with
+// success, on a goroutine of its own: a caller that left can undo what
+// the call did (a claim gives back the tasks it got). An answer lost with
+// the connection is not given.
+func (c *RPCClient) CallLate(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte, late func([]byte)) ([]byte, error) {
 	if c.observe == nil {
-		return c.call(ctx, m, meta, body)
+		return c.call(ctx, m, meta, body, late)
 	}
 	start := time.Now()
-	out, err := c.call(ctx, m, meta, body)
+	out, err := c.call(ctx, m, meta, body, late)
 	c.observe(m, start, err)
 	return out, err
 }
 
-func (c *RPCClient) call(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte) ([]byte, error) {
+func (c *RPCClient) call(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte, late func([]byte)) ([]byte, error) {
 	conn, err := c.connection()
 	if err != nil {
 		return nil, err
 	}
-	return conn.call(ctx, m, meta, body)
+	return conn.call(ctx, m, meta, body, late)
 }
 
 // Close closes the connection; later calls dial again.
@@ -182,11 +191,12 @@ type rpcConn struct {
 
 	mu      sync.Mutex
 	pending map[uint64]chan rpcResult
-	err     error // set once the connection failed
+	late    map[uint64]func([]byte) // calls left by their callers (CallLate)
+	err     error                   // set once the connection failed
 }
 
 func newRPCConn(nc net.Conn, r *bufio.Reader, sendCancels bool) *rpcConn {
-	rc := &rpcConn{c: nc, w: newFrameWriter(nc), sendCancels: sendCancels, pending: map[uint64]chan rpcResult{}}
+	rc := &rpcConn{c: nc, w: newFrameWriter(nc), sendCancels: sendCancels, pending: map[uint64]chan rpcResult{}, late: map[uint64]func([]byte){}}
 	go rc.readLoop(r)
 	return rc
 }
@@ -212,9 +222,14 @@ func (rc *rpcConn) readLoop(r *bufio.Reader) {
 		rc.mu.Lock()
 		ch := rc.pending[id]
 		delete(rc.pending, id)
+		late := rc.late[id]
+		delete(rc.late, id)
 		rc.mu.Unlock()
-		if ch != nil {
+		switch {
+		case ch != nil:
 			ch <- res
+		case late != nil && res.err == nil:
+			go late(res.body)
 		}
 	}
 }
@@ -228,7 +243,7 @@ func (rc *rpcConn) fail(err error) {
 	}
 	rc.err = err
 	pending := rc.pending
-	rc.pending = nil
+	rc.pending, rc.late = nil, nil
 	rc.mu.Unlock()
 	rc.c.Close()
 	rc.w.close()
@@ -241,21 +256,21 @@ func (rc *rpcConn) fail(err error) {
 // peer reads traced frames: one that answers a traced frame UNIMPLEMENTED
 // gets the call again untraced (it did not run it), and untraced frames
 // from then on.
-func (rc *rpcConn) call(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte) ([]byte, error) {
+func (rc *rpcConn) call(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte, late func([]byte)) ([]byte, error) {
 	meta.Trace = trace.SpanContext{}
 	if !rc.untraced.Load() {
 		meta.Trace = trace.SpanContextFromContext(ctx)
 	}
-	out, err := rc.callOnce(ctx, m, meta, body)
+	out, err := rc.callOnce(ctx, m, meta, body, late)
 	if meta.Trace.IsValid() && connect.CodeOf(err) == connect.CodeUnimplemented {
 		rc.untraced.Store(true)
 		meta.Trace = trace.SpanContext{}
-		return rc.callOnce(ctx, m, meta, body)
+		return rc.callOnce(ctx, m, meta, body, late)
 	}
 	return out, err
 }
 
-func (rc *rpcConn) callOnce(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte) ([]byte, error) {
+func (rc *rpcConn) callOnce(ctx context.Context, m RPCMethod, meta RPCMeta, body []byte, late func([]byte)) ([]byte, error) {
 	id := rc.nextID.Add(1)
 	f, err := encodeRequest(id, m, meta, body)
 	if err != nil {
@@ -280,6 +295,9 @@ func (rc *rpcConn) callOnce(ctx context.Context, m RPCMethod, meta RPCMeta, body
 		rc.mu.Lock()
 		if rc.pending != nil {
 			delete(rc.pending, id)
+			if late != nil {
+				rc.late[id] = late
+			}
 		}
 		rc.mu.Unlock()
 		if rc.sendCancels {
