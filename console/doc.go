@@ -11,7 +11,9 @@
 // token as a bearer token or its TLS client certificate, so every call
 // passes the same checks as any client's (the caller's roles and queues,
 // the request budgets, the audit log), and whatever the console shows a
-// script can read too.
+// script can read too. One exception: the overview's sparklines sample
+// the node's own metrics registry (sparks.go), the numbers /metrics
+// serves to Prometheus, not an API call.
 //
 // Sessions: with access control on (TLS or an access file) the login
 // page takes a bearer token, checked with AdminService.WhoAmI and kept in

@@ -126,7 +126,7 @@ func NewRPC(reg prometheus.Registerer) *RPC {
 	reg.MustRegister(r.calls[0], r.calls[1], r.duration[0], r.duration[1])
 
 	for _, f := range []protoreflect.FileDescriptor{nornv1.File_norn_v1_task_service_proto,
-		nornv1.File_norn_v1_admin_service_proto, nornv1.File_norn_v1_peer_service_proto} {
+		nornv1.File_norn_v1_admin_service_proto, nornv1.File_norn_v1_peer_service_proto, nornv1.File_norn_v1_queue_service_proto} {
 		for i := range f.Services().Len() {
 			s := f.Services().Get(i)
 			for j := range s.Methods().Len() {

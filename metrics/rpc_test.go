@@ -42,6 +42,10 @@ func TestRPCInterceptorCounts(t *testing.T) {
 	unaryCall(wrapped, claim)
 	errNext = context.DeadlineExceeded
 	unaryCall(wrapped, claim)
+	// A call refused at the edge is counted under its method, for every
+	// public service (QueueService's once counted as unknown).
+	r.ObserveRefused(nornv1connect.QueueServiceSetQueueProcedure, time.Now(), connect.NewError(connect.CodePermissionDenied, errors.New("no")))
+	errNext = nil
 	// The client side of another wrapped procedure.
 	errNext = nil
 	client := r.Interceptor().WrapUnary(next)
@@ -70,6 +74,7 @@ func TestRPCInterceptorCounts(t *testing.T) {
 		{"server", "norn.v1.TaskService", "Claim", "connect", "deadline_exceeded", 1},
 		{"client", "norn.v1.PeerService", "Read", "connect", "ok", 1},
 		{"server", "norn.v1.TaskService", "Claim", "framed", "ok", 1},
+		{"server", "norn.v1.QueueService", "SetQueue", "connect", "permission_denied", 1},
 		{"server", "unknown", "unknown", "framed", "ok", 1},
 		{"client", "norn.v1.PeerService", "Replicate", "framed", "unavailable", 1},
 		{"client", ServiceRaft, "Heartbeats", "framed", "ok", 1},
@@ -79,11 +84,11 @@ func TestRPCInterceptorCounts(t *testing.T) {
 		}
 	}
 	// Only what was called has series.
-	if n := testutil.CollectAndCount(r.calls[sideServer]); n != 5 {
-		t.Errorf("%d server call series, want 5", n)
+	if n := testutil.CollectAndCount(r.calls[sideServer]); n != 6 {
+		t.Errorf("%d server call series, want 6", n)
 	}
-	if n := testutil.CollectAndCount(r.duration[sideServer]); n != 3 {
-		t.Errorf("%d server latency series, want 3", n)
+	if n := testutil.CollectAndCount(r.duration[sideServer]); n != 4 {
+		t.Errorf("%d server latency series, want 4", n)
 	}
 }
 

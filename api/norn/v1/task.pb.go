@@ -499,7 +499,8 @@ type Task struct {
 	Status TaskStatus `protobuf:"varint,3,opt,name=status,proto3,enum=norn.v1.TaskStatus" json:"status,omitempty"`
 	// Fraction of the work done, 0 to 1: the `progress` of the latest
 	// update (the one with the greatest (claim_id, seq)), or of the latest
-	// yield. 0 before any update. Not forced to 1 on completion.
+	// yield. 0 before any update; 1 once the task is COMPLETED, whatever
+	// the last update said.
 	Progress float64 `protobuf:"fixed64,4,opt,name=progress,proto3" json:"progress,omitempty"`
 	// When the task was enqueued (the coordinating node's hybrid logical
 	// clock, physical part).

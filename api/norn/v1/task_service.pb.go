@@ -781,7 +781,7 @@ type ClaimRequest struct {
 	// TaskSpec.queue).
 	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
 	// Name of the claiming worker, recorded in the claim history (for
-	// example "host-3/pid-812"). Optional, at most 256 bytes.
+	// example "host-3/pid-812"). Required, 1 to 256 bytes.
 	Worker string `protobuf:"bytes,2,opt,name=worker,proto3" json:"worker,omitempty"`
 	// Lease length: the claim expires this long after it is granted unless
 	// renewed. Unset or 0 (the default) means 30 s. At most the server's

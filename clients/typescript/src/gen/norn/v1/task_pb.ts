@@ -277,7 +277,8 @@ export type Task = Message<"norn.v1.Task"> & {
   /**
    * Fraction of the work done, 0 to 1: the `progress` of the latest
    * update (the one with the greatest (claim_id, seq)), or of the latest
-   * yield. 0 before any update. Not forced to 1 on completion.
+   * yield. 0 before any update; 1 once the task is COMPLETED, whatever
+   * the last update said.
    *
    * @generated from field: double progress = 4;
    */

@@ -441,7 +441,7 @@ export type ClaimRequest = Message<"norn.v1.ClaimRequest"> & {
 
   /**
    * Name of the claiming worker, recorded in the claim history (for
-   * example "host-3/pid-812"). Optional, at most 256 bytes.
+   * example "host-3/pid-812"). Required, 1 to 256 bytes.
    *
    * @generated from field: string worker = 2;
    */
@@ -1299,7 +1299,10 @@ export const RetryResponseSchema: GenMessage<RetryResponse> = /*@__PURE__*/
  *     leader for a partition right now. Retry with backoff.
  *   - RESOURCE_EXHAUSTED: a payload, request or list over its limit, or
  *     rate limited.
- *   - UNAUTHENTICATED, PERMISSION_DENIED: once authentication exists.
+ *   - UNAUTHENTICATED: the node requires a credential (an access file,
+ *     docs/SECURITY.md) and the call has none it knows.
+ *   - PERMISSION_DENIED: the caller's roles do not allow the call (or
+ *     its queue).
  * Requests are at most 4 MiB by default (configurable on the server).
  *
  * @generated from service norn.v1.TaskService
