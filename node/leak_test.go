@@ -13,6 +13,7 @@ import (
 
 	"github.com/norn-dev/norn/access"
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
+	"github.com/norn-dev/norn/transport"
 )
 
 // TestRefusalDoesNotTellWhetherATaskExists: for every call that names a
@@ -158,4 +159,84 @@ func TestStatusShowsEveryNodesAccessControl(t *testing.T) {
 		want := fmt.Sprint(true, rules.Digest())
 		return len(rules.Digest()) == 12 && got["n1"] == want && got["n2"] == want && got["n3"] == "false"
 	})
+}
+
+// The headers of node-to-node calls (transport.StripPeerHeaders) are a
+// node's alone: a worker that sets them on its claim (as if forwarded,
+// naming the task it takes) gets an ordinary claim, the queue's highest
+// priority task first, not the task it named.
+func TestClientCannotForgeForwarding(t *testing.T) {
+	h, tok, _ := aliceAndRoot(t)
+	ctx := context.Background()
+	enqueue := func(priority int32) uint64 {
+		req := connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "mine", Priority: priority}})
+		req.Header().Set("Authorization", "Bearer "+tok)
+		resp, err := h.api.Enqueue(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.Id
+	}
+	low, high := enqueue(0), enqueue(5)
+	req := connect.NewRequest(&nornv1.ClaimRequest{Queue: "mine", Worker: "w"})
+	req.Header().Set("Authorization", "Bearer "+tok)
+	req.Header().Set(transport.HeaderHops, "1")
+	req.Header().Set(transport.HeaderClaimIDs, transport.FormatIDs([]uint64{low}))
+	resp, err := h.api.Claim(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Msg.Tasks) != 1 || resp.Msg.Tasks[0].Task.Id != high {
+		t.Fatalf("a worker's claim naming %d (priority 0) got %v, want %d (priority 5): its forwarding headers were taken", low, resp.Msg.Tasks, high)
+	}
+}
+
+// A cluster in cleartext with an access file forwards its clients' calls:
+// a node knows a peer's forwarded TaskService call as it knows a
+// PeerService caller (its name and address), so a claim through one node
+// gets the tasks the other nodes lead, and completes through it reach
+// their leaders. (Before, the peers refused the forwarded calls
+// UNAUTHENTICATED: a claim got only the tasks its own node led.)
+func TestCleartextAccessFileForwards(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "auth.json")
+	tok, entry := access.NewToken("alice", time.Now())
+	f := &access.File{
+		Users:  map[string]access.User{"alice": {Grants: []access.Grant{{Role: access.RoleProducer, Queues: []string{"q"}}, {Role: access.RoleWorker, Queues: []string{"q"}}}}},
+		Tokens: []access.TokenEntry{entry},
+	}
+	if err := f.Write(path); err != nil {
+		t.Fatal(err)
+	}
+	rules, err := access.LoadRules(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := testClusterWith(t, 3, func(_ int, cfg *Config) { cfg.Auth = rules })
+	ctx := context.Background()
+	const n = 20
+	for range n {
+		if err := call(ms[0].api.Enqueue, ctx, tok, &nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "q"}, W: 3}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []*nornv1.ClaimedTask
+	waitFor(t, 10*time.Second, "every task claimed through n1", func() bool {
+		req := connect.NewRequest(&nornv1.ClaimRequest{Queue: "q", Worker: "w", Max: n})
+		req.Header().Set("Authorization", "Bearer "+tok)
+		resp, err := ms[0].api.Claim(ctx, req)
+		if err == nil {
+			got = append(got, resp.Msg.Tasks...)
+		}
+		return len(got) == n
+	})
+	led := map[string]bool{}
+	for _, ct := range got {
+		led[ct.Leader] = true
+		if err := call(ms[0].api.Complete, ctx, tok, &nornv1.CompleteRequest{Id: ct.Task.Id, ClaimId: ct.ClaimId}); err != nil {
+			t.Fatalf("complete of task %d (led by %s) through n1: %v", ct.Task.Id, ct.Leader, err)
+		}
+	}
+	if len(led) < 2 {
+		t.Fatalf("the tasks' leaders: %v; want tasks led by other nodes than n1", led)
+	}
 }

@@ -79,7 +79,7 @@ func TestAdmitClient(t *testing.T) {
 					t.Fatalf("AdmitClient: %v, want it to say %q", err, mode.msg)
 				}
 				// The interceptor's answer, once the body was read.
-				if ierr := sv.authorize(t.Context(), nornv1connect.TaskServiceEnqueueProcedure, c.cert, c.authz, nil); ierr == nil || ierr.Error() != err.Error() {
+				if _, ierr := sv.authorize(t.Context(), nornv1connect.TaskServiceEnqueueProcedure, c.cert, c.authz, nil); ierr == nil || ierr.Error() != err.Error() {
 					t.Fatalf("AdmitClient: %v; the interceptor: %v", err, ierr)
 				}
 			})

@@ -78,8 +78,13 @@ func (i authInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if i.sv.authOn() {
 			id, _ := transport.IdentityFromContext(ctx)
-			if err := i.sv.authorize(ctx, req.Spec().Procedure, id, req.Header().Get("Authorization"), req.Any()); err != nil {
+			p, err := i.sv.authorize(ctx, req.Spec().Procedure, id, req.Header().Get("Authorization"), req.Any())
+			if err != nil {
 				return nil, err
+			}
+			if p.node == "" {
+				// Only a node forwards: a client's call is its own.
+				transport.StripPeerHeaders(req.Header())
 			}
 		}
 		return next(ctx, req)
@@ -95,7 +100,7 @@ func (i authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc)
 		if i.sv.authOn() {
 			// No streaming method takes a queue: admins only.
 			id, _ := transport.IdentityFromContext(ctx)
-			if err := i.sv.authorize(ctx, conn.Spec().Procedure, id, conn.RequestHeader().Get("Authorization"), nil); err != nil {
+			if _, err := i.sv.authorize(ctx, conn.Spec().Procedure, id, conn.RequestHeader().Get("Authorization"), nil); err != nil {
 				return err
 			}
 		}
@@ -133,30 +138,31 @@ func (sv *Server) AuthorizeFramed(ctx context.Context, procedure string, cert *t
 	if cert != nil {
 		id = *cert
 	}
-	return sv.authorize(ctx, procedure, id, "", msg)
+	_, err := sv.authorize(ctx, procedure, id, "", msg)
+	return err
 }
 
 // authorize decides one call: the caller from its certificate identity
 // or its Authorization header, then its grants against the procedure and
 // the queues msg touches.
-func (sv *Server) authorize(ctx context.Context, procedure string, cert transport.Identity, authz string, msg any) error {
+func (sv *Server) authorize(ctx context.Context, procedure string, cert transport.Identity, authz string, msg any) (principal, error) {
 	p, err := sv.authenticate(cert, authz)
 	if err != nil {
 		sv.audit(procedure, principal{}, err)
-		return err
+		return principal{}, err
 	}
 	if p.node != "" || sv.cfg.Auth == nil {
 		// A peer forwarding a call, or TLS without an access file: every
 		// client certificate of the CA may call everything.
 		sv.auditAdmin(procedure, p)
-		return nil
+		return p, nil
 	}
 	if err := sv.permit(ctx, procedure, p, msg); err != nil {
 		sv.audit(procedure, p, err)
-		return err
+		return p, err
 	}
 	sv.auditAdmin(procedure, p)
-	return nil
+	return p, nil
 }
 
 // authenticate finds the caller: a node's certificate; else the call's

@@ -87,7 +87,7 @@ func (s taskService) Claim(ctx context.Context, req *connect.Request[nornv1.Clai
 		// and then yields a task it held (a worker shutting down) needs
 		// this: the yield readies the task after the cancel reached this
 		// node, and the claim still waiting may take it.
-		s.giveBack(got)
+		s.giveBack(ctx, got)
 		return nil, connect.NewError(connect.CodeCanceled, fmt.Errorf("the claim's caller left before its answer (%w); %d claimed tasks given back", context.Cause(ctx), len(got)))
 	}
 	if err == nil && transport.Hops(req) == 0 {
@@ -102,8 +102,8 @@ const giveBackTimeout = 5 * time.Second
 // giveBack yields the claims of got, whose caller is gone, through each
 // task's leader like a worker's Yield. One that fails is logged: its
 // lease expires then, as it would have.
-func (s taskService) giveBack(got []*nornv1.ClaimedTask) {
-	ctx, cancel := context.WithTimeout(context.Background(), giveBackTimeout)
+func (s taskService) giveBack(ctx context.Context, got []*nornv1.ClaimedTask) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
 	defer cancel()
 	for _, ct := range got {
 		id := ct.GetTask().GetId()

@@ -42,6 +42,20 @@ const (
 	HeaderClaimOwner = "Norn-Claim-Owner"
 )
 
+// peerHeaders are the headers only a node may send: from a client they
+// would make a call look forwarded (StripPeerHeaders).
+var peerHeaders = []string{HeaderNode, HeaderCluster, HeaderHops, HeaderEpoch, HeaderClaimFloor, HeaderClaimIDs, HeaderClaimOwner}
+
+// StripPeerHeaders removes from h the headers of node-to-node calls: a
+// client's call that set them is served as the client's own (not a
+// forwarded one that looks at this node's partitions only, names the
+// tasks it takes or skips forwarding).
+func StripPeerHeaders(h http.Header) {
+	for _, k := range peerHeaders {
+		h.Del(k)
+	}
+}
+
 // Peer is a node's connection to another node's API.
 type Peer struct {
 	Addr  string
@@ -145,9 +159,7 @@ func (s *Peers) Get(addr string) *Peer {
 	// No gzip between nodes: a node's CPU, not the network, is what a
 	// large answer (a proxied claim, anti-entropy entries) costs.
 	opts := []connect.ClientOption{connect.WithGRPC(), connect.WithAcceptCompression("gzip", nil, nil), connect.WithSendMaxBytes(64 << 20), connect.WithReadMaxBytes(64 << 20)}
-	if len(s.cfg.Interceptors) > 0 {
-		opts = append(opts, connect.WithInterceptors(s.cfg.Interceptors...))
-	}
+	opts = append(opts, connect.WithInterceptors(append([]connect.Interceptor{identify{s}}, s.cfg.Interceptors...)...))
 	base := "http://" + addr
 	if s.cfg.TLS != nil {
 		base = "https://" + addr
@@ -221,6 +233,43 @@ func Request[T any](s *Peers, msg *T) *connect.Request[T] {
 		}
 	}
 	return req
+}
+
+// identify names this node (and its cluster) on every call it makes to
+// another node, as Request does for PeerService: a forwarded TaskService,
+// AdminService or QueueService call needs it too, since over cleartext a
+// node with an access file knows a peer by its name and address alone
+// (over TLS, by its certificate).
+type identify struct{ s *Peers }
+
+func (i identify) set(h http.Header) {
+	if h.Get(HeaderNode) == "" {
+		h.Set(HeaderNode, i.s.cfg.NodeID)
+	}
+	if src := i.s.ring.Load(); src != nil && h.Get(HeaderCluster) == "" {
+		if cid, _ := (*src)(); cid != "" {
+			h.Set(HeaderCluster, cid)
+		}
+	}
+}
+
+func (i identify) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		i.set(req.Header())
+		return next(ctx, req)
+	}
+}
+
+func (i identify) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		i.set(conn.RequestHeader())
+		return conn
+	}
+}
+
+func (i identify) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
 }
 
 // Unary makes one PeerService call with this node's identity and returns
