@@ -29,41 +29,8 @@ import (
 func TestRevivedClaimThroughStaleReplica(t *testing.T) {
 	ms := fenceCluster(t)
 	ctx := context.Background()
-	id, leader := enqueueEverywhere(t, ms, "revive")
-	p := leader.node.partition(id)
-	_, others := partitionRoles(t, ms, p)
-	cut, follower := others[0], others[1]
-	a := claimFor(t, leader, "revive", "A", time.Minute)
-	if _, err := leader.api.Cancel(ctx, connect.NewRequest(&nornv1.CancelRequest{Id: id, W: 3})); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 5*time.Second, "every replica's claim record to end A's claim", func() bool {
-		for _, m := range ms {
-			ts, err := m.node.coord.Load(id)
-			if err != nil || ts.Claims == nil || !ts.Claims.Done() {
-				return false
-			}
-		}
-		return true
-	})
-	stale, err := cut.node.store.TaskState(p, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := stale.Terminal(); !ok {
-		t.Fatalf("the cut replica's copy after the cancel is not terminal: %+v", stale)
-	}
-	if err := cut.node.group(p).Shutdown(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := leader.api.Retry(ctx, connect.NewRequest(&nornv1.RetryRequest{Id: id}))
-	if err != nil || r.Msg.Life != 1 {
-		t.Fatalf("retry: %v, %v", r, err)
-	}
-	b := claimFor(t, leader, "revive", "B", time.Minute)
-	if b.Task.Id != id || b.ClaimId <= a.ClaimId {
-		t.Fatalf("claim after the retry: task %d claim %d, want task %d with a claim after %d", b.Task.Id, b.ClaimId, id, a.ClaimId)
-	}
+	rv := reviveWithCutReplica(t, ms, "revive")
+	id, p, leader, cut, follower, a, b, stale := rv.id, rv.p, rv.leader, rv.cut, rv.follower, rv.a, rv.b, rv.stale
 	waitFor(t, 5*time.Second, "the follower to apply B's claim", func() bool {
 		return follower.node.group(p).AppliedIndex() >= b.ClaimId
 	})
@@ -132,4 +99,84 @@ func restoreCopy(t *testing.T, m *member, p uint16, old *crdt.Task) {
 		got, err := m.node.store.TaskState(p, old.ID)
 		return err == nil && got.Life() == 0
 	})
+}
+
+// revived is reviveWithCutReplica's outcome.
+type revived struct {
+	id                    uint64
+	p                     uint16
+	leader, cut, follower *member
+	a, b                  *nornv1.ClaimedTask // the claims of the first and second life
+	stale                 *crdt.Task          // cut's copy from before the Retry (CANCELLED in life 0)
+}
+
+// reviveWithCutReplica enqueues a task of queue on every replica, claims
+// it (A), cancels it on every replica, cuts one replica off its group
+// (cut: its copy stays CANCELLED), retries the task (its second life) and
+// claims it again (B) through the leader.
+func reviveWithCutReplica(t *testing.T, ms []*member, queue string) revived {
+	t.Helper()
+	ctx := context.Background()
+	id, leader := enqueueEverywhere(t, ms, queue)
+	p := leader.node.partition(id)
+	_, others := partitionRoles(t, ms, p)
+	cut, follower := others[0], others[1]
+	a := claimFor(t, leader, queue, "A", time.Minute)
+	if _, err := leader.api.Cancel(ctx, connect.NewRequest(&nornv1.CancelRequest{Id: id, W: 3})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "every replica's claim record to end A's claim", func() bool {
+		for _, m := range ms {
+			ts, err := m.node.coord.Load(id)
+			if err != nil || ts.Claims == nil || !ts.Claims.Done() {
+				return false
+			}
+		}
+		return true
+	})
+	stale, err := cut.node.store.TaskState(p, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := stale.Terminal(); !ok {
+		t.Fatalf("the cut replica's copy after the cancel is not terminal: %+v", stale)
+	}
+	if err := cut.node.group(p).Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := leader.api.Retry(ctx, connect.NewRequest(&nornv1.RetryRequest{Id: id}))
+	if err != nil || r.Msg.Life != 1 {
+		t.Fatalf("retry: %v, %v", r, err)
+	}
+	b := claimFor(t, leader, queue, "B", time.Minute)
+	if b.Task.Id != id || b.ClaimId <= a.ClaimId {
+		t.Fatalf("claim after the retry: task %d claim %d, want task %d with a claim after %d", b.Task.Id, b.ClaimId, id, a.ClaimId)
+	}
+	return revived{id: id, p: p, leader: leader, cut: cut, follower: follower, a: a, b: b, stale: stale}
+}
+
+// TestCancelThroughStaleReplicaEndsNewLife: a task cancelled, retried
+// (its second life) and claimed again (B); a cancel then sent through a
+// replica cut off from the group whose copy is from before the Retry
+// (CANCELLED), forcing it to answer itself. The replica cannot take its
+// copy's word that the task is already cancelled (its answer would be
+// acked while the second life ran on): it reads a majority, which holds
+// the revival, and cancels the second life: the task ends CANCELLED and
+// B's claim with it.
+func TestCancelThroughStaleReplicaEndsNewLife(t *testing.T) {
+	ms := fenceCluster(t)
+	ctx := context.Background()
+	rv := reviveWithCutReplica(t, ms, "recancel")
+	restoreCopy(t, rv.cut, rv.p, rv.stale)
+	if _, err := rv.cut.api.Cancel(ctx, stuck(&nornv1.CancelRequest{Id: rv.id})); err != nil {
+		t.Fatalf("cancel through the cut replica: %v", err)
+	}
+	waitFor(t, 5*time.Second, "the second life cancelled at the leader", func() bool {
+		g, err := rv.leader.api.GetTask(ctx, connect.NewRequest(&nornv1.GetTaskRequest{Id: rv.id}))
+		return err == nil && g.Msg.Task.Status == nornv1.TaskStatus_TASK_STATUS_CANCELLED && g.Msg.Task.Life == 1
+	})
+	_, err := rv.leader.api.Renew(ctx, connect.NewRequest(&nornv1.RenewRequest{Id: rv.id, ClaimId: rv.b.ClaimId, Lease: durationpb.New(time.Minute)}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("B's renew after the cancel: %v, want FAILED_PRECONDITION", err)
+	}
 }

@@ -276,6 +276,16 @@ func (s taskService) Cancel(ctx context.Context, req *connect.Request[nornv1.Can
 	if err != nil {
 		return nil, apierr.From(err)
 	}
+	if prev, terminal := ts.Task.Terminal(); terminal && prev.Kind != crdt.Completed && !sv.leads(m.GetId()) {
+		// A Retry may have given the task a new life that this replica
+		// has not seen (its leader, which decided the Retry, could not
+		// be reached): a majority of the replicas say, a Retry acked at
+		// W of a majority among them, so that the cancel ends the life
+		// the caller saw. Without a majority, this copy answers.
+		if fresh, err := sv.coord.Read(ctx, m.GetId(), 0); err == nil {
+			ts = fresh
+		}
+	}
 	if prev, terminal := ts.Task.Terminal(); terminal {
 		sv.dispatch.EndIfTerminal(ts)
 		if prev.Kind == crdt.Cancelled {
@@ -295,6 +305,13 @@ func (s taskService) Cancel(ctx context.Context, req *connect.Request[nornv1.Can
 	sv.dispatch.EndNow(m.GetId(), ev)
 	sv.events.Cancelled(queueOf(ts.Task))
 	return connect.NewResponse(&nornv1.CancelResponse{Acks: acks}), nil
+}
+
+// leads reports whether this node leads the partition of task id (its
+// copy then has every life the group decided).
+func (sv *Server) leads(id uint64) bool {
+	g := sv.host.Group(sv.host.Partition(id))
+	return g != nil && g.IsLeader()
 }
 
 func (s taskService) ListTasks(ctx context.Context, req *connect.Request[nornv1.ListTasksRequest]) (*connect.Response[nornv1.ListTasksResponse], error) {
