@@ -486,8 +486,14 @@ func TestSchedules(t *testing.T) {
 	mustContain(t, "the triggered task", ok(t, addr, "get", id), "beats", `"ping"`)
 	mustContain(t, "pause", ok(t, addr, "schedule", "pause", "beat"), "PAUSED:", "yes")
 	mustContain(t, "resume", ok(t, addr, "schedule", "resume", "beat"), "PAUSED:", "no")
-	mustContain(t, "update", ok(t, addr, "schedule", "update", "beat", "--cron", "@hourly", "--tz", "Europe/Paris", "--queue", "beats"),
+	mustContain(t, "update", ok(t, addr, "schedule", "update", "beat", "--cron", "@hourly", "--tz", "Europe/Paris", "--queue", "beats",
+		"--max-attempts", "4", "--backoff", "2s", "--backoff-multiplier", "3", "--max-backoff", "1m", "--backoff-jitter", "0.25", "--jitter", "5s"),
 		`"@hourly" Europe/Paris`)
+	okJSON(t, addr, &got, "schedule", "get", "beat")
+	if rp := got.GetTemplate().GetRetry(); rp.GetMaxAttempts() != 4 || rp.GetInitialBackoff().AsDuration() != 2*time.Second || rp.GetMultiplier() != 3 ||
+		rp.GetMaxBackoff().AsDuration() != time.Minute || rp.GetJitter() != 0.25 || got.GetJitter().AsDuration() != 5*time.Second {
+		t.Fatalf("the ticks' retry policy and jitter after update: %v", &got)
+	}
 	ok(t, addr, "schedule", "delete", "beat")
 	r := nornctl(t, addr, "", "schedule", "get", "beat")
 	if r.code != 1 || !strings.Contains(r.stderr, "NOT_FOUND") {

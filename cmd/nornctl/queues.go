@@ -22,13 +22,17 @@ type retryPolicyFlags struct {
 	multiplier, jitterShare *float64
 }
 
-func retryFlags(fs *flag.FlagSet) retryPolicyFlags {
+func retryFlags(fs *flag.FlagSet) retryPolicyFlags { return retryFlagsJitter(fs, "jitter") }
+
+// retryFlagsJitter is retryFlags with the jitter share's flag named
+// jitter (a schedule's --jitter is its ticks').
+func retryFlagsJitter(fs *flag.FlagSet, jitter string) retryPolicyFlags {
 	return retryPolicyFlags{
 		maxAttempts: fs.Uint("max-attempts", 0, "retry policy: failed attempts after which the task is DEAD (0: unlimited)"),
 		backoff:     fs.Duration("backoff", 0, "retry policy: the wait after the first failed attempt"),
 		maxBackoff:  fs.Duration("max-backoff", 0, "retry policy: the longest wait (default: --backoff)"),
 		multiplier:  fs.Float64("backoff-multiplier", 0, "retry policy: each wait's growth over the last, 1 to 100 (default 1)"),
-		jitterShare: fs.Float64("jitter", 0, "retry policy: the largest share of a wait taken off it, 0 to 1"),
+		jitterShare: fs.Float64(jitter, 0, "retry policy: the largest share of a wait taken off it, 0 to 1"),
 	}
 }
 

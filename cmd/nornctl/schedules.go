@@ -29,8 +29,10 @@ each tick once (docs/SCHEDULING.md):
   nornctl schedule delete nightly         its tasks stay
 
 create and update take the whole definition (update replaces it). The
-tasks take their queue's default retry policy (nornctl queue set); the
-API's Schedule.template takes every TaskSpec field. -o json prints the
+tasks take the retry policy of --max-attempts, --backoff,
+--backoff-multiplier, --max-backoff and --backoff-jitter (as enqueue's,
+whose --jitter is named so here), else their queue's default (nornctl
+queue set); the API's Schedule.template takes every TaskSpec field. -o json prints the
 Schedule, or the ListSchedulesResponse.`
 
 // scheduleFlags are the definition flags of create and update.
@@ -39,6 +41,7 @@ type scheduleFlags struct {
 	every, jitter, catchUp                *time.Duration
 	priority                              *int
 	paused                                *bool
+	retry                                 retryPolicyFlags
 }
 
 func newScheduleFlags(fs *flag.FlagSet) *scheduleFlags {
@@ -53,6 +56,7 @@ func newScheduleFlags(fs *flag.FlagSet) *scheduleFlags {
 		overlap:     fs.String("overlap", "allow", "a tick while the last tick's task is not finished: allow (enqueue anyway) or skip"),
 		catchUp:     fs.Duration("catch-up", 0, "ticks missed (no leader, paused) are run when at most this old, else skipped (default 1m, at most 168h)"),
 		paused:      fs.Bool("paused", false, "store the schedule paused"),
+		retry:       retryFlagsJitter(fs, "backoff-jitter"),
 	}
 }
 
@@ -80,6 +84,9 @@ func (f *scheduleFlags) schedule(cmd *command, e *env, name string, payload []st
 		}
 	}
 	var err error
+	if s.Template.Retry, err = f.retry.policy(); err != nil {
+		return nil, usagef(cmd, "%v", err)
+	}
 	if len(payload) == 1 && *f.payloadFile != "" {
 		return nil, usagef(cmd, "give the payload as an argument or with --payload-file, not both")
 	}
