@@ -86,11 +86,14 @@ func (n *Node) edge(next http.Handler) http.Handler {
 			budget, limit = n.peerBudget, PeerMaxRequestBytes
 		case strings.HasPrefix(path, taskPrefix), strings.HasPrefix(path, adminPrefix), strings.HasPrefix(path, queuePrefix),
 			strings.HasPrefix(path, reflectionPrefixes[0]), strings.HasPrefix(path, reflectionPrefixes[1]):
-			if !tlsOn && n.cfg.Auth != nil && r.Header.Get(transport.HeaderNode) != "" && n.server.AdmitPeer(r.RemoteAddr, r.Header) == nil {
+			if nid := r.Header.Get(transport.HeaderNode); !tlsOn && n.cfg.Auth != nil && nid != "" && nid != n.cfg.NodeID &&
+				n.server.AdmitPeer(r.RemoteAddr, r.Header) == nil {
 				// Over cleartext a node forwarding a client's call is
 				// known as a PeerService caller is: by its name and its
-				// address ("Who may make a peer call", SECURITY.md).
-				id = transport.Identity{Node: r.Header.Get(transport.HeaderNode)}
+				// address ("Who may make a peer call", SECURITY.md). A
+				// node never forwards to itself: a call naming this node
+				// is a client's.
+				id = transport.Identity{Node: nid}
 				r = r.WithContext(transport.WithIdentity(r.Context(), id))
 			}
 			err = n.server.AdmitClient(path, id, r.Header.Get("Authorization"))

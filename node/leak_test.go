@@ -164,7 +164,8 @@ func TestStatusShowsEveryNodesAccessControl(t *testing.T) {
 // The headers of node-to-node calls (transport.StripPeerHeaders) are a
 // node's alone: a worker that sets them on its claim (as if forwarded,
 // naming the task it takes) gets an ordinary claim, the queue's highest
-// priority task first, not the task it named.
+// priority task first, not the task it named; one that names the node
+// as its caller is still held to its grants.
 func TestClientCannotForgeForwarding(t *testing.T) {
 	h, tok, _ := aliceAndRoot(t)
 	ctx := context.Background()
@@ -188,6 +189,15 @@ func TestClientCannotForgeForwarding(t *testing.T) {
 	}
 	if len(resp.Msg.Tasks) != 1 || resp.Msg.Tasks[0].Task.Id != high {
 		t.Fatalf("a worker's claim naming %d (priority 0) got %v, want %d (priority 5): its forwarding headers were taken", low, resp.Msg.Tasks, high)
+	}
+	// Nor does naming a node make the caller one (over cleartext a node
+	// is known by name and address, and the caller is on the node's
+	// host): a call naming the node it reaches is a client's.
+	other := connect.NewRequest(&nornv1.EnqueueRequest{Task: &nornv1.TaskSpec{Queue: "other"}})
+	other.Header().Set("Authorization", "Bearer "+tok)
+	other.Header().Set(transport.HeaderNode, h.node.cfg.NodeID)
+	if _, err := h.api.Enqueue(ctx, other); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("alice's enqueue into another queue naming node %s: %v, want PERMISSION_DENIED", h.node.cfg.NodeID, err)
 	}
 }
 
