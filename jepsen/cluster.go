@@ -80,8 +80,12 @@ type Node struct {
 
 	Tasks nornv1connect.TaskServiceClient
 	// Connect is the node's TaskService over connect alone (HTTP, not
-	// framed): for calls that set headers (Norn-Hops).
+	// framed), as the workload's client.
 	Connect nornv1connect.TaskServiceClient
+	// Forwarding is the node's TaskService as another node calls it (in
+	// the secure cluster with that node's certificate): a node takes the
+	// forwarding headers (Norn-Hops) from nodes only.
+	Forwarding nornv1connect.TaskServiceClient
 	Admin   nornv1connect.AdminServiceClient
 	Queues  nornv1connect.QueueServiceClient
 	hc      *http.Client
@@ -167,10 +171,16 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 		if c.sec != nil {
 			n.Tasks, n.Admin = c.sec.clients(hc, adminHC, n.API)
 			n.Connect = nornv1connect.NewTaskServiceClient(hc, "https://"+n.API)
+			peerHC, err := c.sec.nodeHTTPClient(fmt.Sprintf("n%d", i%cfg.Nodes+1))
+			if err != nil {
+				return nil, fmt.Errorf("jepsen: certificates: %w", err)
+			}
+			n.Forwarding = nornv1connect.NewTaskServiceClient(peerHC, "https://"+n.API)
 			n.Queues = nornv1connect.NewQueueServiceClient(adminHC, "https://"+n.API, client.BearerToken(c.sec.token))
 		} else {
 			n.Queues = nornv1connect.NewQueueServiceClient(hc, "http://"+n.API)
 			n.Connect = nornv1connect.NewTaskServiceClient(hc, "http://"+n.API)
+			n.Forwarding = n.Connect
 			// The hot calls travel framed, as the Go client sends them.
 			n.Tasks = client.NewFramedTaskService(nornv1connect.NewTaskServiceClient(hc, "http://"+n.API), n.API)
 			n.Admin = nornv1connect.NewAdminServiceClient(hc, "http://"+n.API)

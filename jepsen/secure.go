@@ -109,6 +109,19 @@ func (s *security) clients(hc, adminHC *http.Client, api string) (nornv1connect.
 	return tasks, admin
 }
 
+// nodeHTTPClient is an HTTP client of the nodes with node id's
+// certificate: for the calls the harness makes as a node forwarding to
+// another (Node.Forwarding).
+func (s *security) nodeHTTPClient(id string) (*http.Client, error) {
+	cert, key := transport.NodeCertFiles(s.dir, id)
+	conf, err := client.LoadTLSConfig(filepath.Join(s.dir, transport.CACertFile), cert, key)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 5 * time.Second,
+		TLSClientConfig: conf, TLSHandshakeTimeout: 2 * time.Second}}, nil
+}
+
 // adminHTTPClient is httpClient without the client certificate: the
 // admin calls authenticate by token only.
 func (s *security) adminHTTPClient() *http.Client {

@@ -406,14 +406,15 @@ func (w *Workload) complete(ctx context.Context, n *Node, proc, client int, h *h
 }
 
 // completeForced completes through n with w=1, forcing n to answer
-// itself (Norn-Hops at the limit), as a client may.
+// itself (Norn-Hops at the limit), as a node forwarding to it does (the
+// secure cluster takes the header from a node's certificate only).
 func (w *Workload) completeForced(ctx context.Context, n *Node, proc, client int, h *held) *check.Op {
 	o := &check.Op{Process: proc, Client: client, F: "complete", Node: n.ID, Task: h.task, Claim: h.claim, Long: h.long, W: 1, Call: w.H.Now()}
 	cctx, cancel := w.opCtx(ctx)
 	defer cancel()
 	req := connect.NewRequest(&nornv1.CompleteRequest{Id: h.task, ClaimId: h.claim, W: 1})
 	req.Header().Set(transport.HeaderHops, "2")
-	_, err := n.Connect.Complete(cctx, req)
+	_, err := n.Forwarding.Complete(cctx, req)
 	o.Return = w.H.Now()
 	o.Type, o.Err = classify(err)
 	return o
