@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
 	"github.com/norn-dev/norn/claims"
 	"github.com/norn-dev/norn/crdt"
@@ -16,9 +17,22 @@ import (
 var NotFormed = connect.NewError(connect.CodeUnavailable,
 	errors.New("the cluster is not formed yet (waiting for the expected nodes)"))
 
-// Invalid returns an INVALID_ARGUMENT error naming field.
+// Invalid returns an INVALID_ARGUMENT error naming field: in its
+// message ("field: reason") and in a google.rpc.BadRequest detail.
 func Invalid(field, format string, args ...any) error {
-	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	reason := fmt.Sprintf(format, args...)
+	return WithField(connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: %s", field, reason)), field, reason)
+}
+
+// WithField adds to ce a google.rpc.BadRequest detail naming field (its
+// JSON path in the request) and why it was refused, so that a client
+// finds the field without reading the message. It returns ce.
+func WithField(ce *connect.Error, field, reason string) *connect.Error {
+	d, err := connect.NewErrorDetail(&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: reason}}})
+	if err == nil {
+		ce.AddDetail(d)
+	}
+	return ce
 }
 
 // Duration formats d as the API takes a duration in JSON (protojson's
@@ -56,7 +70,7 @@ func From(err error) error {
 	case errors.As(err, &fe):
 		// A field over its size limit too: the same request would fail
 		// again (RESOURCE_EXHAUSTED, HTTP 429, would invite a retry).
-		return connect.NewError(connect.CodeInvalidArgument, err)
+		return WithField(connect.NewError(connect.CodeInvalidArgument, err), fe.Field, fe.Reason)
 	case errors.Is(err, storage.ErrNotFound):
 		return connect.NewError(connect.CodeNotFound, err)
 	case errors.Is(err, claims.ErrClaimSuperseded), errors.Is(err, claims.ErrTaskTerminal), errors.Is(err, claims.ErrPastDeadline):

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	nornv1 "github.com/norn-dev/norn/api/norn/v1"
 	"github.com/norn-dev/norn/client"
@@ -188,9 +190,18 @@ func TestOverBudgetRetried(t *testing.T) {
 	if err != nil || len(got) != 1 || f.count("Claim") != 3 {
 		t.Fatalf("Claim after two over-budget refusals: %v, %v, %d calls", got, err, f.count("Claim"))
 	}
+	// Told by its google.rpc.RetryInfo detail, whatever the message says.
+	later := connect.NewError(connect.CodeResourceExhausted, errors.New("the node is busy"))
+	if d, err := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Millisecond)}); err == nil {
+		later.AddDetail(d)
+	}
+	f.setInject(failFirst("Claim", 1, later))
+	if got, err := c.Claim(ctx, client.ClaimRequest{Queue: "q", Lease: time.Minute}); err != nil || len(got) != 0 || f.count("Claim") != 5 {
+		t.Fatalf("Claim after a refusal with RetryInfo: %v, %v, %d calls", got, err, f.count("Claim"))
+	}
 	huge := connect.NewError(connect.CodeResourceExhausted, errors.New("transport: too many request bytes in flight: a client request of 99999999 bytes exceeds the node's 67108864"))
 	f.setInject(failFirst("Claim", 1, huge))
-	if _, err := c.Claim(ctx, client.ClaimRequest{Queue: "q"}); connect.CodeOf(err) != connect.CodeResourceExhausted || f.count("Claim") != 4 {
+	if _, err := c.Claim(ctx, client.ClaimRequest{Queue: "q"}); connect.CodeOf(err) != connect.CodeResourceExhausted || f.count("Claim") != 6 {
 		t.Fatalf("Claim too large for any budget: %v, %d calls, want one", err, f.count("Claim"))
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 )
 
 // RetryPolicy says how often and how patiently a call is retried. Which
@@ -116,11 +117,23 @@ func noEffect(err error) bool {
 }
 
 // overBudget reports whether err is a node's refusal of a request it had
-// no room to hold (RESOURCE_EXHAUSTED ending "retry later", docs/API.md
-// "Limits"): it refused the request before reading it, so it did not run.
+// no room to hold (RESOURCE_EXHAUSTED with a google.rpc.RetryInfo detail,
+// or from a node before those, a message ending "retry later";
+// docs/API.md "Limits"): it refused the request before reading it, so it
+// did not run.
 func overBudget(err error) bool {
 	var ce *connect.Error
-	return errors.As(err, &ce) && ce.Code() == connect.CodeResourceExhausted && strings.HasSuffix(ce.Message(), "retry later")
+	if !errors.As(err, &ce) || ce.Code() != connect.CodeResourceExhausted {
+		return false
+	}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if _, ok := v.(*errdetails.RetryInfo); ok {
+				return true
+			}
+		}
+	}
+	return strings.HasSuffix(ce.Message(), "retry later")
 }
 
 // sleep waits d or until ctx is done; it reports whether it waited d.

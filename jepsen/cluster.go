@@ -86,10 +86,10 @@ type Node struct {
 	// the secure cluster with that node's certificate): a node takes the
 	// forwarding headers (Norn-Hops) from nodes only.
 	Forwarding nornv1connect.TaskServiceClient
-	Admin   nornv1connect.AdminServiceClient
-	Queues  nornv1connect.QueueServiceClient
-	hc      *http.Client
-	sec     *security // nil: cleartext
+	Admin      nornv1connect.AdminServiceClient
+	Queues     nornv1connect.QueueServiceClient
+	hc         *http.Client
+	sec        *security // nil: cleartext
 	// clockMoved is the cluster's (Cluster.ClockMoved).
 	clockMoved *atomic.Bool
 }

@@ -9,12 +9,14 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -160,6 +162,9 @@ func TestBadInputs(t *testing.T) {
 			wantCode(t, err, tt.code)
 			if tt.field != "" && !strings.Contains(err.Error(), tt.field+":") {
 				t.Fatalf("error %q does not name field %q", err, tt.field)
+			}
+			if tt.code == connect.CodeInvalidArgument && tt.field != "" && !slices.Contains(badRequestFields(err), tt.field) {
+				t.Fatalf("error %q: its google.rpc.BadRequest names %q, want %q", err, badRequestFields(err), tt.field)
 			}
 		})
 	}
@@ -386,4 +391,24 @@ func TestCompleteBatch(t *testing.T) {
 	_, err = h.api.CompleteBatch(ctx, connect.NewRequest(&nornv1.CompleteBatchRequest{
 		Completions: make([]*nornv1.CompleteRequest, server.MaxCompleteBatch+1)}))
 	wantCode(t, err, connect.CodeInvalidArgument)
+}
+
+// badRequestFields are the fields err's google.rpc.BadRequest details
+// name.
+func badRequestFields(err error) []string {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return nil
+	}
+	var out []string
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if br, ok := v.(*errdetails.BadRequest); ok {
+				for _, fv := range br.GetFieldViolations() {
+					out = append(out, fv.GetField())
+				}
+			}
+		}
+	}
+	return out
 }

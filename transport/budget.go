@@ -13,6 +13,8 @@ import (
 
 	"connectrpc.com/connect"
 	"golang.org/x/sync/semaphore"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // ErrBudgetExhausted is wrapped by the RESOURCE_EXHAUSTED error of a
@@ -81,8 +83,8 @@ func (b *Budget) Acquire(ctx context.Context, n int64) error {
 				}
 				return connect.NewError(code, err)
 			}
-			return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%w: the node holds %d bytes of %s requests (at most %d), and %d more did not fit within %s; retry later",
-				ErrBudgetExhausted, b.inUse.Load(), b.name, b.size, n, b.wait))
+			return retryLater(connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%w: the node holds %d bytes of %s requests (at most %d), and %d more did not fit within %s; retry later",
+				ErrBudgetExhausted, b.inUse.Load(), b.name, b.size, n, b.wait)))
 		}
 	}
 	b.inUse.Add(n)
@@ -94,11 +96,26 @@ func (b *Budget) Acquire(ctx context.Context, n int64) error {
 func (b *Budget) TryAcquire(n int64) error {
 	if n > b.size || !b.sem.TryAcquire(n) {
 		b.refused.Add(1)
-		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%w: the node holds %d bytes of %s requests (at most %d), and %d more did not fit; retry later",
-			ErrBudgetExhausted, b.inUse.Load(), b.name, b.size, n))
+		return retryLater(connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%w: the node holds %d bytes of %s requests (at most %d), and %d more did not fit; retry later",
+			ErrBudgetExhausted, b.inUse.Load(), b.name, b.size, n)))
 	}
 	b.inUse.Add(n)
 	return nil
+}
+
+// BudgetRetryDelay is the delay a budget's refusal suggests before the
+// same request is sent again (its google.rpc.RetryInfo).
+const BudgetRetryDelay = 100 * time.Millisecond
+
+// retryLater adds to a budget's refusal a google.rpc.RetryInfo detail: the
+// request did not run, and the same one may be sent again (after
+// BudgetRetryDelay), unlike a request over the size limit, which has
+// none. It returns ce.
+func retryLater(ce *connect.Error) *connect.Error {
+	if d, err := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(BudgetRetryDelay)}); err == nil {
+		ce.AddDetail(d)
+	}
+	return ce
 }
 
 // Release gives back n bytes taken by Acquire or TryAcquire.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 )
 
 // TestBudgetAcquire: bytes are taken while they fit; a request larger
@@ -28,25 +29,29 @@ func TestBudgetAcquire(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		name string
-		n    int64
-		ctx  func() context.Context
-		code connect.Code
-		full bool // ErrBudgetExhausted
+		name  string
+		n     int64
+		ctx   func() context.Context
+		code  connect.Code
+		full  bool // ErrBudgetExhausted
+		later bool // a RetryInfo: the same request may fit later
 	}{
-		{"larger than the budget", 101, context.Background, connect.CodeResourceExhausted, true},
-		{"no room within the wait", 41, context.Background, connect.CodeResourceExhausted, true},
+		{"larger than the budget", 101, context.Background, connect.CodeResourceExhausted, true, false},
+		{"no room within the wait", 41, context.Background, connect.CodeResourceExhausted, true, true},
 		{"cancelled", 41, func() context.Context {
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
 			return ctx
-		}, connect.CodeCanceled, false},
+		}, connect.CodeCanceled, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := b.Refused()
 			err := b.Acquire(tc.ctx(), tc.n)
 			if connect.CodeOf(err) != tc.code || errors.Is(err, ErrBudgetExhausted) != tc.full {
 				t.Fatalf("Acquire(%d): %v, want %v (exhausted %v)", tc.n, err, tc.code, tc.full)
+			}
+			if delay, ok := retryInfo(err); ok != tc.later || (ok && delay != BudgetRetryDelay) {
+				t.Fatalf("Acquire(%d): RetryInfo %v (%v), want %v (of %v)", tc.n, ok, delay, tc.later, BudgetRetryDelay)
 			}
 			if b.InUse() != 60 || b.Refused() != before+1 {
 				t.Fatalf("in use %d, refused %d: want 60 and %d", b.InUse(), b.Refused(), before+1)
@@ -358,4 +363,20 @@ func waitUntil(t *testing.T, cond func() bool) {
 			t.Fatal("timed out")
 		}
 	}
+}
+
+// retryInfo is the delay of err's google.rpc.RetryInfo detail, if any.
+func retryInfo(err error) (time.Duration, bool) {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return 0, false
+	}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if ri, ok := v.(*errdetails.RetryInfo); ok {
+				return ri.GetRetryDelay().AsDuration(), true
+			}
+		}
+	}
+	return 0, false
 }
