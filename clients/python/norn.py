@@ -140,8 +140,14 @@ class _Failure(Exception):
         self.write_failure = _write_failure(self.details)
 
     def over_budget(self) -> bool:
-        """A node's refusal of a request it had no room for: it did not run."""
-        return self.code == "resource_exhausted" and self.message.rstrip().endswith("retry later")
+        """A node's refusal of a request it had no room for: it did not run.
+
+        It carries a google.rpc.RetryInfo detail, or, from a node before
+        those, a message ending "retry later".
+        """
+        return self.code == "resource_exhausted" and (
+            any(d.get("type") == "google.rpc.RetryInfo" for d in self.details if isinstance(d, dict))
+            or self.message.rstrip().endswith("retry later"))
 
     def retryable(self) -> bool:
         return (self.code in ("unavailable", "deadline_exceeded") and self.kind in ("unavailable", "unreachable",

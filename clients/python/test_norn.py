@@ -363,6 +363,19 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
+class ErrorModelTest(unittest.TestCase):
+    """What a node's answers mean for retries, without a cluster."""
+
+    def test_over_budget(self) -> None:
+        told = norn._Failure("resource_exhausted", "the node is busy", details=[{"type": "google.rpc.RetryInfo", "value": ""}])
+        self.assertTrue(told.over_budget(), "a RetryInfo detail says the call did not run")
+        self.assertTrue(told.retryable())
+        self.assertTrue(norn._Failure("resource_exhausted", "no room now; retry later").over_budget(), "an older node's message")
+        too_big = norn._Failure("resource_exhausted", "request of 99 bytes exceeds the limit of 9")
+        self.assertFalse(too_big.over_budget())
+        self.assertFalse(too_big.retryable())
+
+
 class ClusterTest(unittest.TestCase):
     cluster: Cluster
     auth: Cluster

@@ -308,9 +308,14 @@ function innermostMessage(err: unknown): string {
   return msg;
 }
 
-/** A RESOURCE_EXHAUSTED refusal of a request the node had no room for. */
+/**
+ * A RESOURCE_EXHAUSTED refusal of a request the node had no room for (the
+ * call did not run): it carries a google.rpc.RetryInfo detail, or, from a
+ * node before those, a message ending "retry later".
+ */
 export function overBudget(err: unknown): boolean {
-  return err instanceof ConnectError && err.code === Code.ResourceExhausted && /retry later\s*$/.test(err.rawMessage);
+  if (!(err instanceof ConnectError) || err.code !== Code.ResourceExhausted) return false;
+  return err.details.some((d) => "type" in d && d.type === "google.rpc.RetryInfo") || /retry later\s*$/.test(err.rawMessage);
 }
 
 const kindOfCode: Partial<Record<Code, ErrorKind>> = {

@@ -18,7 +18,7 @@ import {
   permanent,
   type Endpoint,
 } from "../src/index.js";
-import { toNornError, transportFailure } from "../src/errors.js";
+import { overBudget, toNornError, transportFailure } from "../src/errors.js";
 
 function sysErr(code: string, message = code): Error {
   return Object.assign(new Error(message), { code });
@@ -124,6 +124,10 @@ describe("failures", () => {
     assert.match(tok.message, /unknown or revoked/);
     const busy = toNornError(new ConnectError("client requests over budget, retry later", Code.ResourceExhausted), "claim", undefined);
     assert.equal(busy.kind, "resource_exhausted");
+    const told = new ConnectError("the node is busy", Code.ResourceExhausted);
+    told.details.push({ type: "google.rpc.RetryInfo", value: new Uint8Array() });
+    assert.equal(overBudget(told), true, "a RetryInfo detail says the call did not run");
+    assert.equal(overBudget(new ConnectError("request of 99 bytes exceeds the limit of 9", Code.ResourceExhausted)), false);
     const gone = toNornError(new ConnectError("claim 4 expired", Code.FailedPrecondition), "renew", undefined);
     assert.equal(gone.kind, "superseded");
   });
