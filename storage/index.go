@@ -151,7 +151,8 @@ func (s *Store) ReadyHead(p uint16, queue string, limit int) ([]ReadyEntry, erro
 
 // OldestReady returns the smallest id in queue's ready index in
 // partition p (the oldest ready task, ids growing with time), and false
-// when it holds none. It reads memory only, O(priorities).
+// when it holds none. It reads memory only, O(priorities x fairness
+// keys) of the queue in p (for queue statistics, not claims).
 func (s *Store) OldestReady(p uint16, queue string) (uint64, bool) {
 	q := s.readyQueue(p, queue, false)
 	if q == nil {
